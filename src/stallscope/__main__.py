@@ -1,0 +1,3 @@
+from stallscope.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""What the analysis concludes, as data. Words are produced by the renderers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training step: from the end of the previous step to its optimizer step (or next batch)."""
+    index: int
+    start_ns: int
+    end_ns: int
+    wait_ns: int
+    transfer_ns: int
+    batches: int
+    samples: int | None
+    excluded_ns: int = 0  # time inside the interval spent in other loaders' loops (validation)
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns - self.excluded_ns
+
+    @property
+    def compute_ns(self) -> int:
+        return max(0, self.duration_ns - self.wait_ns - self.transfer_ns)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    loader_id: int | None
+    boundary: str  # "optimizer" | "batch" | "none"
+    steps: list[Step]
+    warmup_steps: int
+    wall_s: float  # steady-state seconds (sum of durations of steps after warm-up)
+    wait_s: float
+    transfer_s: float
+    compute_s: float
+    samples: int | None
+    median_step_s: float | None
+    p90_step_s: float | None
+    median_wait_s: float | None
+    first_step_s: float | None
+
+    @property
+    def steady(self) -> list[Step]:
+        return self.steps[self.warmup_steps:]
+
+    @property
+    def data_wait_fraction(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class WorkerPipeline:
+    """Where the workers' busy time went, per node, for one loader."""
+    loader_id: int
+    num_workers: int
+    batches: int
+    busy_s: float
+    node_s: dict[str, float]
+    direct_s: float  # time inside instrumented calls (the rest is inferred: CPU->transform, off-CPU->storage)
+    cpu_s: float
+    blocked_s: float
+    runqueue_s: float | None
+    by_call: dict[str, float]
+    batch_wall_median_s: float | None
+    batch_cpu_median_s: float | None
+    startup_s: list[float]
+    busy_fraction: float | None  # busy time / (workers x their lifetime)
+    queue_depth_mean: float | None
+    empty_queue_fraction: float | None  # share of consumed batches that were not ready when asked for
+    pin_s: float
+    errors: int
+
+
+@dataclass(frozen=True)
+class LoaderSummary:
+    loader_id: int
+    role: str  # "train" | "eval" | "other"
+    site: str
+    config: dict[str, Any]
+    overrides: dict[str, Any]
+    batches: int
+    epochs: int
+    wait_s: float
+    iter_start_s: float
+    pipeline: WorkerPipeline | None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    id: str
+    node: str
+    title: str
+    change: str
+    predicted_speedup: float | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    where: str
+    type: str
+    message: str
+    location: str | None
+    loader_id: int | None = None
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class Analysis:
+    verdict: str
+    data_wait_fraction: float
+    steps: StepStats
+    node_seconds: dict[str, float]
+    bottleneck_node: str | None
+    bottleneck_share: float
+    evidence: list[str]
+    loaders: list[LoaderSummary]
+    recommendations: list[Recommendation]
+    failure: Failure | None
+    usable_cpus: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps_per_s(self) -> float:
+        return len(self.steps.steady) / self.steps.wall_s if self.steps.wall_s > 0 else 0.0
+
+    @property
+    def samples_per_s(self) -> float | None:
+        if self.steps.samples is None or self.steps.wall_s <= 0:
+            return None
+        return self.steps.samples / self.steps.wall_s

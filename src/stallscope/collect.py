@@ -1,0 +1,137 @@
+"""Turn the per-process event files of a run directory into a Session.
+
+The event kinds and their fields are written by ``stallscope.record``; this is the only place
+that reads them. Unknown kinds are ignored (a newer recorder may add some) and a truncated last
+line (a process killed mid-write) is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from stallscope.constants import SESSION_SCHEMA
+from stallscope.session import (
+    ErrorRecord,
+    FetchRecord,
+    IterRecord,
+    LoaderRecord,
+    NextRecord,
+    OptimizerStepRecord,
+    PinRecord,
+    ProcessRecord,
+    SendRecord,
+    Session,
+    StopRecord,
+    TransferRecord,
+    WorkerStartRecord,
+)
+
+
+def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[Any]]]]:
+    """[(header, records)] for every process that wrote events."""
+    result = []
+    for path in sorted(events_dir.glob("*.jsonl")):
+        header: dict[str, Any] | None = None
+        records: list[list[Any]] = []
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(item, dict) and "header" in item:
+                    header = header or item["header"]
+                elif isinstance(item, list) and item:
+                    records.append(item)
+        if header is not None:
+            result.append((header, records))
+    return result
+
+
+def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
+    lists: dict[str, list[Any]] = {k: [] for k in (
+        "processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
+        "optimizer_steps", "pins", "transfers", "errors")}
+    notes: list[str] = []
+    step_limit_hit = False
+    for header, records in read_event_files(run_dir / "events"):
+        pid = int(header["pid"])
+        role = header.get("role", "child")
+        for rec in records:
+            kind, fields = rec[0], rec[1:]
+            try:
+                if kind == "role":
+                    role = fields[0]
+                elif kind == "loader":
+                    lists["loaders"].append(LoaderRecord(fields[0], pid, fields[1], fields[2], fields[3], fields[4]))
+                elif kind == "iter":
+                    lists["iters"].append(IterRecord(*fields[:6], pid=pid))
+                elif kind == "next":
+                    lists["nexts"].append(NextRecord(*fields[:7], pid=pid))
+                elif kind == "stop":
+                    lists["stops"].append(StopRecord(*fields[:5], pid=pid))
+                elif kind == "send":
+                    lists["sends"].append(SendRecord(*fields[:6]))
+                elif kind == "fetch":
+                    lists["fetches"].append(FetchRecord(*fields[:12], pid=pid))
+                elif kind == "worker_start":
+                    lists["worker_starts"].append(WorkerStartRecord(*fields[:8]))
+                elif kind == "opt":
+                    lists["optimizer_steps"].append(OptimizerStepRecord(*fields[:4], pid=pid))
+                elif kind == "pin":
+                    lists["pins"].append(PinRecord(*fields[:3], pid=pid))
+                elif kind == "h2d":
+                    lists["transfers"].append(TransferRecord(*fields[:6], pid=pid))
+                elif kind == "exception":
+                    t, typ, msg, loc, tb = fields[:5]
+                    lists["errors"].append(ErrorRecord("main", pid, t, typ, msg, loc, tb))
+                elif kind == "fetch_error":
+                    lid, _iter, worker, _pid, t, typ, msg, tb = fields[:8]
+                    lists["errors"].append(ErrorRecord("worker", pid, t, typ, msg, _last_frame(tb), tb, lid, worker))
+                elif kind == "step_limit":
+                    step_limit_hit = True
+                elif kind == "signal":
+                    notes.append(f"process {pid} received {fields[1]}")
+            except (TypeError, IndexError):
+                notes.append(f"malformed {kind!r} event from process {pid} skipped")
+        lists["processes"].append(ProcessRecord(pid, int(header.get("ppid", -1)), role,
+                                                list(header.get("argv", [])), int(header["wall_ns"]),
+                                                int(header["mono_ns"])))
+    for key in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers"):
+        lists[key].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
+    ended_by = meta["ended_by"]
+    if step_limit_hit and ended_by == "exit":
+        ended_by = "steps"
+    return Session(
+        schema=SESSION_SCHEMA,
+        run_id=meta["run_id"],
+        command=meta["command"],
+        cwd=meta["cwd"],
+        started_wall=meta["started_wall"],
+        start_ns=meta["start_ns"],
+        end_ns=meta["end_ns"],
+        exit_code=meta["exit_code"],
+        ended_by=ended_by,
+        overrides=meta.get("overrides", {}),
+        max_steps=meta.get("max_steps"),
+        environment=meta.get("environment", {}),
+        checks=meta.get("checks", []),
+        samples=meta.get("samples", {}),
+        notes=notes + meta.get("notes", []),
+        **lists,
+    )
+
+
+def _last_frame(tb: str) -> str | None:
+    for line in reversed(tb.splitlines()):
+        line = line.strip()
+        if line.startswith('File "'):
+            try:
+                path = line.split('"')[1]
+                lineno = line.split("line ")[1].split(",")[0]
+                return f"{path}:{lineno}"
+            except IndexError:
+                return None
+    return None

@@ -1,0 +1,1 @@
+"""The built-in demo: a realistic JPEG dataset and a reference training script with plantable bottlenecks."""

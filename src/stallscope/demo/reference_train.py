@@ -1,0 +1,208 @@
+"""The reference training script: torchvision ImageFolder, the standard augmentation recipe, a small CNN.
+
+It is an ordinary training script (stallscope does not import it or need it to cooperate) with
+options to plant the classic bottlenecks, so that the diagnosis can be checked against a known
+answer:
+
+  --workers 0                    data-starved: loading runs in the training process
+  --large-images DIR             big JPEGs (pass a folder of them) with few workers: decode-bound
+  --storage-latency-ms 20        every file read waits first, like a network file system
+  --heavy-transform              expensive augmentations (blur, rotation, colour jitter): transform-bound
+  --model big --in-memory        a big model on pre-decoded tensors held in RAM: compute-bound
+
+Run it alone (``python reference_train.py --data DIR``) or under ``stallscope run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torchvision import datasets, transforms
+from torchvision.datasets.folder import default_loader
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="ImageFolder root (class folders of JPEGs)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-batches", type=int, default=None, help="stop each epoch after this many batches")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--model", choices=["small", "big"], default="small")
+    p.add_argument("--heavy-transform", action="store_true")
+    p.add_argument("--storage-latency-ms", type=float, default=0.0)
+    p.add_argument("--in-memory", type=int, default=0, metavar="N",
+                   help="pre-decode N images into RAM and train on them (no decoding during training)")
+    p.add_argument("--iterable", action="store_true", help="feed an IterableDataset instead of a map-style one")
+    p.add_argument("--val-batches", type=int, default=0, help="validate on this many batches after each epoch")
+    p.add_argument("--persistent-workers", action="store_true")
+    p.add_argument("--prefetch-factor", type=int, default=None)
+    p.add_argument("--pin-memory", action="store_true")
+    p.add_argument("--mp-context", choices=["fork", "spawn", "forkserver"], default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--print-loss", action="store_true", help="print every step's loss (for reproducibility checks)")
+    p.add_argument("--crash", choices=["main", "worker"], default=None, help="raise on purpose (tests)")
+    p.add_argument("--crash-at", type=int, default=3, help="step (main) or sample count (worker) at which --crash raises")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads in the training process")
+    return p.parse_args(argv)
+
+
+def slow_loader(latency_s: float):
+    """A file loader that waits before reading, like a high-latency network file system."""
+    def load(path: str):
+        if latency_s:
+            time.sleep(latency_s)
+        return default_loader(path)
+    return load
+
+
+class CrashingFolder(datasets.ImageFolder):
+    """Fails on the N-th sample this process loads (whatever the shuffle order)."""
+    def __init__(self, *args, crash_at: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.crash_at = crash_at
+        self.served = 0
+
+    def __getitem__(self, index: int):
+        self.served += 1
+        if self.served > self.crash_at:
+            raise RuntimeError(f"planted failure while loading sample {index}")
+        return super().__getitem__(index)
+
+
+class InMemory(Dataset):
+    """Decoded, resized images held as uint8 tensors: loading costs nothing but a copy."""
+    def __init__(self, folder: datasets.ImageFolder, n: int, size: int):
+        prep = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size), transforms.PILToTensor()])
+        picks = list(range(min(n, len(folder))))
+        self.items = [(prep(folder.loader(folder.samples[i][0])), folder.samples[i][1]) for i in picks]
+        self.norm = transforms.Normalize(MEAN, STD)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        img, label = self.items[i]
+        return self.norm(img.float() / 255.0), label
+
+
+class Streamed(IterableDataset):
+    """The same samples as an iterable stream, sharded over workers."""
+    def __init__(self, base: Dataset, seed: int):
+        self.base, self.seed = base, seed
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        order = list(range(len(self.base)))
+        random.Random(self.seed).shuffle(order)
+        if info is not None:
+            order = order[info.id::info.num_workers]
+        for i in order:
+            yield self.base[i]
+
+
+def build_model(kind: str, classes: int) -> nn.Module:
+    if kind == "small":
+        return nn.Sequential(
+            nn.Conv2d(3, 16, 5, stride=4, padding=2), nn.ReLU(), nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, classes))
+    layers, ch = [], 3
+    for width in (64, 128, 128, 256, 256):
+        layers += [nn.Conv2d(ch, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+                   nn.Conv2d(width, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        ch = width
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(ch, classes))
+
+
+def build_transform(size: int, heavy: bool):
+    steps = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
+    if heavy:
+        steps += [transforms.ColorJitter(0.4, 0.4, 0.4, 0.1), transforms.RandomRotation(15),
+                  transforms.GaussianBlur(9, sigma=(1.0, 3.0)), transforms.RandomGrayscale(0.1)]
+    steps += [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
+    return transforms.Compose(steps)
+
+
+def seed_worker(worker_id: int) -> None:
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not os.path.isdir(args.data):
+        print(f"reference_train: no such dataset folder: {args.data}", file=sys.stderr)
+        return 2
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transform = build_transform(args.image_size, args.heavy_transform)
+    loader_fn = slow_loader(args.storage_latency_ms / 1000.0)
+    if args.crash == "worker":
+        dataset: Dataset = CrashingFolder(args.data, transform=transform, loader=loader_fn, crash_at=args.crash_at)
+    else:
+        dataset = datasets.ImageFolder(args.data, transform=transform, loader=loader_fn)
+    classes = len(datasets.ImageFolder(args.data).classes)
+    if args.in_memory:
+        dataset = InMemory(datasets.ImageFolder(args.data), args.in_memory, args.image_size)
+    if args.iterable:
+        dataset = Streamed(dataset, args.seed)
+
+    workers = args.workers
+    kwargs = dict(batch_size=args.batch_size, num_workers=workers, pin_memory=args.pin_memory,
+                  worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(args.seed))
+    if not args.iterable:
+        kwargs["shuffle"] = True
+    if workers > 0:
+        kwargs.update(persistent_workers=args.persistent_workers, prefetch_factor=args.prefetch_factor,
+                      multiprocessing_context=args.mp_context)
+    train_loader = DataLoader(dataset, **kwargs)
+    val_loader = None
+    if args.val_batches:
+        val_set = datasets.ImageFolder(args.data, transform=transforms.Compose([
+            transforms.Resize(args.image_size), transforms.CenterCrop(args.image_size), transforms.ToTensor(),
+            transforms.Normalize(MEAN, STD)]))
+        val_loader = DataLoader(val_set, batch_size=args.batch_size, num_workers=min(workers, 1))
+
+    model = build_model(args.model, classes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    step = 0
+    for epoch in range(args.epochs):
+        model.train()
+        for batch_index, (images, labels) in enumerate(train_loader):
+            if args.crash == "main" and step == args.crash_at:
+                raise RuntimeError(f"planted failure in the training loop at step {step}")
+            loss = loss_fn(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if args.print_loss:
+                print(f"step {step} loss {loss.item():.8f}", flush=True)
+            step += 1
+            if args.max_batches and batch_index + 1 >= args.max_batches:
+                break
+        if val_loader is not None:
+            model.eval()
+            with torch.no_grad():
+                for i, (images, labels) in enumerate(val_loader):
+                    model(images)
+                    if i + 1 >= args.val_batches:
+                        break
+    print(f"trained {step} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Start-up of the instrumentation in every process of the target job.
+
+Run from our ``sitecustomize`` when the launcher's environment variables are present. It only
+registers post-import hooks; torch and the libraries are patched when the script imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+from stallscope.constants import ENV_MAX_STEPS, ENV_OVERRIDES, ENV_RUN_DIR
+from stallscope.record import events, importhook, loader, overrides, steps, transfer
+from stallscope.record.libraries import LIBRARY_PATCHES, patch_torch
+
+ENV_LAUNCHER_PID = "STALLSCOPE_LAUNCHER_PID"
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir or _installed:
+        return
+    _installed = True
+    is_main = str(os.getppid()) == os.environ.get(ENV_LAUNCHER_PID)
+    events.configure(run_dir, role="main" if is_main else "child")
+    loader.overrides.update(overrides.decode(os.environ.get(ENV_OVERRIDES)))
+    limit = os.environ.get(ENV_MAX_STEPS)
+    steps.max_steps = int(limit) if limit else None
+
+    importhook.when_imported("torch", patch_torch)
+    importhook.when_imported("torch.utils.data.dataloader", loader.patch_dataloader)
+    importhook.when_imported("torch.utils.data._utils.fetch", loader.patch_fetchers)
+    importhook.when_imported("torch.utils.data._utils.pin_memory", loader.patch_pin_memory)
+    importhook.when_imported("torch.optim.optimizer", steps.install_optimizer_hooks)
+    importhook.when_imported("torch.cuda", transfer.install_after_cuda_init)
+    for module_name, patch in LIBRARY_PATCHES.items():
+        importhook.when_imported(module_name, patch)
+
+    if is_main:
+        events.emit("process_start", time.perf_counter_ns(), sys.argv[:32])
+        _install_exit_recording()
+
+
+def _install_exit_recording() -> None:
+    """Record uncaught exceptions and a SIGTERM, then let Python do what it would have done."""
+    previous_hook = sys.excepthook
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if not issubclass(exc_type, SystemExit):
+            where = traceback.extract_tb(tb)[-1] if tb is not None else None
+            events.emit("exception", time.perf_counter_ns(), exc_type.__name__, str(exc)[:2000],
+                        f"{where.filename}:{where.lineno}" if where else None,
+                        "".join(traceback.format_exception(exc_type, exc, tb))[-6000:])
+            events.flush()
+        previous_hook(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        def on_sigterm(signum: int, frame: Any) -> None:
+            events.emit("signal", time.perf_counter_ns(), "SIGTERM")
+            events.flush()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    import atexit
+
+    atexit.register(lambda: events.emit("process_exit", time.perf_counter_ns()))

@@ -1,0 +1,128 @@
+"""Time library calls made while a batch is being fetched, by node.
+
+Inside a fetch (a DataLoader worker producing one batch, or the main process when
+``num_workers=0``), calls into decoders, transforms and collate are timed with wall and
+thread-CPU clocks. Time is *exclusive*: a call's nested instrumented calls of another node
+are subtracted from it, and nested calls of the same node pass straight through untimed
+(``F.resize`` inside ``RandomResizedCrop`` stays transform time and costs nothing extra).
+
+Outside a fetch every wrapper is a single attribute check and a call.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+_perf = time.perf_counter_ns
+_cpu = time.thread_time_ns
+
+
+class FetchAccount:
+    """What one batch fetch spent, per node and per call name. Plain lists keep it cheap."""
+
+    __slots__ = ("stack", "by_node", "by_name")
+
+    def __init__(self) -> None:
+        # Each frame: [node, name, wall_start, cpu_start, child_wall, child_cpu]
+        self.stack: list[list[Any]] = []
+        self.by_node: dict[str, list[int]] = {}
+        self.by_name: dict[str, list[int]] = {}
+
+
+_local = threading.local()
+
+
+def begin_fetch() -> FetchAccount:
+    account = FetchAccount()
+    _local.account = account
+    return account
+
+
+def end_fetch() -> None:
+    _local.account = None
+
+
+def current_account() -> FetchAccount | None:
+    return getattr(_local, "account", None)
+
+
+def _add(table: dict[str, list[int]], key: str, wall: int, cpu: int) -> None:
+    row = table.get(key)
+    if row is None:
+        table[key] = [wall, cpu, 1]
+    else:
+        row[0] += wall
+        row[1] += cpu
+        row[2] += 1
+
+
+def timed_call(fn: Callable[..., Any], node: str, name: str | None = None) -> Callable[..., Any]:
+    """Wrap ``fn`` so that calls inside a fetch are charged to ``node`` under ``name``."""
+    if getattr(fn, "__stallscope_wrapped__", False):
+        return fn
+    label = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "call")
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        account = getattr(_local, "account", None)
+        if account is None or (account.stack and account.stack[-1][0] == node):
+            return fn(*args, **kwargs)
+        return _timed_invoke(account, node, label, fn, args, kwargs)
+
+    wrapper.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def timed_method(cls: type, method_name: str, node: str, label_from_instance: bool = True) -> bool:
+    """Wrap ``cls.method_name`` in place. Labels use the instance's class name (``RandomResizedCrop``)."""
+    original = cls.__dict__.get(method_name)
+    if original is None or not callable(original) or getattr(original, "__stallscope_wrapped__", False):
+        return False
+    if not label_from_instance:
+        setattr(cls, method_name, timed_call(original, node, f"{cls.__name__}.{method_name}"))
+        return True
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        account = getattr(_local, "account", None)
+        if account is None or (account.stack and account.stack[-1][0] == node):
+            return original(self, *args, **kwargs)
+        return _timed_invoke(account, node, type(self).__name__, original, (self, *args), kwargs)
+
+    method.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    setattr(cls, method_name, method)
+    return True
+
+
+def _timed_invoke(account: FetchAccount, node: str, label: str, fn: Callable[..., Any],
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    stack = account.stack
+    frame = [node, label, _perf(), _cpu(), 0, 0]
+    stack.append(frame)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        wall = _perf() - frame[2]
+        cpu = _cpu() - frame[3]
+        stack.pop()
+        _add(account.by_node, node, wall - frame[4], cpu - frame[5])
+        _add(account.by_name, label, wall - frame[4], cpu - frame[5])
+        if stack:
+            stack[-1][4] += wall
+            stack[-1][5] += cpu
+
+
+def patch_module_functions(module: Any, names: list[str] | tuple[str, ...], node: str, prefix: str = "") -> int:
+    """Wrap the named module-level callables that exist; returns how many were wrapped."""
+    count = 0
+    for name in names:
+        fn = getattr(module, name, None)
+        if fn is None or not callable(fn) or isinstance(fn, type):
+            continue
+        setattr(module, name, timed_call(fn, node, f"{prefix}{name}"))
+        count += 1
+    return count

@@ -1,0 +1,112 @@
+"""Per-process event files: buffered appends, periodic flush, safe across fork.
+
+Each process that records anything writes ``events/<pid>.jsonl`` in the run directory. The
+first line is a header (pid, parent pid, clocks); every later line is one JSON array
+``[kind, ...fields]``. Appends only touch an in-memory list; the list is written out when it
+grows past a size or an age, at process exit, and from multiprocessing's finalizers (which
+run in DataLoader workers where ``atexit`` does not). A crash loses at most the unflushed tail.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+FLUSH_EVERY_RECORDS = 512
+FLUSH_EVERY_NS = 500_000_000
+
+_run_dir: Path | None = None
+_buffer: list[tuple[Any, ...]] = []
+_pid: int = -1
+_file = None
+_last_flush_ns = 0
+_flush_lock = threading.Lock()
+_role = "main"
+
+
+def configure(run_dir: str | os.PathLike[str], role: str = "main") -> None:
+    """Point this process's events at ``run_dir``; called once by the bootstrap."""
+    global _run_dir, _role
+    _run_dir = Path(run_dir)
+    _role = role
+    atexit.register(flush)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def set_role(role: str) -> None:
+    """Name what this process is (``main``, ``worker``); written in the header of its file."""
+    global _role
+    _role = role
+    emit("role", role)
+
+
+def enabled() -> bool:
+    return _run_dir is not None
+
+
+def emit(*record: Any) -> None:
+    """Append one record. The hot path: a list append and, rarely, a flush."""
+    if _run_dir is None:
+        return
+    _buffer.append(record)
+    if len(_buffer) >= FLUSH_EVERY_RECORDS or time.perf_counter_ns() - _last_flush_ns > FLUSH_EVERY_NS:
+        flush()
+
+
+def _open_file():
+    global _file, _pid, _last_flush_ns
+    assert _run_dir is not None
+    _pid = os.getpid()
+    events_dir = _run_dir / "events"
+    events_dir.mkdir(parents=True, exist_ok=True)
+    _file = open(events_dir / f"{_pid}.jsonl", "a", encoding="utf-8")
+    header = {
+        "pid": _pid,
+        "ppid": os.getppid(),
+        "role": _role,
+        "argv": sys.argv[:8],
+        "wall_ns": time.time_ns(),
+        "mono_ns": time.perf_counter_ns(),
+    }
+    _file.write(json.dumps({"header": header}) + "\n")
+    _last_flush_ns = time.perf_counter_ns()
+
+
+def flush() -> None:
+    """Write the buffer out. Safe to call from any thread and at exit."""
+    global _last_flush_ns
+    if _run_dir is None or not _buffer:
+        return
+    with _flush_lock:
+        if _file is None or _pid != os.getpid():
+            _open_file()
+        records = _buffer[:]
+        del _buffer[: len(records)]
+        try:
+            _file.write("".join(json.dumps(r, default=repr) + "\n" for r in records))
+            _file.flush()
+        except (OSError, ValueError):
+            # A run directory removed under us, or interpreter teardown: losing the tail is the contract.
+            pass
+        _last_flush_ns = time.perf_counter_ns()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits the parent's unflushed records; they are the parent's, not ours."""
+    global _file, _pid, _flush_lock
+    _buffer.clear()
+    _file = None
+    _pid = -1
+    _flush_lock = threading.Lock()
+    try:
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, flush, exitpriority=100)
+    except Exception:  # pragma: no cover - multiprocessing is always there in CPython
+        pass

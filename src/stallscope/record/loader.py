@@ -1,0 +1,229 @@
+"""Patches of ``torch.utils.data``: loader creation, iterators, the main-process wait, pinning.
+
+What the main process records per DataLoader:
+- ``loader``: creation site, configuration, the ``--set`` overrides applied;
+- ``iter``/``reset``: each iterator and each epoch start (worker start-up lives here);
+- ``next``: every ``__next__`` call, blocked time and the worker that produced the batch;
+- ``send``: every index batch handed to a worker (to match worker fetches to main batches);
+- ``pin``: time in ``pin_memory`` per batch and thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from stallscope.record import events, steps, workers
+from stallscope.record.overrides import apply_overrides
+
+_perf = time.perf_counter_ns
+_loader_ids = itertools.count()
+_iter_ids = itertools.count()
+overrides: dict[str, Any] = {}
+
+
+def _creation_site() -> str:
+    """The first frame outside torch and stallscope: where the script built its DataLoader."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if f"{os.sep}torch{os.sep}" not in filename and f"{os.sep}stallscope{os.sep}record" not in filename:
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def _describe(loader: Any) -> dict[str, Any]:
+    dataset = loader.dataset
+    config: dict[str, Any] = {
+        "dataset": type(dataset).__name__,
+        "iterable": _is_iterable_dataset(dataset),
+        "num_workers": loader.num_workers,
+        "batch_size": loader.batch_size,
+        "pin_memory": bool(loader.pin_memory),
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": bool(loader.persistent_workers),
+        "drop_last": bool(loader.drop_last),
+        "batch_sampler": type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else None,
+        "sampler": type(loader.sampler).__name__,
+        "collate_fn": getattr(loader.collate_fn, "__name__", type(loader.collate_fn).__name__),
+        "in_order": getattr(loader, "in_order", True),
+    }
+    context = loader.multiprocessing_context
+    config["multiprocessing_context"] = context.get_start_method() if context is not None else None
+    if config["multiprocessing_context"] is None and loader.num_workers > 0:
+        import multiprocessing
+
+        config["multiprocessing_context"] = multiprocessing.get_start_method(allow_none=True) or "default"
+    try:
+        config["dataset_len"] = len(dataset)
+    except Exception:
+        config["dataset_len"] = None
+    return config
+
+
+def _is_iterable_dataset(dataset: Any) -> bool:
+    from torch.utils.data import IterableDataset
+
+    return isinstance(dataset, IterableDataset)
+
+
+def batch_size_of(batch: Any, depth: int = 0) -> int | None:
+    """Samples in a batch, read from its first leaf with a length: cheap and structure-agnostic."""
+    if depth > 4:
+        return None
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) > 0 else None
+    if isinstance(batch, dict):
+        return batch_size_of(next(iter(batch.values())), depth + 1) if batch else None
+    if isinstance(batch, (list, tuple)):
+        if not batch:
+            return 0
+        inner = batch_size_of(batch[0], depth + 1)
+        if inner is not None and not isinstance(batch[0], (str, bytes, int, float)):
+            return inner
+        return len(batch)
+    return None
+
+
+def patch_dataloader(module: Any) -> None:
+    DataLoader = module.DataLoader
+    base_iter = module._BaseDataLoaderIter
+    mp_iter = module._MultiProcessingDataLoaderIter
+    single_iter = module._SingleProcessDataLoaderIter
+    original_init = DataLoader.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        applied: dict[str, Any] = {}
+        if overrides:
+            args, kwargs, applied = apply_overrides(original_init, args, kwargs, overrides)
+        original_init(self, *args, **kwargs)
+        self._stallscope_id = next(_loader_ids)
+        events.emit("loader", self._stallscope_id, _perf(), _creation_site(), _describe(self), applied)
+
+    DataLoader.__init__ = __init__
+
+    original_base_init = base_iter.__init__
+
+    def base_init(self: Any, loader: Any) -> None:
+        if not hasattr(self, "_stallscope_iter"):
+            self._stallscope_iter = next(_iter_ids)
+        self._stallscope_lid = getattr(loader, "_stallscope_id", -1)
+        self._stallscope_epoch = 0
+        original_base_init(self, loader)
+
+    base_iter.__init__ = base_init
+
+    original_reset = base_iter._reset
+
+    def _reset(self: Any, loader: Any, first_iter: bool = False) -> None:
+        if not first_iter:
+            self._stallscope_epoch += 1
+        events.emit("epoch", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, _perf())
+        original_reset(self, loader, first_iter)
+
+    base_iter._reset = _reset
+
+    original_mp_init = mp_iter.__init__
+
+    def mp_init(self: Any, loader: Any) -> None:
+        self._stallscope_iter = iter_id = next(_iter_ids)
+        user_fn = loader.worker_init_fn
+        loader.worker_init_fn = workers.WorkerInit(user_fn, getattr(loader, "_stallscope_id", -1), iter_id, _perf())
+        try:
+            original_mp_init(self, loader)
+        finally:
+            loader.worker_init_fn = user_fn
+
+    mp_iter.__init__ = mp_init
+
+    original_single_init = single_iter.__init__
+
+    def single_init(self: Any, loader: Any) -> None:
+        original_single_init(self, loader)
+        self._dataset_fetcher._stallscope_ctx = (self._stallscope_lid, self._stallscope_iter, -1)
+
+    single_iter.__init__ = single_init
+
+    original_iter = DataLoader.__iter__
+
+    def __iter__(self: Any) -> Any:
+        t0 = _perf()
+        iterator = original_iter(self)
+        events.emit("iter", getattr(self, "_stallscope_id", -1), getattr(iterator, "_stallscope_iter", -1),
+                    getattr(iterator, "_stallscope_epoch", 0), t0, _perf(), self.num_workers)
+        return iterator
+
+    DataLoader.__iter__ = __iter__
+
+    original_next = base_iter.__next__
+
+    def __next__(self: Any) -> Any:
+        steps.before_next()
+        self._stallscope_worker = -1
+        t0 = _perf()
+        try:
+            data = original_next(self)
+        except StopIteration:
+            events.emit("stop", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, _perf())
+            raise
+        t1 = _perf()
+        events.emit("next", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, t1,
+                    self._stallscope_worker, batch_size_of(data))
+        steps.after_next(self._stallscope_lid)
+        return data
+
+    base_iter.__next__ = __next__
+
+    original_process = mp_iter._process_data
+
+    def _process_data(self: Any, data: Any, worker_idx: int) -> Any:
+        self._stallscope_worker = worker_idx
+        return original_process(self, data, worker_idx)
+
+    mp_iter._process_data = _process_data
+
+    original_put = mp_iter._try_put_index
+
+    def _try_put_index(self: Any) -> None:
+        before = self._send_idx
+        original_put(self)
+        if self._send_idx != before:
+            events.emit("send", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, before,
+                        self._task_info[before][0], _perf())
+
+    mp_iter._try_put_index = _try_put_index
+
+
+def patch_fetchers(module: Any) -> None:
+    for cls in (module._MapDatasetFetcher, module._IterableDatasetFetcher):
+        cls.fetch = workers.timed_fetch(cls.fetch)
+
+
+_pin_depth = threading.local()
+
+
+def patch_pin_memory(module: Any) -> None:
+    """Time each top-level ``pin_memory`` call (it recurses through the batch structure)."""
+    original = module.pin_memory
+    if getattr(original, "__stallscope_wrapped__", False):
+        return
+
+    def pin_memory(data: Any, device: Any = None) -> Any:
+        if getattr(_pin_depth, "active", False):
+            return original(data, device)
+        _pin_depth.active = True
+        t0 = _perf()
+        try:
+            return original(data, device)
+        finally:
+            _pin_depth.active = False
+            events.emit("pin", threading.current_thread() is threading.main_thread(), t0, _perf())
+
+    pin_memory.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    module.pin_memory = pin_memory

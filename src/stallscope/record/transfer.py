@@ -1,0 +1,49 @@
+"""Host-to-device copies (``Tensor.to``/``Tensor.cuda``) once CUDA is in use.
+
+Installed only after the script itself initialises CUDA, so we never touch CUDA first (which
+would break a script that forks workers before using the GPU) and CPU-only runs pay nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from stallscope.record import events
+
+_perf = time.perf_counter_ns
+_installed = False
+
+
+def _wrap_copy(original: Any, name: str) -> Any:
+    @functools.wraps(original)
+    def copy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.device.type != "cpu":
+            return original(self, *args, **kwargs)
+        t0 = _perf()
+        result = original(self, *args, **kwargs)
+        if result is not self and result.device.type != "cpu":
+            events.emit("h2d", t0, _perf(), self.numel() * self.element_size(), bool(self.is_pinned()),
+                        bool(kwargs.get("non_blocking", False)), name)
+        return result
+
+    return copy
+
+
+def install_after_cuda_init(torch_cuda: Any) -> None:
+    original_lazy_init = torch_cuda._lazy_init
+
+    @functools.wraps(original_lazy_init)
+    def _lazy_init() -> None:
+        global _installed
+        original_lazy_init()
+        if not _installed:
+            _installed = True
+            import torch
+
+            torch.Tensor.to = _wrap_copy(torch.Tensor.to, "to")
+            torch.Tensor.cuda = _wrap_copy(torch.Tensor.cuda, "cuda")
+            events.emit("cuda_init", _perf(), torch.cuda.get_device_name(torch.cuda.current_device()))
+
+    torch_cuda._lazy_init = _lazy_init

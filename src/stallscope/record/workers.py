@@ -1,0 +1,119 @@
+"""Inside DataLoader workers: who we are, when we started, and what each batch fetch cost.
+
+A worker learns its identity (loader id, iterator id, worker id) from ``WorkerInit``, which
+wraps the script's own ``worker_init_fn`` and is pickled to the worker under spawn and
+forkserver. Each fetch is then recorded with wall time, thread CPU time, run-queue wait (from
+``/proc/thread-self/schedstat``, to tell CPU starvation from blocking I/O) and the per-node
+split of the library calls made inside it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from typing import Any
+
+from stallscope.record import calls, events
+
+_perf = time.perf_counter_ns
+_cpu = time.thread_time_ns
+
+#: (loader id, iterator id, worker id) of this worker process; None outside workers.
+worker_context: tuple[int, int, int] | None = None
+_fetch_seq: dict[tuple[int, int, int], int] = {}
+
+
+def read_runqueue_wait_ns() -> int:
+    """Nanoseconds this thread has waited for a CPU, or -1 when the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+class WorkerInit:
+    """Picklable wrapper of the script's ``worker_init_fn`` that tells the worker who it is."""
+
+    def __init__(self, user_fn: Any, loader_id: int, iter_id: int, created_ns: int) -> None:
+        self.user_fn = user_fn
+        self.loader_id = loader_id
+        self.iter_id = iter_id
+        self.created_ns = created_ns
+
+    def __call__(self, worker_id: int) -> None:
+        global worker_context
+        entered = _perf()
+        worker_context = (self.loader_id, self.iter_id, worker_id)
+        events.set_role("worker")
+        threads = _thread_settings()
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+        events.emit("worker_start", self.loader_id, self.iter_id, worker_id, os.getpid(), self.created_ns,
+                    entered, _perf(), threads)
+        events.flush()
+
+
+def _thread_settings() -> dict[str, Any]:
+    settings: dict[str, Any] = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    try:
+        import torch
+
+        settings["torch"] = torch.get_num_threads()
+    except Exception:
+        pass
+    import sys
+
+    cv2 = sys.modules.get("cv2")
+    if cv2 is not None:
+        try:
+            settings["cv2"] = cv2.getNumThreads()
+        except Exception:
+            pass
+    return settings
+
+
+def _count_items(index: Any) -> int:
+    try:
+        return len(index)
+    except TypeError:
+        return 1
+
+
+def timed_fetch(original: Any) -> Any:
+    """Wrap a fetcher's ``fetch`` so that every batch (or StopIteration) is one ``fetch`` event."""
+
+    def fetch(self: Any, possibly_batched_index: Any) -> Any:
+        ctx = getattr(self, "_stallscope_ctx", None) or worker_context
+        if ctx is None:
+            return original(self, possibly_batched_index)
+        collate = self.collate_fn
+        if not getattr(collate, "__stallscope_wrapped__", False):
+            self.collate_fn = calls.timed_call(collate, "loader", "collate")
+        seq = _fetch_seq.get(ctx, 0)
+        _fetch_seq[ctx] = seq + 1
+        rq0 = read_runqueue_wait_ns()
+        account = calls.begin_fetch()
+        t0, c0 = _perf(), _cpu()
+        outcome = None
+        try:
+            return original(self, possibly_batched_index)
+        except StopIteration:
+            outcome = "StopIteration"
+            raise
+        except BaseException as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+            events.emit("fetch_error", ctx[0], ctx[1], ctx[2], os.getpid(), _perf(), type(exc).__name__,
+                        str(exc)[:2000], traceback.format_exc(limit=12)[-4000:])
+            raise
+        finally:
+            t1, c1 = _perf(), _cpu()
+            calls.end_fetch()
+            rq1 = read_runqueue_wait_ns()
+            rq = rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1
+            events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0, rq,
+                        _count_items(possibly_batched_index), account.by_node, account.by_name, outcome)
+
+    fetch.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    return fetch

@@ -1,0 +1,1 @@
+"""Renderers: read a Session and its Analysis, produce text or files. They never compute findings."""

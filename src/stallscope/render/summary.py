@@ -1,0 +1,96 @@
+"""The summary JSON of ``run --json`` (schema ``stallscope.summary/1``; see PRODUCT.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from stallscope.analyze import Analysis
+from stallscope.constants import NODE_IDS, SUMMARY_SCHEMA
+from stallscope.session import Session
+
+
+def summary_dict(session: Session, analysis: Analysis, session_path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    total = sum(analysis.node_seconds.values())
+    stats = analysis.steps
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "exit_code": session.exit_code,
+        "ended_by": session.ended_by,
+        "steps": len(stats.steps),
+        "steady_steps": len(stats.steady),
+        "step_boundary": stats.boundary,
+        "samples": sum(s.samples for s in stats.steps) if stats.steps and all(
+            s.samples is not None for s in stats.steps) else None,
+        "wall_s": round(session.wall_s, 4),
+        "verdict": analysis.verdict,
+        "data_wait_fraction": round(analysis.data_wait_fraction, 4),
+        "throughput": {
+            "steps_per_s": round(analysis.steps_per_s, 4),
+            "samples_per_s": round(analysis.samples_per_s, 3) if analysis.samples_per_s is not None else None,
+        },
+        "step_time_s": {"median": stats.median_step_s, "p90": stats.p90_step_s, "first": stats.first_step_s},
+        "bottleneck": {
+            "node": analysis.bottleneck_node,
+            "share": round(analysis.bottleneck_share, 4),
+            "evidence": analysis.evidence,
+        },
+        "nodes": {
+            node: {"seconds": round(analysis.node_seconds.get(node, 0.0), 4),
+                   "share": round(analysis.node_seconds.get(node, 0.0) / total, 4) if total > 0 else 0.0}
+            for node in NODE_IDS
+        },
+        "recommendations": [
+            {"id": r.id, "node": r.node, "title": r.title, "change": r.change,
+             "predicted_speedup": r.predicted_speedup, "reason": r.reason}
+            for r in analysis.recommendations
+        ],
+        "loaders": [_loader_dict(ld) for ld in analysis.loaders],
+        "overrides": session.overrides,
+        "failure": dataclasses.asdict(analysis.failure) if analysis.failure else None,
+        "usable_cpus": analysis.usable_cpus,
+        "notes": analysis.notes,
+        "run_id": session.run_id,
+        "session": str(session_path) if session_path else None,
+    }
+
+
+def _loader_dict(ld) -> dict[str, Any]:
+    p = ld.pipeline
+    pipeline = None
+    if p is not None:
+        node_total = sum(p.node_s.values())
+        pipeline = {
+            "num_workers": p.num_workers,
+            "batches": p.batches,
+            "busy_s": round(p.busy_s, 4),
+            "node_seconds": {k: round(v, 4) for k, v in p.node_s.items()},
+            "node_seconds_over_busy": round(node_total / p.busy_s, 4) if p.busy_s > 0 else None,
+            "direct_call_fraction": round(p.direct_s / p.busy_s, 4) if p.busy_s > 0 else None,
+            "cpu_s": round(p.cpu_s, 4),
+            "blocked_s": round(p.blocked_s, 4),
+            "runqueue_s": round(p.runqueue_s, 4) if p.runqueue_s is not None else None,
+            "by_call_s": {k: round(v, 4) for k, v in list(p.by_call.items())[:12]},
+            "batch_wall_median_s": p.batch_wall_median_s,
+            "worker_startup_s": [round(v, 4) for v in p.startup_s],
+            "worker_busy_fraction": round(p.busy_fraction, 4) if p.busy_fraction is not None else None,
+            "queue_depth_mean": round(p.queue_depth_mean, 3) if p.queue_depth_mean is not None else None,
+            "empty_queue_fraction": round(p.empty_queue_fraction, 4) if p.empty_queue_fraction is not None else None,
+            "pin_memory_thread_s": round(p.pin_s, 4),
+            "worker_errors": p.errors,
+        }
+    return {"id": ld.loader_id, "role": ld.role, "site": ld.site, "config": ld.config, "overrides": ld.overrides,
+            "batches": ld.batches, "epochs": ld.epochs, "wait_s": round(ld.wait_s, 4),
+            "iter_start_s": round(ld.iter_start_s, 4), "pipeline": pipeline}
+
+
+def write_summary(path: str | os.PathLike[str], summary: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,81 @@
+"""The end-of-run summary in the terminal (rich): verdict, wait share, throughput, nodes, next step."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from stallscope.analyze import Analysis
+from stallscope.constants import NODE_IDS
+from stallscope.session import Session
+
+_VERDICT_STYLE = {"input-bound": "bold red", "compute-bound": "bold green", "balanced": "bold yellow",
+                  "unknown": "bold"}
+
+
+def _bar(share: float, width: int = 24) -> str:
+    filled = int(round(share * width))
+    return "█" * filled + "·" * (width - filled)
+
+
+def render(session: Session, analysis: Analysis, console: Console | None = None,
+           session_ref: str | None = None) -> None:
+    console = console or Console(stderr=True)
+    stats = analysis.steps
+    console.rule("[bold]stallscope")
+    head = Text("verdict: ")
+    head.append(analysis.verdict, style=_VERDICT_STYLE.get(analysis.verdict, "bold"))
+    if analysis.verdict != "unknown":
+        head.append(f"   data wait {100 * analysis.data_wait_fraction:.1f}% of step time")
+    console.print(head)
+    if stats.steady:
+        rate = f"{analysis.steps_per_s:.2f} steps/s"
+        if analysis.samples_per_s is not None:
+            rate += f", {analysis.samples_per_s:.1f} samples/s"
+        console.print(f"throughput: {rate}   ({len(stats.steady)} steps measured after {stats.warmup_steps} warm-up; "
+                      f"median step {1000 * (stats.median_step_s or 0):.1f} ms; steps end at each "
+                      f"{'optimizer step' if stats.boundary == 'optimizer' else 'batch'})")
+    total = sum(analysis.node_seconds.values())
+    if total > 0:
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        table.add_column("node")
+        table.add_column("seconds", justify="right")
+        table.add_column("share", justify="right")
+        table.add_column("")
+        for node in NODE_IDS:
+            seconds = analysis.node_seconds.get(node, 0.0)
+            share = seconds / total
+            style = "bold" if node == analysis.bottleneck_node else ""
+            table.add_row(Text(node, style=style), f"{seconds:.2f}", f"{100 * share:.0f}%", _bar(share))
+        console.print(table)
+    if analysis.bottleneck_node:
+        console.print(f"[bold]limiting stage:[/bold] {analysis.bottleneck_node} "
+                      f"({100 * analysis.bottleneck_share:.0f}% of step time)")
+    for line in analysis.evidence:
+        console.print(f"  • {line}", highlight=False)
+    for ld in analysis.loaders:
+        if ld.role != "train" and ld.batches:
+            console.print(f"  • loader {ld.loader_id} ({ld.role}, {ld.site}): {ld.batches} batches, "
+                          f"waited {ld.wait_s:.2f} s", highlight=False)
+    if analysis.recommendations:
+        top = analysis.recommendations[0]
+        gain = f" (predicted {top.predicted_speedup:.2f}x)" if top.predicted_speedup else ""
+        console.print(f"[bold]next step:[/bold] {top.title}{gain}")
+        console.print(f"  change: {top.change}", highlight=False)
+        console.print(f"  why: {top.reason}", highlight=False)
+        for rec in analysis.recommendations[1:3]:
+            gain = f" ({rec.predicted_speedup:.2f}x)" if rec.predicted_speedup else ""
+            console.print(f"  also: {rec.title}{gain}: {rec.change}", highlight=False)
+    if analysis.failure:
+        f = analysis.failure
+        where = f"worker {f.worker} of loader {f.loader_id}" if f.where == "worker" else "the main process"
+        console.print(f"[bold red]the script failed[/bold red] in {where}: {f.type}: {f.message}"
+                      + (f"  at {f.location}" if f.location else ""), highlight=False)
+    for note in analysis.notes:
+        console.print(f"[dim]note: {note}[/dim]", highlight=False)
+    if session.overrides:
+        console.print(f"[dim]overrides: {session.overrides}[/dim]", highlight=False)
+    if session_ref:
+        console.print(f"[dim]saved: {session_ref}   re-render: stallscope report {session.run_id}[/dim]",
+                      highlight=False)

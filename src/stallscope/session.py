@@ -1,0 +1,247 @@
+"""The recorded run: a frozen, versioned Session built from the per-process event files.
+
+A Session holds only what was measured (timestamps in ``perf_counter`` nanoseconds, which on
+Linux is CLOCK_MONOTONIC and so comparable across the processes of one machine). Analysis is a
+pure function of it, so a session saved today can be re-analysed and re-rendered later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.constants import SESSION_SCHEMA
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    pid: int
+    ppid: int
+    role: str
+    argv: list[str]
+    wall_ns: int
+    mono_ns: int
+
+
+@dataclass(frozen=True)
+class LoaderRecord:
+    loader_id: int
+    pid: int
+    created_ns: int
+    site: str
+    config: dict[str, Any]
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class IterRecord:
+    """``iter(loader)``: for multi-process loaders this call starts the worker processes."""
+    loader_id: int
+    iter_id: int
+    epoch: int
+    start_ns: int
+    end_ns: int
+    num_workers: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class NextRecord:
+    """One ``__next__`` on a DataLoader iterator: the main process blocked from start to end."""
+    loader_id: int
+    iter_id: int
+    epoch: int
+    start_ns: int
+    end_ns: int
+    worker: int
+    batch_size: int | None
+    pid: int
+
+
+@dataclass(frozen=True)
+class StopRecord:
+    loader_id: int
+    iter_id: int
+    epoch: int
+    start_ns: int
+    end_ns: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class SendRecord:
+    loader_id: int
+    iter_id: int
+    epoch: int
+    send_idx: int
+    worker: int
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class FetchRecord:
+    """One batch fetched by a worker (worker -1: by the main process, ``num_workers=0``).
+
+    ``by_node`` and ``by_name`` map to ``[wall_ns, cpu_ns, calls]`` of instrumented calls,
+    exclusive of nested calls. ``runqueue_ns`` is -1 when the kernel does not report it.
+    """
+    loader_id: int
+    iter_id: int
+    worker: int
+    seq: int
+    start_ns: int
+    end_ns: int
+    cpu_ns: int
+    runqueue_ns: int
+    items: int
+    by_node: dict[str, list[int]]
+    by_name: dict[str, list[int]]
+    outcome: str | None
+    pid: int
+
+
+@dataclass(frozen=True)
+class WorkerStartRecord:
+    loader_id: int
+    iter_id: int
+    worker: int
+    pid: int
+    created_ns: int
+    entered_ns: int
+    ready_ns: int
+    threads: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OptimizerStepRecord:
+    optimizer: int
+    kind: str
+    start_ns: int
+    end_ns: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class PinRecord:
+    main_thread: bool
+    start_ns: int
+    end_ns: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class TransferRecord:
+    start_ns: int
+    end_ns: int
+    nbytes: int
+    pinned: bool
+    non_blocking: bool
+    call: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """An exception: ``where`` is ``main`` (uncaught in the script) or ``worker`` (inside a fetch)."""
+    where: str
+    pid: int
+    t_ns: int
+    type: str
+    message: str
+    location: str | None
+    traceback: str
+    loader_id: int | None = None
+    worker: int | None = None
+
+
+@dataclass(frozen=True)
+class Session:
+    schema: str
+    run_id: str
+    command: list[str]
+    cwd: str
+    started_wall: float
+    start_ns: int
+    end_ns: int
+    exit_code: int
+    ended_by: str
+    overrides: dict[str, Any]
+    max_steps: int | None
+    environment: dict[str, Any]
+    processes: list[ProcessRecord] = field(default_factory=list)
+    loaders: list[LoaderRecord] = field(default_factory=list)
+    iters: list[IterRecord] = field(default_factory=list)
+    nexts: list[NextRecord] = field(default_factory=list)
+    stops: list[StopRecord] = field(default_factory=list)
+    sends: list[SendRecord] = field(default_factory=list)
+    fetches: list[FetchRecord] = field(default_factory=list)
+    worker_starts: list[WorkerStartRecord] = field(default_factory=list)
+    optimizer_steps: list[OptimizerStepRecord] = field(default_factory=list)
+    pins: list[PinRecord] = field(default_factory=list)
+    transfers: list[TransferRecord] = field(default_factory=list)
+    errors: list[ErrorRecord] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    samples: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def wall_s(self) -> float:
+        return max(0.0, (self.end_ns - self.start_ns) / 1e9)
+
+    @property
+    def main_pid(self) -> int | None:
+        for proc in self.processes:
+            if proc.role == "main":
+                return proc.pid
+        return self.loaders[0].pid if self.loaders else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Session:
+        schema = data.get("schema")
+        if schema != SESSION_SCHEMA:
+            raise ValueError(f"unsupported session schema {schema!r} (this stallscope reads {SESSION_SCHEMA})")
+        return _build(cls, data)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically: a crash mid-save never leaves a truncated session behind."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Session:
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not a stallscope session (invalid JSON: {exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is not a stallscope session")
+        return cls.from_dict(data)
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    """Rebuild a dataclass (and lists of dataclasses) from plain JSON values."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        hint = hints[f.name]
+        if typing.get_origin(hint) is list:
+            (item_type,) = typing.get_args(hint)
+            if dataclasses.is_dataclass(item_type):
+                value = [_build(item_type, item) for item in value]
+        values[f.name] = value
+    return cls(**values)
