@@ -17,8 +17,9 @@ __all__ = ["Analysis", "analyze", "usable_cpus"]
 def usable_cpus(session: Session) -> int:
     """CPUs the job may use: the doctor's figure (affinity and cgroup quota) when it ran, else affinity."""
     for check in session.checks:
-        if check.get("id") in ("cpus_usable", "usable_cpus", "cpus") and isinstance(check.get("value"), (int, float)):
-            return max(1, int(check["value"]))
+        usable = (check.get("data") or {}).get("usable") if check.get("id") == "cpu.usable" else None
+        if isinstance(usable, (int, float)) and usable > 0:
+            return max(1, int(usable))
     env = session.environment
     return int(env.get("cpus_affinity") or env.get("cpu_count") or 1)
 

@@ -14,6 +14,7 @@ VERBS: dict[str, str] = {
     "run": "stallscope.cli.run_cmd",
     "report": "stallscope.cli.report_cmd",
     "demo": "stallscope.cli.demo_cmd",
+    "pack": "stallscope.cli.pack_cmd",
     "doctor": "stallscope.cli.doctor_cmd",
 }
 

@@ -44,6 +44,7 @@ def install() -> None:
 
     if is_main:
         events.emit("process_start", time.perf_counter_ns(), sys.argv[:32])
+        events.start_background_flusher()
         _install_exit_recording()
 
 

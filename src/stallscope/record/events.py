@@ -97,6 +97,28 @@ def flush() -> None:
         _last_flush_ns = time.perf_counter_ns()
 
 
+def start_background_flusher(period_s: float = FLUSH_EVERY_NS / 1e9) -> None:
+    """Flush every ``period_s`` even when nothing new is appended, so a process killed outright
+    (SIGKILL, the OOM killer) loses at most that much. A daemon thread that sleeps almost always."""
+
+    def loop() -> None:
+        pid = os.getpid()
+        while os.getpid() == pid:
+            time.sleep(period_s)
+            flush()
+
+    threading.Thread(target=loop, name="stallscope-flush", daemon=True).start()
+
+
+def flush_at_process_exit() -> None:
+    """Flush when a multiprocessing child ends: such children leave through ``os._exit``, skipping
+    ``atexit``, but run multiprocessing's finalizers. Call it once the child is running (the
+    registry is cleared when a child starts, so registering at fork time would be lost)."""
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, flush, exitpriority=100)
+
+
 def _after_fork_in_child() -> None:
     """A forked child inherits the parent's unflushed records; they are the parent's, not ours."""
     global _file, _pid, _flush_lock
@@ -104,9 +126,3 @@ def _after_fork_in_child() -> None:
     _file = None
     _pid = -1
     _flush_lock = threading.Lock()
-    try:
-        import multiprocessing.util
-
-        multiprocessing.util.Finalize(None, flush, exitpriority=100)
-    except Exception:  # pragma: no cover - multiprocessing is always there in CPython
-        pass

@@ -47,6 +47,7 @@ class WorkerInit:
         entered = _perf()
         worker_context = (self.loader_id, self.iter_id, worker_id)
         events.set_role("worker")
+        events.flush_at_process_exit()
         threads = _thread_settings()
         if self.user_fn is not None:
             self.user_fn(worker_id)
@@ -106,6 +107,7 @@ def timed_fetch(original: Any) -> Any:
             outcome = f"{type(exc).__name__}: {exc}"
             events.emit("fetch_error", ctx[0], ctx[1], ctx[2], os.getpid(), _perf(), type(exc).__name__,
                         str(exc)[:2000], traceback.format_exc(limit=12)[-4000:])
+            events.flush()  # the worker may be terminated as soon as the main process sees the error
             raise
         finally:
             t1, c1 = _perf(), _cpu()

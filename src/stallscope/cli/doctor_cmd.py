@@ -1,0 +1,86 @@
+"""``stallscope doctor [DATA_DIR] [--json PATH]``: a thin wrapper over ``stallscope.doctor.run_doctor``.
+
+Exit codes: 0 when no check failed, 1 when at least one failed, 2 for bad input (missing or unreadable DATA_DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from stallscope.doctor import FAIL, PASS, UNKNOWN, WARN, DoctorReport, LoaderAssumptions, run_doctor
+
+STATUS_STYLE = {PASS: "green", WARN: "yellow", FAIL: "bold red", UNKNOWN: "magenta", "n/a": "dim"}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check the machine, GPU and dataset around the input pipeline",
+        description="Environment and storage checks, each pass / warn / fail / n/a / unknown with the number behind it.",
+    )
+    parser.add_argument("data_dir", nargs="?", metavar="DATA_DIR", help="the dataset folder the DataLoader reads")
+    parser.add_argument("--json", metavar="PATH", dest="json_path", help="also write the checks as JSON to PATH")
+    parser.add_argument("--no-bench", action="store_true", help="skip the storage micro-benchmark")
+    parser.add_argument("--bench-seconds", type=float, default=3.0, metavar="S",
+                        help="time budget of the storage micro-benchmark (default 3)")
+    parser.add_argument("--num-workers", type=int, default=None, metavar="N",
+                        help="DataLoader num_workers to size /dev/shm against (default: usable CPUs)")
+    parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="samples per batch (default 256)")
+    parser.add_argument("--prefetch-factor", type=int, default=2, metavar="N", help="batches per worker (default 2)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="explain every check, not only the problems")
+    parser.set_defaults(handler=handle)
+    return parser
+
+
+def render(report: DoctorReport, console: Console, verbose: bool = False) -> None:
+    """The checks as a table, then why and fix for each check that did not pass (all of them with ``verbose``)."""
+    table = Table(title="stallscope doctor", title_justify="left", show_lines=False, expand=False)
+    table.add_column("status", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    table.add_column("threshold", overflow="fold", style="dim")
+    for check in report.checks:
+        table.add_row(Text(check.status, style=STATUS_STYLE.get(check.status, "")), check.id, check.value,
+                      check.threshold)
+    console.print(table)
+    explain = [c for c in report.checks if verbose or c.status in (WARN, FAIL, UNKNOWN)]
+    for check in explain:
+        if not (check.why or check.fix):
+            continue
+        console.print(Text.assemble((f"{check.status} ", STATUS_STYLE.get(check.status, "")), (check.id, "bold"),
+                                    f"  {check.title}"))
+        if check.why:
+            console.print(f"  why: {check.why}", highlight=False)
+        if check.fix:
+            console.print(f"  fix: {check.fix}", highlight=False)
+    counts = ", ".join(f"{report.count(s)} {s}" for s in (PASS, WARN, FAIL, "n/a", UNKNOWN) if report.count(s))
+    console.print(f"{len(report.checks)} checks in {report.elapsed_s:.1f} s: {counts}", highlight=False)
+
+
+def handle(args: argparse.Namespace) -> int:
+    loader = LoaderAssumptions(num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
+                               batch_size=args.batch_size)
+    try:
+        report = run_doctor(args.data_dir, bench_seconds=0.0 if args.no_bench else args.bench_seconds, loader=loader)
+    except OSError as exc:
+        print(f"stallscope doctor: {exc}", file=sys.stderr)
+        return 2
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    render(report, console, verbose=args.verbose)
+    if args.json_path:
+        out = Path(args.json_path)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+        except OSError as exc:
+            print(f"stallscope doctor: cannot write {out}: {exc}", file=sys.stderr)
+            return 2
+        console.print(f"wrote {out}", highlight=False)
+    return 1 if report.count(FAIL) else 0

@@ -1,0 +1,142 @@
+"""``stallscope pack SRC OUT --format lmdb|wds`` and ``stallscope pack --verify OUT``.
+
+A thin wrapper over :func:`stallscope.data.pack` and :func:`stallscope.data.verify`: exit 0
+on success, 1 when bad files stopped a ``--strict`` pack or verification found damage, 2 for
+bad arguments (missing source, empty folder, unknown format, conflicting output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "pack",
+        help="pack an image folder or file list into LMDB or WebDataset shards",
+        description="Pack an ImageFolder tree (root/<class>/<image>) or a 'path,label' file list into one LMDB "
+        "database or WebDataset tar shards, checking every image. Rerun the same command after a crash to resume.",
+        epilog="Read it back with stallscope.data.PackedImageDataset(OUT). Check it with: stallscope pack --verify OUT",
+    )
+    parser.add_argument("src", nargs="?", metavar="SRC", help="ImageFolder root or a CSV file list (path,label)")
+    parser.add_argument("out", nargs="?", metavar="OUT", help="output directory (created when the pack is complete)")
+    parser.add_argument("--format", choices=("lmdb", "wds"), default="lmdb", help="lmdb (default) or wds tar shards")
+    parser.add_argument("--max-side", type=int, default=0, metavar="N",
+                        help="re-encode images whose longer side exceeds N pixels (0: store bytes unchanged)")
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding (default 90)")
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                        help="processes that read and check images (default: CPU count, at most 8)")
+    parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="records per tar shard (wds)")
+    parser.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
+    parser.add_argument("--force", action="store_true", help="replace an existing OUT or a different unfinished pack")
+    parser.add_argument("--report", metavar="PATH", help="write the result (records, skipped files) as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--verify", metavar="PACK", help="check every record of PACK against its index and exit")
+    parser.set_defaults(handler=run)
+
+
+def _err(message: str) -> int:
+    print(f"stallscope pack: {message}", file=sys.stderr)
+    return 2
+
+
+def _run_verify(path: str) -> int:
+    from stallscope.data import PackFormatError, verify
+
+    try:
+        result = verify(path)
+    except PackFormatError as exc:
+        return _err(str(exc))
+    except ImportError as exc:
+        return _err(f"{exc} (pip install 'stallscope[data]')")
+    if result.ok:
+        print(f"ok: {result.checked} records in {path} ({result.format}) match their checksums and labels")
+        return 0
+    print(f"FAILED: {len(result.errors)} problem(s) in {path} ({result.checked} records checked)")
+    for line in result.errors[:50]:
+        print(f"  {line}")
+    if len(result.errors) > 50:
+        print(f"  ... and {len(result.errors) - 50} more")
+    return 1
+
+
+def _progress_bar(enabled: bool):
+    """A rich progress bar showing images/s and MB/s, or a no-op."""
+    if not enabled:
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(
+        TextColumn("packing"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), transient=False,
+    )
+    task = progress.add_task("pack", total=None, rate="")
+    state = {"first": None, "t0": 0.0}
+
+    def update(done: int, total: int, nbytes: int) -> None:
+        import time
+
+        now = time.perf_counter()
+        if state["first"] is None:
+            state["first"], state["t0"] = done - 1, now
+        elapsed = max(now - state["t0"], 1e-6)
+        n = done - state["first"]
+        progress.update(task, completed=done, total=total,
+                        rate=f"{n / elapsed:,.0f} img/s  {nbytes / elapsed / 1e6:,.1f} MB/s")
+
+    return progress, update
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.verify:
+        if args.src or args.out:
+            return _err("--verify takes only the pack to check: stallscope pack --verify OUT")
+        return _run_verify(args.verify)
+    if not args.src or not args.out:
+        return _err("give SRC and OUT: stallscope pack SRC OUT --format lmdb|wds (or --verify OUT)")
+    from stallscope.data import PackError, PackOptions, SourceError, pack
+
+    options = PackOptions(format=args.format, max_side=args.max_side, quality=args.quality, workers=args.workers,
+                          strict=args.strict, shard_size=args.shard_size)
+    if not Path(args.src).exists():
+        return _err(f"{args.src}: no such folder or file list")
+    bar, update = _progress_bar(not args.no_progress and sys.stderr.isatty())
+    try:
+        if bar is not None:
+            with bar:
+                result = pack(args.src, args.out, options, progress=update, force=args.force)
+        else:
+            result = pack(args.src, args.out, options, force=args.force)
+    except SourceError as exc:
+        return _err(str(exc))
+    except PackError as exc:
+        print(f"stallscope pack: {exc}", file=sys.stderr)
+        print(f"stallscope pack: nothing was written to {args.out}", file=sys.stderr)
+        return 1 if args.strict and "--strict" in str(exc) else 2
+    except ImportError as exc:
+        return _err(f"{exc} (pip install 'stallscope[data]')")
+
+    if result.already_complete:
+        print(f"{result.out} is already a complete pack of {args.src} ({result.records} records); nothing to do")
+    else:
+        rate = (result.records - result.resumed_at) / result.seconds if result.seconds else 0.0
+        resumed = f", resumed at source #{result.resumed_at}" if result.resumed_at else ""
+        print(f"packed {result.records} images into {result.out} ({result.format}, "
+              f"{result.bytes_out / 1e6:,.1f} MB) in {result.seconds:.1f} s, {rate:,.0f} img/s{resumed}")
+    for problem in result.skipped + result.warnings:
+        print(f"  {problem.line()}")
+    if result.skipped:
+        print(f"skipped {len(result.skipped)} bad file(s); --strict makes them fatal")
+    print(f"check it with: stallscope pack --verify {result.out}")
+    if args.report:
+        doc = {"out": str(result.out), "format": result.format, "records": result.records,
+               "digest": result.digest, "resumed_at": result.resumed_at,
+               "skipped": [asdict(p) for p in result.skipped], "warnings": [asdict(p) for p in result.warnings]}
+        Path(args.report).write_text(json.dumps(doc, indent=1))
+    return 0

@@ -1,0 +1,112 @@
+"""Bytes in, cropped and resized uint8 pixels out, decoding no more than the crop needs.
+
+The order is the point: read the size from the header, choose the crop, decode at the
+largest DCT reduction the crop allows, then resize only the crop. torchvision's recipe
+decodes every pixel at full size, converts the whole image, then throws most of it away.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from stallscope.data.crops import CropPlan, CropSpec, FullImage
+from stallscope.data.decoders import DecodeError, Decoder, decode_any
+from stallscope.data.headers import HeaderError, read_header
+
+try:  # OpenCV resizes a crop several times faster than Pillow; both are optional.
+    import cv2 as _cv2
+except ImportError:  # pragma: no cover - exercised where OpenCV is absent
+    _cv2 = None
+
+_CV2_SINGLE_THREAD = False
+
+
+def _cv2_single_thread() -> None:
+    """Inside DataLoader workers OpenCV's own thread pool only oversubscribes the cores."""
+    global _CV2_SINGLE_THREAD
+    if _cv2 is None or _CV2_SINGLE_THREAD:
+        return
+    _CV2_SINGLE_THREAD = True
+    try:
+        import torch.utils.data
+
+        if torch.utils.data.get_worker_info() is not None:
+            _cv2.setNumThreads(1)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def crop_resize(pixels: np.ndarray, plan: CropPlan, full_width: int, full_height: int) -> np.ndarray:
+    """Cut ``plan``'s box (given in full-size coordinates) from ``pixels`` and resize it to the output.
+
+    ``pixels`` may be a DCT-reduced decode, so the box is rescaled by the actual ratio of sizes.
+    """
+    h, w = pixels.shape[:2]
+    fx, fy = w / full_width, h / full_height
+    x0 = min(w - 1, int(math.floor(plan.left * fx)))
+    y0 = min(h - 1, int(math.floor(plan.top * fy)))
+    x1 = max(x0 + 1, min(w, int(math.ceil((plan.left + plan.width) * fx))))
+    y1 = max(y0 + 1, min(h, int(math.ceil((plan.top + plan.height) * fy))))
+    out_size = (plan.out_width, plan.out_height)
+    if (x0, y0, x1, y1) == (0, 0, w, h) and (w, h) == out_size:
+        out = pixels
+    elif _cv2 is not None:
+        region = pixels[y0:y1, x0:x1]
+        shrink = max((x1 - x0) / plan.out_width, (y1 - y0) / plan.out_height)
+        # Bilinear is exact enough up to 2x down; beyond that it aliases and area averaging is right.
+        interp = _cv2.INTER_AREA if shrink > 2.0 else _cv2.INTER_LINEAR
+        out = _cv2.resize(region, out_size, interpolation=interp)
+    else:
+        from PIL import Image
+
+        out = np.asarray(
+            Image.fromarray(pixels).resize(out_size, Image.BILINEAR, box=(x0, y0, x1, y1))
+        )
+    if plan.flip:
+        out = out[:, ::-1]
+    return out
+
+
+def decode_crop(
+    data: bytes,
+    crop: CropSpec,
+    decoder: Decoder,
+    rng: random.Random | None = None,
+    dct_scaling: bool = True,
+) -> np.ndarray:
+    """Decode ``data`` to the HxWx3 RGB uint8 array that ``crop`` asks for.
+
+    JPEGs go through ``decoder`` at the DCT reduction the crop allows (disable with
+    ``dct_scaling=False``); anything else, or a JPEG the fast backend rejects (CMYK,
+    arithmetic coding), goes through Pillow at full size. Raises :class:`DecodeError`.
+    """
+    _cv2_single_thread()
+    try:
+        header = read_header(data)
+    except HeaderError as exc:
+        raise DecodeError(str(exc)) from exc
+    plan = crop.plan(header.width, header.height, rng)
+    bgr = False
+    if header.is_jpeg:
+        scale = plan.dct_scale() if dct_scaling else 1
+        try:
+            pixels = decoder.decode(data, header.width, header.height, scale)
+            bgr = decoder.bgr
+        except (ValueError, OSError, DecodeError):
+            pixels = decode_any(data)
+    else:
+        pixels = decode_any(data)
+    if pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise DecodeError(f"decoder returned shape {pixels.shape}, expected HxWx3")
+    out = crop_resize(pixels, plan, header.width, header.height)
+    if bgr:
+        out = out[:, :, ::-1]
+    return np.ascontiguousarray(out)
+
+
+def decode_full(data: bytes, decoder: Decoder) -> np.ndarray:
+    """The whole image at full size, RGB."""
+    return decode_crop(data, FullImage(), decoder)

@@ -1,0 +1,255 @@
+"""``pack()``: source list -> checked records -> LMDB or shards, resumable, atomic at the end.
+
+Layout while packing: ``OUT.partial/`` holds the growing data, one index part per
+checkpoint (``parts/``) and ``state.json`` (what is durable so far). Records are produced in
+source order, so after a kill the rerun continues from the last checkpoint and produces the
+same records with the same keys. The finished pack is assembled in ``OUT.partial/final`` and
+renamed to ``OUT`` in one step: ``OUT`` either does not exist or is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from stallscope.data.index import FORMATS, INDEX_NAME, PackIndex, Problem, Record, checksum, record_key, write_atomic
+from stallscope.data.pack.prepare import FATAL_KINDS, Prepared, prepare
+from stallscope.data.sources import SourceList, open_source
+
+STATE_NAME = "state.json"
+#: Test hook: seconds to sleep per record, so a test can kill a pack reliably mid-way.
+THROTTLE_ENV = "STALLSCOPE_PACK_THROTTLE_S"
+
+
+class PackError(RuntimeError):
+    """The pack cannot proceed (bad options, conflicting output, a bad file under ``strict``)."""
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    format: str = "lmdb"
+    max_side: int = 0
+    quality: int = 90
+    workers: int = 0
+    strict: bool = False
+    shard_size: int = 1000
+    commit_every: int = 512
+
+    def validate(self) -> None:
+        if self.format not in FORMATS:
+            raise PackError(f"unknown format {self.format!r}; choose one of: {', '.join(FORMATS)}")
+        if self.max_side < 0:
+            raise PackError("--max-side must be positive (0 keeps images as they are)")
+        if not 1 <= self.quality <= 100:
+            raise PackError("--quality must be between 1 and 100")
+        if self.workers < 0:
+            raise PackError("--workers must be 0 (in-process) or more")
+        if self.shard_size < 1 or self.commit_every < 1:
+            raise PackError("--shard-size must be at least 1")
+
+    def content_options(self) -> dict[str, object]:
+        """The options that change the output bytes (workers and strictness do not)."""
+        return {"format": self.format, "max_side": self.max_side, "quality": self.quality,
+                "shard_size": self.shard_size if self.format == "wds" else None}
+
+
+@dataclass
+class PackResult:
+    out: Path
+    format: str
+    records: int
+    skipped: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    resumed_at: int = 0
+    already_complete: bool = False
+    digest: str = ""
+
+
+#: progress(done_sources, total_sources, bytes_read_this_run)
+ProgressFn = Callable[[int, int, int], None]
+
+
+def _fingerprint(sources: SourceList, options: PackOptions) -> str:
+    """Same sources (path, label, size, mtime) and same content options -> same fingerprint."""
+    h = hashlib.sha256(json.dumps(options.content_options(), sort_keys=True).encode())
+    for path, label in sources.samples:
+        try:
+            st = os.stat(path)
+            h.update(f"{path}\t{label}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{path}\t{label}\t-\n".encode())
+    return h.hexdigest()
+
+
+def _name(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _prepared_stream(tasks: list[tuple], workers: int) -> Iterator[Prepared]:
+    if workers <= 0 or len(tasks) < 2:
+        yield from map(prepare, tasks)
+        return
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with ctx.Pool(workers) as pool:
+        yield from pool.imap(prepare, tasks, chunksize=16)
+
+
+class _Checkpointer:
+    """Index parts + ``state.json``; the state is written only after the data is durable."""
+
+    def __init__(self, work: Path, fingerprint: str) -> None:
+        self.work = work
+        self.parts_dir = work / "parts"
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self.fingerprint = fingerprint
+        self.state = {"fingerprint": fingerprint, "next_position": 0, "next_key": 0, "parts": 0, "shards": 0}
+        self.records: list[Record] = []
+        self.problems: list[Problem] = []
+
+    def load(self) -> bool:
+        """Resume from ``state.json`` if it belongs to this pack; drop parts written after it."""
+        path = self.work / STATE_NAME
+        if not path.is_file():
+            return False
+        state = json.loads(path.read_text())
+        if state.get("fingerprint") != self.fingerprint:
+            return False
+        self.state = state
+        for part in sorted(self.parts_dir.glob("part-*.json")):
+            if int(part.stem.split("-")[1]) >= state["parts"]:
+                part.unlink()
+        return True
+
+    def save(self, sink, next_position: int, next_key: int) -> None:
+        part = {"records": [r.to_row() for r in self.records], "problems": [asdict(p) for p in self.problems]}
+        write_atomic(self.parts_dir / f"part-{self.state['parts']:06d}.json", json.dumps(part).encode())
+        sink.commit()
+        self.state.update(next_position=next_position, next_key=next_key, parts=self.state["parts"] + 1,
+                          shards=len(sink.shards))
+        write_atomic(self.work / STATE_NAME, json.dumps(self.state).encode())
+        self.records, self.problems = [], []
+
+    def all_parts(self) -> tuple[list[Record], list[Problem]]:
+        records: list[Record] = []
+        problems: list[Problem] = []
+        for i in range(self.state["parts"]):
+            part = json.loads((self.parts_dir / f"part-{i:06d}.json").read_text())
+            records.extend(Record.from_row(row) for row in part["records"])
+            problems.extend(Problem(**p) for p in part["problems"])
+        return records, problems
+
+
+def _make_sink(options: PackOptions, work: Path, first_shard: int):
+    if options.format == "lmdb":
+        try:
+            from stallscope.data.pack.lmdb_writer import LmdbSink
+        except ImportError as exc:  # pragma: no cover
+            raise PackError("the lmdb package is missing: pip install 'stallscope[data]'") from exc
+        return LmdbSink(work, options.commit_every)
+    from stallscope.data.pack.wds_writer import ShardSink
+
+    for stale in work.glob("shard-*.tar*"):  # shards beyond the checkpoint are redone
+        if stale.name.endswith(".tmp") or int(stale.name[6:12]) >= first_shard:
+            stale.unlink()
+    return ShardSink(work, options.shard_size, first_shard)
+
+
+def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions = PackOptions(),
+         progress: ProgressFn | None = None, force: bool = False) -> PackResult:
+    """Pack ``src`` (ImageFolder tree or ``path,label`` list) into ``out``; see the module docstring.
+
+    Rerunning the same command after a crash resumes; rerunning it after success returns at
+    once with ``already_complete``. ``force`` discards an existing ``out`` or an unfinished
+    pack made with other options.
+    """
+    options.validate()
+    started = time.perf_counter()
+    sources = open_source(src)
+    out = Path(out)
+    fingerprint = _fingerprint(sources, options)
+    work = out.with_name(out.name + ".partial")
+    if out.exists():
+        existing = out / INDEX_NAME
+        if not force and existing.is_file() and json.loads(existing.read_text()).get("options", {}).get(
+                "fingerprint") == fingerprint:
+            index = PackIndex.from_json(existing.read_text(), str(out))
+            return PackResult(out, index.format, len(index.records), already_complete=True, digest=index.digest,
+                              skipped=[p for p in index.problems if p.action == "skipped"],
+                              warnings=[p for p in index.problems if p.action == "kept"])
+        if not force:
+            raise PackError(f"{out} already exists and is not this pack (other sources or options); "
+                            "choose another OUT or pass --force to replace it")
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+
+    checkpoint = _Checkpointer(work, fingerprint)
+    if work.exists() and not checkpoint.load():
+        if not force and (work / STATE_NAME).is_file():
+            raise PackError(f"{work} holds an unfinished pack with other sources or options; "
+                            "rerun that command, or pass --force to start over")
+        shutil.rmtree(work)
+        checkpoint = _Checkpointer(work, fingerprint)
+    work.mkdir(parents=True, exist_ok=True)
+    state = checkpoint.state
+    resumed_at = int(state["next_position"])
+    sink = _make_sink(options, work, int(state["shards"]))
+    throttle = float(os.environ.get(THROTTLE_ENV, "0") or 0)
+    total = len(sources)
+    tasks = [(i, str(p), _name(p, sources.root), label, options.max_side, options.quality)
+             for i, (p, label) in enumerate(sources.samples)][resumed_at:]
+    next_key, bytes_in = int(state["next_key"]), 0
+    try:
+        for item in _prepared_stream(tasks, options.workers):
+            if item.problem_kind:
+                fatal = item.problem_kind in FATAL_KINDS
+                if fatal and options.strict:
+                    raise PackError(f"{item.source}: {item.problem_kind}: {item.problem_detail} "
+                                    "(--strict stops at the first bad file; without it, bad files are skipped)")
+                checkpoint.problems.append(Problem(item.source, item.problem_kind, item.problem_detail,
+                                                   "skipped" if fatal else "kept"))
+            if item.data is not None:
+                key = record_key(next_key)
+                shard, offset = sink.add(key, item.data, item.ext, item.label)
+                checkpoint.records.append(Record(key, item.label, len(item.data), checksum(item.data), item.ext,
+                                                 item.width, item.height, item.source, shard, offset))
+                next_key += 1
+                bytes_in += len(item.data)
+            if throttle:
+                time.sleep(throttle)
+            if sink.should_checkpoint():
+                checkpoint.save(sink, item.position + 1, next_key)
+            if progress is not None:
+                progress(item.position + 1, total, bytes_in)
+        checkpoint.save(sink, total, next_key)
+        records, problems = checkpoint.all_parts()
+        if not records:
+            raise PackError(f"{src}: none of the {total} files is a usable image; nothing was packed")
+        final = work / "final"
+        final.mkdir(exist_ok=True)
+        sink.finalize(final)
+    except BaseException as exc:
+        sink.close()
+        if isinstance(exc, PackError):  # strict stop or nothing usable: nothing to resume
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    index = PackIndex(options.format, list(sources.classes), records, problems,
+                      {**options.content_options(), "fingerprint": fingerprint}, sink.shards, str(Path(src)))
+    index.write(final)
+    os.replace(final, out)
+    shutil.rmtree(work, ignore_errors=True)
+    bytes_out = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    return PackResult(out, options.format, len(records), [p for p in problems if p.action == "skipped"],
+                      [p for p in problems if p.action == "kept"], bytes_in, bytes_out,
+                      time.perf_counter() - started, resumed_at, False, index.digest)

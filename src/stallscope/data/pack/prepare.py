@@ -1,0 +1,105 @@
+"""Read, check and (optionally) shrink one source image; runs in the pack's worker processes.
+
+Every image is decoded once here, fully, so a truncated or corrupt file is caught at pack
+time and named in the report instead of crashing a training run hours later.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+from stallscope.data.headers import HeaderError, read_header
+
+#: Problems that make a file unusable: skipped by default, fatal with ``--strict``.
+FATAL_KINDS = ("unreadable", "empty", "not-an-image", "corrupt")
+
+_EXT_FORMATS = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp", ".bmp": "bmp",
+                ".tif": "tiff", ".tiff": "tiff", ".ppm": "ppm", ".pgm": "ppm"}
+_FORMAT_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "bmp": "bmp", "tiff": "tif", "ppm": "ppm"}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The outcome for one source: bytes to store, or the problem that stops it (or both, for warnings)."""
+
+    position: int
+    source: str
+    label: int
+    data: bytes | None
+    ext: str = ""
+    width: int = 0
+    height: int = 0
+    problem_kind: str = ""
+    problem_detail: str = ""
+
+
+def _full_decode_check(data: bytes, is_jpeg: bool) -> None:
+    """Raise if the image does not decode completely (truncation included)."""
+    if is_jpeg:
+        try:
+            import simplejpeg
+
+            simplejpeg.decode_jpeg(data, strict=True)
+            return
+        except ImportError:
+            pass
+        except ValueError:
+            pass  # strict libjpeg warnings: let Pillow give the verdict (it rejects truncation)
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+
+
+def _shrink(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
+    """Re-encode as a JPEG whose longer side is at most ``max_side``."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as im:
+        im.draft("RGB", (max_side, max_side))  # DCT-scaled decode when the JPEG is much larger
+        rgb = im.convert("RGB")
+        w, h = rgb.size
+        factor = max_side / max(w, h)
+        if factor < 1:
+            rgb = rgb.resize((max(1, round(w * factor)), max(1, round(h * factor))), Image.LANCZOS)
+        buf = io.BytesIO()
+        rgb.save(buf, format="JPEG", quality=quality)
+        return buf.getvalue(), rgb.size[0], rgb.size[1]
+
+
+def prepare(task: tuple[int, str, str, int, int, int]) -> Prepared:
+    """``task`` is (position, path, name in reports, label, max_side or 0, quality)."""
+    position, path, name, label, max_side, quality = task
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return Prepared(position, name, label, None, problem_kind="unreadable",
+                        problem_detail=f"{exc.__class__.__name__}: {exc.strerror or exc}")
+    if not data:
+        return Prepared(position, name, label, None, problem_kind="empty", problem_detail="zero-byte file")
+    try:
+        header = read_header(data)
+    except HeaderError as exc:
+        return Prepared(position, name, label, None, problem_kind="not-an-image", problem_detail=str(exc))
+    try:
+        _full_decode_check(data, header.is_jpeg)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure means the file is unusable
+        return Prepared(position, name, label, None, problem_kind="corrupt",
+                        problem_detail=f"does not decode: {exc}")
+    width, height, ext = header.width, header.height, _FORMAT_EXT.get(header.format, header.format)
+    if max_side and max(width, height) > max_side:
+        data, width, height = _shrink(data, max_side, quality)
+        ext = "jpg"
+        header_format = "jpeg"
+    else:
+        header_format = header.format
+    kind = detail = ""
+    claimed = _EXT_FORMATS.get(Path(name).suffix.lower())
+    if claimed is not None and claimed != header.format:
+        kind, detail = "extension-mismatch", f"named {Path(name).suffix} but holds {header.format.upper()}"
+    elif header_format != "jpeg":
+        kind, detail = "not-jpeg", f"{header.format.upper()}: decoded by the slower Pillow path"
+    return Prepared(position, name, label, data, ext, width, height, kind, detail)

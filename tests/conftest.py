@@ -1,0 +1,51 @@
+"""Shared helpers: run the real CLI in a subprocess and read its summary JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    summary: dict[str, Any] | None
+
+
+def run_cli(tmp_path: Path, args: list[str], json_name: str = "summary.json", timeout: float = 240,
+            cwd: Path | None = None) -> CliResult:
+    """``python -m stallscope run --json ... --store ... ARGS`` and the parsed summary (None if absent)."""
+    out = tmp_path / json_name
+    if out.exists():
+        out.unlink()
+    cmd = [sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store", str(tmp_path / "store"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or tmp_path)
+    summary = json.loads(out.read_text()) if out.exists() else None
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, summary)
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """400 real-photo JPEGs of about 500x400 in 10 class folders."""
+    from stallscope.demo.dataset import DatasetSpec, make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("images"), DatasetSpec(n_files=400, seed=1))
+
+
+@pytest.fixture(scope="session")
+def large_image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """60 JPEGs of about 2000x1500: decoding dominates."""
+    from stallscope.demo.dataset import DatasetSpec, make_dataset
+
+    return make_dataset(tmp_path_factory.mktemp("large"),
+                        DatasetSpec(n_files=60, width=2000, height=1500, quality_min=90, quality_max=95))

@@ -1,0 +1,69 @@
+"""--set overrides, --steps, and re-rendering a saved session with report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, run_cli
+
+pytestmark = pytest.mark.e2e
+TINY = str(SCRIPTS / "tiny_train.py")
+
+
+def test_set_overrides_dataloader_arguments(tmp_path):
+    result = run_cli(tmp_path, ["--set", "num_workers=2", "--set", "batch_size=4", "--set", "prefetch_factor=3",
+                                "--", sys.executable, TINY])
+    assert result.returncode == 0, result.stderr[-3000:]
+    train = result.summary["loaders"][0]
+    assert train["config"]["num_workers"] == 2
+    assert train["config"]["batch_size"] == 4
+    assert train["config"]["prefetch_factor"] == 3
+    assert train["overrides"]["num_workers"] == [0, 2]
+    assert result.summary["overrides"] == {"num_workers": 2, "batch_size": 4, "prefetch_factor": 3}
+    assert result.summary["steps"] == 24
+
+
+def test_set_zero_workers_drops_worker_only_arguments(tmp_path):
+    result = run_cli(tmp_path, ["--set", "num_workers=0", "--", sys.executable, TINY, "--workers", "2", "--persistent"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    train = result.summary["loaders"][0]
+    assert train["config"]["num_workers"] == 0
+    assert train["overrides"]["persistent_workers"]["adjusted"] == [True, False]
+
+
+def test_steps_stops_cleanly_and_saves(tmp_path):
+    result = run_cli(tmp_path, ["--steps", "5", "--", sys.executable, TINY, "--forever", "--workers", "2"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.summary["steps"] == 5
+    assert result.summary["ended_by"] == "steps"
+    assert "done" not in result.stdout  # the script was stopped, not finished
+
+
+def test_report_rerenders_saved_session(tmp_path):
+    first = run_cli(tmp_path, ["--", sys.executable, TINY, "--sleep-ms", "2"])
+    run_id = first.summary["run_id"]
+    out = tmp_path / "again.json"
+    proc = subprocess.run([sys.executable, "-m", "stallscope", "report", run_id[:12], "--store",
+                           str(tmp_path / "store"), "--json", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(out.read_text())
+    for key in ("verdict", "data_wait_fraction", "nodes", "steps", "bottleneck"):
+        assert again[key] == first.summary[key]
+    assert "verdict" in proc.stdout
+    missing = subprocess.run([sys.executable, "-m", "stallscope", "report", "nope", "--store",
+                              str(tmp_path / "store")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
+
+
+def test_console_script_and_default_store(tmp_path):
+    exe = Path(sys.executable).parent / "stallscope"
+    if not exe.exists():
+        pytest.skip("console script not installed next to this interpreter")
+    proc = subprocess.run([str(exe), "run", "--quiet", TINY], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / ".stallscope" / "runs").glob("*/session.json"))) == 1
