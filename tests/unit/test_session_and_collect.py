@@ -1,0 +1,74 @@
+"""Session save/load round trip, schema checks, and building a session from real event files."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from stallscope.collect import build_session
+from stallscope.constants import SESSION_SCHEMA
+from stallscope.session import FetchRecord, NextRecord, Session
+
+
+def _meta(**extra):
+    meta = {"run_id": "r1", "command": ["python", "t.py"], "cwd": "/", "started_wall": 1.0, "start_ns": 0,
+            "end_ns": 5_000_000_000, "exit_code": 0, "ended_by": "exit"}
+    meta.update(extra)
+    return meta
+
+
+def _write(events_dir, pid, role, records, truncated_tail=False):
+    events_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"header": {"pid": pid, "ppid": 1, "role": role, "argv": [], "wall_ns": 0, "mono_ns": 0}})]
+    lines += [json.dumps(r) for r in records]
+    text = "\n".join(lines) + "\n"
+    if truncated_tail:
+        text += '["next", 0, 0'  # a process killed mid-write
+    (events_dir / f"{pid}.jsonl").write_text(text)
+
+
+def test_build_from_events_and_round_trip(tmp_path):
+    events = tmp_path / "events"
+    _write(events, 10, "main", [
+        ["loader", 0, 5, "t.py:3", {"num_workers": 1}, {}],
+        ["next", 0, 0, 0, 100, 200, 0, 4],
+        ["opt", 1, "SGD", 250, 260],
+        ["exception", 300, "ValueError", "bad", "t.py:9", "Traceback..."],
+        ["some_future_kind", 1, 2],
+    ], truncated_tail=True)
+    _write(events, 11, "child", [
+        ["role", "worker"],
+        ["fetch", 0, 0, 0, 0, 50, 90, 30, -1, 4, {"decode": [20, 20, 4]}, {"PIL.Image.open": [20, 20, 4]}, None],
+        ["fetch_error", 0, 0, 0, 11, 95, "OSError", "truncated", 'File "/d.py", line 7, in get\n'],
+    ])
+    session = build_session(tmp_path, _meta())
+    assert session.main_pid == 10
+    assert session.nexts == [NextRecord(0, 0, 0, 100, 200, 0, 4, 10)]
+    assert session.fetches[0] == FetchRecord(0, 0, 0, 0, 50, 90, 30, -1, 4, {"decode": [20, 20, 4]},
+                                             {"PIL.Image.open": [20, 20, 4]}, None, 11)
+    assert {p.pid: p.role for p in session.processes} == {10: "main", 11: "worker"}
+    assert [(e.where, e.type, e.location) for e in session.errors] == [
+        ("main", "ValueError", "t.py:9"), ("worker", "OSError", "/d.py:7")]
+    path = session.save(tmp_path / "s" / "session.json")
+    assert Session.load(path) == session
+
+
+def test_load_rejects_other_schemas_and_garbage(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps({"schema": "stallscope.session/99"}))
+    with pytest.raises(ValueError, match="unsupported session schema"):
+        Session.load(bad)
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a stallscope session"):
+        Session.load(bad)
+
+
+def test_save_is_atomic(tmp_path):
+    session = Session(schema=SESSION_SCHEMA, run_id="r", command=[], cwd="/", started_wall=0.0, start_ns=0,
+                      end_ns=1, exit_code=0, ended_by="exit", overrides={}, max_steps=None, environment={})
+    target = tmp_path / "session.json"
+    session.save(target)
+    assert not (tmp_path / "session.json.tmp").exists()
+    assert sorted(os.listdir(tmp_path)) == ["session.json"]
