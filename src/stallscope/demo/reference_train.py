@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash", choices=["main", "worker"], default=None, help="raise on purpose (tests)")
     p.add_argument("--crash-at", type=int, default=3, help="step (main) or sample count (worker) at which --crash raises")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads in the training process")
+    p.add_argument("--report-throughput", action="store_true",
+                   help="print images/s measured by the script itself, after the first 3 steps")
     return p.parse_args(argv)
 
 
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
+    timed_from, timed_images = None, 0
     for epoch in range(args.epochs):
         model.train()
         for batch_index, (images, labels) in enumerate(train_loader):
@@ -191,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.print_loss:
                 print(f"step {step} loss {loss.item():.8f}", flush=True)
             step += 1
+            if step == 3:
+                timed_from = time.perf_counter()
+            elif timed_from is not None:
+                timed_images += images.shape[0]
             if args.max_batches and batch_index + 1 >= args.max_batches:
                 break
         if val_loader is not None:
@@ -200,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                     model(images)
                     if i + 1 >= args.val_batches:
                         break
+    if args.report_throughput and timed_from is not None:
+        print(f"throughput {timed_images / (time.perf_counter() - timed_from):.3f} images/s", flush=True)
     print(f"trained {step} steps", flush=True)
     return 0
 

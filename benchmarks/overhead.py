@@ -1,0 +1,100 @@
+"""Recorder overhead: the reference workload with and without ``stallscope run``, alternating.
+
+Each pair runs the same command twice, once plain and once under the recorder, in alternating
+order (plain first on even pairs), so drifts in machine load hit both sides alike. Throughput is
+measured by the training script itself (images/s after its first 3 steps), identically in both.
+The figure of merit is the median over pairs of (recorded / plain) throughput.
+
+Also measured in-process: the cost of one instrumented call inside a fetch (the hot path).
+
+Run:  python benchmarks/overhead.py [--pairs 7] [--batches 60]
+
+Measured on the 2-core development machine (2026-11-29), reference workload with 2 workers,
+batch 32, 224 px, 60 batches per run: see the closing note of issue 2 for the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from stallscope.demo.dataset import demo_dataset
+from stallscope.demo.scenarios import REFERENCE_SCRIPT
+
+
+def measure(cmd: list[str]) -> float:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    match = re.search(r"throughput ([\d.]+) images/s", proc.stdout)
+    if not match:
+        raise SystemExit(f"no throughput line in output of {' '.join(cmd)}")
+    return float(match.group(1))
+
+
+def hot_path_cost(calls: int = 200_000) -> tuple[float, float]:
+    """Nanoseconds per wrapped call inside a fetch, and outside one (plain passthrough)."""
+    from stallscope.record import calls as calls_mod
+
+    def work(x: int) -> int:
+        return x + 1
+
+    wrapped = calls_mod.timed_call(work, "decode", "bench")
+    t0 = time.perf_counter_ns()
+    for i in range(calls):
+        work(i)
+    bare = time.perf_counter_ns() - t0
+    t0 = time.perf_counter_ns()
+    for i in range(calls):
+        wrapped(i)
+    outside = time.perf_counter_ns() - t0
+    calls_mod.begin_fetch()
+    t0 = time.perf_counter_ns()
+    for i in range(calls):
+        wrapped(i)
+    inside = time.perf_counter_ns() - t0
+    calls_mod.end_fetch()
+    return (inside - bare) / calls, (outside - bare) / calls
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", type=int, default=7)
+    p.add_argument("--batches", type=int, default=60)
+    p.add_argument("--workers", type=int, default=2)
+    args = p.parse_args()
+    data = demo_dataset()
+    script = [str(REFERENCE_SCRIPT), "--data", str(data), "--workers", str(args.workers), "--max-batches",
+              str(args.batches), "--threads", "1", "--report-throughput"]
+    plain_cmd = [sys.executable, *script]
+    with tempfile.TemporaryDirectory() as store:
+        recorded_cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store, "--",
+                        sys.executable, *script]
+        ratios, plain_rates, recorded_rates = [], [], []
+        print(f"{'pair':>4} {'plain img/s':>12} {'recorded img/s':>15} {'ratio':>7}")
+        for pair in range(args.pairs):
+            order = [("plain", plain_cmd), ("recorded", recorded_cmd)]
+            if pair % 2:
+                order.reverse()
+            rates = {name: measure(cmd) for name, cmd in order}
+            ratio = rates["recorded"] / rates["plain"]
+            ratios.append(ratio)
+            plain_rates.append(rates["plain"])
+            recorded_rates.append(rates["recorded"])
+            print(f"{pair:>4} {rates['plain']:>12.1f} {rates['recorded']:>15.1f} {ratio:>7.3f}", flush=True)
+    inside, outside = hot_path_cost()
+    median = statistics.median(ratios)
+    print(f"median throughput ratio recorded/plain over {len(ratios)} pairs: {median:.4f} "
+          f"({100 * (1 - median):+.2f}% loss; min {min(ratios):.3f}, max {max(ratios):.3f})")
+    print(f"median plain {statistics.median(plain_rates):.1f} img/s, recorded {statistics.median(recorded_rates):.1f} img/s")
+    print(f"hot path: {inside:.0f} ns per instrumented call inside a fetch, {outside:.0f} ns outside one")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
