@@ -55,6 +55,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         "processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
         "optimizer_steps", "pins", "transfers", "errors")}
     notes: list[str] = []
+    batch_info: list[dict[str, Any]] = []
+    lmdb_opens: list[dict[str, Any]] = []
     step_limit_hit = False
     for header, records in read_event_files(run_dir / "events"):
         pid = int(header["pid"])
@@ -90,6 +92,10 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                 elif kind == "fetch_error":
                     lid, _iter, worker, _pid, t, typ, msg, tb = fields[:8]
                     lists["errors"].append(ErrorRecord("worker", pid, t, typ, msg, _last_frame(tb), tb, lid, worker))
+                elif kind == "batch_info":
+                    batch_info.append({"loader_id": fields[0], "iter_id": fields[1], **fields[2]})
+                elif kind == "lmdb_open":
+                    lmdb_opens.append({"pid": fields[0], "t_ns": fields[1], "path": fields[2]})
                 elif kind == "step_limit":
                     step_limit_hit = True
                 elif kind == "signal":
@@ -120,6 +126,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         checks=meta.get("checks", []),
         samples=meta.get("samples", {}),
         notes=notes + meta.get("notes", []),
+        batch_info=batch_info,
+        lmdb_opens=lmdb_opens,
         **lists,
     )
 

@@ -26,6 +26,7 @@ from stallscope import paths
 from stallscope.collect import build_session
 from stallscope.constants import ENV_MAX_STEPS, ENV_OVERRIDES, ENV_RUN_DIR
 from stallscope.record import overrides as overrides_mod
+from stallscope.sample import SystemSampler
 from stallscope.session import Session
 
 INJECT_DIR = Path(__file__).resolve().parent / "record" / "_inject"
@@ -146,8 +147,11 @@ class _SignalForwarder:
 
 def run(command: list[str], *, module: str | None = None, store: str | os.PathLike[str] | None = None,
         overrides: dict[str, Any] | None = None, max_steps: int | None = None,
-        stdout: Any = None, stderr: Any = None) -> RunOutcome:
-    """Run ``command`` under the recorder and return the saved Session and the script's exit code."""
+        stdout: Any = None, stderr: Any = None, sample_interval_s: float = 0.1) -> RunOutcome:
+    """Run ``command`` under the recorder and return the saved Session and the script's exit code.
+
+    ``sample_interval_s``: period of the system sampler (0 turns it off).
+    """
     overrides = dict(overrides or {})
     argv = resolve_command(list(command), module)
     store_dir = paths.store_dir(store)
@@ -172,6 +176,9 @@ def run(command: list[str], *, module: str | None = None, store: str | os.PathLi
                                  stdout=stdout, stderr=stderr)
     except OSError as exc:
         raise LaunchError(f"could not start {argv[0]}: {exc}") from None
+    sampler = SystemSampler(child.pid, sample_interval_s) if sample_interval_s > 0 else None
+    if sampler is not None:
+        sampler.start()
     with _SignalForwarder(child) as forwarder:
         while True:
             try:
@@ -180,6 +187,8 @@ def run(command: list[str], *, module: str | None = None, store: str | os.PathLi
             except KeyboardInterrupt:  # only if a signal arrived before our handler was installed
                 continue
     meta["end_ns"] = time.perf_counter_ns()
+    if sampler is not None:
+        meta["samples"] = sampler.stop()
     exit_code = 128 - returncode if returncode < 0 else returncode
     if forwarder.received:
         meta["ended_by"] = "interrupt"

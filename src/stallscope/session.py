@@ -188,6 +188,8 @@ class Session:
     checks: list[dict[str, Any]] = field(default_factory=list)
     samples: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    batch_info: list[dict[str, Any]] = field(default_factory=list)  # first batch of each iterator: bytes, types
+    lmdb_opens: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:

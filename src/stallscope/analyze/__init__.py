@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from stallscope.analyze.attribution import bottleneck, node_seconds, verdict_for
+from stallscope.analyze.capacity import build_model, capacity_report
 from stallscope.analyze.findings import Analysis, Failure, LoaderSummary, StepStats
 from stallscope.analyze.pipeline import worker_pipeline
+from stallscope.analyze.pitfalls import find_pitfalls
 from stallscope.analyze.recommend import recommend
 from stallscope.analyze.steps import step_stats
+from stallscope.analyze.system_metrics import process_cpu_between, summarize_samples
 from stallscope.session import Session
 
 __all__ = ["Analysis", "analyze", "usable_cpus"]
@@ -119,6 +122,11 @@ def analyze(session: Session) -> Analysis:
     seconds = node_seconds(stats, train, startup)
     node, share = bottleneck(verdict, seconds)
     cpus = usable_cpus(session)
+    system = summarize_samples(session)
+    main_cpu = process_cpu_between(session, session.main_pid, stats.steady[0].start_ns,
+                                   stats.steady[-1].end_ns) if stats.steady else None
+    model = build_model(stats, train, cpus, main_cpu, startup)
+    pitfalls = find_pitfalls(session, loaders, system, cpus)
     notes = list(session.notes)
     if not session.loaders:
         notes.append("no torch DataLoader was created: stallscope measures DataLoader-fed training")
@@ -133,8 +141,19 @@ def analyze(session: Session) -> Analysis:
         bottleneck_share=share,
         evidence=_evidence(stats, train, seconds, node, cpus),
         loaders=loaders,
-        recommendations=recommend(verdict, stats, train, seconds, cpus, startup),
+        recommendations=recommend(verdict, stats, train, seconds, cpus, startup, model,
+                                  _unpinned_fraction(session)),
         failure=_failure(session),
         usable_cpus=cpus,
         notes=notes,
+        capacity=capacity_report(model),
+        pitfalls=pitfalls,
+        system=system,
     )
+
+
+def _unpinned_fraction(session: Session) -> float | None:
+    total = sum(t.nbytes for t in session.transfers)
+    if not total:
+        return None
+    return sum(t.nbytes for t in session.transfers if not t.pinned) / total

@@ -60,6 +60,8 @@ class WorkerPipeline:
     batches: int
     busy_s: float
     node_s: dict[str, float]
+    node_cpu_s: dict[str, float]  # CPU time only (no run-queue share): what more cores would parallelize
+    samples: int
     direct_s: float  # time inside instrumented calls (the rest is inferred: CPU->transform, off-CPU->storage)
     cpu_s: float
     blocked_s: float
@@ -111,6 +113,8 @@ class Failure:
 
 @dataclass(frozen=True)
 class Analysis:
+    """Everything the renderers need. ``capacity``, ``pitfalls`` and ``system`` are typed in their modules
+    (capacity.CapacityReport, pitfalls.Pitfall, system_metrics.SystemSummary)."""
     verdict: str
     data_wait_fraction: float
     steps: StepStats
@@ -123,6 +127,9 @@ class Analysis:
     failure: Failure | None
     usable_cpus: int
     notes: list[str] = field(default_factory=list)
+    capacity: Any = None
+    pitfalls: list[Any] = field(default_factory=list)
+    system: Any = None
 
     @property
     def steps_per_s(self) -> float:

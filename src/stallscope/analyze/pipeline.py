@@ -21,6 +21,20 @@ CPU_NODES = ("decode", "transform", "loader", "storage")
 def split_fetch(fetch: FetchRecord) -> dict[str, int]:
     """Nanoseconds of one fetch per node; the values add up to its wall time."""
     wall = max(0, fetch.end_ns - fetch.start_ns)
+    cpu_by_node, runqueue, _ = fetch_parts(fetch)
+    cpu = sum(cpu_by_node.values())
+    result: dict[str, int] = defaultdict(int)
+    for node, value in cpu_by_node.items():
+        share = runqueue * value // cpu if cpu > 0 else 0
+        result[node] += value + share
+    distributed = sum(result.values())
+    result["storage"] += wall - distributed
+    return dict(result)
+
+
+def fetch_parts(fetch: FetchRecord) -> tuple[dict[str, int], int, int]:
+    """(CPU ns per node, run-queue wait ns, blocked ns) of one fetch; together they make its wall time."""
+    wall = max(0, fetch.end_ns - fetch.start_ns)
     cpu = min(max(0, fetch.cpu_ns), wall)
     cpu_by_node: dict[str, int] = defaultdict(int)
     for node, (_, node_cpu, _) in fetch.by_node.items():
@@ -32,13 +46,7 @@ def split_fetch(fetch: FetchRecord) -> dict[str, int]:
     cpu_by_node["transform"] += cpu - known
     off_cpu = wall - cpu
     runqueue = min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0
-    result: dict[str, int] = defaultdict(int)
-    for node, value in cpu_by_node.items():
-        share = runqueue * value // cpu if cpu > 0 else 0
-        result[node] += value + share
-    distributed = sum(result.values())
-    result["storage"] += wall - distributed
-    return dict(result)
+    return dict(cpu_by_node), runqueue, off_cpu - runqueue
 
 
 def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
@@ -48,12 +56,15 @@ def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
     loader = next((ld for ld in session.loaders if ld.loader_id == loader_id), None)
     num_workers = int(loader.config.get("num_workers", 0)) if loader else 0
     node_ns: dict[str, int] = defaultdict(int)
+    node_cpu_ns: dict[str, int] = defaultdict(int)
     by_call: dict[str, int] = defaultdict(int)
     direct = cpu = blocked = runqueue = 0
     runqueue_known = True
     for f in fetches:
         for node, value in split_fetch(f).items():
             node_ns[node] += value
+        for node, value in fetch_parts(f)[0].items():
+            node_cpu_ns[node] += value
         for name, (wall, _, _) in f.by_name.items():
             by_call[name] += wall
         direct += sum(v[0] for v in f.by_node.values())
@@ -79,6 +90,8 @@ def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
         batches=len(fetches),
         busy_s=busy / 1e9,
         node_s={k: v / 1e9 for k, v in sorted(node_ns.items())},
+        node_cpu_s={k: v / 1e9 for k, v in sorted(node_cpu_ns.items())},
+        samples=sum(f.items for f in fetches),
         direct_s=direct / 1e9,
         cpu_s=cpu / 1e9,
         blocked_s=blocked / 1e9,

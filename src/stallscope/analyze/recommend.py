@@ -1,20 +1,22 @@
-"""Ranked changes with a predicted speedup from a simple throughput model.
+"""Ranked changes, each with the exact edit and a speedup predicted by the throughput model.
 
-The model: a step takes the longest of (a) the compute the main process does, (b) the time
-the workers need to produce the step's batches, each worker working serially, and (c) all the
-CPU work of a step (main process counted as one busy core while computing) spread over the
-usable cores. With ``num_workers=0`` nothing overlaps and a step is compute plus fetch.
+Predictions are ratios of the model's rates (new configuration over current), so a constant bias
+of the model cancels. The model is in ``capacity.py``; ``predicted_step_s`` below is its simplest
+form, kept as the documented rule of thumb for a single loader.
 """
 
 from __future__ import annotations
 
+from stallscope.analyze.capacity import ThroughputModel
 from stallscope.analyze.findings import LoaderSummary, Recommendation, StepStats
 
 MIN_GAIN = 1.05
+NORMALIZE_CALLS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "F.to_tensor", "F.normalize")
 
 
 def predicted_step_s(compute_s: float, batch_wall_s: float, batch_cpu_s: float, batches_per_step: float,
                      workers: int, usable_cpus: int) -> float:
+    """Step time when ``workers`` produce batches of known wall/CPU cost for a model of known compute."""
     if workers <= 0:
         return compute_s + batch_wall_s * batches_per_step
     produce = batch_wall_s * batches_per_step / workers
@@ -22,34 +24,19 @@ def predicted_step_s(compute_s: float, batch_wall_s: float, batch_cpu_s: float, 
     return max(compute_s, produce, cpu_bound)
 
 
-def _worker_choice(stats: StepStats, train: LoaderSummary, usable_cpus: int,
-                   startup_s: float) -> tuple[int, float] | None:
-    pipeline = train.pipeline
-    steady = stats.steady
-    if pipeline is None or not steady or pipeline.batch_wall_median_s is None:
-        return None
-    compute = (stats.compute_s + stats.transfer_s) / len(steady)
-    batches = max(1.0, sum(s.batches for s in steady) / len(steady))
-    cpu = pipeline.batch_cpu_median_s or 0.0
-    # Off-CPU time that is not run-queue waiting (I/O, sleeps) overlaps across workers without using cores.
-    wall = pipeline.batch_wall_median_s
-    if pipeline.runqueue_s is not None and pipeline.busy_s > 0:
-        wall -= pipeline.runqueue_s / max(1, pipeline.batches)
-        wall = max(wall, cpu)
-    current_step = (stats.wall_s - startup_s) / len(steady)
-    best: tuple[int, float] | None = None
-    ceiling = max(2 * usable_cpus, 4) if pipeline.blocked_s > pipeline.cpu_s else usable_cpus + 1
-    for workers in range(1, min(ceiling, 32) + 1):
-        predicted = predicted_step_s(compute, wall, cpu, batches, workers, usable_cpus)
-        gain = current_step / predicted if predicted > 0 else 1.0
-        if best is None or gain > best[1] * 1.02:
-            best = (workers, gain)
-    return best
+def best_worker_count(model: ThroughputModel, usable_cpus: int) -> tuple[int, float]:
+    """The smallest worker count within 2% of the best predicted rate, and its speedup."""
+    io_heavy = model.cost_s.get("storage", 0.0) > sum(v for k, v in model.cost_s.items() if k != "storage")
+    ceiling = min(32, max(4 * usable_cpus, 8) if io_heavy else usable_cpus + 2)
+    rates = {w: model.rate(workers=w) for w in range(1, ceiling + 1)}
+    top = max(rates.values())
+    choice = min(w for w, r in rates.items() if r >= 0.98 * top)
+    return choice, rates[choice] / model.rate()
 
 
 def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, seconds: dict[str, float],
-              usable_cpus: int, startup_s: float = 0.0) -> list[Recommendation]:
-    """``startup_s``: seconds of the steady window spent starting workers (epoch restarts)."""
+              usable_cpus: int, startup_s: float = 0.0, model: ThroughputModel | None = None,
+              transfer_unpinned_fraction: float | None = None) -> list[Recommendation]:
     recs: list[Recommendation] = []
     wait_pct = 100 * stats.data_wait_fraction
     if verdict == "compute-bound":
@@ -62,57 +49,111 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     config = train.config
     workers = int(config.get("num_workers") or 0)
     pipeline = train.pipeline
-    choice = _worker_choice(stats, train, usable_cpus, startup_s)
-    if verdict != "compute-bound" and choice and choice[0] != workers and choice[1] >= MIN_GAIN:
-        n, gain = choice
-        recs.append(Recommendation(
-            "num-workers", "loader", f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {workers})",
-            f"--set num_workers={n}   (in code: DataLoader(..., num_workers={n}))", round(gain, 2),
-            f"{usable_cpus} usable CPUs; a batch takes {1000 * (pipeline.batch_wall_median_s or 0):.0f} ms "
-            f"to produce and the model {1000 * stats.compute_s / max(1, len(stats.steady)):.0f} ms to consume"))
-    total = sum(seconds.values()) or 1.0
-    if verdict != "compute-bound" and pipeline is not None:
-        if workers > 0 and not config.get("persistent_workers") and train.epochs > 1 and startup_s > 0:
-            if startup_s / max(stats.wall_s, 1e-9) > 0.03:
-                gain = stats.wall_s / max(stats.wall_s - startup_s, 1e-9)
-                per_start = sum(pipeline.startup_s) / max(1, len(pipeline.startup_s))
+    input_side = verdict != "compute-bound"
+    best_workers = workers
+    if model is not None and input_side:
+        best_workers, gain = best_worker_count(model, usable_cpus)
+        if best_workers != workers and gain >= MIN_GAIN:
+            recs.append(Recommendation(
+                "num-workers", "loader", f"Use {best_workers} DataLoader worker{'s' if best_workers != 1 else ''} "
+                f"(now {workers})",
+                f"--set num_workers={best_workers}   (in code: DataLoader(..., num_workers={best_workers}))",
+                round(gain, 2),
+                f"{usable_cpus} usable CPUs; each sample costs {1000 * sum(model.cost_s.values()):.1f} ms of loader "
+                f"work ({1000 * model.cost_s.get('storage', 0.0):.1f} ms of it blocked) and "
+                f"{1000 * model.compute_per_sample_s:.1f} ms of compute"))
+        elif workers > usable_cpus + 1 and best_workers < workers:
+            recs.append(Recommendation(
+                "fewer-workers", "loader", f"Use {best_workers} workers instead of {workers}",
+                f"--set num_workers={best_workers}", round(max(gain, 1.0), 2),
+                f"{workers} workers compete for {usable_cpus} CPUs: the extra ones only add memory and contention"))
+    if input_side and pipeline is not None and workers > 0:
+        if not config.get("persistent_workers") and train.epochs > 1 and startup_s / max(stats.wall_s, 1e-9) > 0.03:
+            gain = stats.wall_s / max(stats.wall_s - startup_s, 1e-9)
+            per_start = sum(pipeline.startup_s) / max(1, len(pipeline.startup_s))
+            recs.append(Recommendation(
+                "persistent-workers", "loader", "Keep workers alive between epochs",
+                "--set persistent_workers=true   (in code: DataLoader(..., persistent_workers=True))",
+                round(gain, 2),
+                f"workers take {per_start:.2f} s to start and are restarted every epoch ({train.epochs} epochs): "
+                f"{startup_s:.2f} s of waiting for restarts"))
+        if model is not None and (pipeline.empty_queue_fraction or 0) > 0.25 \
+                and model.pipeline_rate() > 1.15 * model.compute_rate() and model.measured_samples_per_s:
+            depth = 2 * int(config.get("prefetch_factor") or 2)
+            gain = model.rate() / model.measured_samples_per_s
+            if gain >= MIN_GAIN:
                 recs.append(Recommendation(
-                    "persistent-workers", "loader", "Keep workers alive between epochs",
-                    "--set persistent_workers=true   (in code: DataLoader(..., persistent_workers=True))",
-                    round(gain, 2),
-                    f"workers take {per_start:.2f} s to start and are restarted every epoch ({train.epochs} "
-                    f"epochs): {startup_s:.2f} s of waiting for restarts"))
-        dominant = max(("storage", "decode", "transform", "loader"), key=lambda n: seconds.get(n, 0.0))
-        share = seconds.get(dominant, 0.0) / total
-        saturated = workers >= max(1, usable_cpus - 1)
-        if share > 0.15 and (saturated or not choice or choice[1] < MIN_GAIN):
-            recs.extend(_stage_fix(dominant, share, stats, pipeline))
+                    "prefetch", "loader", "Prefetch deeper: the queue runs dry in bursts",
+                    f"--set prefetch_factor={depth}", round(gain, 2),
+                    f"no batch was ready on {100 * pipeline.empty_queue_fraction:.0f}% of requests although the "
+                    f"workers can produce {model.pipeline_rate():.0f} samples/s for a model that takes "
+                    f"{model.compute_rate():.0f}"))
+    if transfer_unpinned_fraction is not None and transfer_unpinned_fraction > 0.5 and seconds.get("transfer", 0) > 0:
+        step = sum(seconds.values())
+        gain = step / max(step - seconds["transfer"] / 2, 1e-9)
+        if gain >= MIN_GAIN:
+            recs.append(Recommendation(
+                "pin-memory", "transfer", "Pin host memory and copy asynchronously",
+                "--set pin_memory=true, and .to(device, non_blocking=True) in the loop", round(gain, 2),
+                f"{100 * transfer_unpinned_fraction:.0f}% of host-to-device bytes came from pageable memory"))
+    if verdict == "input-bound" and pipeline is not None:
+        recs.extend(_stage_fixes(seconds, train, model, workers))
     recs.sort(key=lambda r: (r.id != "no-input-fix", -(r.predicted_speedup or 0.0)))
     return recs
 
 
-def _stage_fix(node: str, share: float, stats: StepStats, pipeline) -> list[Recommendation]:
-    # Halving a stage that takes `share` of the step removes share/2 of it when it is the limit.
-    halved = round(1.0 / (1.0 - share / 2), 2)
-    if node == "decode":
-        return [Recommendation(
-            "reduced-size-decode", "decode", "Decode JPEGs at the size you need",
-            "use stallscope.data.FastImageFolder (DCT-scaled decode before the crop) or pack with "
-            "`stallscope pack SRC OUT --max-side 500`", halved,
-            f"decode is {100 * share:.0f}% of step time")]
-    if node == "transform":
-        calls = ", ".join(list(pipeline.by_call)[:3])
-        return [Recommendation(
-            "uint8-device-normalize", "transform", "Keep uint8 through the loader and normalize on the device",
-            "replace ToTensor()+Normalize() with PILToTensor() and normalize the batch after .to(device) "
-            "(stallscope.data has a helper)", halved,
-            f"transform is {100 * share:.0f}% of step time; costliest calls: {calls}")]
-    if node == "storage":
-        return [Recommendation(
-            "pack-dataset", "storage", "Read fewer, larger files",
-            "pack the dataset: `stallscope pack SRC OUT --format lmdb`, or cache it in RAM if it fits", halved,
-            f"workers spent {pipeline.blocked_s:.1f} s blocked (I/O or waits), {100 * share:.0f}% of step time")]
-    return [Recommendation(
-        "cheaper-collate", "loader", "Make batches cheaper to assemble",
-        "return one stacked tensor per field instead of many small tensors; avoid per-sample Python objects",
-        halved, f"collate and loader overhead are {100 * share:.0f}% of step time")]
+def _gain(model: ThroughputModel | None, workers: int, scale: dict[str, float], fallback: float) -> float:
+    if model is None:
+        return fallback
+    return round(model.rate(workers=workers, scale=scale) / model.rate(), 2)
+
+
+def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: ThroughputModel | None,
+                 workers: int) -> list[Recommendation]:
+    pipeline = train.pipeline
+    total = sum(seconds.values()) or 1.0
+    ranked = sorted(("storage", "decode", "transform", "loader"), key=lambda n: -seconds.get(n, 0.0))
+    recs: list[Recommendation] = []
+    for node in ranked[:2]:
+        share = seconds.get(node, 0.0) / total
+        if share < 0.15:
+            continue
+        halved = round(1.0 / (1.0 - share / 2), 2)
+        if node == "decode":
+            recs.append(Recommendation(
+                "reduced-size-decode", "decode", "Decode JPEGs at the size you need",
+                "use stallscope.data.FastImageFolder (DCT-scaled decode before the crop) or pack with "
+                "`stallscope pack SRC OUT --max-side 500`", _gain(model, workers, {"decode": 0.5}, halved),
+                f"decode is {100 * share:.0f}% of step time; predicted for decoding at half the cost"))
+        elif node == "transform":
+            calls = pipeline.by_call
+            transform_s = pipeline.node_s.get("transform", 0.0) or 1e-9
+            normalize_s = sum(v for k, v in calls.items() if k in NORMALIZE_CALLS)
+            cut = min(0.9, normalize_s / transform_s)
+            if cut > 0.1:
+                recs.append(Recommendation(
+                    "uint8-device-normalize", "transform", "Keep uint8 through the loader and normalize on the device",
+                    "replace ToTensor()+Normalize() with PILToTensor() and normalize the batch after .to(device) "
+                    "(stallscope.data has a helper); the loader then moves a quarter of the bytes",
+                    _gain(model, workers, {"transform": 1 - cut, "loader": 0.5}, halved),
+                    f"ToTensor/Normalize take {100 * cut:.0f}% of transform time"))
+            top = ", ".join(list(calls)[:3])
+            recs.append(Recommendation(
+                "cheaper-transforms", "transform", "Make the augmentations cheaper or batch them on the device",
+                "replace the costliest transforms (torchvision.transforms.v2 on uint8 tensors, or batched GPU "
+                "augmentation after the copy)", _gain(model, workers, {"transform": 0.5}, halved),
+                f"transform is {100 * share:.0f}% of step time; costliest calls: {top}"))
+        elif node == "storage":
+            recs.append(Recommendation(
+                "pack-dataset", "storage", "Read fewer, larger files",
+                "pack the dataset: `stallscope pack SRC OUT --format lmdb`, or cache it in RAM if it fits",
+                _gain(model, workers, {"storage": 0.3}, halved),
+                f"workers spent {pipeline.blocked_s:.1f} s blocked (I/O or waits), {100 * share:.0f}% of step time; "
+                "predicted for a third of the blocking"))
+        else:
+            recs.append(Recommendation(
+                "cheaper-collate", "loader", "Make batches cheaper to assemble",
+                "return one stacked tensor per field instead of many small tensors; avoid per-sample Python objects",
+                _gain(model, workers, {"loader": 0.5}, halved),
+                f"collate and loader overhead are {100 * share:.0f}% of step time"))
+    return recs

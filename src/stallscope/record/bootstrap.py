@@ -41,6 +41,9 @@ def install() -> None:
     importhook.when_imported("torch.cuda", transfer.install_after_cuda_init)
     for module_name, patch in LIBRARY_PATCHES.items():
         importhook.when_imported(module_name, patch)
+    if is_main and os.environ.get("STALLSCOPE_BENCH"):  # stallscope bench: see record/bench_mode.py
+        from stallscope.record import bench_mode
+        bench_mode.install(os.environ["STALLSCOPE_BENCH"])
 
     if is_main:
         events.emit("process_start", time.perf_counter_ns(), sys.argv[:32])

@@ -106,6 +106,24 @@ def patch_torch(module: Any) -> None:
     patch_module_functions(module, ("load",), "decode", "torch.")
 
 
+def patch_lmdb(module: Any) -> None:
+    """Remember which process opened which LMDB environment: one opened before a fork is shared by workers."""
+    import functools
+    import os
+    import time
+
+    from stallscope.record import events
+
+    original = module.open
+
+    @functools.wraps(original)
+    def open_env(path: Any, *args: Any, **kwargs: Any) -> Any:
+        events.emit("lmdb_open", os.getpid(), time.perf_counter_ns(), str(path))
+        return original(path, *args, **kwargs)
+
+    module.open = open_env  # lmdb.Environment itself stays the class, for isinstance checks
+
+
 #: module name -> patch, applied right after that module is imported.
 LIBRARY_PATCHES: dict[str, Any] = {
     "PIL.Image": patch_pil_image,
@@ -117,4 +135,5 @@ LIBRARY_PATCHES: dict[str, Any] = {
     "torchvision.transforms.functional": patch_functional_v1,
     "torchvision.transforms.v2": patch_transforms_v2,
     "numpy": patch_numpy,
+    "lmdb": patch_lmdb,
 }

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from stallscope.record import events, steps, workers
+from stallscope.record import batches, events, steps, workers
 from stallscope.record.overrides import apply_overrides
 
 _perf = time.perf_counter_ns
@@ -175,6 +175,9 @@ def patch_dataloader(module: Any) -> None:
         t1 = _perf()
         events.emit("next", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, t1,
                     self._stallscope_worker, batch_size_of(data))
+        if not getattr(self, "_stallscope_described", False):
+            self._stallscope_described = True
+            events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, batches.describe_batch(data))
         steps.after_next(self._stallscope_lid)
         return data
 

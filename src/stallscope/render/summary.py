@@ -49,6 +49,9 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
             for r in analysis.recommendations
         ],
         "loaders": [_loader_dict(ld) for ld in analysis.loaders],
+        "capacity": _capacity_dict(analysis.capacity),
+        "pitfalls": [dataclasses.asdict(p) for p in analysis.pitfalls],
+        "system": _system_dict(analysis.system),
         "overrides": session.overrides,
         "failure": dataclasses.asdict(analysis.failure) if analysis.failure else None,
         "usable_cpus": analysis.usable_cpus,
@@ -85,6 +88,36 @@ def _loader_dict(ld) -> dict[str, Any]:
     return {"id": ld.loader_id, "role": ld.role, "site": ld.site, "config": ld.config, "overrides": ld.overrides,
             "batches": ld.batches, "epochs": ld.epochs, "wait_s": round(ld.wait_s, 4),
             "iter_start_s": round(ld.iter_start_s, 4), "pipeline": pipeline}
+
+
+def _rounded(value: Any, digits: int = 3) -> Any:
+    if isinstance(value, float):
+        return round(value, digits) if value != float("inf") else None
+    return value
+
+
+def _capacity_dict(report: Any) -> dict[str, Any] | None:
+    if report is None or report.model is None:
+        return None
+    model = report.model
+    return {
+        "stage_samples_per_s": {k: _rounded(v, 2) for k, v in report.stage_samples_per_s.items()},
+        "pipeline_samples_per_s": _rounded(report.pipeline_samples_per_s, 2),
+        "compute_samples_per_s": _rounded(model.compute_rate(), 2),
+        "predicted_samples_per_s": _rounded(report.predicted_samples_per_s, 2),
+        "measured_samples_per_s": _rounded(model.measured_samples_per_s, 2),
+        "cost_ms_per_sample": {k: round(1000 * v, 4) for k, v in model.cost_s.items()},
+        "workers": model.workers,
+        "cpu_budget_samples_per_s": _rounded(model.cpu_rate(), 2),
+        "training_process_cpu_ms_per_sample": round(1000 * model.main_cpu_per_sample_s, 4),
+    }
+
+
+def _system_dict(system: Any) -> dict[str, Any] | None:
+    if system is None:
+        return None
+    data = dataclasses.asdict(system)
+    return {k: _rounded(v, 3) if not isinstance(v, list) else v for k, v in data.items()}
 
 
 def write_summary(path: str | os.PathLike[str], summary: dict[str, Any]) -> Path:

@@ -58,6 +58,10 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         if ld.role != "train" and ld.batches:
             console.print(f"  • loader {ld.loader_id} ({ld.role}, {ld.site}): {ld.batches} batches, "
                           f"waited {ld.wait_s:.2f} s", highlight=False)
+    for pitfall in analysis.pitfalls:
+        console.print(f"[bold yellow]pitfall[/bold yellow] ({pitfall.node}): {pitfall.title}", highlight=False)
+        console.print(f"    {pitfall.evidence}", highlight=False)
+        console.print(f"    fix: {pitfall.fix}", highlight=False)
     if analysis.recommendations:
         top = analysis.recommendations[0]
         gain = f" (predicted {top.predicted_speedup:.2f}x)" if top.predicted_speedup else ""

@@ -1,0 +1,423 @@
+"""A self-contained HTML report of one run: charts (plotly.js, inlined so it works offline) and findings.
+
+Every string that comes from the user's run (paths, command lines, exception text) is HTML-escaped
+where it appears in markup, and the chart data travels in a ``<script type="application/json">``
+block whose ``<``, ``>`` and ``&`` are written as ``\\u003c``-style escapes, so nothing from the
+run can close the block or become markup. The charts themselves carry no user strings.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import shlex
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import stallscope
+from stallscope.analyze import Analysis
+from stallscope.analyze.pipeline import split_fetch
+from stallscope.constants import NODE_IDS
+from stallscope.session import Session
+from stallscope.store import process_tree_rss
+
+#: Fixed colours per node, in pipeline order, so every chart of the report agrees.
+NODE_COLORS = {"storage": "#8c564b", "decode": "#d62728", "transform": "#ff7f0e", "loader": "#9467bd",
+               "transfer": "#17becf", "compute": "#2ca02c", "sync": "#7f7f7f"}
+WAIT_COLOR = "#d62728"
+MAX_STEP_BARS = 5000
+MAX_WORKER_BATCHES = 4000
+GIB = 1024 ** 3
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1200px;
+       padding: 1rem 2rem 3rem; color: #222; }
+h1 { font-size: 1.5rem; margin-bottom: .2rem; } h2 { font-size: 1.15rem; margin-top: 2rem;
+     border-bottom: 1px solid #ddd; padding-bottom: .2rem; }
+code, pre { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .85rem; }
+pre { background: #f6f6f6; padding: .5rem; overflow-x: auto; white-space: pre-wrap; }
+table { border-collapse: collapse; margin: .5rem 0; font-size: .9rem; }
+td, th { border-bottom: 1px solid #eee; padding: .25rem .6rem; text-align: left; vertical-align: top; }
+th { background: #fafafa; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.verdict { display: inline-block; padding: .1rem .6rem; border-radius: .8rem; color: #fff; font-weight: 600; }
+.v-input-bound { background: #c0392b; } .v-compute-bound { background: #27ae60; }
+.v-balanced { background: #d4a017; } .v-unknown { background: #777; }
+.muted { color: #666; } .failure { border-left: 4px solid #c0392b; padding-left: .8rem; }
+.chart { width: 100%; min-height: 320px; } nav a { margin-right: 1rem; }
+"""
+
+#: Before plotly.js: any error on the page (plotly's included) is kept and shown, not lost in the console.
+_ERRORS = """
+window.reportErrors = [];
+window.noteReportError = function (message) {
+  window.reportErrors.push(message);
+  var el = document.getElementById("report-errors");
+  if (el) { el.textContent += message + "\\n"; el.hidden = false; }
+};
+window.addEventListener("error", function (e) { window.noteReportError(String(e.message || "error")); });
+window.addEventListener("unhandledrejection", function (e) {
+  window.noteReportError("unhandled rejection: " + String(e.reason));
+});
+"""
+
+_BOOT = """
+(function () {
+  var el = document.getElementById("report-errors");
+  if (window.reportErrors.length) { el.textContent = window.reportErrors.join("\\n") + "\\n"; el.hidden = false; }
+  var figures = JSON.parse(document.getElementById("report-figures").textContent);
+  var config = {displaylogo: false, responsive: true, typesetMath: false};
+  var pending = [];
+  Object.keys(figures).forEach(function (id) {
+    var div = document.getElementById(id);
+    if (!div) { return; }
+    try {
+      pending.push(Plotly.newPlot(div, figures[id].data, figures[id].layout, config));
+    } catch (err) {
+      window.noteReportError("chart " + id + ": " + String(err));
+    }
+  });
+  Promise.all(pending).then(function () {
+    document.body.setAttribute("data-charts-drawn", String(pending.length));
+  }, function (err) { window.noteReportError("chart: " + String(err)); });
+})();
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def script_json(value: Any) -> str:
+    """JSON that is safe inside a ``<script>`` element: no ``<``, ``>`` or ``&`` appear literally."""
+    text = json.dumps(_finite(value), separators=(",", ":"), allow_nan=False)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _layout(title: str, **extra: Any) -> dict[str, Any]:
+    layout = {"title": {"text": title, "font": {"size": 15}, "x": 0, "xanchor": "left", "y": 0.98, "yanchor": "top"},
+              "margin": {"l": 70, "r": 30, "t": 80, "b": 50},
+              "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"},
+              "hovermode": "closest", "template": None}
+    layout.update(extra)
+    return layout
+
+
+# --- figures ---------------------------------------------------------------------------------------
+
+def step_figure(analysis: Analysis) -> dict[str, Any] | None:
+    stats = analysis.steps
+    steps = stats.steps
+    if not steps:
+        return None
+    stride = max(1, math.ceil(len(steps) / MAX_STEP_BARS))
+    shown = steps[::stride]
+    x = [s.index for s in shown]
+    data = [
+        {"type": "bar", "name": "data wait", "x": x, "y": [s.wait_ns / 1e6 for s in shown],
+         "marker": {"color": WAIT_COLOR}},
+        {"type": "bar", "name": "host-to-device transfer", "x": x, "y": [s.transfer_ns / 1e6 for s in shown],
+         "marker": {"color": NODE_COLORS["transfer"]}},
+        {"type": "bar", "name": "compute", "x": x, "y": [s.compute_ns / 1e6 for s in shown],
+         "marker": {"color": NODE_COLORS["compute"]}},
+    ]
+    shapes = []
+    if stats.warmup_steps:
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": -0.5, "x1": stats.warmup_steps - 0.5,
+                       "y0": 0, "y1": 1, "fillcolor": "#999", "opacity": 0.15, "line": {"width": 0}})
+    title = "step timeline: data wait vs compute per step (ms)"
+    if stride > 1:
+        title += f", every {stride}th step"
+    if stats.warmup_steps:
+        title += " (shaded: warm-up, not counted)"
+    return {"data": data, "layout": _layout(title, barmode="stack", shapes=shapes, bargap=0.1,
+                                            xaxis={"title": {"text": "step"}}, yaxis={"title": {"text": "ms"}})}
+
+
+def node_figure(analysis: Analysis) -> dict[str, Any] | None:
+    total = sum(analysis.node_seconds.values())
+    if total <= 0:
+        return None
+    nodes = list(NODE_IDS)[::-1]
+    seconds = [analysis.node_seconds.get(n, 0.0) for n in nodes]
+    data = [{"type": "bar", "orientation": "h", "y": nodes, "x": seconds,
+             "marker": {"color": [NODE_COLORS[n] for n in nodes],
+                        "line": {"color": ["#000" if n == analysis.bottleneck_node else "rgba(0,0,0,0)"
+                                           for n in nodes], "width": 2}},
+             "text": [f"{100 * s / total:.0f}%" for s in seconds], "textposition": "outside",
+             "hovertemplate": "%{y}: %{x:.3f} s<extra></extra>", "showlegend": False}]
+    return {"data": data, "layout": _layout("step time by pipeline stage (s, steady steps)",
+                                            xaxis={"title": {"text": "seconds"}}, height=340)}
+
+
+def worker_figure(session: Session) -> dict[str, Any] | None:
+    """Gantt chart: one row per worker (and the main process), batches split into their stages."""
+    fetches = sorted((f for f in session.fetches if f.outcome != "StopIteration"), key=lambda f: f.start_ns)
+    if not fetches:
+        return None
+    shown = fetches[:MAX_WORKER_BATCHES]
+    origin = session.start_ns
+    multi_loader = len({f.loader_id for f in fetches}) > 1
+
+    def row(loader_id: int, worker: int) -> str:
+        who = f"worker {worker}" if worker >= 0 else "main process"
+        return f"loader {loader_id} · {who}" if multi_loader else who
+
+    segments: dict[str, dict[str, list[Any]]] = defaultdict(lambda: {"y": [], "x": [], "base": [], "text": []})
+    for f in shown:
+        cursor = f.start_ns
+        split = split_fetch(f)
+        for node in NODE_IDS:
+            value = split.get(node, 0)
+            if value <= 0:
+                continue
+            seg = segments[node]
+            seg["y"].append(row(f.loader_id, f.worker))
+            seg["base"].append((cursor - origin) / 1e9)
+            seg["x"].append(value / 1e9)
+            seg["text"].append(f"batch {f.seq}: {node} {value / 1e6:.1f} ms of {(f.end_ns - f.start_ns) / 1e6:.1f} ms")
+            cursor += value
+    data: list[dict[str, Any]] = []
+    starts = [w for w in session.worker_starts]
+    if starts:
+        data.append({"type": "bar", "orientation": "h", "name": "worker start-up",
+                     "y": [row(w.loader_id, w.worker) for w in starts],
+                     "base": [(w.created_ns - origin) / 1e9 for w in starts],
+                     "x": [(w.ready_ns - w.created_ns) / 1e9 for w in starts],
+                     "marker": {"color": "#bbbbbb"}, "hovertemplate": "start-up %{x:.3f} s<extra></extra>"})
+    for node in NODE_IDS:
+        if node in segments:
+            seg = segments[node]
+            data.append({"type": "bar", "orientation": "h", "name": node, "y": seg["y"], "x": seg["x"],
+                         "base": seg["base"], "text": seg["text"], "textposition": "none",
+                         "hovertemplate": "%{text}<extra></extra>", "marker": {"color": NODE_COLORS[node]}})
+    main_pid = session.main_pid
+    waits = [n for n in session.nexts if n.pid == main_pid]
+    if waits:
+        data.append({"type": "bar", "orientation": "h", "name": "main process waiting for a batch",
+                     "y": ["main: data wait"] * len(waits), "base": [(n.start_ns - origin) / 1e9 for n in waits],
+                     "x": [(n.end_ns - n.start_ns) / 1e9 for n in waits], "marker": {"color": WAIT_COLOR},
+                     "opacity": 0.6, "hovertemplate": "waited %{x:.4f} s<extra></extra>"})
+    rows = sorted({y for trace in data for y in trace["y"]}, key=lambda y: (y.startswith("main"), y))
+    title = "worker timeline (a batch's stages shown in pipeline order)"
+    if len(fetches) > len(shown):
+        title += f"; first {len(shown)} of {len(fetches)} batches"
+    return {"data": data, "layout": _layout(
+        title, barmode="overlay", bargap=0.25, height=max(280, 150 + 40 * len(rows)),
+        xaxis={"title": {"text": "seconds since the start of the run"}},
+        yaxis={"categoryorder": "array", "categoryarray": rows[::-1], "automargin": True})}
+
+
+def _series(samples: dict[str, Any]) -> tuple[list[float], dict[str, list[Any]], dict[str, list[Any]]]:
+    """Sample times (s from the first tick) and two groups of series: percentages, and everything else."""
+    ticks = samples.get("t_ns") if isinstance(samples, dict) else None
+    if not isinstance(ticks, list) or not ticks:
+        return [], {}, {}
+    percent: dict[str, list[Any]] = {}
+    other: dict[str, list[Any]] = {}
+    system = samples.get("system")
+    if isinstance(system, dict):
+        for name, values in system.items():
+            if not isinstance(values, list):
+                continue
+            if "percent" in name:
+                percent[f"system {name}"] = values
+            elif "bytes" in name:
+                unit = "GiB/s" if "per_s" in name else "GiB"
+                other[f"system {name} ({unit})"] = [v / GIB if isinstance(v, (int, float)) else None for v in values]
+            else:
+                other[f"system {name}"] = values
+    rss = process_tree_rss(samples)
+    if any(v is not None for v in rss):
+        other["process tree RSS (GiB)"] = [v / GIB if v is not None else None for v in rss]
+    gpu = samples.get("gpu")
+    if isinstance(gpu, dict):
+        for key, target, scale, label in (("util_percent", percent, 1.0, "GPU{} utilization %"),
+                                          ("mem_used_bytes", other, 1 / GIB, "GPU{} memory used (GiB)")):
+            values = gpu.get(key)
+            if not isinstance(values, list):
+                continue
+            width = max((len(t) for t in values if isinstance(t, list)), default=0)
+            for k in range(width):
+                target[label.format(k)] = [
+                    t[k] * scale if isinstance(t, list) and k < len(t) and isinstance(t[k], (int, float)) else None
+                    for t in values]
+    return [t for t in ticks], percent, other
+
+
+def system_figure(session: Session) -> dict[str, Any] | None:
+    ticks, percent, other = _series(session.samples)
+    if not ticks or not (percent or other):
+        return None
+    x = [(t - session.start_ns) / 1e9 if isinstance(t, (int, float)) else None for t in ticks]
+    data = []
+    for name, values in percent.items():
+        data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": values[:len(x)]})
+    for name, values in other.items():
+        data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": values[:len(x)], "yaxis": "y2",
+                     "line": {"dash": "dot"}})
+    return {"data": data, "layout": _layout(
+        "system metrics over time", margin={"l": 70, "r": 80, "t": 80, "b": 50}, xaxis={"title": {"text": "seconds since the start of the run"}},
+        yaxis={"title": {"text": "%"}, "rangemode": "tozero"},
+        yaxis2={"title": {"text": "GiB (dotted lines)"}, "overlaying": "y", "side": "right", "rangemode": "tozero"})}
+
+
+# --- markup ----------------------------------------------------------------------------------------
+
+def _table(rows: list[tuple[str, str]], raw: bool = False) -> str:
+    cells = "".join(f"<tr><th>{_e(k)}</th><td>{v if raw else _e(v)}</td></tr>" for k, v in rows)
+    return f"<table>{cells}</table>"
+
+
+def _run_section(session: Session, analysis: Analysis) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(session.started_wall)) if session.started_wall else "?"
+    overrides = " ".join(f"--set {k}={v}" for k, v in session.overrides.items()) or "none"
+    rows = [("command", f"<code>{_e(shlex.join(session.command))}</code>"),
+            ("working directory", f"<code>{_e(session.cwd)}</code>"),
+            ("started", _e(started)), ("wall time", f"{session.wall_s:.2f} s"),
+            ("exit code", f"{session.exit_code} ({_e(session.ended_by)})"),
+            ("overrides", f"<code>{_e(overrides)}</code>"),
+            ("usable CPUs", str(analysis.usable_cpus))]
+    env = ", ".join(f"{k}={v}" for k, v in session.environment.items() if v is not None)
+    rows.append(("environment", f"<span class=muted>{_e(env)}</span>"))
+    return "<h2 id=run>Run</h2>" + _table(rows, raw=True)
+
+
+def _findings_section(analysis: Analysis) -> str:
+    stats = analysis.steps
+    parts = ["<h2 id=findings>Findings</h2>",
+             f"<p><span class='verdict v-{_e(analysis.verdict)}'>{_e(analysis.verdict)}</span> "]
+    if analysis.verdict != "unknown":
+        parts.append(f"data wait is <b>{100 * analysis.data_wait_fraction:.1f}%</b> of step time; ")
+    if stats.steady:
+        rate = f"{analysis.steps_per_s:.2f} steps/s"
+        if analysis.samples_per_s is not None:
+            rate += f", {analysis.samples_per_s:.1f} samples/s"
+        parts.append(f"{rate} over {len(stats.steady)} steps after {stats.warmup_steps} warm-up "
+                     f"(median step {1000 * (stats.median_step_s or 0):.1f} ms, "
+                     f"p90 {1000 * (stats.p90_step_s or 0):.1f} ms)")
+    parts.append("</p>")
+    if analysis.bottleneck_node:
+        parts.append(f"<p>limiting stage: <b>{_e(analysis.bottleneck_node)}</b> "
+                     f"({100 * analysis.bottleneck_share:.0f}% of step time)</p>")
+    if analysis.evidence:
+        parts.append("<p>evidence:</p><ul>" + "".join(f"<li>{_e(line)}</li>" for line in analysis.evidence) + "</ul>")
+    loaders = [ld for ld in analysis.loaders if ld.batches]
+    if loaders:
+        parts.append("<table><tr><th>loader</th><th>role</th><th>created at</th><th>num_workers</th>"
+                     "<th>batches</th><th>epochs</th><th>waited</th></tr>")
+        for ld in loaders:
+            parts.append(f"<tr><td>{ld.loader_id}</td><td>{_e(ld.role)}</td><td><code>{_e(ld.site)}</code></td>"
+                         f"<td class=num>{_e(ld.config.get('num_workers', '?'))}</td>"
+                         f"<td class=num>{ld.batches}</td><td class=num>{ld.epochs}</td>"
+                         f"<td class=num>{ld.wait_s:.2f} s</td></tr>")
+        parts.append("</table>")
+    if analysis.failure:
+        f = analysis.failure
+        where = f"worker {f.worker} of loader {f.loader_id}" if f.where == "worker" else "the main process"
+        location = f"<br>at <code>{_e(f.location)}</code>" if f.location else ""
+        parts.append(f"<div class=failure><p><b>the script failed</b> in {_e(where)}: "
+                     f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(f.message)}</pre></div>")
+    for note in analysis.notes:
+        parts.append(f"<p class=muted>note: {_e(note)}</p>")
+    return "".join(parts)
+
+
+def _recommendations_section(analysis: Analysis) -> str:
+    if not analysis.recommendations:
+        return "<h2 id=recommendations>Recommendations</h2><p class=muted>none: nothing to change was found.</p>"
+    rows = "".join(
+        f"<tr><td>{i + 1}</td><td><b>{_e(r.title)}</b><br><span class=muted>{_e(r.reason)}</span></td>"
+        f"<td>{_e(r.node)}</td><td><code>{_e(r.change)}</code></td>"
+        f"<td class=num>{f'{r.predicted_speedup:.2f}x' if r.predicted_speedup else '–'}</td></tr>"
+        for i, r in enumerate(analysis.recommendations))
+    return ("<h2 id=recommendations>Recommendations</h2><table><tr><th>#</th><th>what and why</th><th>stage</th>"
+            f"<th>change</th><th>predicted speedup</th></tr>{rows}</table>")
+
+
+def _nodes_table(analysis: Analysis) -> str:
+    total = sum(analysis.node_seconds.values())
+    if total <= 0:
+        return ""
+    rows = "".join(f"<tr><td>{'<b>' + n + '</b>' if n == analysis.bottleneck_node else n}</td>"
+                   f"<td class=num>{analysis.node_seconds.get(n, 0.0):.3f}</td>"
+                   f"<td class=num>{100 * analysis.node_seconds.get(n, 0.0) / total:.1f}%</td></tr>"
+                   for n in NODE_IDS)
+    table = f"<table><tr><th>stage</th><th>seconds</th><th>share</th></tr>{rows}</table>"
+    train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+    p = train.pipeline if train else None
+    if p is not None and p.by_call:
+        calls = "".join(f"<tr><td><code>{_e(name)}</code></td><td class=num>{seconds:.3f}</td></tr>"
+                        for name, seconds in list(p.by_call.items())[:12])
+        table += ("<p>costliest instrumented calls in the training loader's batches:</p>"
+                  f"<table><tr><th>call</th><th>seconds</th></tr>{calls}</table>")
+    return table
+
+
+def _chart(div_id: str, figure: dict[str, Any] | None, figures: dict[str, Any], empty: str) -> str:
+    if figure is None:
+        return f"<p class=muted>{_e(empty)}</p>"
+    figures[div_id] = figure
+    return f"<div class=chart id={div_id}></div>"
+
+
+def render(session: Session, analysis: Analysis, plotly_js: str | None = None) -> str:
+    """The report as one HTML string. ``plotly_js`` defaults to the bundle of the installed plotly."""
+    if plotly_js is None:
+        from plotly.offline import get_plotlyjs
+
+        plotly_js = get_plotlyjs()
+    if "</script" in plotly_js.lower():
+        raise ValueError("the plotly.js bundle cannot be inlined: it contains '</script'")
+    figures: dict[str, Any] = {}
+    body = [
+        f"<h1>stallscope report <code>{_e(session.run_id)}</code></h1>",
+        "<nav><a href=#findings>findings</a><a href=#recommendations>recommendations</a><a href=#steps>steps</a>"
+        "<a href=#nodes>stages</a><a href=#workers>workers</a><a href=#system>system</a><a href=#run>run</a></nav>",
+        "<pre id=report-errors hidden></pre>",
+        _findings_section(analysis),
+        _recommendations_section(analysis),
+        "<h2 id=steps>Steps</h2>",
+        _chart("chart-steps", step_figure(analysis), figures, "no training step was recorded"),
+        "<h2 id=nodes>Where step time went</h2>",
+        _chart("chart-nodes", node_figure(analysis), figures, "no steady steps to split"),
+        _nodes_table(analysis),
+        "<h2 id=workers>Workers</h2>",
+        _chart("chart-workers", worker_figure(session), figures, "no batch fetch was recorded"),
+        "<h2 id=system>System</h2>",
+        _chart("chart-system", system_figure(session), figures,
+               "no system samples in this session (recorded by newer stallscope versions)"),
+        _run_section(session, analysis),
+        f"<p class=muted>stallscope {_e(stallscope.__version__)}; re-render with "
+        f"<code>stallscope report {_e(session.run_id)} --html PATH</code></p>",
+    ]
+    return (
+        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
+        "<meta name=viewport content='width=device-width, initial-scale=1'>"
+        f"<title>stallscope report {_e(session.run_id)}</title><style>{_CSS}</style>"
+        f"<script>{_ERRORS}</script><script>{plotly_js}</script></head>\n<body>\n" + "\n".join(body)
+        + f"\n<script type=application/json id=report-figures>{script_json(figures)}</script>"
+        + f"\n<script>{_BOOT}</script>\n</body></html>\n"
+    )
+
+
+def write_html(path: str | os.PathLike[str], text: str) -> Path:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,118 @@
+"""The ``compare`` table as GitHub-flavoured markdown, ready to paste into a pull request."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from stallscope.compare import (
+    CONFIDENCE,
+    MIN_SHARE_EFFECT,
+    RESAMPLES,
+    Comparison,
+    Delta,
+    Metric,
+)
+from stallscope.store import RunRow
+
+GIB = 1024 ** 3
+
+
+def _cell(text: str) -> str:
+    """A table cell: pipes and newlines would break the row, backticks the code span."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'")
+
+
+def _code(text: str) -> str:
+    return f"`{_cell(text)}`" if text else "–"
+
+
+def _label(index: int) -> str:
+    return chr(ord("A") + index) if index < 26 else f"R{index}"
+
+
+def format_value(metric: Metric, value: float | None) -> str:
+    if value is None:
+        return "–"
+    if metric.unit == "ms":
+        return f"{1000 * value:.1f}"
+    if metric.unit == "%":
+        return f"{100 * value:.1f}" if metric.share else f"{value:.1f}"
+    if metric.unit == "GiB":
+        return f"{value / GIB:.2f}"
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2f}"
+
+
+def format_delta(metric: Metric, delta: Delta | None) -> str:
+    if delta is None or delta.change is None:
+        return "–"
+    if metric.share:
+        text = f"{100 * delta.change:+.1f} pts"
+        interval = f"{100 * delta.interval[0]:+.1f}…{100 * delta.interval[1]:+.1f}" if delta.interval else ""
+    else:
+        text = f"{100 * delta.relative:+.1f}%" if delta.relative is not None else f"{delta.change:+.3g}"
+        interval = f"{100 * delta.interval[0]:+.1f}…{100 * delta.interval[1]:+.1f}%" if delta.interval else ""
+    if delta.verdict == "real":
+        better = ((delta.change < 0) == (metric.better == "lower")) if metric.better else None
+        mark = {True: " (better)", False: " (worse)", None: ""}[better]
+        return f"{text} **beyond noise**{mark} [{interval}]"
+    if delta.verdict == "noise":
+        return f"{text} within noise [{interval}]"
+    untested_by_design = delta.reason == "no per-step distribution"  # said once, under the table
+    return f"{text} (not tested: {delta.reason})" if delta.reason and not untested_by_design else text
+
+
+def _when(run: RunRow) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(run.started_wall)) if run.started_wall else "–"
+
+
+def short_commit(commit: str | None) -> str:
+    if not commit:
+        return ""
+    return commit[:12] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
+def _overrides(run: RunRow) -> str:
+    return " ".join(f"--set {k}={v}" for k, v in run.overrides.items())
+
+
+def render_compare(comparison: Comparison) -> str:
+    runs = comparison.runs
+    labels = [_label(i) for i in range(len(runs))]
+    lines = ["### stallscope compare", ""]
+    lines.append("| | " + " | ".join(f"{label}{' (baseline)' if i == 0 else ''}" for i, label in enumerate(labels)) + " |")
+    lines.append("|---|" + "---|" * len(runs))
+    lines.append("| run | " + " | ".join(_code(r.run_id) for r in runs) + " |")
+    lines.append("| started | " + " | ".join(_when(r) for r in runs) + " |")
+    lines.append("| command | " + " | ".join(_code(shlex.join(r.command)) for r in runs) + " |")
+    lines.append("| overrides | " + " | ".join(_code(_overrides(r)) for r in runs) + " |")
+    lines.append("| git | " + " | ".join(_code(short_commit(r.git_commit)) for r in runs) + " |")
+    lines.append("| verdict | " + " | ".join(_cell(f"{r.verdict or '–'} ({r.bottleneck or '–'})") for r in runs) + " |")
+    lines.append("| steady steps | " + " | ".join(str(r.steady_steps if r.steady_steps is not None else "–")
+                                                  for r in runs) + " |")
+    lines.append("")
+    header = ["metric", labels[0]]
+    for label in labels[1:]:
+        header += [label, f"Δ {label} vs {labels[0]}"]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|---|--:|" + "--:|---|" * (len(runs) - 1))
+    for row in comparison.rows:
+        metric = row.metric
+        cells = [f"{metric.label} ({metric.unit})", format_value(metric, row.values[0])]
+        for value, delta in zip(row.values[1:], row.deltas[1:]):
+            cells += [format_value(metric, value), format_delta(metric, delta)]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    lines.append("")
+    fingerprints = {r.env_fingerprint for r in runs}
+    if len(fingerprints) > 1:
+        lines.append("> Note: the runs' environments differ (machine, Python or library versions); "
+                     "some of the change may come from there.")
+        lines.append("")
+    lines.append(f"Δ is the change against {labels[0]}. *Beyond noise*: the {100 * CONFIDENCE:.0f}% bootstrap "
+                 f"interval of the change ({RESAMPLES} resamples of each run's steady steps, shown in brackets) "
+                 f"excludes zero and the change is at least {100 * comparison.min_relative_effect:.0f}% "
+                 f"({100 * MIN_SHARE_EFFECT:.0f} points for shares). Per-node, GPU and memory rows have no "
+                 "per-step distribution and are not tested.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,232 @@
+"""A Chrome trace-event JSON file of a run, for ui.perfetto.dev (or chrome://tracing).
+
+Layout: one process for the training process (a track of steps, a track of what its main thread
+waited on or did, and the in-process loading of ``num_workers=0``), one process per DataLoader with
+one thread track per worker (its start-up, each batch, and the batch's stages), and one process of
+counters for the system samples. Times are microseconds from the start of the run.
+
+The stages inside a batch are laid out in pipeline order with their measured durations: the recorder
+knows how long each stage took within the batch, not in which order, so the placement is a layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import stallscope
+from stallscope.analyze import Analysis
+from stallscope.analyze.pipeline import split_fetch
+from stallscope.constants import NODE_IDS
+from stallscope.session import Session
+from stallscope.store import process_tree_rss
+
+MAIN_PID = 1
+SYSTEM_PID = 2
+LOADER_PID_BASE = 10
+STEPS_TID = 1
+MAIN_THREAD_TID = 2
+IN_PROCESS_TID = 3
+PIN_THREAD_TID = 4
+
+
+class _Events:
+    def __init__(self, origin_ns: int) -> None:
+        self.origin_ns = origin_ns
+        self.events: list[dict[str, Any]] = []
+
+    def ts(self, t_ns: int) -> float:
+        return round((t_ns - self.origin_ns) / 1000, 3)
+
+    def span(self, pid: int, tid: int, name: str, start_ns: int, end_ns: int, cat: str,
+             args: dict[str, Any] | None = None) -> None:
+        event = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": cat, "ts": self.ts(start_ns),
+                 "dur": round(max(0, end_ns - start_ns) / 1000, 3)}
+        if args:
+            event["args"] = args
+        self.events.append(event)
+
+    def counter(self, pid: int, name: str, t_ns: int, values: dict[str, float]) -> None:
+        self.events.append({"ph": "C", "pid": pid, "tid": 0, "name": name, "ts": self.ts(t_ns), "args": values})
+
+    def instant(self, pid: int, tid: int, name: str, t_ns: int, args: dict[str, Any]) -> None:
+        self.events.append({"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": name, "cat": "error",
+                            "ts": self.ts(t_ns), "args": args})
+
+    def meta(self, pid: int, tid: int, kind: str, value: Any) -> None:
+        key = "name" if kind.endswith("_name") else "sort_index"
+        self.events.append({"ph": "M", "pid": pid, "tid": tid, "name": kind, "ts": 0, "args": {key: value}})
+
+
+def _ms(ns: int) -> float:
+    return round(ns / 1e6, 3)
+
+
+def _main_process(ev: _Events, session: Session, analysis: Analysis) -> None:
+    main_pid = session.main_pid
+    ev.meta(MAIN_PID, 0, "process_name", f"training process (pid {main_pid})")
+    ev.meta(MAIN_PID, 0, "process_sort_index", 0)
+    for tid, name in ((STEPS_TID, "training steps"), (MAIN_THREAD_TID, "main thread"),
+                      (IN_PROCESS_TID, "in-process loading (num_workers=0)"), (PIN_THREAD_TID, "pin_memory thread")):
+        ev.meta(MAIN_PID, tid, "thread_name", name)
+        ev.meta(MAIN_PID, tid, "thread_sort_index", tid)
+    stats = analysis.steps
+    for step in stats.steps:
+        ev.span(MAIN_PID, STEPS_TID, f"step {step.index}", step.start_ns, step.end_ns, "step",
+                {"wait_ms": _ms(step.wait_ns), "transfer_ms": _ms(step.transfer_ns), "compute_ms": _ms(step.compute_ns),
+                 "batches": step.batches, "warm_up": step.index < stats.warmup_steps,
+                 "excluded_ms": _ms(step.excluded_ns)})
+    for it in session.iters:
+        if it.pid == main_pid:
+            ev.span(MAIN_PID, MAIN_THREAD_TID, f"iter(loader {it.loader_id})", it.start_ns, it.end_ns, "loader",
+                    {"epoch": it.epoch, "num_workers": it.num_workers})
+    for n in session.nexts:
+        if n.pid == main_pid:
+            ev.span(MAIN_PID, MAIN_THREAD_TID, "data wait", n.start_ns, n.end_ns, "wait",
+                    {"loader": n.loader_id, "epoch": n.epoch, "from_worker": n.worker, "batch_size": n.batch_size})
+    for s in session.stops:
+        if s.pid == main_pid:
+            ev.span(MAIN_PID, MAIN_THREAD_TID, "end of epoch", s.start_ns, s.end_ns, "loader", {"loader": s.loader_id})
+    for o in session.optimizer_steps:
+        if o.pid == main_pid:
+            ev.span(MAIN_PID, MAIN_THREAD_TID, f"{o.kind}.step", o.start_ns, o.end_ns, "compute")
+    for t in session.transfers:
+        if t.pid == main_pid:
+            ev.span(MAIN_PID, MAIN_THREAD_TID, t.call, t.start_ns, t.end_ns, "transfer",
+                    {"bytes": t.nbytes, "pinned": t.pinned, "non_blocking": t.non_blocking})
+    for p in session.pins:
+        if p.pid == main_pid:
+            ev.span(MAIN_PID, MAIN_THREAD_TID if p.main_thread else PIN_THREAD_TID, "pin_memory",
+                    p.start_ns, p.end_ns, "loader")
+    for e in session.errors:
+        if e.where == "main":
+            ev.instant(MAIN_PID, MAIN_THREAD_TID, f"{e.type}", e.t_ns, {"message": e.message, "location": e.location})
+
+
+def _batch(ev: _Events, pid: int, tid: int, fetch: Any) -> None:
+    ev.span(pid, tid, f"batch {fetch.seq}", fetch.start_ns, fetch.end_ns, "batch",
+            {"items": fetch.items, "cpu_ms": _ms(fetch.cpu_ns), "os_pid": fetch.pid, "epoch_iter": fetch.iter_id,
+             "outcome": fetch.outcome,
+             "calls_ms": {name: _ms(v[0]) for name, v in fetch.by_name.items()}})
+    split = split_fetch(fetch)
+    cursor = fetch.start_ns
+    for node in NODE_IDS:
+        value = split.get(node, 0)
+        if value <= 0:
+            continue
+        end = min(fetch.end_ns, cursor + value)
+        ev.span(pid, tid, node, cursor, end, f"stage,{node}", {"ms": _ms(value)})
+        cursor = end
+
+
+def _loaders(ev: _Events, session: Session) -> None:
+    main_pid = session.main_pid
+    for index, loader in enumerate(session.loaders):
+        pid = LOADER_PID_BASE + loader.loader_id
+        workers = int(loader.config.get("num_workers") or 0)
+        ev.meta(pid, 0, "process_name", f"loader {loader.loader_id} workers ({loader.site})")
+        ev.meta(pid, 0, "process_sort_index", 10 + index)
+        seen = sorted({f.worker for f in session.fetches if f.loader_id == loader.loader_id and f.worker >= 0}
+                      | {w.worker for w in session.worker_starts if w.loader_id == loader.loader_id}
+                      | set(range(workers)))
+        for worker in seen:
+            ev.meta(pid, worker + 1, "thread_name", f"worker {worker}")
+            ev.meta(pid, worker + 1, "thread_sort_index", worker)
+        for w in session.worker_starts:
+            if w.loader_id == loader.loader_id:
+                ev.span(pid, w.worker + 1, "worker start", w.created_ns, w.ready_ns, "loader",
+                        {"os_pid": w.pid, "process_start_ms": _ms(w.entered_ns - w.created_ns),
+                         "init_ms": _ms(w.ready_ns - w.entered_ns), "threads": w.threads})
+    for f in session.fetches:
+        if f.worker >= 0:
+            _batch(ev, LOADER_PID_BASE + f.loader_id, f.worker + 1, f)
+        elif f.pid == main_pid:
+            _batch(ev, MAIN_PID, IN_PROCESS_TID, f)
+    for e in session.errors:
+        if e.where == "worker" and e.loader_id is not None and e.worker is not None:
+            ev.instant(LOADER_PID_BASE + e.loader_id, e.worker + 1, e.type, e.t_ns,
+                       {"message": e.message, "location": e.location})
+
+
+def _queue_counters(ev: _Events, session: Session) -> None:
+    """Per loader: batches ready in the queue (done by a worker, not yet taken) and indices in flight."""
+    by_loader: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    for f in session.fetches:
+        if f.worker >= 0 and f.outcome != "StopIteration":
+            by_loader[f.loader_id].append((f.end_ns, 1, -1))
+    for n in session.nexts:
+        if n.worker >= 0:
+            by_loader[n.loader_id].append((n.end_ns, -1, 0))
+    for s in session.sends:
+        by_loader[s.loader_id].append((s.t_ns, 0, 1))
+    for loader_id, changes in by_loader.items():
+        ready = in_flight = 0
+        for t_ns, d_ready, d_flight in sorted(changes):
+            ready = max(0, ready + d_ready)
+            in_flight = max(0, in_flight + d_flight)
+            ev.counter(MAIN_PID, f"loader {loader_id} queue", t_ns, {"ready": ready, "in_flight": in_flight})
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _system_counters(ev: _Events, session: Session) -> None:
+    samples = session.samples if isinstance(session.samples, dict) else {}
+    ticks = samples.get("t_ns")
+    if not isinstance(ticks, list) or not ticks:
+        return
+    ev.meta(SYSTEM_PID, 0, "process_name", f"system (sampled every {samples.get('interval_s', '?')} s)")
+    ev.meta(SYSTEM_PID, 0, "process_sort_index", 1)
+    series: dict[str, list[Any]] = {}
+    system = samples.get("system")
+    if isinstance(system, dict):
+        series.update({name: values for name, values in system.items() if isinstance(values, list)})
+    rss = process_tree_rss(samples)
+    if any(v is not None for v in rss):
+        series["process tree RSS (MiB)"] = [v / 2 ** 20 if v is not None else None for v in rss]
+    gpu = samples.get("gpu")
+    per_gpu: dict[str, list[Any]] = {}
+    if isinstance(gpu, dict):
+        per_gpu = {name: values for name, values in gpu.items() if isinstance(values, list)}
+    for i, t_ns in enumerate(ticks):
+        if not _number(t_ns) or t_ns < session.start_ns:
+            continue
+        for name, values in series.items():
+            if i < len(values) and _number(values[i]):
+                ev.counter(SYSTEM_PID, name, int(t_ns), {"value": values[i]})
+        for name, values in per_gpu.items():
+            tick = values[i] if i < len(values) else None
+            if isinstance(tick, list):
+                args = {f"gpu{k}": v for k, v in enumerate(tick) if _number(v)}
+                if args:
+                    ev.counter(SYSTEM_PID, f"gpu {name}", int(t_ns), args)
+
+
+def render(session: Session, analysis: Analysis) -> dict[str, Any]:
+    """The trace as a dict (``{"traceEvents": [...], ...}``) with times relative to ``session.start_ns``."""
+    ev = _Events(session.start_ns)
+    _main_process(ev, session, analysis)
+    _loaders(ev, session)
+    _queue_counters(ev, session)
+    _system_counters(ev, session)
+    meta = [e for e in ev.events if e["ph"] == "M"]
+    timed = sorted((e for e in ev.events if e["ph"] != "M"), key=lambda e: (e["ts"], -e.get("dur", 0)))
+    return {
+        "traceEvents": meta + timed,
+        "displayTimeUnit": "ms",
+        "otherData": {"run_id": session.run_id, "command": " ".join(session.command), "cwd": session.cwd,
+                      "wall_s": round(session.wall_s, 6), "stallscope": stallscope.__version__,
+                      "time_origin": "microseconds since the start of the run"},
+    }
+
+
+def write_trace(path: str | os.PathLike[str], trace: dict[str, Any]) -> Path:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(trace, separators=(",", ":")))
+    os.replace(tmp, path)
+    return path

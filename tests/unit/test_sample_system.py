@@ -1,0 +1,87 @@
+"""The launcher-side sampler on a real child process, and NVML readings through a fake NVML."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from stallscope.sample.gpu import GpuProbe
+from stallscope.sample.system import SAMPLES_SCHEMA, SystemSampler
+
+
+def test_samples_a_busy_child_and_its_own_cost():
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nend=time.time()+1.2\nx=0\nwhile time.time()<end: x+=1\n"])
+    sampler = SystemSampler(child.pid, interval_s=0.05, gpu=False)
+    sampler.start()
+    child.wait()
+    time.sleep(0.1)
+    result = sampler.stop()
+    assert result["schema"] == SAMPLES_SCHEMA
+    assert len(result["t_ns"]) >= 5
+    entry = result["processes"][str(child.pid)]
+    assert entry["cpu_s"][-1] > entry["cpu_s"][0]
+    assert all(r > 0 for r in entry["rss_bytes"])
+    assert len(result["system"]["cpu_percent"]) == len(result["t_ns"])
+    assert result["absent"]["gpu"] == "GPU sampling disabled"
+    assert result["gpu"] is None
+    assert 0 <= result["cost"]["core_fraction"] < 1
+
+
+class FakeNvml:
+    NVML_PCIE_UTIL_RX_BYTES, NVML_PCIE_UTIL_TX_BYTES, NVML_CLOCK_SM = 0, 1, 2
+
+    class Util:
+        gpu = 37
+
+    class Mem:
+        used = 5 << 30
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, handle):
+        return b"Fake H200"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return self.Util()
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        if handle == 1:
+            raise RuntimeError("not supported")
+        return self.Mem()
+
+    def nvmlDeviceGetPcieThroughput(self, handle, counter):
+        return 1000 if counter == self.NVML_PCIE_UTIL_RX_BYTES else 10
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return 1980
+
+
+def test_gpu_probe_reads_every_device_and_keeps_unreadable_values_absent():
+    probe = GpuProbe(FakeNvml())
+    assert probe.absent is None and probe.names == ["Fake H200", "Fake H200"]
+    reading = probe.read()
+    assert reading["util_percent"] == [37.0, 37.0]
+    assert reading["mem_used_bytes"] == [float(5 << 30), None]
+    assert reading["pcie_rx_bytes_per_s"] == [1024000.0, 1024000.0]
+    assert reading["sm_clock_mhz"] == [1980.0, 1980.0]
+
+
+def test_gpu_probe_without_nvml_says_why():
+    class Broken(FakeNvml):
+        def nvmlInit(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    probe = GpuProbe(Broken())
+    assert probe.handles == [] and "NVML unavailable" in probe.absent
