@@ -33,6 +33,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                         help="processes that read and check images (default: CPU count, at most 8)")
     parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="records per tar shard (wds)")
+    parser.add_argument("--commit-every", type=int, default=512, metavar="N",
+                        help="records per LMDB transaction, i.e. how much a crash can lose (lmdb)")
     parser.add_argument("--strict", action="store_true", help="stop at the first bad file instead of skipping it")
     parser.add_argument("--force", action="store_true", help="replace an existing OUT or a different unfinished pack")
     parser.add_argument("--report", metavar="PATH", help="write the result (records, skipped files) as JSON")
@@ -47,7 +49,8 @@ def _err(message: str) -> int:
 
 
 def _run_verify(path: str) -> int:
-    from stallscope.data import PackFormatError, verify
+    from stallscope.data.index import PackFormatError
+    from stallscope.data.packing import verify
 
     try:
         result = verify(path)
@@ -100,10 +103,12 @@ def run(args: argparse.Namespace) -> int:
         return _run_verify(args.verify)
     if not args.src or not args.out:
         return _err("give SRC and OUT: stallscope pack SRC OUT --format lmdb|wds (or --verify OUT)")
-    from stallscope.data import PackError, PackOptions, SourceError, pack
+    from stallscope.data.packing import PackError, PackOptions, pack
+    from stallscope.data.sources import SourceError
 
     options = PackOptions(format=args.format, max_side=args.max_side, quality=args.quality, workers=args.workers,
-                          strict=args.strict, shard_size=args.shard_size)
+                          strict=args.strict, shard_size=args.shard_size,
+                          commit_every=args.commit_every)
     if not Path(args.src).exists():
         return _err(f"{args.src}: no such folder or file list")
     bar, update = _progress_bar(not args.no_progress and sys.stderr.isatty())

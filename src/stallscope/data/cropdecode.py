@@ -66,7 +66,7 @@ def crop_resize(pixels: np.ndarray, plan: CropPlan, full_width: int, full_height
             Image.fromarray(pixels).resize(out_size, Image.BILINEAR, box=(x0, y0, x1, y1))
         )
     if plan.flip:
-        out = out[:, ::-1]
+        out = _cv2.flip(out, 1) if _cv2 is not None else out[:, ::-1]
     return out
 
 
@@ -103,8 +103,9 @@ def decode_crop(
         raise DecodeError(f"decoder returned shape {pixels.shape}, expected HxWx3")
     out = crop_resize(pixels, plan, header.width, header.height)
     if bgr:
-        out = out[:, :, ::-1]
-    return np.ascontiguousarray(out)
+        out = _cv2.cvtColor(out, _cv2.COLOR_BGR2RGB) if _cv2 is not None else out[:, :, ::-1]
+    out = np.ascontiguousarray(out)
+    return out if out.flags.writeable else out.copy()  # torch warns on read-only arrays
 
 
 def decode_full(data: bytes, decoder: Decoder) -> np.ndarray:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stallscope.data.index import FORMATS, INDEX_NAME, PackIndex, Problem, Record, checksum, record_key, write_atomic
-from stallscope.data.pack.prepare import FATAL_KINDS, Prepared, prepare
+from stallscope.data.packing.prepare import FATAL_KINDS, Prepared, prepare
 from stallscope.data.sources import SourceList, open_source
 
 STATE_NAME = "state.json"
@@ -155,11 +155,11 @@ class _Checkpointer:
 def _make_sink(options: PackOptions, work: Path, first_shard: int):
     if options.format == "lmdb":
         try:
-            from stallscope.data.pack.lmdb_writer import LmdbSink
+            from stallscope.data.packing.lmdb_writer import LmdbSink
         except ImportError as exc:  # pragma: no cover
             raise PackError("the lmdb package is missing: pip install 'stallscope[data]'") from exc
         return LmdbSink(work, options.commit_every)
-    from stallscope.data.pack.wds_writer import ShardSink
+    from stallscope.data.packing.wds_writer import ShardSink
 
     for stale in work.glob("shard-*.tar*"):  # shards beyond the checkpoint are redone
         if stale.name.endswith(".tmp") or int(stale.name[6:12]) >= first_shard:

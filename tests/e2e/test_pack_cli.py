@@ -1,0 +1,122 @@
+"""``python -m stallscope pack`` in a subprocess: exit codes, bad files named, kill -9 then resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.data import PackedImageDataset, load_index
+from stallscope.demo.dataset import DatasetSpec, make_dataset
+
+pytestmark = pytest.mark.e2e
+pytest.importorskip("lmdb")
+
+
+def stallscope(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stallscope", "pack", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=240, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("cli") / "src", DatasetSpec(n_files=60, width=200, height=160))
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_pack_verify_and_flipped_byte(source, tmp_path, fmt):
+    out = tmp_path / "out"
+    done = stallscope(str(source), str(out), "--format", fmt, "--workers", "2", "--shard-size", "25",
+                      "--report", str(tmp_path / "report.json"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["records"] == 60
+    ok = stallscope("--verify", str(out))
+    assert ok.returncode == 0 and "ok: 60 records" in ok.stdout
+    index = load_index(out)
+    rec = index.records[5]
+    target = out / ("data.mdb" if fmt == "lmdb" else index.shards[0])
+    blob = bytearray(target.read_bytes())
+    needle = PackedImageDataset(out).raw(5)[0][-300:-200]
+    pos = rec.offset + rec.size // 2 if fmt == "wds" else blob.find(needle) + 7
+    blob[pos] ^= 0x40
+    target.write_bytes(bytes(blob))
+    bad = stallscope("--verify", str(out))
+    assert bad.returncode == 1 and rec.key in bad.stdout and rec.source in bad.stdout
+
+
+def test_corrupt_inputs_are_reported_by_name(source, tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "src" / "cls"
+    root.mkdir(parents=True)
+    good = sorted((source / "class_01").glob("*.jpg"))[:2]
+    for p in good:
+        shutil.copy(p, root / p.name)
+    (root / "truncated.jpg").write_bytes(good[0].read_bytes()[:900])
+    (root / "empty.jpg").write_bytes(b"")
+    (root / "readme.jpg").write_text("not an image\n")
+    Image.new("RGB", (30, 20)).save(root / "icon.png")
+    done = stallscope(str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "0")
+    assert done.returncode == 0, done.stderr
+    for name in ("truncated.jpg", "empty.jpg", "readme.jpg", "icon.png"):
+        assert f"cls/{name}" in done.stdout
+    assert "skipped 3 bad file(s)" in done.stdout
+    strict = stallscope(str(tmp_path / "src"), str(tmp_path / "strict"), "--strict")
+    assert strict.returncode == 1 and "cls/" in strict.stderr and not (tmp_path / "strict").exists()
+
+
+def test_usage_errors_exit_2(tmp_path, source):
+    assert stallscope(str(tmp_path / "missing"), str(tmp_path / "out")).returncode == 2
+    (tmp_path / "empty").mkdir()
+    empty = stallscope(str(tmp_path / "empty"), str(tmp_path / "out"))
+    assert empty.returncode == 2 and "no class folders" in empty.stderr
+    assert stallscope(str(source), str(tmp_path / "out"), "--format", "zip").returncode == 2
+    assert stallscope(str(source)).returncode == 2
+    assert stallscope("--verify", str(tmp_path / "nowhere")).returncode == 2
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_kill_9_mid_pack_then_resume_equals_uninterrupted(source, tmp_path, fmt):
+    args = ["--format", fmt, "--workers", "2", "--commit-every", "5", "--shard-size", "5"]
+    clean = tmp_path / "clean"
+    assert stallscope(str(source), str(clean), *args).returncode == 0
+
+    out = tmp_path / "killed"
+    env = {**os.environ, "STALLSCOPE_PACK_THROTTLE_S": "0.1"}
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "pack", str(source), str(out), *args],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    state = out.with_name("killed.partial") / "state.json"
+    deadline = time.monotonic() + 120  # a guard against hanging, not a timing assertion
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if state.is_file() and json.loads(state.read_text())["next_position"] >= 15:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the pack finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the pack's own worker processes
+        except ProcessLookupError:
+            pass
+    assert not out.exists()
+
+    rerun = stallscope(str(source), str(out), *args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resumed at source #" in rerun.stdout
+    assert stallscope("--verify", str(out)).returncode == 0
+    assert load_index(out).digest == load_index(clean).digest
+    killed, reference = PackedImageDataset(out), PackedImageDataset(clean)
+    assert [killed.raw(i) for i in range(len(killed))] == [reference.raw(i) for i in range(len(reference))]
+    if fmt == "wds":
+        assert all((out / n).read_bytes() == (clean / n).read_bytes() for n in load_index(clean).shards)
+    again = stallscope(str(source), str(out), *args)
+    assert again.returncode == 0 and "nothing to do" in again.stdout

@@ -1,0 +1,175 @@
+"""pack() and verify(): round trip, checksums, bad inputs named, resume equals an uninterrupted pack."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from stallscope.data import PackError, PackedImageDataset, PackFormatError, PackOptions, load_index, pack, verify
+from stallscope.data.index import INDEX_NAME
+from stallscope.data.sources import SourceError, open_source
+from stallscope.demo.dataset import DatasetSpec, make_dataset
+
+pytest.importorskip("lmdb")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("src") / "imgs", DatasetSpec(n_files=48, width=200, height=160))
+
+
+@pytest.fixture()
+def bad_source(tmp_path, source):
+    """A class folder with a few good images and every kind of bad file."""
+    root = tmp_path / "bad"
+    good = sorted((source / "class_00").glob("*.jpg"))[:3]
+    (root / "a").mkdir(parents=True)
+    for path in good:
+        shutil.copy(path, root / "a" / path.name)
+    data = good[0].read_bytes()
+    (root / "a" / "truncated.jpg").write_bytes(data[: len(data) // 3])
+    (root / "a" / "zero.jpg").write_bytes(b"")
+    (root / "a" / "notes.jpg").write_text("this is a text file\n")
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(root / "a" / "drawing.png")
+    (root / "a" / "dangling.jpg").symlink_to(tmp_path / "does-not-exist")
+    return root
+
+
+def _records(path: Path) -> list[tuple[bytes, int]]:
+    ds = PackedImageDataset(path)
+    return [ds.raw(i) for i in range(len(ds))]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_round_trip_bytes_and_labels_match_the_source(source, tmp_path, fmt):
+    out = tmp_path / f"pack-{fmt}"
+    result = pack(source, out, PackOptions(format=fmt, shard_size=10, workers=2))
+    samples = open_source(source).samples
+    assert result.records == len(samples) and not result.skipped
+    assert _records(out) == [(p.read_bytes(), label) for p, label in samples]
+    assert verify(out).ok
+    assert not out.with_name(out.name + ".partial").exists()
+    if fmt == "wds":
+        assert len(load_index(out).shards) == 5
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_verify_catches_a_flipped_byte(source, tmp_path, fmt):
+    out = tmp_path / f"pack-{fmt}"
+    pack(source, out, PackOptions(format=fmt, shard_size=100))
+    index = load_index(out)
+    victim = index.records[17]
+    target = out / ("data.mdb" if fmt == "lmdb" else index.shards[0])
+    blob = bytearray(target.read_bytes())
+    if fmt == "wds":
+        pos = victim.offset + victim.size // 2
+    else:
+        pos = blob.find(PackedImageDataset(out).raw(17)[0][-300:-200]) + 10  # entropy-coded: unique
+        assert pos > 10
+    blob[pos] ^= 0x01
+    target.write_bytes(bytes(blob))
+    result = verify(out)
+    assert not result.ok
+    assert any(victim.key in e and victim.source in e for e in result.errors)
+
+
+def test_bad_inputs_are_named_and_skipped(bad_source, tmp_path):
+    result = pack(bad_source, tmp_path / "out", PackOptions(format="lmdb"))
+    skipped = {p.source: p.kind for p in result.skipped}
+    assert skipped == {"a/truncated.jpg": "corrupt", "a/zero.jpg": "empty", "a/notes.jpg": "not-an-image",
+                       "a/dangling.jpg": "unreadable"}
+    assert {p.source: p.kind for p in result.warnings} == {"a/drawing.png": "not-jpeg"}
+    assert result.records == 4  # three JPEGs and the PNG
+    assert {p.source for p in load_index(tmp_path / "out").problems} == set(skipped) | {"a/drawing.png"}
+    assert PackedImageDataset(tmp_path / "out")[3][0].shape[0] == 3
+
+
+def test_strict_stops_and_writes_nothing(bad_source, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(PackError, match="dangling.jpg|notes.jpg|truncated.jpg|zero.jpg"):
+        pack(bad_source, out, PackOptions(format="wds", strict=True))
+    assert not out.exists() and not out.with_name("out.partial").exists()
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_interrupted_pack_resumes_to_the_same_result(source, tmp_path, fmt):
+    options = PackOptions(format=fmt, shard_size=8, commit_every=8)
+    clean = tmp_path / "clean"
+    pack(source, clean, options)
+
+    def crash_after_30(done: int, total: int, nbytes: int) -> None:
+        if done == 30:
+            raise _Crash
+
+    resumed = tmp_path / "resumed"
+    with pytest.raises(_Crash):
+        pack(source, resumed, options, progress=crash_after_30)
+    assert not resumed.exists() and resumed.with_name("resumed.partial").exists()
+    result = pack(source, resumed, options)
+    assert 0 < result.resumed_at <= 30
+    assert verify(resumed).ok
+    assert load_index(resumed).digest == load_index(clean).digest
+    assert _records(resumed) == _records(clean)
+    if fmt == "wds":  # tar shards are byte-identical, not just equal in content
+        for name in load_index(clean).shards:
+            assert (resumed / name).read_bytes() == (clean / name).read_bytes()
+
+
+def test_rerun_of_a_finished_pack_is_a_no_op_and_conflicts_are_refused(source, tmp_path):
+    out = tmp_path / "out"
+    first = pack(source, out, PackOptions())
+    again = pack(source, out, PackOptions(workers=2))
+    assert again.already_complete and again.digest == first.digest
+    with pytest.raises(PackError, match="--force"):
+        pack(source, out, PackOptions(max_side=64))
+    assert pack(source, out, PackOptions(max_side=64), force=True).records == first.records
+
+
+def test_max_side_reencodes_large_images(source, tmp_path):
+    out = tmp_path / "small"
+    pack(source, out, PackOptions(max_side=100, quality=80))
+    index = load_index(out)
+    assert all(max(r.width, r.height) <= 100 and r.ext == "jpg" for r in index.records)
+    data, _ = PackedImageDataset(out).raw(0)
+    assert max(Image.open(io.BytesIO(data)).size) <= 100
+
+
+def test_file_list_source(source, tmp_path):
+    samples = open_source(source).samples[:6]
+    listing = tmp_path / "files.csv"
+    listing.write_text("".join(f"{p},{label}\n" for p, label in samples))
+    out = tmp_path / "out"
+    result = pack(listing, out, PackOptions(format="wds"))
+    assert result.records == 6
+    assert _records(out) == [(p.read_bytes(), label) for p, label in samples]
+
+
+def test_webdataset_library_reads_the_shards(source, tmp_path):
+    wds = pytest.importorskip("webdataset")
+    out = tmp_path / "shards"
+    pack(source, out, PackOptions(format="wds", shard_size=20))
+    index = load_index(out)
+    urls = [str(out / name) for name in index.shards]
+    seen = [(s["__key__"], s["jpg"], int(s["cls"])) for s in wds.WebDataset(urls, shardshuffle=False)]
+    assert [(r.key, r.label) for r in index.records] == [(k, c) for k, _, c in seen]
+    assert all(len(b) == r.size for (_, b, _), r in zip(seen, index.records))
+
+
+def test_errors_for_missing_or_unfinished_packs(tmp_path, source):
+    with pytest.raises(SourceError):
+        pack(tmp_path / "nothing", tmp_path / "out")
+    with pytest.raises(PackError, match="unknown format"):
+        pack(source, tmp_path / "out", PackOptions(format="zip"))
+    (tmp_path / "half").mkdir()
+    with pytest.raises(PackFormatError, match=INDEX_NAME):
+        verify(tmp_path / "half")
+    with pytest.raises(PackFormatError, match="no such pack"):
+        PackedImageDataset(tmp_path / "absent")
