@@ -1,4 +1,8 @@
-"""``stallscope report RUN``: re-render a saved session without re-running the script."""
+"""``stallscope report RUN``: re-render a saved session without re-running the script.
+
+In the terminal by default; ``--html`` writes a self-contained report (charts work offline) and
+``--trace`` a Chrome trace-event file for ui.perfetto.dev.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +19,24 @@ from stallscope.session import Session
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("report", help="re-render a saved run",
-                              description="Analyse and render a saved session again (the script is not re-run).")
+    p = subparsers.add_parser("report", help="re-render a saved run (terminal, HTML, Perfetto trace)",
+                              description="Analyse and render a saved session again (the script is not re-run).",
+                              epilog="examples:\n  stallscope report last\n"
+                                     "  stallscope report last --html report.html   (open in any browser, offline)\n"
+                                     "  stallscope report last --trace trace.json   (open in ui.perfetto.dev)",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", default="last",
                    help="run id (or a unique prefix), a session.json path, a run directory, or 'last' (default)")
     p.add_argument("--json", metavar="PATH", help="write the summary JSON here")
+    p.add_argument("--html", metavar="PATH", help="write a self-contained HTML report here")
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome trace-event JSON (for ui.perfetto.dev) here")
     p.add_argument("--store", metavar="DIR", help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.set_defaults(handler=handle)
+
+
+def _fail(message: str) -> int:
+    print(f"stallscope report: {message}", file=sys.stderr)
+    return 2
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -29,10 +44,30 @@ def handle(args: argparse.Namespace) -> int:
         path = paths.resolve_run(args.run, paths.store_dir(args.store))
         session = Session.load(path)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"stallscope report: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     analysis = analyze(session)
-    if args.json:
-        write_summary(args.json, summary_dict(session, analysis, path))
+    written: list[str] = []
+    target = ""
+    try:
+        if args.json:
+            target = args.json
+            write_summary(args.json, summary_dict(session, analysis, path))
+        if args.trace:
+            from stallscope.render import trace
+
+            target = args.trace
+            written.append(f"trace: {trace.write_trace(args.trace, trace.render(session, analysis))}"
+                           "   (open it in https://ui.perfetto.dev)")
+        if args.html:
+            try:
+                from stallscope.render import html
+            except ImportError as exc:
+                return _fail(f"--html needs plotly ({exc}); install it with: pip install 'stallscope[report]'")
+            target = args.html
+            written.append(f"HTML report: {html.write_html(args.html, html.render(session, analysis))}")
+    except OSError as exc:
+        return _fail(f"cannot write {target}: {exc.strerror or exc}")
     terminal.render(session, analysis, Console(), session_ref=str(path))
+    for line in written:
+        print(f"wrote {line}")
     return 0

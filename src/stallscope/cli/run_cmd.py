@@ -7,6 +7,7 @@ import sys
 
 from rich.console import Console
 
+from stallscope import store as history
 from stallscope.analyze import analyze
 from stallscope.launcher import LaunchError, run
 from stallscope.record.overrides import SETTABLE, OverrideError, parse_overrides
@@ -72,6 +73,7 @@ def record_and_report(command: list[str], *, module: str | None, store: str | No
         print(f"stallscope run: {exc}", file=sys.stderr)
         return 2
     analysis = analyze(outcome.session)
+    history.record_run_or_warn(store, outcome.session, analysis, outcome.session_path)
     if json_path:
         write_summary(json_path, summary_dict(outcome.session, analysis, outcome.session_path))
     if not quiet:

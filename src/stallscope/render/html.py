@@ -232,8 +232,8 @@ def _series(samples: dict[str, Any]) -> tuple[list[float], dict[str, list[Any]],
     system = samples.get("system")
     if isinstance(system, dict):
         for name, values in system.items():
-            if not isinstance(values, list):
-                continue
+            if not isinstance(values, list) or not any(isinstance(v, (int, float)) for v in values):
+                continue  # per-core lists and the like: one line per series only
             if "percent" in name:
                 percent[f"system {name}"] = values
             elif "bytes" in name:

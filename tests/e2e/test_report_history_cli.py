@@ -1,0 +1,136 @@
+"""History, compare and the HTML / Perfetto reports through the real CLI on the tiny training script."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS
+from tests.unit.test_render_trace import check_trace_format
+
+pytestmark = pytest.mark.e2e
+TINY = str(SCRIPTS / "tiny_train.py")
+#: Input-bound by construction: 8 samples x 5 ms of sleep per batch, almost no compute.
+INPUT_BOUND = ["--", sys.executable, TINY, "--sleep-ms", "5", "--workers", "0", "--n", "240"]
+
+
+def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stallscope", *args], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+
+
+def table_line(markdown: str, label: str) -> list[str]:
+    line = next(line for line in markdown.splitlines() if line.startswith(f"| {label}"))
+    return [cell.strip() for cell in line.strip("|").split(" | ")]
+
+
+def record(tmp: Path, store: Path, json_name: str, *args: str) -> subprocess.Popen:
+    """Start ``stallscope run`` (one torch thread, so runs on a small shared machine disturb each other less)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(store),
+                             "--json", str(tmp / json_name), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp, env=env)
+
+
+def finish(proc: subprocess.Popen, tmp: Path, json_name: str) -> str:
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads((tmp / json_name).read_text())["run_id"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Two runs of one configuration, one after the other, then the same with 2 workers."""
+    tmp = tmp_path_factory.mktemp("history")
+    store = tmp / "store"
+    same = [finish(record(tmp, store, f"same{i}.json", *INPUT_BOUND), tmp, f"same{i}.json") for i in range(2)]
+    workers = finish(record(tmp, store, "workers.json", "--set", "num_workers=2", *INPUT_BOUND), tmp, "workers.json")
+    return {"tmp": tmp, "store": store, "same": same, "workers": workers}
+
+
+def test_two_runs_recording_into_one_store_at_once_are_both_intact(tmp_path):
+    store = tmp_path / "store"
+    procs = [record(tmp_path, store, f"c{i}.json", "--", sys.executable, TINY, "--workers", "2") for i in range(2)]
+    ids = [finish(proc, tmp_path, f"c{i}.json") for i, proc in enumerate(procs)]
+    rows = json.loads(cli(tmp_path, "history", "--store", str(store), "--json").stdout)
+    assert sorted(r["run_id"] for r in rows) == sorted(ids) and len(set(ids)) == 2
+    for row in rows:
+        assert row["steady_steps"] == 11 and row["step_median_s"] > 0 and row["exit_code"] == 0
+        assert Path(row["session_path"]).is_file()
+    conn = sqlite3.connect(store / "history.sqlite3")
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_history_has_the_runs_with_their_overrides(runs):
+    rows = json.loads(cli(runs["tmp"], "history", "--store", str(runs["store"]), "--json").stdout)
+    assert [r["run_id"] for r in rows] == [*runs["same"], runs["workers"]]
+    assert [r["overrides"] for r in rows] == [{}, {}, {"num_workers": 2}]
+    assert all(r["steady_steps"] == 29 for r in rows)
+
+
+def test_history_table_and_filters(runs):
+    table = cli(runs["tmp"], "history", "--store", str(runs["store"]))
+    assert table.returncode == 0, table.stderr
+    assert all(run_id in table.stdout for run_id in runs["same"])
+    filtered = cli(runs["tmp"], "history", "--store", str(runs["store"]), "--verdict", "compute-bound")
+    assert filtered.returncode == 2 and "no run matches" in filtered.stderr
+    empty = cli(runs["tmp"], "history", "--store", str(runs["tmp"] / "nothing-here"))
+    assert empty.returncode == 2 and "no run history" in empty.stderr
+
+
+def test_compare_same_configuration_is_within_noise(runs):
+    result = cli(runs["tmp"], "compare", *runs["same"], "--store", str(runs["store"]),
+                 "--output", str(runs["tmp"] / "same.md"))
+    assert result.returncode == 0, result.stderr
+    print(result.stdout)
+    assert "beyond noise**" not in result.stdout
+    for label in ("step time median", "throughput (steps/s)", "data-wait share"):
+        assert "within noise" in table_line(result.stdout, label)[3]
+    assert (runs["tmp"] / "same.md").read_text() == result.stdout
+
+
+def test_compare_zero_vs_two_workers_marks_the_throughput_change_real(runs):
+    result = cli(runs["tmp"], "compare", runs["same"][0], runs["workers"], "--store", str(runs["store"]))
+    assert result.returncode == 0, result.stderr
+    print(result.stdout)
+    throughput = table_line(result.stdout, "throughput (steps/s)")
+    assert "**beyond noise** (better)" in throughput[3]
+    assert float(throughput[2]) > 1.3 * float(throughput[1])
+
+
+def test_compare_errors(runs):
+    unknown = cli(runs["tmp"], "compare", runs["same"][0], "nope", "--store", str(runs["store"]))
+    assert unknown.returncode == 2 and "no run 'nope'" in unknown.stderr
+    single = cli(runs["tmp"], "compare", runs["same"][0], "--store", str(runs["store"]))
+    assert single.returncode == 2
+
+
+def test_report_writes_html_and_a_trace_with_one_track_per_worker(runs):
+    out = runs["tmp"] / "out"
+    out.mkdir(exist_ok=True)
+    result = cli(runs["tmp"], "report", runs["workers"], "--store", str(runs["store"]),
+                 "--html", str(out / "r.html"), "--trace", str(out / "t.json"))
+    assert result.returncode == 0, result.stderr
+    assert "<script>" in (out / "r.html").read_text()[:200_000]
+    doc = json.loads((out / "t.json").read_text())
+    check_trace_format(doc)
+    threads = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"
+               and e["pid"] >= 10}
+    assert threads == {"worker 0", "worker 1"}
+    session = json.loads(Path(runs["store"] / "runs" / runs["workers"] / "session.json").read_text())
+    span_us = (session["end_ns"] - session["start_ns"]) / 1000
+    batches = [e for e in doc["traceEvents"] if e.get("cat") == "batch"]
+    assert len(batches) == 30 and all(0 <= b["ts"] and b["ts"] + b["dur"] <= span_us for b in batches)
+
+
+def test_report_unwritable_output_is_a_clear_error(runs):
+    result = cli(runs["tmp"], "report", runs["workers"], "--store", str(runs["store"]),
+                 "--html", str(runs["tmp"] / "no-such-dir" / "r.html"))
+    assert result.returncode == 2 and "cannot write" in result.stderr

@@ -1,0 +1,97 @@
+"""Deltas between runs and the noise test, on hand-made per-step samples (seeded, exact)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from stallscope.compare import MIN_STEPS, compare
+from stallscope.render.markdown import render_compare
+from stallscope.store import RunRow
+
+
+def make_row(run_id: str, durations_ms: list[float], wait_share: float = 0.5, command=("python", "train.py"),
+             overrides=None, env="e1") -> RunRow:
+    durations = [round(d * 1000) for d in durations_ms]
+    waits = [round(d * wait_share) for d in durations]
+    ordered = sorted(durations)
+    total_s = sum(durations) / 1e6
+    return RunRow(
+        run_id=run_id, recorded_at=0.0, started_wall=1_700_000_000.0, command=list(command), cwd="/w",
+        overrides=overrides or {}, environment={}, env_fingerprint=env, git_commit="a" * 40, exit_code=0,
+        ended_by="exit", verdict="input-bound", bottleneck="storage", steps=len(durations) + 1,
+        steady_steps=len(durations), wall_s=total_s + 1, step_median_s=ordered[int(0.5 * (len(ordered) - 1) + 0.5)] / 1e6,
+        step_p90_s=ordered[int(0.9 * (len(ordered) - 1) + 0.5)] / 1e6, steps_per_s=len(durations) / total_s,
+        samples_per_s=8 * len(durations) / total_s, data_wait_fraction=sum(waits) / sum(durations),
+        node_seconds={"storage": total_s * wait_share, "compute": total_s * (1 - wait_share)},
+        gpu_util_mean=None, peak_device_mem_bytes=None, peak_rss_bytes=2**30, session_path=None,
+        step_detail={"duration_us": durations, "wait_us": waits, "samples": [8] * len(durations)})
+
+
+def noisy(center_ms: float, n: int = 30, spread: float = 0.08, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [center_ms * (1 + rng.uniform(-spread, spread)) for _ in range(n)]
+
+
+def test_same_distribution_is_within_noise():
+    result = compare([make_row("a", noisy(40, seed=1)), make_row("b", noisy(40, seed=2))])
+    tested = [row for row in result.rows if row.metric.statistic is not None]
+    assert {r.metric.key for r in tested} == {"step_median_s", "step_p90_s", "steps_per_s", "samples_per_s",
+                                              "data_wait_fraction"}
+    assert all(r.deltas[1].verdict == "noise" for r in tested)
+    assert result.row("node:storage").deltas[1].verdict == "untested"
+
+
+def test_halved_step_time_is_real_and_better():
+    result = compare([make_row("a", noisy(40, seed=1)), make_row("b", noisy(20, seed=2), wait_share=0.1)])
+    throughput = result.row("steps_per_s").deltas[1]
+    assert throughput.verdict == "real"
+    assert throughput.relative == pytest.approx(1.0, abs=0.1)
+    assert throughput.interval[0] > 0.5
+    assert result.row("step_median_s").deltas[1].verdict == "real"
+    wait = result.row("data_wait_fraction").deltas[1]
+    assert wait.verdict == "real" and wait.change == pytest.approx(-0.4, abs=0.01)
+
+
+def test_a_clear_but_tiny_shift_is_not_reported_as_a_change():
+    # Identical noise, 6% slower: the interval excludes zero but the change is below the noise floor.
+    base = noisy(40, n=200, spread=0.01, seed=3)
+    rows = [make_row("a", base), make_row("b", [d * 1.06 for d in base])]
+    delta = compare(rows).row("step_median_s").deltas[1]
+    assert delta.interval[0] > 0 and delta.verdict == "noise"
+    assert compare(rows, min_effect=0.05).row("step_median_s").deltas[1].verdict == "real"
+
+
+def test_too_few_steps_are_not_tested():
+    result = compare([make_row("a", [40.0] * (MIN_STEPS - 1)), make_row("b", noisy(20))])
+    delta = result.row("steps_per_s").deltas[1]
+    assert delta.verdict == "untested" and "fewer than" in delta.reason
+
+
+def test_result_is_reproducible():
+    rows = [make_row("a", noisy(40, seed=1)), make_row("b", noisy(30, seed=2))]
+    assert compare(rows).row("step_p90_s").deltas[1] == compare(rows).row("step_p90_s").deltas[1]
+
+
+def test_markdown_table_with_three_runs():
+    rows = [make_row("run-a", noisy(40, seed=1), command=("python", "train.py", "--tag", "a|b`c")),
+            make_row("run-b", noisy(40, seed=2)),
+            make_row("run-c", noisy(20, seed=3), overrides={"num_workers": 2}, env="e2")]
+    text = render_compare(compare(rows))
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| metric"))
+    assert header == "| metric | A | B | Δ B vs A | C | Δ C vs A |"
+    throughput = next(line for line in lines if line.startswith("| throughput (steps/s)"))
+    cells = [c.strip() for c in throughput.split(" | ")]
+    assert "within noise" in cells[3] and "**beyond noise** (better)" in cells[5]
+    assert "a\\|b'c" in text  # a pipe in a command cannot break the table
+    assert "`--set num_workers=2`" in text
+    assert "environments differ" in text
+    assert all(line.count("|") - line.count("\\|") == header.count("|") for line in lines
+               if line.startswith("| ") and "metric" not in line and lines.index(line) > lines.index(header))
+
+
+def test_compare_needs_two_runs():
+    with pytest.raises(ValueError):
+        compare([make_row("a", noisy(40))])
