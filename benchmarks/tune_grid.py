@@ -1,0 +1,87 @@
+"""Acceptance check for ``stallscope tune``: its confirmed winner against the best of a full grid.
+
+Runs the reference script from a poor configuration (0 workers, no persistent workers, short
+epochs so worker restarts matter), then:
+1. ``tune`` with at most a third of the grid's distinct configurations as runs (confirmation included);
+2. every distinct configuration of the grid num_workers x prefetch_factor x persistent_workers,
+   measured the same way (same steps, same warm-up discarding);
+3. the printed change re-run twice with ``stallscope run --set ...``, to show it reproduces.
+It prints the tune winner's confirmed rate, the grid's best, their ratio and the runs each used.
+
+    .venv/bin/python benchmarks/tune_grid.py --data ~/.cache/stallscope/datasets/imagefolder-500x400-9594901ea6
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from stallscope.session import Session
+from stallscope.tune import tune
+from stallscope.tune.search import config_key
+from stallscope.tune.trials import measured_rate, normalize, run_trial
+
+REFERENCE = Path(__file__).resolve().parent.parent / "src" / "stallscope" / "demo" / "reference_train.py"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--workers", default="0,1,2,3,4")
+    p.add_argument("--prefetch", default="1,2,4")
+    p.add_argument("--store", default=None)
+    a = p.parse_args()
+    store = Path(a.store or tempfile.mkdtemp(prefix="tune-grid-"))
+    command = [sys.executable, str(REFERENCE), "--data", a.data, "--workers", "0", "--threads", "1",
+               "--batch-size", "16", "--image-size", "128", "--max-batches", "10", "--epochs", "1000"]
+    grid = {}
+    for w, pf, pw in itertools.product([int(x) for x in a.workers.split(",")],
+                                       [int(x) for x in a.prefetch.split(",")], [False, True]):
+        cfg = normalize({"num_workers": w, "prefetch_factor": pf, "persistent_workers": pw})
+        grid.setdefault(config_key(cfg), cfg)
+    budget = len(grid) // 3
+    print(f"command: {' '.join(command)}")
+    print(f"grid: {len(grid)} distinct configurations; tune may use {budget} runs, confirmation included\n")
+
+    result = tune(command, trials=budget, steps=a.steps, store=store,
+                  on_done=lambda t: print(f"  tune {t.index:>2} {t.label:<18} {t.overrides} "
+                                          f"{t.rate.value if t.rate else t.reason}", flush=True))
+    w = result.winner_confirmed
+    print(f"tune: {result.runs} runs; winner {result.winner_overrides or '(original)'} confirmed "
+          f"{w.value:.1f} ± {w.se:.1f} samples/s vs original {result.original_confirmed.value:.1f}\n")
+
+    rows = []
+    for i, cfg in enumerate(grid.values(), 1):
+        overrides = {k: v for k, v in cfg.items() if k in ("num_workers", "prefetch_factor", "persistent_workers")
+                     and (cfg["num_workers"] > 0 or k == "num_workers")}
+        t = run_trial(command, overrides, index=i, label="grid", trial_dir=store / "grid" / f"{i:02d}", store=store,
+                      steps=a.steps, timeout_s=300)
+        rows.append((overrides, t))
+        print(f"  grid {i:>2} {overrides} {f'{t.rate.value:.1f} ± {t.rate.se:.1f}' if t.ok else t.reason}", flush=True)
+    best_overrides, best = max(((o, t) for o, t in rows if t.ok), key=lambda ot: ot[1].rate.value)
+    print(f"\ngrid best: {best_overrides} {best.rate.value:.1f} ± {best.rate.se:.1f} samples/s ({len(rows)} runs)")
+    print(f"tune confirmed / grid best = {w.value / best.rate.value:.3f} using {result.runs} runs "
+          f"({result.runs}/{len(rows)} = {result.runs / len(rows):.2f} of the grid)")
+
+    print("\nreproduce: " + " ".join(result.rerun_command()))
+    for k in range(2):
+        out = store / f"reproduce-{k}.json"
+        cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--json", str(out), "--store", str(store),
+               "--steps", str(a.steps), *result.set_args(), "--", *command]
+        subprocess.run(cmd, check=False, capture_output=True)
+        summary = json.loads(out.read_text())
+        train = next(ld for ld in summary["loaders"] if ld["role"] == "train")
+        rate, _unit, _d = measured_rate(Session.load(summary["session"]), normalize(train["config"]))
+        print(f"  stallscope run {' '.join(result.set_args())}: {rate.value:.1f} ± {rate.se:.1f} samples/s "
+              f"(summary JSON: {summary['throughput']['samples_per_s']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

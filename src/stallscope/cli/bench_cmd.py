@@ -1,0 +1,125 @@
+"""``stallscope bench``: the input pipeline's own capacity, the compute-only ceiling, or a decoder race."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from stallscope.tune.bench import DEFAULT_SECONDS, DEFAULT_STEPS, BenchResult, bench
+from stallscope.tune.decoders import DecoderRace, race_decoders
+
+EPILOG = """examples:
+  stallscope bench -- python train.py            input capacity per worker count, ceiling, current throughput
+  stallscope bench --workers 0,2,4 --seconds 5 -- python train.py
+  stallscope bench --decoders DATA_DIR           JPEG decoder race on your files, one core
+
+Input capacity: the script's first DataLoader drained with no model (its dataset, sampler,
+collate and worker set-up) at each worker count. Ceiling: already-loaded batches replayed to the
+script's own loop, so the model runs as if data were free. Ceiling / current throughput is the
+most any input-side fix can gain."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="input pipeline capacity, compute-only ceiling, decoder race",
+                              description="Measure the input pipeline alone and the model alone on your script, "
+                                          "or race JPEG decoders on your files.",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--decoders", metavar="DIR", help="race JPEG decoders on the files under DIR (no script needed)")
+    p.add_argument("--files", type=int, default=64, help="decoder race: files to use (default 64)")
+    p.add_argument("--workers", metavar="N,N,...", help="worker counts to drain the loader with "
+                                                        "(default 0, 1, half and all usable CPUs, and the script's own)")
+    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="drain time per worker count")
+    p.add_argument("--ceiling-steps", type=int, default=30, help="replayed steps measured for the ceiling")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps of the normal run")
+    p.add_argument("--no-normal", action="store_true", help="skip the normal run")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is killed")
+    p.add_argument("--json", metavar="PATH", help="write the result as JSON here")
+    p.add_argument("--store", metavar="DIR", help="where sessions and bench folders are saved")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command: python train.py ARGS")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.width = 140  # logs and CI: keep the table readable
+    if args.decoders:
+        try:
+            with console.status("decoder race (one core)"):
+                race = race_decoders(args.decoders, files=args.files)
+        except (FileNotFoundError, RuntimeError) as exc:
+            print(f"stallscope bench: {exc}", file=sys.stderr)
+            return 2
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(race.to_dict(), fh, indent=1)
+        render_race(race, console)
+        return 0
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("stallscope bench: no command given; usage: stallscope bench -- python train.py ARGS "
+              "(or --decoders DIR)", file=sys.stderr)
+        return 2
+    try:
+        workers = [int(w) for w in args.workers.split(",")] if args.workers else None
+    except ValueError:
+        print("stallscope bench: --workers takes comma-separated integers, e.g. 0,2,4", file=sys.stderr)
+        return 2
+    with console.status("bench") as status:
+        result = bench(command, workers=workers, seconds=args.seconds, ceiling_steps=args.ceiling_steps,
+                       normal_steps=args.steps, normal=not args.no_normal, timeout_s=args.timeout, store=args.store,
+                       progress=lambda text: status.update(text))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result.to_dict(), fh, indent=1, default=str)
+    render(result, console)
+    return 0 if result.ceiling_rate and result.capacity_rate else 1
+
+
+def _fmt(value: float | None) -> str:
+    return f"{value:.1f}" if value else "-"
+
+
+def render(result: BenchResult, console: Console) -> None:
+    unit = result.unit
+    table = Table(title="stallscope bench: input pipeline alone (no model)")
+    for col in ("workers", unit, "first batch s", "batches"):
+        table.add_column(col, justify="right")
+    for c in result.capacity:
+        rate = c.get("samples_per_s") if unit == "samples/s" else c.get("batches_per_s")
+        mark = " (script's own)" if c.get("num_workers") == result.script_num_workers else ""
+        table.add_row(f"{c.get('num_workers')}{mark}", _fmt(rate) if not c.get("error") else f"[red]{c['error']}[/]",
+                      _fmt(c.get("first_batch_s")), str(c.get("batches", "-")))
+    console.print(table)
+    best = result.best_capacity
+    console.print(f"input capacity   {_fmt(result.capacity_rate)} {unit}"
+                  + (f"  (best at {best['num_workers']} workers)" if best else ""))
+    console.print(f"ceiling          {_fmt(result.ceiling_rate)} {unit}  (model on replayed batches: data free)")
+    se = f" ± {result.normal.rate.se:.1f}" if result.throughput and result.normal and result.normal.rate else ""
+    console.print(f"current          {_fmt(result.throughput)}{se} {unit}  (a normal run)")
+    if result.max_input_gain:
+        console.print(f"[bold]Any input-side fix can gain at most {result.max_input_gain:.2f}x[/] "
+                      f"(ceiling / current).")
+    for err in result.errors:
+        console.print(f"[yellow]{err}[/]")
+    console.print(f"Details: {result.folder}")
+
+
+def render_race(race: DecoderRace, console: Console) -> None:
+    table = Table(title=f"JPEG decoder race on {race.files} files of {race.folder} "
+                        f"({race.megapixels:.2f} MP average), one core")
+    for col in ("decoder", "scale", "images/s", "vs Pillow"):
+        table.add_column(col, justify="right" if col != "decoder" else "left")
+    base = next((r["images_per_s"] for r in race.results if r["decoder"] == "pillow" and r["scale"] == 1), None)
+    for r in race.ranked() + [r for r in race.results if not r.get("images_per_s")]:
+        rate = r.get("images_per_s")
+        table.add_row(r["decoder"], "1" if r["scale"] == 1 else f"1/{r['scale']}",
+                      _fmt(rate) if rate else f"[red]{r.get('error')}[/]",
+                      f"{rate / base:.2f}x" if rate and base else "-")
+    console.print(table)

@@ -1,0 +1,130 @@
+"""``stallscope tune``: try DataLoader changes on the real script, confirm the winner, print the change."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from stallscope.tune.trials import TrialResult, format_value
+from stallscope.tune.tuning import DEFAULT_STEPS, TuneResult, tune
+
+EPILOG = """examples:
+  stallscope tune -- python train.py --epochs 1
+  stallscope tune --trials 8 --steps 60 -- python train.py
+  stallscope tune --budget 300 --batch-size -- python train.py
+
+Each trial runs the unmodified script for --steps training steps with --set overrides (its output
+goes to the trial's folder). The first steps and the batches prefetched at start-up are discarded;
+a change wins only when it is faster by more than twice the combined standard error of the
+per-step rates. The winner and the original are then run again, alternately, to confirm."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tune", help="try DataLoader changes on the script and confirm the fastest",
+                              description="Try the changes the diagnosis predicts to matter, measure each on "
+                                          "the real script, and confirm the winner against the original.",
+                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    limit = p.add_mutually_exclusive_group()
+    limit.add_argument("--trials", type=int, metavar="N", help="at most N runs in all, confirmation included "
+                                                               "(default 10 when no --budget)")
+    limit.add_argument("--budget", type=float, metavar="SECONDS", help="wall-clock budget for all runs")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                   help=f"training steps per trial (default {DEFAULT_STEPS})")
+    p.add_argument("--batch-size", dest="tune_batch_size", action="store_true",
+                   help="also try half and double the batch size (changes the training, so off by default)")
+    p.add_argument("--max-workers", type=int, metavar="N", help="never try more than N workers")
+    p.add_argument("--trial-timeout", type=float, metavar="SECONDS",
+                   help="a trial running longer is killed and recorded as failed "
+                        "(default: 3x the original run, at least 60 s)")
+    p.add_argument("--confirm-rounds", type=int, default=1, metavar="N",
+                   help="pairs of confirmation runs (winner and original, alternating; default 1)")
+    p.add_argument("--json", metavar="PATH", help="write the result (schema stallscope.tune/1) here")
+    p.add_argument("--store", metavar="DIR", help="where sessions and trial folders are saved")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command: python train.py ARGS")
+    p.set_defaults(handler=handle)
+
+
+def _config_text(trial: TrialResult) -> str:
+    if not trial.overrides:
+        return "(original)"
+    return " ".join(f"{k}={format_value(v)}" for k, v in trial.overrides.items())
+
+
+def _rate_text(trial: TrialResult) -> str:
+    if not trial.ok or trial.rate is None:
+        return "-"
+    return f"{trial.rate.value:.1f} ± {trial.rate.se:.1f}"
+
+
+def handle(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("stallscope tune: no command given; usage: stallscope tune [options] -- python train.py ARGS",
+              file=sys.stderr)
+        return 2
+    if args.trials is not None and args.trials < 1 or args.steps < 4:
+        print("stallscope tune: --trials must be at least 1 and --steps at least 4", file=sys.stderr)
+        return 2
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.width = 140  # logs and CI: keep the table readable
+    status = console.status("starting")
+    status.start()
+
+    def on_start(index: int, label: str, overrides: dict) -> None:
+        text = " ".join(f"{k}={format_value(v)}" for k, v in overrides.items()) or "original configuration"
+        status.update(f"trial {index} ({label}): {text} ...")
+
+    def on_done(trial: TrialResult) -> None:
+        mark = "[green]ok[/]" if trial.ok else f"[red]failed[/]: {trial.reason}"
+        rate = f"{_rate_text(trial)} {trial.unit}" if trial.ok else ""
+        console.print(f"  trial {trial.index:>2} {trial.label:<20} {_config_text(trial):<48} {rate}  "
+                      f"({trial.wall_s:.0f} s) {mark}", highlight=False)
+
+    try:
+        result = tune(command, trials=args.trials, budget_s=args.budget, steps=args.steps,
+                      tune_batch_size=args.tune_batch_size, max_workers=args.max_workers,
+                      trial_timeout_s=args.trial_timeout, confirm_rounds=args.confirm_rounds,
+                      store=args.store, on_start=on_start, on_done=on_done)
+    finally:
+        status.stop()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result.to_dict(), fh, indent=1)
+    render(result, console)
+    return 0 if result.original is not None and result.original.ok else 1
+
+
+def render(result: TuneResult, console: Console) -> None:
+    table = Table(title=f"stallscope tune: {result.runs} runs, {result.steps} steps each ({result.stopped_by})")
+    for col in ("#", "why", "change (--set)", result.unit, "verdict", "wait", "s", "result"):
+        table.add_column(col, justify="right" if col in ("#", result.unit, "wait", "s") else "left")
+    for trial in [*result.trials, *result.confirmation]:
+        best = " [bold green]<- winner[/]" if trial is result.winner and result.winner_overrides else ""
+        table.add_row(str(trial.index), trial.label, _config_text(trial), _rate_text(trial), trial.verdict or "-",
+                      f"{100 * trial.data_wait_fraction:.0f}%" if trial.data_wait_fraction is not None else "-",
+                      f"{trial.wall_s:.0f}", ("ok" if trial.ok else f"[red]failed: {trial.reason}[/]") + best)
+    console.print(table)
+    if result.original is None or not result.original.ok:
+        reason = result.original.reason if result.original else "not run"
+        console.print(f"[red]The original configuration failed ({reason}); nothing to tune against.[/]")
+        return
+    for note in result.notes:
+        console.print(note)
+    if not result.winner_overrides:
+        return
+    o, w = result.original_confirmed, result.winner_confirmed
+    if o and w:
+        console.print(f"Confirmed: original {o.value:.1f} ± {o.se:.1f} {result.unit}, winner {w.value:.1f} ± "
+                      f"{w.se:.1f} {result.unit}: [bold]{result.speedup:.2f}x[/]"
+                      + ("  (within noise of each other on confirmation)" if result.confirmed_within_noise else ""))
+    console.print(f"The change:  [bold]DataLoader(..., {result.dataloader_kwargs()})[/]")
+    console.print(f"Without editing code:  {shlex.join(result.rerun_command())}")
+    console.print(f"Trial folders: {result.folder}")

@@ -1,0 +1,261 @@
+"""Which configurations to try, in which order, and when to stop. Pure: trials come from a callback.
+
+Order: the original configuration; then what its diagnosis prescribes (every ``--set`` of its
+recommendations at once, e.g. the predicted worker count); then a coordinate search, one
+argument at a time (num_workers, persistent_workers, prefetch_factor, pin_memory when batches go
+to a device, batch_size only when asked), climbing in one direction while each step is better
+beyond noise. Before each argument the incumbent's own diagnosis is consulted again, since a
+new worker count can reveal a new limit (e.g. worker restarts every epoch). A configuration
+replaces the incumbent only when it is faster by more than ``z`` combined standard errors.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stallscope.record.overrides import parse_overrides
+from stallscope.tune.noise import DEFAULT_Z, better
+from stallscope.tune.trials import KNOBS, TrialResult, normalize
+
+Evaluate = Callable[[dict[str, Any], str], TrialResult]
+WORKER_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+PREFETCH_LADDER = (1, 2, 4, 8)
+_SET_RE = re.compile(r"--set\s+([a-z_]+=\S+)")
+
+
+class BudgetExhausted(Exception):
+    pass
+
+
+@dataclass
+class Budget:
+    """At most ``trials`` runs and/or ``seconds`` of wall time, ``reserve`` runs kept for confirmation."""
+    trials: int | None = None
+    seconds: float | None = None
+    reserve: int = 2
+    clock: Callable[[], float] = time.monotonic
+    started: float = field(default=0.0)
+    used: int = 0
+    spent_s: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    def mean_trial_s(self) -> float:
+        return sum(self.spent_s) / len(self.spent_s) if self.spent_s else 0.0
+
+    def allows(self, extra: int = 1, keep_reserve: bool = True) -> bool:
+        reserve = self.reserve if keep_reserve else 0
+        if self.trials is not None and self.used + extra + reserve > self.trials:
+            return False
+        if self.seconds is not None and self.spent_s:
+            elapsed = self.clock() - self.started
+            if elapsed + self.mean_trial_s() * (extra + reserve) > self.seconds:
+                return False
+        return True
+
+    def record(self, wall_s: float) -> None:
+        self.used += 1
+        self.spent_s.append(wall_s)
+
+
+def diagnosis_changes(recommendations: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``--set`` arguments the diagnosis prescribes (knobs tuning may change only)."""
+    changes: dict[str, Any] = {}
+    for rec in recommendations:
+        for item in _SET_RE.findall(str(rec.get("change") or "")):
+            try:
+                parsed = parse_overrides([item])
+            except ValueError:
+                continue
+            changes.update({k: v for k, v in parsed.items() if k in KNOBS and k != "batch_size"})
+    return changes
+
+
+def diagnosis_speedup(recommendations: list[Mapping[str, Any]]) -> float:
+    """The largest predicted speedup among recommendations that come with a ``--set`` change."""
+    speedups = [float(r.get("predicted_speedup") or 1.0) for r in recommendations
+                if _SET_RE.search(str(r.get("change") or ""))]
+    return max(speedups, default=1.0)
+
+
+def config_key(config: Mapping[str, Any]) -> tuple[Any, ...]:
+    norm = normalize(config)
+    return tuple(norm.get(k) for k in KNOBS)
+
+
+def overrides_for(config: Mapping[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``--set`` arguments that turn the original configuration into ``config``.
+
+    Worker-only arguments are compared with what the script would get if only num_workers
+    changed, so ``0 -> 2 workers`` does not also print torch's default prefetch_factor.
+    """
+    target = normalize(config)
+    implied = normalize({**original, "num_workers": target["num_workers"]})
+    out: dict[str, Any] = {}
+    if target["num_workers"] != normalize(original)["num_workers"]:
+        out["num_workers"] = target["num_workers"]
+    for name in KNOBS:
+        if name != "num_workers" and target.get(name) != implied.get(name):
+            out[name] = target[name]
+    return out
+
+
+def _ladder(values: tuple[int, ...], current: int, cap: int | None = None) -> list[int]:
+    ladder = sorted({v for v in values if cap is None or v <= cap} | {current})
+    return ladder
+
+
+@dataclass
+class SearchOutcome:
+    trials: list[TrialResult]
+    original: TrialResult | None
+    best: TrialResult | None
+    stopped_by: str  # "converged" | "budget" | "original failed"
+
+
+class Tuner:
+    """Drive the search. ``evaluate(config, label)`` runs one trial of a full knob configuration."""
+
+    def __init__(self, evaluate: Evaluate, budget: Budget, *, tune_batch_size: bool = False,
+                 z: float = DEFAULT_Z, max_workers: int | None = None) -> None:
+        self.evaluate = evaluate
+        self.budget = budget
+        self.tune_batch_size = tune_batch_size
+        self.z = z
+        self.max_workers = max_workers
+        self.trials: list[TrialResult] = []
+        self.tried: dict[tuple[Any, ...], TrialResult] = {}
+        self.best: TrialResult | None = None
+        self.original: TrialResult | None = None
+        self.diagnosed: set[tuple[Any, ...]] = set()
+        self.parents: dict[tuple[Any, ...], TrialResult] = {}  # diagnosis trial -> the trial it came from
+
+    # -- running one configuration -------------------------------------------------------------
+    def _try(self, config: Mapping[str, Any], label: str) -> TrialResult | None:
+        key = config_key(config)
+        if key in self.tried:
+            return self.tried[key]
+        if self.original is not None and not self.budget.allows():
+            raise BudgetExhausted
+        result = self.evaluate(normalize(config), label)
+        self.budget.record(result.wall_s)
+        self.trials.append(result)
+        self.tried[key] = result
+        if result.ok and self.best is not None and self.best.rate is not None and result.rate is not None \
+                and better(result.rate, self.best.rate, self.z):
+            self.best = result
+        return result
+
+    def _improved(self, result: TrialResult | None, incumbent: TrialResult) -> bool:
+        return result is not None and result is self.best and result is not incumbent
+
+    # -- the search ------------------------------------------------------------------------------
+    def run(self, original_config: Mapping[str, Any] | None = None) -> SearchOutcome:
+        first = self._try(original_config or {}, "original")
+        assert first is not None
+        self.original = first
+        if not first.ok:
+            return SearchOutcome(self.trials, first, None, "original failed")
+        self.original_config = dict(first.config)
+        self.best = first
+        try:
+            self._apply_diagnosis()
+            for knob in self._axes():
+                self._apply_diagnosis()
+                self._climb(knob)
+        except BudgetExhausted:
+            return SearchOutcome(self.trials, self.original, self.best, "budget")
+        return SearchOutcome(self.trials, self.original, self.best, "converged")
+
+    def _apply_diagnosis(self) -> None:
+        """Follow a diagnosis whose predicted rate could beat the incumbent, the most promising first.
+
+        Any trial's diagnosis counts, not only the incumbent's: 2 workers restarted every epoch
+        may lose to 0 workers while its diagnosis (keep workers alive) predicts the best of all.
+        """
+        while True:
+            assert self.best is not None and self.best.rate is not None
+            candidates = []
+            for trial in self.trials:
+                key = config_key(trial.config)
+                if not trial.ok or trial.rate is None or key in self.diagnosed:
+                    continue
+                changes = diagnosis_changes(trial.recommendations)
+                if "num_workers" in changes and self.max_workers is not None:
+                    changes["num_workers"] = min(changes["num_workers"], self.max_workers)
+                target = {**trial.config, **changes}
+                if not changes or config_key(target) in self.tried:
+                    self.diagnosed.add(key)
+                    continue
+                parent = self.parents.get(key)
+                if parent is not None and parent.rate is not None and not better(trial.rate, parent.rate, self.z):
+                    changed = {k for k in KNOBS if trial.config.get(k) != parent.config.get(k)}
+                    if changed & set(changes):
+                        self.diagnosed.add(key)  # more of a change that did not pay: do not chain on it
+                        continue
+                predicted = trial.rate.value * diagnosis_speedup(trial.recommendations)
+                if trial is self.best or predicted > self.best.rate.value:
+                    candidates.append((predicted, trial, target))
+            if not candidates:
+                return
+            _predicted, trial, target = max(candidates, key=lambda c: c[0])
+            self.diagnosed.add(config_key(trial.config))
+            self.parents.setdefault(config_key(target), trial)
+            self._try(target, "diagnosis")
+
+    def _axes(self) -> list[str]:
+        axes = ["num_workers", "persistent_workers", "prefetch_factor"]
+        if any(t.uses_device for t in self.trials):
+            axes.append("pin_memory")
+        if self.tune_batch_size:
+            axes.append("batch_size")
+        return axes
+
+    def _values(self, knob: str, current: Any) -> list[Any]:
+        if knob == "num_workers":
+            usable = self.original.usable_cpus or 1 if self.original else 1
+            cap = self.max_workers if self.max_workers is not None else max(4, 2 * usable, current)
+            return _ladder(WORKER_LADDER, current, cap)
+        if knob == "prefetch_factor":
+            return _ladder(PREFETCH_LADDER, current)
+        if knob == "batch_size":
+            base = int(self.original_config.get("batch_size") or 1)
+            return sorted({max(1, base // 2), base, base * 2, current})
+        return [False, True]
+
+    def _climb(self, knob: str) -> None:
+        incumbent = self.best
+        assert incumbent is not None
+        current = incumbent.config.get(knob)
+        if knob in ("persistent_workers", "prefetch_factor") and not incumbent.config.get("num_workers"):
+            return
+        if current is None and knob == "batch_size":
+            return
+        values = self._values(knob, current)
+        if knob in ("persistent_workers", "pin_memory"):
+            self._try({**incumbent.config, knob: not current}, knob)
+            return
+        at = values.index(current)
+        # Up first when we got here by going up from the original (more workers, deeper prefetch).
+        went_up = (self.original_config.get(knob) or 0) < (current or 0)
+        for direction in ((1, -1) if went_up or at == 0 else (-1, 1)):
+            moved = False
+            failures = 0
+            i = at
+            while 0 <= i + direction < len(values):
+                i += direction
+                before = self.best
+                result = self._try({**before.config, knob: values[i]}, knob)
+                if result is not None and not result.ok and failures == 0:
+                    failures += 1  # a failed value says nothing about the next one: look one further
+                    continue
+                if not self._improved(result, before):
+                    break
+                moved = True
+            if moved:
+                return

@@ -1,0 +1,240 @@
+"""One trial: the unmodified script under ``stallscope run --steps N --set ...``, bounded in time.
+
+Each trial is a subprocess (``python -m stallscope run``) in its own process group, so a crash,
+a hang or the kernel's out-of-memory killer ends that trial only. Its output goes to files in
+the trial's folder, never to the terminal. A trial past its timeout gets SIGTERM (the launcher
+forwards it and still saves the session), then SIGKILL for everything left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.tune.noise import Rate, rate_of, warmup_steps
+
+#: The DataLoader arguments tuning may change, in the order the search visits them.
+KNOBS: tuple[str, ...] = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "batch_size")
+
+KILL_GRACE_S = 8.0
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    index: int
+    label: str  # why this configuration was tried: "original", "diagnosis", "num_workers", ...
+    overrides: dict[str, Any]  # the --set arguments given
+    config: dict[str, Any]  # the training loader's knobs as they ran (or as intended, if it failed)
+    ok: bool
+    reason: str | None = None  # why it failed
+    rate: Rate | None = None
+    unit: str = "samples/s"
+    wall_s: float = 0.0
+    verdict: str | None = None
+    data_wait_fraction: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    recommendations: list[dict[str, Any]] = field(default_factory=list)
+    usable_cpus: int | None = None
+    uses_device: bool = False
+    trial_dir: str | None = None
+    session: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "label": self.label, "overrides": self.overrides, "config": self.config,
+            "ok": self.ok, "reason": self.reason,
+            "rate": round(self.rate.value, 3) if self.rate else None,
+            "rate_se": round(self.rate.se, 3) if self.rate else None,
+            "steps_measured": self.rate.steps if self.rate else 0, "unit": self.unit,
+            "wall_s": round(self.wall_s, 2), "verdict": self.verdict,
+            "data_wait_fraction": self.data_wait_fraction, "trial_dir": self.trial_dir, "session": self.session,
+        }
+
+
+def format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)
+
+
+def set_arguments(overrides: Mapping[str, Any]) -> list[str]:
+    """``["--set", "num_workers=2", ...]`` in a stable order."""
+    args: list[str] = []
+    for name in sorted(overrides, key=lambda n: KNOBS.index(n) if n in KNOBS else len(KNOBS)):
+        args += ["--set", f"{name}={format_value(overrides[name])}"]
+    return args
+
+
+def trial_command(command: list[str], overrides: Mapping[str, Any], steps: int | None, json_path: Path,
+                  store: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--json", str(json_path), "--store", str(store)]
+    if steps:
+        cmd += ["--steps", str(steps)]
+    return [*cmd, *set_arguments(overrides), "--", *command]
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the launcher's group (it forwards to the script's own group), then SIGKILL what is left."""
+    try:
+        import psutil
+
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except Exception:
+        family = []
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    for p in family:
+        try:
+            p.kill()
+        except Exception:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[-limit:]
+
+
+def _is_oom(exit_code: int, failure: Mapping[str, Any] | None) -> bool:
+    if exit_code in (137, -9, 128 + 9) and not failure:
+        return True
+    if not failure:
+        return False
+    text = f"{failure.get('type')} {failure.get('message')}".lower()
+    return "memoryerror" in text or "out of memory" in text or "outofmemory" in text
+
+
+def failure_reason(exit_code: int, summary: Mapping[str, Any] | None, stderr_tail: str) -> str | None:
+    """Why a finished trial does not count, or None when it does."""
+    if summary is None:
+        return f"stallscope run failed (exit {exit_code}): {stderr_tail or 'no summary written'}"
+    failure = summary.get("failure")
+    code = summary.get("exit_code", exit_code)
+    if _is_oom(code, failure):
+        what = f": {failure.get('type')}: {failure.get('message')}" if failure else " (killed by SIGKILL)"
+        return f"out of memory{what}"[:300]
+    if code != 0:
+        if failure:
+            where = "in a DataLoader worker" if failure.get("where") == "worker" else "in the script"
+            return f"crashed {where}: {failure.get('type')}: {failure.get('message')}"[:300]
+        return f"the script exited with code {code}"
+    if not summary.get("steady_steps"):
+        return "no training steps were measured"
+    return None
+
+
+def loader_knobs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The tunable knobs of a recorded loader configuration, normalized (see :func:`normalize`)."""
+    return normalize({k: config.get(k) for k in KNOBS})
+
+
+def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Worker-only arguments mean nothing without workers; torch's default prefetch is 2."""
+    out = dict(config)
+    workers = int(out.get("num_workers") or 0)
+    out["num_workers"] = workers
+    out["pin_memory"] = bool(out.get("pin_memory"))
+    if workers == 0:
+        out["prefetch_factor"] = None
+        out["persistent_workers"] = False
+    else:
+        out["prefetch_factor"] = out.get("prefetch_factor") or 2
+        out["persistent_workers"] = bool(out.get("persistent_workers"))
+    return out
+
+
+def measured_rate(session: Any, config: Mapping[str, Any]) -> tuple[Rate | None, str, list[float]]:
+    """Rate over the steady steps, after discarding warm-up and the prefetched start-up batches."""
+    from stallscope.analyze import analyze
+
+    analysis = analyze(session)
+    steps = analysis.steps.steps
+    batches = sum(s.batches for s in steps) / len(steps) if steps else 1.0
+    skip = warmup_steps(len(steps), int(config.get("num_workers") or 0), config.get("prefetch_factor"),
+                        batches, analysis.steps.warmup_steps)
+    kept = steps[skip:]
+    durations = [s.duration_ns / 1e9 for s in kept]
+    if kept and all(s.samples is not None for s in kept):
+        return rate_of(durations, [float(s.samples) for s in kept]), "samples/s", durations
+    return rate_of(durations), "steps/s", durations
+
+
+def launch(cmd: list[str], trial_dir: Path, timeout_s: float, env: Mapping[str, str]) -> tuple[int | None, float]:
+    """Run ``cmd`` with its output in ``trial_dir``; (exit code or None when it timed out, seconds)."""
+    t0 = time.monotonic()
+    with open(trial_dir / "stdout.txt", "wb") as out, open(trial_dir / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=dict(env),
+                                start_new_session=True)
+        try:
+            exit_code: int | None = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            exit_code = None
+    return exit_code, time.monotonic() - t0
+
+
+def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, label: str, trial_dir: Path,
+              store: Path, steps: int | None, timeout_s: float, intended: Mapping[str, Any] | None = None,
+              env: Mapping[str, str] | None = None) -> TrialResult:
+    """Run one trial and return its measured rate, or why it failed. Never raises for the script's faults."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    json_path = trial_dir / "summary.json"
+    cmd = trial_command(command, overrides, steps, json_path, store)
+    (trial_dir / "command.json").write_text(json.dumps(cmd))
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    base = dict(overrides=dict(overrides), index=index, label=label, trial_dir=str(trial_dir))
+    intended_config = normalize(dict(intended or overrides))
+    exit_code, wall = launch(cmd, trial_dir, timeout_s, child_env)
+    if exit_code is None:
+        return TrialResult(**base, config=intended_config, ok=False, wall_s=wall,
+                           reason=f"timed out after {timeout_s:.0f} s (killed)")
+    summary = json.loads(json_path.read_text()) if json_path.exists() else None
+    if exit_code < 0 and summary is None:
+        reason = "out of memory (killed by SIGKILL)" if exit_code == -signal.SIGKILL \
+            else f"killed by signal {-exit_code}"
+        return TrialResult(**base, config=intended_config, ok=False, wall_s=wall, reason=reason)
+    reason = failure_reason(exit_code, summary, _tail(trial_dir / "stderr.txt"))
+    train = next((ld for ld in (summary or {}).get("loaders", []) if ld.get("role") == "train"), None)
+    config = loader_knobs(train["config"]) if train else intended_config
+    if reason is not None:
+        return TrialResult(**base, config=config, ok=False, wall_s=wall, reason=reason,
+                           session=(summary or {}).get("session"))
+    from stallscope.session import Session
+
+    try:
+        session = Session.load(summary["session"])
+        rate, unit, durations = measured_rate(session, config)
+    except Exception as exc:  # an unreadable session is this trial's failure, not the tuner's
+        return TrialResult(**base, config=config, ok=False, wall_s=wall, reason=f"could not analyze: {exc!r}")
+    if rate is None:
+        return TrialResult(**base, config=config, ok=False, wall_s=wall, reason="no steady steps to measure")
+    uses_device = bool(session.transfers)
+    return TrialResult(**base, config=config, ok=True, rate=rate, unit=unit, wall_s=wall,
+                       verdict=summary.get("verdict"), data_wait_fraction=summary.get("data_wait_fraction"),
+                       step_times_s=durations, recommendations=list(summary.get("recommendations") or []),
+                       usable_cpus=summary.get("usable_cpus"), uses_device=uses_device,
+                       session=summary.get("session"))

@@ -1,0 +1,192 @@
+"""``stallscope.tune.tune``: diagnose, try, measure, confirm, on the user's unmodified script."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope import paths
+from stallscope.tune.noise import DEFAULT_Z, Rate, within_noise
+from stallscope.tune.search import Budget, SearchOutcome, Tuner, overrides_for
+from stallscope.tune.trials import TrialResult, format_value, run_trial, set_arguments
+
+DEFAULT_STEPS = 50
+DEFAULT_TRIALS = 10
+#: A trial may take this many times as long as the original run before it counts as hung.
+TIMEOUT_FACTOR = 3.0
+MIN_TIMEOUT_S = 60.0
+FIRST_TIMEOUT_S = 600.0
+
+OnStart = Callable[[int, str, dict[str, Any]], None]
+OnDone = Callable[[TrialResult], None]
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    command: list[str]
+    steps: int
+    trials: list[TrialResult]  # the search, original first
+    confirmation: list[TrialResult]  # winner and original, alternating
+    original: TrialResult | None
+    winner: TrialResult | None
+    winner_overrides: dict[str, Any]
+    original_confirmed: Rate | None
+    winner_confirmed: Rate | None
+    stopped_by: str
+    folder: str
+    z: float = DEFAULT_Z
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def unit(self) -> str:
+        return self.original.unit if self.original else "samples/s"
+
+    @property
+    def speedup(self) -> float | None:
+        if self.original_confirmed and self.winner_confirmed and self.original_confirmed.value > 0:
+            return self.winner_confirmed.value / self.original_confirmed.value
+        return None
+
+    @property
+    def runs(self) -> int:
+        return len(self.trials) + len(self.confirmation)
+
+    @property
+    def confirmed_within_noise(self) -> bool | None:
+        if self.original_confirmed and self.winner_confirmed:
+            return within_noise(self.original_confirmed, self.winner_confirmed, self.z)
+        return None
+
+    def set_args(self) -> list[str]:
+        return set_arguments(self.winner_overrides)
+
+    def dataloader_kwargs(self) -> str:
+        """The change as DataLoader keyword arguments, ready to paste."""
+        return ", ".join(f"{k}={_python_literal(v)}" for k, v in _ordered(self.winner_overrides))
+
+    def rerun_command(self) -> list[str]:
+        return ["stallscope", "run", "--steps", str(self.steps), *self.set_args(), "--", *self.command]
+
+    def to_dict(self) -> dict[str, Any]:
+        def rate(r: Rate | None) -> dict[str, Any] | None:
+            return {"value": round(r.value, 3), "se": round(r.se, 3), "steps": r.steps} if r else None
+
+        return {
+            "schema": "stallscope.tune/1",
+            "command": self.command, "steps_per_trial": self.steps, "unit": self.unit,
+            "stopped_by": self.stopped_by, "runs": self.runs,
+            "trials": [t.to_dict() for t in self.trials],
+            "confirmation": [t.to_dict() for t in self.confirmation],
+            "original_confirmed": rate(self.original_confirmed), "winner_confirmed": rate(self.winner_confirmed),
+            "speedup": round(self.speedup, 3) if self.speedup else None,
+            "winner_overrides": self.winner_overrides, "set_args": self.set_args(),
+            "dataloader_kwargs": self.dataloader_kwargs(), "rerun": self.rerun_command(),
+            "folder": self.folder, "notes": self.notes,
+        }
+
+
+def _ordered(overrides: dict[str, Any]) -> list[tuple[str, Any]]:
+    from stallscope.tune.trials import KNOBS
+
+    return sorted(overrides.items(), key=lambda kv: KNOBS.index(kv[0]) if kv[0] in KNOBS else 99)
+
+
+def _python_literal(value: Any) -> str:
+    return repr(value) if not isinstance(value, str) else repr(value)
+
+
+def pooled(results: list[TrialResult]) -> Rate | None:
+    """The mean rate of repeated runs of one configuration, with the standard error of that mean."""
+    rates = [r.rate for r in results if r.ok and r.rate is not None]
+    if not rates:
+        return None
+    value = sum(r.value for r in rates) / len(rates)
+    se = math.sqrt(sum(r.se ** 2 for r in rates)) / len(rates)
+    return Rate(value, se, sum(r.steps for r in rates))
+
+
+def tune(command: list[str], *, trials: int | None = None, budget_s: float | None = None,
+         steps: int = DEFAULT_STEPS, tune_batch_size: bool = False, max_workers: int | None = None,
+         trial_timeout_s: float | None = None, confirm_rounds: int = 1, z: float = DEFAULT_Z,
+         store: str | os.PathLike[str] | None = None, on_start: OnStart | None = None,
+         on_done: OnDone | None = None) -> TuneResult:
+    """Try DataLoader changes on the real script and confirm the fastest against the original.
+
+    ``trials`` bounds all runs, confirmation included; ``budget_s`` bounds wall time (the
+    confirmation's share is reserved from the mean trial time). Without either, 10 runs.
+    """
+    if trials is None and budget_s is None:
+        trials = DEFAULT_TRIALS
+    store_dir = paths.store_dir(store)
+    folder = store_dir / "tune" / paths.new_run_id()
+    folder.mkdir(parents=True, exist_ok=True)
+    reserve = 2 * max(1, confirm_rounds)
+    budget = Budget(trials=trials, seconds=budget_s, reserve=reserve)
+    counter = iter(range(1, 10_000))
+    state: dict[str, Any] = {}
+
+    def timeout() -> float:
+        if trial_timeout_s is not None:
+            return trial_timeout_s
+        first = state.get("original")
+        return max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * first.wall_s) if first else FIRST_TIMEOUT_S
+
+    def evaluate_overrides(overrides: dict[str, Any], label: str, intended: dict[str, Any]) -> TrialResult:
+        index = next(counter)
+        if on_start:
+            on_start(index, label, overrides)
+        result = run_trial(command, overrides, index=index, label=label, store=store_dir,
+                           trial_dir=folder / f"trial-{index:02d}-{label}", steps=steps, timeout_s=timeout(),
+                           intended=intended)
+        if on_done:
+            on_done(result)
+        return result
+
+    def evaluate(config: dict[str, Any], label: str) -> TrialResult:
+        original = state.get("original")
+        overrides = overrides_for(config, original.config) if original else {}
+        result = evaluate_overrides(overrides, label, config)
+        if original is None:
+            state["original"] = result
+        return result
+
+    tuner = Tuner(evaluate, budget, tune_batch_size=tune_batch_size, z=z, max_workers=max_workers)
+    outcome: SearchOutcome = tuner.run()
+    original, best = outcome.original, outcome.best
+    notes: list[str] = []
+    confirmation: list[TrialResult] = []
+    winner_overrides: dict[str, Any] = {}
+    original_confirmed = winner_confirmed = None
+    if original is not None and best is not None:
+        winner_overrides = overrides_for(best.config, original.config) if best is not original else {}
+        if winner_overrides:
+            order = []
+            for r in range(max(1, confirm_rounds)):
+                order += [("winner", "original")] if r % 2 == 0 else [("original", "winner")]
+            runs: dict[str, list[TrialResult]] = {"winner": [], "original": []}
+            for pair in order:
+                for who in pair:
+                    result = evaluate_overrides(winner_overrides if who == "winner" else {},
+                                                f"confirm-{who}", best.config if who == "winner" else original.config)
+                    confirmation.append(result)
+                    runs[who].append(result)
+            original_confirmed, winner_confirmed = pooled(runs["original"]), pooled(runs["winner"])
+            if winner_confirmed is None:
+                notes.append("the winner's confirmation run failed; see its trial folder")
+        else:
+            original_confirmed = winner_confirmed = original.rate
+            notes.append("no configuration beat the original by more than the noise: keep it as it is")
+    result = TuneResult(command=list(command), steps=steps, trials=outcome.trials, confirmation=confirmation,
+                        original=original, winner=best, winner_overrides=winner_overrides,
+                        original_confirmed=original_confirmed, winner_confirmed=winner_confirmed,
+                        stopped_by=outcome.stopped_by, folder=str(folder), z=z, notes=notes)
+    (folder / "tune.json").write_text(json.dumps(result.to_dict(), indent=1))
+    return result
+
+
+__all__ = ["TuneResult", "format_value", "pooled", "tune"]

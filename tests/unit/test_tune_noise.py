@@ -1,0 +1,56 @@
+"""Throughput and noise from per-step times (stallscope.tune.noise): exact numbers, no runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stallscope.tune.noise import Rate, better, rate_of, warmup_steps, within_noise
+
+
+def test_rate_is_work_over_time() -> None:
+    rate = rate_of([0.1] * 16, [8.0] * 16)
+    assert rate is not None
+    assert rate.value == pytest.approx(80.0)
+    assert rate.se == pytest.approx(0.0)
+    assert rate.steps == 16
+
+
+def test_steps_per_second_without_work() -> None:
+    assert rate_of([0.5, 0.5, 0.5, 0.5]).value == pytest.approx(2.0)
+
+
+def test_batch_means_error_sees_alternating_blocks() -> None:
+    # 16 steps, 4 blocks of 4: two blocks at 0.1 s per step, two at 0.2 s per step.
+    durations = [0.1] * 4 + [0.2] * 4 + [0.1] * 4 + [0.2] * 4
+    rate = rate_of(durations)
+    assert rate.value == pytest.approx(16 / 2.4)
+    block_rates = [10.0, 5.0, 10.0, 5.0]
+    mean = sum(block_rates) / 4
+    sd = math.sqrt(sum((r - mean) ** 2 for r in block_rates) / 3)
+    assert rate.se == pytest.approx(sd / 2)
+
+
+def test_too_few_steps_are_very_noisy() -> None:
+    rate = rate_of([0.1, 0.1, 0.1])
+    assert rate.se == rate.value
+    assert rate_of([]) is None
+    assert rate_of([0.0, 0.0]) is None
+
+
+def test_better_needs_two_standard_errors() -> None:
+    base = Rate(100.0, 3.0, 30)
+    assert better(Rate(110.5, 4.0, 30), base)  # 10.5 > 2 * 5
+    assert not better(Rate(109.0, 4.0, 30), base)  # 9 < 10
+    assert within_noise(Rate(109.0, 4.0, 30), base)
+    assert not better(base, base)
+
+
+def test_warmup_discards_prefetched_batches_but_at_most_a_third() -> None:
+    assert warmup_steps(60, workers=0, prefetch_factor=None) == 1
+    assert warmup_steps(60, workers=4, prefetch_factor=2) == 9
+    assert warmup_steps(60, workers=4, prefetch_factor=None) == 9  # torch's default prefetch is 2
+    assert warmup_steps(60, workers=4, prefetch_factor=2, batches_per_step=2) == 5
+    assert warmup_steps(12, workers=8, prefetch_factor=4) == 4
+    assert warmup_steps(60, workers=0, prefetch_factor=None, recorded_warmup=3) == 3

@@ -1,0 +1,172 @@
+"""The tuning search (stallscope.tune.search) driven by fake trial results: order, noise, budget, failures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stallscope.tune.noise import Rate
+from stallscope.tune.search import Budget, Tuner, config_key, diagnosis_changes, overrides_for
+from stallscope.tune.trials import TrialResult, normalize
+
+ORIGINAL = normalize({"num_workers": 0, "batch_size": 16, "pin_memory": False})
+
+
+class FakeJob:
+    """Trial results from a model of the job: rate(config) with a fixed standard error."""
+
+    def __init__(self, rate_fn, se: float = 1.0, recs=None, fail=None, wall_s: float = 3.0) -> None:
+        self.rate_fn, self.se, self.recs, self.fail, self.wall_s = rate_fn, se, recs or (lambda c: []), fail, wall_s
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, config: dict[str, Any], label: str) -> TrialResult:
+        config = normalize({**ORIGINAL, **config})
+        self.seen.append((label, config))
+        index = len(self.seen)
+        reason = self.fail(config) if self.fail else None
+        if reason:
+            return TrialResult(index, label, {}, config, ok=False, reason=reason, wall_s=self.wall_s)
+        return TrialResult(index, label, {}, config, ok=True, rate=Rate(self.rate_fn(config), self.se, 40),
+                           wall_s=self.wall_s, recommendations=self.recs(config), usable_cpus=4)
+
+
+def workers_model(config: dict[str, Any]) -> float:
+    """Input-bound up to 3 workers, then flat; persistent workers add 10%."""
+    w = config["num_workers"]
+    rate = 100.0 * (1 + min(w, 3)) if w else 80.0
+    return rate * (1.1 if config["persistent_workers"] else 1.0)
+
+
+def recommend_two(config: dict[str, Any]) -> list[dict[str, Any]]:
+    if config["num_workers"] == 0:
+        return [{"id": "num-workers", "change": "--set num_workers=2   (in code: DataLoader(..., num_workers=2))"}]
+    return []
+
+
+def test_starts_from_original_then_diagnosis_then_climbs() -> None:
+    job = FakeJob(workers_model, recs=recommend_two)
+    outcome = Tuner(job, Budget(trials=20)).run()
+    labels = [label for label, _ in job.seen]
+    assert labels[:2] == ["original", "diagnosis"]
+    assert job.seen[1][1]["num_workers"] == 2
+    # From 2 the climb goes up (3 is better, 4 is not), then keeps 3 and tries persistence and prefetch.
+    assert [c["num_workers"] for label, c in job.seen if label == "num_workers"] == [3, 4]
+    assert outcome.best.config["num_workers"] == 3
+    assert outcome.best.config["persistent_workers"] is True
+    assert outcome.stopped_by == "converged"
+    assert len({config_key(c) for _, c in job.seen}) == len(job.seen), "no configuration is run twice"
+
+
+def test_noise_does_not_pick_a_winner() -> None:
+    job = FakeJob(lambda c: 100.0 + c["num_workers"], se=5.0)  # +1 per worker, noise 5: nothing is significant
+    outcome = Tuner(job, Budget(trials=20)).run()
+    assert outcome.best is outcome.original
+
+
+def test_budget_keeps_room_for_confirmation() -> None:
+    job = FakeJob(workers_model, recs=recommend_two)
+    outcome = Tuner(job, Budget(trials=5, reserve=2)).run()
+    assert len(job.seen) == 3
+    assert outcome.stopped_by == "budget"
+
+
+def test_time_budget_uses_mean_trial_time() -> None:
+    now = [0.0]
+    job = FakeJob(workers_model, recs=recommend_two, wall_s=10.0)
+
+    def evaluate(config, label):
+        now[0] += 10.0
+        return job(config, label)
+
+    budget = Budget(seconds=45.0, reserve=2, clock=lambda: now[0])
+    Tuner(evaluate, budget).run()
+    # After 1 trial (10 s): 10 + 10 * 3 = 40 <= 45 allows a 2nd; after 2 (20 s): 20 + 30 > 45 stops.
+    assert len(job.seen) == 2
+
+
+def test_failed_trials_are_recorded_and_search_continues() -> None:
+    job = FakeJob(workers_model, recs=recommend_two,
+                  fail=lambda c: "timed out after 60 s (killed)" if c["num_workers"] == 3 else None)
+    outcome = Tuner(job, Budget(trials=20)).run()
+    failed = [t for t in outcome.trials if not t.ok]
+    assert [t.reason for t in failed] == ["timed out after 60 s (killed)"]
+    # The climb looks past a failed value: 4 workers (as fast as 3 would have been) wins over 2.
+    assert outcome.best.config["num_workers"] == 4
+    assert outcome.best.config["persistent_workers"] is True  # tuning went on after the failure
+
+
+def test_original_failure_stops_the_search() -> None:
+    job = FakeJob(workers_model, fail=lambda c: "crashed in the script: RuntimeError: boom")
+    outcome = Tuner(job, Budget(trials=20)).run()
+    assert outcome.stopped_by == "original failed"
+    assert len(job.seen) == 1 and outcome.best is None
+
+
+def test_max_workers_bounds_the_ladder_and_the_diagnosis() -> None:
+    job = FakeJob(lambda c: 100.0 * (1 + c["num_workers"]), recs=lambda c: [
+        {"change": "--set num_workers=8"}] if c["num_workers"] == 0 else [])
+    outcome = Tuner(job, Budget(trials=30), max_workers=3).run()
+    assert max(c["num_workers"] for _, c in job.seen) == 3
+    assert outcome.best.config["num_workers"] == 3
+
+
+def test_batch_size_only_when_asked() -> None:
+    job = FakeJob(workers_model, recs=recommend_two)
+    Tuner(job, Budget(trials=30)).run()
+    assert all(c["batch_size"] == 16 for _, c in job.seen)
+    job = FakeJob(workers_model, recs=recommend_two)
+    Tuner(job, Budget(trials=30), tune_batch_size=True).run()
+    assert {c["batch_size"] for _, c in job.seen} >= {8, 16, 32} or {c["batch_size"] for _, c in job.seen} >= {16, 32}
+
+
+def test_diagnosis_changes_reads_set_arguments() -> None:
+    recs = [{"change": "--set num_workers=4   (in code: DataLoader(..., num_workers=4))"},
+            {"change": "--set persistent_workers=true   (in code: ...)"},
+            {"change": "use stallscope.data.FastImageFolder"},
+            {"change": "--set batch_size=64"}]
+    assert diagnosis_changes(recs) == {"num_workers": 4, "persistent_workers": True}
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"num_workers": 2, "prefetch_factor": 2}, {"num_workers": 2}),
+    ({"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True},
+     {"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True}),
+    ({"num_workers": 0, "prefetch_factor": 8}, {}),
+    ({"num_workers": 0, "pin_memory": True}, {"pin_memory": True}),
+])
+def test_overrides_are_the_minimal_change(config, expected) -> None:
+    assert overrides_for({**ORIGINAL, **config}, ORIGINAL) == expected
+
+
+def test_a_losing_trials_diagnosis_is_followed_when_it_predicts_a_win() -> None:
+    """0 workers beats 2 restarted workers, but the latter's diagnosis (persistent workers) wins overall."""
+    def rate(c):
+        if c["num_workers"] == 0:
+            return 300.0
+        return (420.0 if c["persistent_workers"] else 160.0) + c["num_workers"]
+
+    def recs(c):
+        if c["num_workers"] == 0:
+            return [{"change": "--set num_workers=2", "predicted_speedup": 1.8}]
+        if not c["persistent_workers"]:
+            return [{"change": "--set persistent_workers=true", "predicted_speedup": 2.5}]
+        return []
+
+    job = FakeJob(rate, recs=recs)
+    outcome = Tuner(job, Budget(trials=20)).run()
+    assert [label for label, _ in job.seen][:3] == ["original", "diagnosis", "diagnosis"]
+    assert job.seen[2][1] == {**ORIGINAL, "num_workers": 2, "persistent_workers": True, "prefetch_factor": 2}
+    assert outcome.best.config["persistent_workers"] is True
+
+
+def test_a_diagnosis_that_did_not_pay_is_not_chained() -> None:
+    """Each prefetch trial's diagnosis asks for double the prefetch; none helps, so the chain stops at one."""
+    def recs(c):
+        if c["num_workers"] == 0:
+            return [{"change": "--set num_workers=2", "predicted_speedup": 1.5}]
+        return [{"change": f"--set prefetch_factor={2 * c['prefetch_factor']}", "predicted_speedup": 3.0}]
+
+    job = FakeJob(lambda c: 100.0, recs=recs)
+    Tuner(job, Budget(trials=20)).run()
+    assert sorted(c["prefetch_factor"] for label, c in job.seen if label == "diagnosis" and c["num_workers"]) == [2, 4]

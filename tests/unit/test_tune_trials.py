@@ -1,0 +1,46 @@
+"""Trial bookkeeping (stallscope.tune.trials): failure reasons, --set arguments, normalization."""
+
+from __future__ import annotations
+
+from stallscope.tune.trials import failure_reason, normalize, set_arguments
+from stallscope.tune.tuning import pooled
+from stallscope.tune.noise import Rate
+from stallscope.tune.trials import TrialResult
+
+
+def test_failure_reasons() -> None:
+    ok = {"exit_code": 0, "failure": None, "steady_steps": 30}
+    assert failure_reason(0, ok, "") is None
+    assert failure_reason(0, {**ok, "steady_steps": 0}, "") == "no training steps were measured"
+    crash = {"exit_code": 1, "steady_steps": 3,
+             "failure": {"where": "main", "type": "RuntimeError", "message": "planted main failure at step 3"}}
+    assert failure_reason(1, crash, "") == "crashed in the script: RuntimeError: planted main failure at step 3"
+    worker = {**crash, "failure": {"where": "worker", "type": "ValueError", "message": "bad"}}
+    assert failure_reason(1, worker, "").startswith("crashed in a DataLoader worker")
+    oom = {**crash, "failure": {"where": "main", "type": "OutOfMemoryError", "message": "CUDA out of memory"}}
+    assert failure_reason(1, oom, "").startswith("out of memory")
+    assert failure_reason(137, {"exit_code": 137, "failure": None, "steady_steps": 2}, "") \
+        == "out of memory (killed by SIGKILL)"
+    assert failure_reason(2, None, "stallscope run: script not found: x.py").endswith("script not found: x.py")
+    assert failure_reason(3, {"exit_code": 3, "failure": None, "steady_steps": 9}, "") \
+        == "the script exited with code 3"
+
+
+def test_set_arguments_in_knob_order() -> None:
+    assert set_arguments({"persistent_workers": True, "num_workers": 4, "prefetch_factor": None}) == [
+        "--set", "num_workers=4", "--set", "persistent_workers=true", "--set", "prefetch_factor=none"]
+
+
+def test_normalize() -> None:
+    assert normalize({"num_workers": 0, "prefetch_factor": 4, "persistent_workers": True}) == {
+        "num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False}
+    assert normalize({"num_workers": 2})["prefetch_factor"] == 2
+
+
+def test_pooled_rate_of_repeats() -> None:
+    runs = [TrialResult(i, "confirm", {}, {}, ok=True, rate=Rate(v, 3.0, 20)) for i, v in enumerate((100.0, 110.0))]
+    runs.append(TrialResult(3, "confirm", {}, {}, ok=False, reason="timed out"))
+    rate = pooled(runs)
+    assert rate.value == 105.0
+    assert abs(rate.se - (18 ** 0.5) / 2) < 1e-9
+    assert rate.steps == 40
