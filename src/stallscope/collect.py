@@ -13,6 +13,7 @@ from typing import Any
 
 from stallscope.constants import SESSION_SCHEMA
 from stallscope.session import (
+    CollectiveRecord,
     ErrorRecord,
     FetchRecord,
     IterRecord,
@@ -21,6 +22,7 @@ from stallscope.session import (
     OptimizerStepRecord,
     PinRecord,
     ProcessRecord,
+    RankRecord,
     SendRecord,
     Session,
     StopRecord,
@@ -53,7 +55,8 @@ def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[A
 def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     lists: dict[str, list[Any]] = {k: [] for k in (
         "processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
-        "optimizer_steps", "pins", "transfers", "errors")}
+        "optimizer_steps", "pins", "transfers", "errors", "collectives")}
+    ranks: dict[int, RankRecord] = {}
     notes: list[str] = []
     batch_info: list[dict[str, Any]] = []
     lmdb_opens: list[dict[str, Any]] = []
@@ -71,11 +74,12 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                 elif kind == "iter":
                     lists["iters"].append(IterRecord(*fields[:6], pid=pid))
                 elif kind == "next":
-                    lists["nexts"].append(NextRecord(*fields[:7], pid=pid))
+                    lists["nexts"].append(NextRecord(*fields[:7], pid=pid,
+                                                     unpickle_ns=fields[7] if len(fields) > 7 else 0))
                 elif kind == "stop":
                     lists["stops"].append(StopRecord(*fields[:5], pid=pid))
                 elif kind == "send":
-                    lists["sends"].append(SendRecord(*fields[:6]))
+                    lists["sends"].append(SendRecord(*fields[:6], pid=pid))
                 elif kind == "fetch":
                     lists["fetches"].append(FetchRecord(*fields[:12], pid=pid))
                 elif kind == "worker_start":
@@ -96,6 +100,25 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     batch_info.append({"loader_id": fields[0], "iter_id": fields[1], **fields[2]})
                 elif kind == "lmdb_open":
                     lmdb_opens.append({"pid": fields[0], "t_ns": fields[1], "path": fields[2]})
+                elif kind == "rank":
+                    rank, local_rank, world, node_rank, host = fields[:5]
+                    known = ranks.get(pid)
+                    ranks[pid] = RankRecord(pid, rank, local_rank, world, node_rank, host,
+                                            known.backend if known else None,
+                                            known.init_start_ns if known else None,
+                                            known.init_end_ns if known else None)
+                elif kind == "pg_init":
+                    backend, rank, world, t0, t1 = fields[:5]
+                    known = ranks.get(pid) or RankRecord(pid, rank, -1, world, -1, str(header.get("host", "?")))
+                    ranks[pid] = RankRecord(pid, rank, known.local_rank, world, known.node_rank, known.host,
+                                            backend, t0, t1)
+                elif kind == "coll":
+                    op, seq, group_size, is_async, t0, t1 = fields[:6]
+                    lists["collectives"].append(CollectiveRecord(op, seq, t0, t1, pid, group_size, not is_async))
+                elif kind == "ddp":
+                    bucket, launched, done = fields[:3]
+                    lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, launched, done, pid,
+                                                                 blocking=False, bucket=bucket))
                 elif kind == "step_limit":
                     step_limit_hit = True
                 elif kind == "signal":
@@ -104,8 +127,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                 notes.append(f"malformed {kind!r} event from process {pid} skipped")
         lists["processes"].append(ProcessRecord(pid, int(header.get("ppid", -1)), role,
                                                 list(header.get("argv", [])), int(header["wall_ns"]),
-                                                int(header["mono_ns"])))
-    for key in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers"):
+                                                int(header["mono_ns"]), _owner(header, pid)))
+    for key in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives"):
         lists[key].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
     ended_by = meta["ended_by"]
     if step_limit_hit and ended_by == "exit":
@@ -128,8 +151,18 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         notes=notes + meta.get("notes", []),
         batch_info=batch_info,
         lmdb_opens=lmdb_opens,
+        ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),
         **lists,
     )
+
+
+def _owner(header: dict[str, Any], pid: int) -> int | None:
+    """The rank process a process works for (its DataLoader workers), from the inherited environment."""
+    try:
+        owner = int(header.get("owner") or 0)
+    except (TypeError, ValueError):
+        return None
+    return owner if owner and owner != pid else None
 
 
 def _last_frame(tb: str) -> str | None:

@@ -26,6 +26,7 @@ class ProcessRecord:
     argv: list[str]
     wall_ns: int
     mono_ns: int
+    owner: int | None = None  # the rank process a worker works for (multi-process jobs)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class NextRecord:
     worker: int
     batch_size: int | None
     pid: int
+    unpickle_ns: int = 0  # of the wait: rebuilding the batch received from a worker (multi-process loaders)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class SendRecord:
     send_idx: int
     worker: int
     t_ns: int
+    pid: int = -1
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,34 @@ class TransferRecord:
 
 
 @dataclass(frozen=True)
+class RankRecord:
+    """A process of a torch.distributed job: its rank, where it ran, and its ``init_process_group``."""
+    pid: int
+    rank: int
+    local_rank: int
+    world_size: int
+    node_rank: int
+    host: str
+    backend: str | None = None
+    init_start_ns: int | None = None
+    init_end_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """Time in a collective. ``blocking``: the caller waited from start to end (a synchronous call);
+    otherwise (DDP gradient buckets, async launches) start is the hand-over and end the completion."""
+    op: str
+    seq: int
+    start_ns: int
+    end_ns: int
+    pid: int
+    group_size: int = -1
+    blocking: bool = True
+    bucket: int = -1
+
+
+@dataclass(frozen=True)
 class ErrorRecord:
     """An exception: ``where`` is ``main`` (uncaught in the script) or ``worker`` (inside a fetch)."""
     where: str
@@ -190,6 +221,9 @@ class Session:
     notes: list[str] = field(default_factory=list)
     batch_info: list[dict[str, Any]] = field(default_factory=list)  # first batch of each iterator: bytes, types
     lmdb_opens: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[RankRecord] = field(default_factory=list)
+    collectives: list[CollectiveRecord] = field(default_factory=list)
+    clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds
 
     @property
     def wall_s(self) -> float:
@@ -197,9 +231,13 @@ class Session:
 
     @property
     def main_pid(self) -> int | None:
-        for proc in self.processes:
-            if proc.role == "main":
-                return proc.pid
+        """The training process; in a distributed job whose launched process is not a rank (torchrun's
+        agent, a script that spawns its ranks), the lowest rank."""
+        main = next((proc.pid for proc in self.processes if proc.role == "main"), None)
+        if self.ranks and main not in {r.pid for r in self.ranks}:
+            return min(self.ranks, key=lambda r: r.rank).pid
+        if main is not None:
+            return main
         return self.loaders[0].pid if self.loaders else None
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,8 +38,8 @@ class TextDataset(Dataset):
         return ids
 
     def __getitem__(self, index: int):
-        ids = self.tokenize(self.texts[index])[:2048]
-        ids += [0] * (2048 - len(ids))
+        ids = self.tokenize(self.texts[index])[:256]
+        ids += [0] * (256 - len(ids))
         return torch.tensor(ids), index % 2
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
+from stallscope.analyze import ranks as ranks_mod
 from stallscope.analyze.attribution import bottleneck, node_seconds, verdict_for
 from stallscope.analyze.capacity import build_model, capacity_report
 from stallscope.analyze.findings import Analysis, Failure, LoaderSummary, StepStats
@@ -101,7 +103,8 @@ def _evidence(stats: StepStats, train: LoaderSummary | None, seconds: dict[str, 
                      f"{1000 * (pipeline.batch_cpu_median_s or 0):.1f} ms CPU; costliest calls: {top or 'none'}")
         if pipeline.num_workers > 0:
             busy = f", busy {100 * pipeline.busy_fraction:.0f}% of their time" if pipeline.busy_fraction else ""
-            lines.append(f"{pipeline.num_workers} workers on {cpus} usable CPUs{busy}")
+            plural = "s" if pipeline.num_workers != 1 else ""
+            lines.append(f"{pipeline.num_workers} worker{plural} on {cpus} usable CPUs{busy}")
             if pipeline.empty_queue_fraction is not None:
                 lines.append(f"no batch was ready on {100 * pipeline.empty_queue_fraction:.0f}% of requests "
                              f"(mean {pipeline.queue_depth_mean:.1f} batches queued)")
@@ -114,14 +117,38 @@ def _evidence(stats: StepStats, train: LoaderSummary | None, seconds: dict[str, 
 
 
 def analyze(session: Session) -> Analysis:
+    """The job's findings. A distributed job is analysed per rank (see ``ranks.py``); its top-level
+    findings are the straggler's, or the lowest rank's when no rank holds the others back."""
+    rank_records = ranks_mod.rank_processes(session)
+    if len(rank_records) < 2:
+        return _analyze_process(session)
+    cpus = usable_cpus(session)
+    per_rank = ranks_mod.analyze_ranks(session, _analyze_process, cpus)
+    summaries = [ranks_mod.summarize_rank(record, analysis, session) for record, analysis in per_rank.values()]
+    analyses = {rank: analysis for rank, (_, analysis) in per_rank.items()}
+    findings = ranks_mod.job_findings(summaries, analyses)
+    primary = analyses[findings.primary_rank] if findings.primary_rank is not None else _analyze_process(session)
+    train = next((ld for ld in primary.loaders if ld.role == "train"), None)
+    extra = ranks_mod.rank_recommendations(summaries, findings, cpus,
+                                           train.config.get("dataset_len") if train else None)
+    recs = list(primary.recommendations)
+    recs = recs + extra if findings.straggler_rank is not None else extra + recs
+    return dataclasses.replace(
+        primary, evidence=ranks_mod.rank_evidence(findings, summaries) + primary.evidence, recommendations=recs,
+        failure=_failure(session), notes=list(session.notes), ranks=summaries, distributed=findings)
+
+
+def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
+    """One training process (``session.main_pid``) and its workers, on ``cpus`` usable CPUs."""
     stats = step_stats(session)
     loaders = _loader_summaries(session, stats.loader_id)
     train = next((ld for ld in loaders if ld.role == "train"), None)
     verdict = verdict_for(stats)
     startup = _startup_in_steady(session, stats, train)
     seconds = node_seconds(stats, train, startup)
+    seconds["sync"] += stats.sync_s
     node, share = bottleneck(verdict, seconds)
-    cpus = usable_cpus(session)
+    cpus = cpus or usable_cpus(session)
     system = summarize_samples(session)
     main_cpu = process_cpu_between(session, session.main_pid, stats.steady[0].start_ns,
                                    stats.steady[-1].end_ns) if stats.steady else None

@@ -34,6 +34,9 @@ def node_seconds(stats: StepStats, train: LoaderSummary | None, iter_start_in_st
     startup = min(wait, iter_start_in_steady_s)
     seconds["loader"] += startup
     wait -= startup
+    receiving = min(wait, stats.unpickle_s)  # rebuilding batches from workers: measured, loader machinery
+    seconds["loader"] += receiving
+    wait -= receiving
     pipeline = train.pipeline if train else None
     if pipeline is not None and pipeline.busy_s > 0:
         shares = dict(pipeline.node_s)

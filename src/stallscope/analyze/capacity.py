@@ -6,7 +6,8 @@ after another, so W workers sustain ``W / total_cost`` samples/s; blocking I/O o
 workers for free, CPU work does not. Training runs at the lowest of three rates:
 
 - the workers' rate ``W / (cpu_cost + blocked_cost)``;
-- the compute rate ``1 / compute_per_sample`` (the training process's own step time);
+- the training process's rate ``1 / (compute_per_sample + receive_per_sample)``: its own step
+  time plus rebuilding each batch received from the workers, which it does serially;
 - the CPU budget ``usable_cpus / (cpu_cost + training_process_cpu_per_sample)``: every sample's
   CPU work, in workers and in the training process, shares the same cores.
 
@@ -30,6 +31,7 @@ class ThroughputModel:
     workers: int
     usable_cpus: float
     measured_samples_per_s: float | None = None
+    receive_per_sample_s: float = 0.0  # unpickling batches from workers, in the training process
 
     def _costs(self, scale: dict[str, float] | None) -> tuple[float, float]:
         scale = scale or {}
@@ -51,15 +53,17 @@ class ThroughputModel:
             return 1.0 / (cpu + blocked)
         return min(workers / (cpu + blocked), self.cpu_rate(scale))
 
-    def compute_rate(self) -> float:
-        return 1.0 / self.compute_per_sample_s if self.compute_per_sample_s > 0 else float("inf")
+    def compute_rate(self, workers: int | None = None) -> float:
+        workers = self.workers if workers is None else workers
+        own = self.compute_per_sample_s + (self.receive_per_sample_s if workers > 0 else 0.0)
+        return 1.0 / own if own > 0 else float("inf")
 
     def rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         workers = self.workers if workers is None else workers
         if workers <= 0:
             cpu, blocked = self._costs(scale)
             return 1.0 / (cpu + blocked + self.compute_per_sample_s)
-        return min(self.pipeline_rate(workers, scale), self.compute_rate())
+        return min(self.pipeline_rate(workers, scale), self.compute_rate(workers))
 
     def speedup(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         return self.rate(workers, scale) / self.rate()
@@ -103,7 +107,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: int,
         if workers == 0:  # the training process also did the loading: that part moves to workers
             main_cpu = max(0.0, main_cpu - sum(v for k, v in cost.items() if k in CPU_STAGES))
     measured = stats.samples / max(stats.wall_s - startup_s, 1e-9)
-    return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured)
+    receive = stats.unpickle_s / stats.samples
+    return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive)
 
 
 def capacity_report(model: ThroughputModel | None) -> CapacityReport:

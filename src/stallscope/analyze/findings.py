@@ -17,6 +17,8 @@ class Step:
     batches: int
     samples: int | None
     excluded_ns: int = 0  # time inside the interval spent in other loaders' loops (validation)
+    unpickle_ns: int = 0  # part of the wait spent rebuilding batches received from workers
+    sync_ns: int = 0  # time waiting for other ranks in collectives (taken out of compute)
 
     @property
     def duration_ns(self) -> int:
@@ -24,7 +26,7 @@ class Step:
 
     @property
     def compute_ns(self) -> int:
-        return max(0, self.duration_ns - self.wait_ns - self.transfer_ns)
+        return max(0, self.duration_ns - self.wait_ns - self.transfer_ns - self.sync_ns)
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,17 @@ class StepStats:
     wait_s: float
     transfer_s: float
     compute_s: float
+    unpickle_s: float
     samples: int | None
     median_step_s: float | None
     p90_step_s: float | None
     median_wait_s: float | None
     first_step_s: float | None
+    sync_s: float = 0.0  # steady-state seconds waiting in collectives
+
+    @property
+    def sync_fraction(self) -> float:
+        return self.sync_s / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def steady(self) -> list[Step]:
@@ -130,6 +138,8 @@ class Analysis:
     capacity: Any = None
     pitfalls: list[Any] = field(default_factory=list)
     system: Any = None
+    ranks: list[Any] = field(default_factory=list)  # ranks.RankSummary per rank process (distributed jobs)
+    distributed: Any = None  # ranks.DistributedFindings when the job has several ranks
 
     @property
     def steps_per_s(self) -> float:

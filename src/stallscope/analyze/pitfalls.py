@@ -36,8 +36,11 @@ def find_pitfalls(session: Session, loaders: list[LoaderSummary], system: System
 
 
 def _rss_growth(session, loaders, system, cpus):
+    # Start-up (imports, first batches in flight) raises private memory once; what matters is memory
+    # still climbing in the second half of the run.
     grown = [w for w in system.workers if w.private_start is not None and w.private_end is not None
-             and w.private_end - w.private_start > 64 * MIB and w.private_end > 1.2 * w.private_start]
+             and w.private_end - w.private_start > 64 * MIB and w.private_end > 1.2 * w.private_start
+             and (w.private_late_growth or 0) > 32 * MIB]
     if not grown:
         return []
     worst = max(grown, key=lambda w: w.private_end - w.private_start)

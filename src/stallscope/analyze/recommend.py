@@ -88,6 +88,21 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                     f"no batch was ready on {100 * pipeline.empty_queue_fraction:.0f}% of requests although the "
                     f"workers can produce {model.pipeline_rate():.0f} samples/s for a model that takes "
                     f"{model.compute_rate():.0f}"))
+    if input_side and model is not None and workers > 0 and stats.steady and stats.unpickle_s > 0.15 * stats.wall_s \
+            and config.get("sharing_strategy", "file_descriptor") != "file_system":
+        from dataclasses import replace
+
+        faster = replace(model, receive_per_sample_s=0.1 * model.receive_per_sample_s)
+        gain = faster.rate() / model.rate()
+        per_batch = 1000 * stats.unpickle_s / max(1, sum(s.batches for s in stats.steady))
+        if gain >= MIN_GAIN:
+            recs.append(Recommendation(
+                "sharing-strategy", "loader", "Pass batches through shared-memory files, not file descriptors",
+                "--set sharing_strategy=file_system   (in code: torch.multiprocessing.set_sharing_strategy("
+                "'file_system') before building the DataLoader)", round(gain, 2),
+                f"receiving each batch took {per_batch:.1f} ms in the training process "
+                f"({100 * stats.unpickle_s / stats.wall_s:.0f}% of step time): every tensor's file descriptor is "
+                "fetched from its worker, which answers only between its own Python work"))
     if transfer_unpinned_fraction is not None and transfer_unpinned_fraction > 0.5 and seconds.get("transfer", 0) > 0:
         step = sum(seconds.values())
         gain = step / max(step - seconds["transfer"] / 2, 1e-9)
@@ -97,7 +112,8 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                 "--set pin_memory=true, and .to(device, non_blocking=True) in the loop", round(gain, 2),
                 f"{100 * transfer_unpinned_fraction:.0f}% of host-to-device bytes came from pageable memory"))
     if verdict == "input-bound" and pipeline is not None:
-        recs.extend(_stage_fixes(seconds, train, model, workers))
+        recs.extend(r for r in _stage_fixes(seconds, train, model, workers)
+                    if r.predicted_speedup is None or r.predicted_speedup >= MIN_GAIN)
     recs.sort(key=lambda r: (r.id != "no-input-fix", -(r.predicted_speedup or 0.0)))
     return recs
 

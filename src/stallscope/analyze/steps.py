@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from stallscope.analyze.findings import Step, StepStats
+from stallscope.analyze.sync import overlap_ns, sync_intervals
 from stallscope.session import NextRecord, Session
 
 
@@ -76,11 +77,12 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     pid = session.main_pid if pid is None else pid
     train_id, boundary = train_loader_id(session, pid)
     if train_id is None:
-        return StepStats(None, "none", [], 0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
+        return StepStats(None, "none", [], 0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
     nexts = [n for n in session.nexts if n.pid == pid and n.loader_id == train_id]
     iters = [it for it in session.iters if it.pid == pid and it.loader_id == train_id]
     transfers = [t for t in session.transfers if t.pid == pid]
     others = _other_loader_spans(session, pid, train_id)
+    waits_for_ranks = sync_intervals(session, pid)
 
     bounds: list[tuple[int, int]] = []
     if boundary == "optimizer":
@@ -114,7 +116,9 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         excluded = sum(_overlap(a, b, s0, s1) for a, b in others)
         sizes = [n.batch_size for n in inside]
         samples = sum(sizes) if sizes and all(v is not None for v in sizes) else None
-        steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded))
+        unpickle = sum(n.unpickle_ns for n in inside)
+        sync = min(overlap_ns(waits_for_ranks, s0, s1), max(0, s1 - s0 - excluded - wait - transfer))
+        steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle, sync))
 
     warm = warmup if len(steps) > warmup + 1 else 0
     steady = steps[warm:]
@@ -129,9 +133,11 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         wait_s=sum(s.wait_ns for s in steady) / 1e9,
         transfer_s=sum(s.transfer_ns for s in steady) / 1e9,
         compute_s=sum(s.compute_ns for s in steady) / 1e9,
+        unpickle_s=sum(s.unpickle_ns for s in steady) / 1e9,
         samples=sum(sample_counts) if sample_counts and all(v is not None for v in sample_counts) else None,
         median_step_s=statistics.median(s.duration_ns for s in steady) / 1e9 if steady else None,
         p90_step_s=(_quantile([s.duration_ns for s in steady], 0.9) or 0) / 1e9 if steady else None,
         median_wait_s=statistics.median(s.wait_ns for s in steady) / 1e9 if steady else None,
         first_step_s=steps[0].duration_ns / 1e9 if steps else None,
+        sync_s=sum(s.sync_ns for s in steady) / 1e9,
     )

@@ -22,6 +22,7 @@ class ProcessUsage:
     private_start: int | None  # USS: pages only this process holds (grows with copy-on-write copies)
     private_end: int | None
     private_growth_per_min: float | None
+    private_late_growth: int | None  # growth over the second half of its samples: still growing, or settled?
     read_bytes: int | None
     seconds: float
 
@@ -132,6 +133,7 @@ def _usage(pid: int, role: str, entry: dict[str, Any], t_ns: list[int], interval
         span = (t_ns[uss_ticks[-1]] - t_ns[uss_ticks[0]]) / 1e9
         growth = (uss[-1] - uss[0]) / span * 60 if span > 0 else None
     reads = [v for v in entry.get("read_bytes") or [] if v is not None]
+    late = uss[-1] - uss[len(uss) // 2] if len(uss) >= 3 else None
     return ProcessUsage(pid, role, cores, rss[0] if rss else None, max(rss) if rss else None,
-                        uss[0] if uss else None, uss[-1] if uss else None, growth,
+                        uss[0] if uss else None, uss[-1] if uss else None, growth, late,
                         reads[-1] - reads[0] if len(reads) > 1 else None, seconds)

@@ -14,7 +14,7 @@ import traceback
 from typing import Any
 
 from stallscope.constants import ENV_MAX_STEPS, ENV_OVERRIDES, ENV_RUN_DIR
-from stallscope.record import events, importhook, loader, overrides, steps, transfer
+from stallscope.record import distributed, events, importhook, loader, overrides, steps, transfer
 from stallscope.record.libraries import LIBRARY_PATCHES, patch_torch
 
 ENV_LAUNCHER_PID = "STALLSCOPE_LAUNCHER_PID"
@@ -28,7 +28,10 @@ def install() -> None:
         return
     _installed = True
     is_main = str(os.getppid()) == os.environ.get(ENV_LAUNCHER_PID)
-    events.configure(run_dir, role="main" if is_main else "child")
+    rank = distributed.rank_from_env()  # torchrun's ranks; spawned ranks say so at init_process_group
+    if os.environ.get(distributed.ENV_RANK_PID, str(os.getpid())) != str(os.getpid()):
+        rank = None  # a rank's DataLoader worker (spawn, forkserver) inherits RANK but is not a rank
+    events.configure(run_dir, role="main" if is_main else ("rank" if rank else "child"))
     loader.overrides.update(overrides.decode(os.environ.get(ENV_OVERRIDES)))
     limit = os.environ.get(ENV_MAX_STEPS)
     steps.max_steps = int(limit) if limit else None
@@ -39,16 +42,34 @@ def install() -> None:
     importhook.when_imported("torch.utils.data._utils.pin_memory", loader.patch_pin_memory)
     importhook.when_imported("torch.optim.optimizer", steps.install_optimizer_hooks)
     importhook.when_imported("torch.cuda", transfer.install_after_cuda_init)
+    importhook.when_imported("torch.distributed.distributed_c10d", distributed.patch_c10d)
+    importhook.when_imported("torch.nn.parallel.distributed", distributed.patch_ddp)
     for module_name, patch in LIBRARY_PATCHES.items():
         importhook.when_imported(module_name, patch)
     if is_main and os.environ.get("STALLSCOPE_BENCH"):  # stallscope bench: see record/bench_mode.py
         from stallscope.record import bench_mode
         bench_mode.install(os.environ["STALLSCOPE_BENCH"])
 
-    if is_main:
-        events.emit("process_start", time.perf_counter_ns(), sys.argv[:32])
-        events.start_background_flusher()
-        _install_exit_recording()
+    if is_main or rank:
+        _start_process_recording()
+    else:
+        distributed._became_rank_hook = _start_rank_recording
+    if rank:
+        distributed.mark_rank(rank["rank"], rank["local_rank"], rank["world_size"], rank["node_rank"])
+
+
+def _start_process_recording() -> None:
+    events.emit("process_start", time.perf_counter_ns(), sys.argv[:32])
+    events.start_background_flusher()
+    _install_exit_recording()
+
+
+def _start_rank_recording() -> None:
+    """A process that became a rank at ``init_process_group`` (``torch.multiprocessing.spawn``):
+    record it like the main process. Such children leave through ``os._exit``, so flush then too."""
+    events.set_role("rank")
+    _start_process_recording()
+    events.flush_at_process_exit()
 
 
 def _install_exit_recording() -> None:

@@ -73,6 +73,7 @@ def _open_file():
         "argv": sys.argv[:8],
         "wall_ns": time.time_ns(),
         "mono_ns": time.perf_counter_ns(),
+        "owner": os.environ.get("STALLSCOPE_RANK_PID"),  # the rank process this one works for, if any
     }
     _file.write(json.dumps({"header": header}) + "\n")
     _last_flush_ns = time.perf_counter_ns()

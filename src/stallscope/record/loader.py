@@ -60,6 +60,12 @@ def _describe(loader: Any) -> dict[str, Any]:
 
         config["multiprocessing_context"] = multiprocessing.get_start_method(allow_none=True) or "default"
     try:
+        import torch.multiprocessing
+
+        config["sharing_strategy"] = torch.multiprocessing.get_sharing_strategy()
+    except Exception:
+        config["sharing_strategy"] = None
+    try:
         config["dataset_len"] = len(dataset)
     except Exception:
         config["dataset_len"] = None
@@ -91,6 +97,40 @@ def batch_size_of(batch: Any, depth: int = 0) -> int | None:
     return None
 
 
+_ipc = threading.local()
+_ipc_patched = False
+
+
+def _patch_batch_unpickling() -> None:
+    """Time rebuilding batches received from workers (unpickling, shared-memory tensor rebuilds).
+
+    That work happens in the receiving thread of the training process, inside ``__next__``: it
+    is ``loader`` time the workers' own records cannot show, and it grows with tensors per batch.
+    """
+    global _ipc_patched
+    if _ipc_patched:
+        return
+    _ipc_patched = True
+    from multiprocessing.reduction import ForkingPickler
+
+    original = ForkingPickler.loads
+
+    def loads(*args: Any, **kwargs: Any) -> Any:
+        t0 = _perf()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _ipc.ns = getattr(_ipc, "ns", 0) + _perf() - t0
+
+    ForkingPickler.loads = staticmethod(loads)
+
+
+def _take_ipc_ns() -> int:
+    value = getattr(_ipc, "ns", 0)
+    _ipc.ns = 0
+    return value
+
+
 def patch_dataloader(module: Any) -> None:
     DataLoader = module.DataLoader
     base_iter = module._BaseDataLoaderIter
@@ -100,8 +140,16 @@ def patch_dataloader(module: Any) -> None:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         applied: dict[str, Any] = {}
+        strategy = overrides.get("sharing_strategy")
+        if strategy:
+            import torch.multiprocessing
+
+            before = torch.multiprocessing.get_sharing_strategy()
+            torch.multiprocessing.set_sharing_strategy(strategy)
+            applied["sharing_strategy"] = [before, strategy]
         if overrides:
-            args, kwargs, applied = apply_overrides(original_init, args, kwargs, overrides)
+            args, kwargs, changed = apply_overrides(original_init, args, kwargs, overrides)
+            applied.update(changed)
         original_init(self, *args, **kwargs)
         self._stallscope_id = next(_loader_ids)
         events.emit("loader", self._stallscope_id, _perf(), _creation_site(), _describe(self), applied)
@@ -132,6 +180,7 @@ def patch_dataloader(module: Any) -> None:
     original_mp_init = mp_iter.__init__
 
     def mp_init(self: Any, loader: Any) -> None:
+        _patch_batch_unpickling()
         self._stallscope_iter = iter_id = next(_iter_ids)
         user_fn = loader.worker_init_fn
         loader.worker_init_fn = workers.WorkerInit(user_fn, getattr(loader, "_stallscope_id", -1), iter_id, _perf())
@@ -166,6 +215,7 @@ def patch_dataloader(module: Any) -> None:
     def __next__(self: Any) -> Any:
         steps.before_next()
         self._stallscope_worker = -1
+        _take_ipc_ns()
         t0 = _perf()
         try:
             data = original_next(self)
@@ -174,7 +224,7 @@ def patch_dataloader(module: Any) -> None:
             raise
         t1 = _perf()
         events.emit("next", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, t1,
-                    self._stallscope_worker, batch_size_of(data))
+                    self._stallscope_worker, batch_size_of(data), _take_ipc_ns())
         if not getattr(self, "_stallscope_described", False):
             self._stallscope_described = True
             events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, batches.describe_batch(data))

@@ -21,7 +21,12 @@ SETTABLE: dict[str, str] = {
     "multiprocessing_context": "str",
     "shuffle": "bool",
     "pin_memory_device": "str",
+    # Not a DataLoader argument: how tensors travel from workers (torch.multiprocessing sharing strategy).
+    "sharing_strategy": "str",
 }
+
+#: Overrides that the recorder applies itself instead of passing them to DataLoader.__init__.
+PROCESS_SETTINGS = ("sharing_strategy",)
 
 
 class OverrideError(ValueError):
@@ -66,6 +71,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             known = ", ".join(sorted(SETTABLE))
             raise OverrideError(f"--set {name}: not a DataLoader argument that can be set; choose from {known}")
         parsed[name] = _parse_value(name, SETTABLE[name], text)
+    if parsed.get("sharing_strategy") not in (None, "file_system", "file_descriptor"):
+        raise OverrideError("--set sharing_strategy: choose file_system or file_descriptor")
     if parsed.get("prefetch_factor") == 0:
         raise OverrideError("--set prefetch_factor=0: must be at least 1")
     return parsed
@@ -100,6 +107,8 @@ def apply_overrides(init: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         return arguments.get(name, defaults.get(name))
 
     for name, value in overrides.items():
+        if name in PROCESS_SETTINGS:
+            continue
         if name not in params:
             applied[name] = {"skipped": "this torch version's DataLoader has no such argument"}
             continue

@@ -58,6 +58,39 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         "notes": analysis.notes,
         "run_id": session.run_id,
         "session": str(session_path) if session_path else None,
+        "ranks": [_rank_dict(r) for r in analysis.ranks],
+        "distributed": _distributed_dict(analysis.distributed),
+    }
+
+
+def _rank_dict(r: Any) -> dict[str, Any]:
+    total = sum(r.node_seconds.values())
+    return {
+        "rank": r.rank, "local_rank": r.local_rank, "node_rank": r.node_rank, "host": r.host, "pid": r.pid,
+        "verdict": r.verdict,
+        "bottleneck": {"node": r.bottleneck_node, "share": round(r.bottleneck_share, 4)},
+        "data_wait_fraction": round(r.data_wait_fraction, 4), "sync_fraction": round(r.sync_fraction, 4),
+        "steps": r.steps, "steps_per_s": round(r.steps_per_s, 4),
+        "samples_per_s": round(r.samples_per_s, 3) if r.samples_per_s is not None else None,
+        "median_step_s": r.median_step_s, "own_step_s": r.own_step_s,
+        "nodes": {node: {"seconds": round(r.node_seconds.get(node, 0.0), 4),
+                         "share": round(r.node_seconds.get(node, 0.0) / total, 4) if total > 0 else 0.0}
+                  for node in NODE_IDS},
+        "num_workers": r.num_workers, "sampler": r.sampler, "failed": r.failed,
+    }
+
+
+def _distributed_dict(d: Any) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    return {
+        "world_size": d.world_size, "hosts": d.hosts, "primary_rank": d.primary_rank,
+        "straggler": None if d.straggler_rank is None else {
+            "rank": d.straggler_rank, "node": d.straggler_node, "verdict": d.straggler_verdict,
+            "extra_s_per_step": round(d.straggler_extra_s, 6)},
+        "sync_fraction_by_rank": {str(k): v for k, v in d.waiting.items()},
+        "skew_s": {"median": d.skew_median_s, "p90": d.skew_p90_s},
+        "step_skew_s": d.step_skew_s,
     }
 
 
@@ -110,6 +143,7 @@ def _capacity_dict(report: Any) -> dict[str, Any] | None:
         "workers": model.workers,
         "cpu_budget_samples_per_s": _rounded(model.cpu_rate(), 2),
         "training_process_cpu_ms_per_sample": round(1000 * model.main_cpu_per_sample_s, 4),
+        "receive_ms_per_sample": round(1000 * model.receive_per_sample_s, 4),
     }
 
 
