@@ -22,9 +22,9 @@ import tempfile
 from pathlib import Path
 
 from stallscope.session import Session
-from stallscope.tune import tune
-from stallscope.tune.search import config_key
-from stallscope.tune.trials import measured_rate, normalize, run_trial
+from stallscope.tuning import tune
+from stallscope.tuning.search import config_key
+from stallscope.tuning.trials import measured_rate, normalize, run_trial
 
 REFERENCE = Path(__file__).resolve().parent.parent / "src" / "stallscope" / "demo" / "reference_train.py"
 

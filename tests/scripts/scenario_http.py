@@ -1,8 +1,8 @@
 """Samples fetched over HTTP from a local server that answers with latency (a remote object store)."""
 
 import http.server
+import multiprocessing
 import sys
-import threading
 import time
 import urllib.request
 
@@ -40,11 +40,19 @@ class RemoteDataset(Dataset):
         return image, index % 10
 
 
+def serve(port_queue) -> None:
+    """The 'object store': its own process, so it shares nothing with the training process."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port_queue.put(server.server_address[1])
+    server.serve_forever()
+
+
 def main() -> int:
     workers = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    ports = multiprocessing.get_context("spawn").Queue()
+    store = multiprocessing.get_context("spawn").Process(target=serve, args=(ports,), daemon=True)
+    store.start()
+    url = f"http://127.0.0.1:{ports.get(timeout=60)}"
     loader = DataLoader(RemoteDataset(url, 2000), batch_size=8, num_workers=workers)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64 * 64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -53,7 +61,7 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
-    server.shutdown()
+    store.terminate()
     return 0
 
 

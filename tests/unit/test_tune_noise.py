@@ -1,4 +1,4 @@
-"""Throughput and noise from per-step times (stallscope.tune.noise): exact numbers, no runs."""
+"""Throughput and noise from per-step times (stallscope.tuning.noise): exact numbers, no runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stallscope.tune.noise import Rate, better, rate_of, warmup_steps, within_noise
+from stallscope.tuning.noise import Rate, better, rate_of, warmup_steps, within_noise
 
 
 def test_rate_is_work_over_time() -> None:

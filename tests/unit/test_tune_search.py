@@ -1,4 +1,4 @@
-"""The tuning search (stallscope.tune.search) driven by fake trial results: order, noise, budget, failures."""
+"""The tuning search (stallscope.tuning.search) driven by fake trial results: order, noise, budget, failures."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from stallscope.tune.noise import Rate
-from stallscope.tune.search import Budget, Tuner, config_key, diagnosis_changes, overrides_for
-from stallscope.tune.trials import TrialResult, normalize
+from stallscope.tuning.noise import Rate
+from stallscope.tuning.search import Budget, Tuner, config_key, diagnosis_changes, overrides_for
+from stallscope.tuning.trials import TrialResult, normalize
 
 ORIGINAL = normalize({"num_workers": 0, "batch_size": 16, "pin_memory": False})
 

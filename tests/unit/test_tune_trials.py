@@ -1,11 +1,11 @@
-"""Trial bookkeeping (stallscope.tune.trials): failure reasons, --set arguments, normalization."""
+"""Trial bookkeeping (stallscope.tuning.trials): failure reasons, --set arguments, normalization."""
 
 from __future__ import annotations
 
-from stallscope.tune.trials import failure_reason, normalize, set_arguments
-from stallscope.tune.tuning import pooled
-from stallscope.tune.noise import Rate
-from stallscope.tune.trials import TrialResult
+from stallscope.tuning.trials import failure_reason, normalize, set_arguments
+from stallscope.tuning.tuning import pooled
+from stallscope.tuning.noise import Rate
+from stallscope.tuning.trials import TrialResult
 
 
 def test_failure_reasons() -> None:

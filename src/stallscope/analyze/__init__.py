@@ -152,7 +152,10 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     system = summarize_samples(session)
     main_cpu = process_cpu_between(session, session.main_pid, stats.steady[0].start_ns,
                                    stats.steady[-1].end_ns) if stats.steady else None
-    model = build_model(stats, train, cpus, main_cpu, startup)
+    # CPUs other programs kept busy during the run are not available to this job either.
+    host_cpus = session.environment.get("cpu_count")
+    other = system.other_cores_mean if host_cpus == cpus and system.other_cores_mean else 0.0
+    model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup)
     pitfalls = find_pitfalls(session, loaders, system, cpus)
     notes = list(session.notes)
     if not session.loaders:

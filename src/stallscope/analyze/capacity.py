@@ -89,7 +89,7 @@ class CapacityReport:
     predicted_samples_per_s: float | None = None
 
 
-def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: int,
+def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: float,
                 main_cpu_s: float | None, startup_s: float = 0.0) -> ThroughputModel | None:
     """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler)."""
     pipeline = train.pipeline if train else None

@@ -24,10 +24,10 @@ def predicted_step_s(compute_s: float, batch_wall_s: float, batch_cpu_s: float, 
     return max(compute_s, produce, cpu_bound)
 
 
-def best_worker_count(model: ThroughputModel, usable_cpus: int) -> tuple[int, float]:
+def best_worker_count(model: ThroughputModel, usable_cpus: float) -> tuple[int, float]:
     """The smallest worker count within 2% of the best predicted rate, and its speedup."""
     io_heavy = model.cost_s.get("storage", 0.0) > sum(v for k, v in model.cost_s.items() if k != "storage")
-    ceiling = min(32, max(4 * usable_cpus, 8) if io_heavy else usable_cpus + 2)
+    ceiling = int(min(32, max(4 * usable_cpus, 8) if io_heavy else usable_cpus + 2))
     rates = {w: model.rate(workers=w) for w in range(1, ceiling + 1)}
     top = max(rates.values())
     choice = min(w for w, r in rates.items() if r >= 0.98 * top)
@@ -52,7 +52,7 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     input_side = verdict != "compute-bound"
     best_workers = workers
     if model is not None and input_side:
-        best_workers, gain = best_worker_count(model, usable_cpus)
+        best_workers, gain = best_worker_count(model, model.usable_cpus)
         if best_workers != workers and gain >= MIN_GAIN:
             recs.append(Recommendation(
                 "num-workers", "loader", f"Use {best_workers} DataLoader worker{'s' if best_workers != 1 else ''} "

@@ -42,6 +42,7 @@ class SystemSummary:
     gpu_mem_peak: list[float] | None = None
     sampler_core_fraction: float | None = None
     absent: dict[str, str] = field(default_factory=dict)
+    other_cores_mean: float | None = None  # CPU used by processes outside the job (noisy neighbours)
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -103,6 +104,7 @@ def summarize_samples(session: Session) -> SystemSummary:
         gpu_mem = [max((v for v in c if v is not None), default=None) for c in zip(*gpu.get("mem_used_bytes", []))]
     shm = [v for v in system.get("shm_used_bytes", []) if v is not None]
     cost = samples.get("cost") or {}
+    other = _other_cores(samples, t_ns)
     return SystemSummary(
         present=True,
         ticks=len(t_ns),
@@ -117,7 +119,30 @@ def summarize_samples(session: Session) -> SystemSummary:
         gpu_mem_peak=gpu_mem,
         sampler_core_fraction=cost.get("core_fraction"),
         absent=dict(samples.get("absent") or {}),
+        other_cores_mean=other,
     )
+
+
+def _other_cores(samples: dict[str, Any], t_ns: list[int]) -> float | None:
+    """Mean cores busy outside the job's process tree: system-wide busy cores minus the tree's."""
+    system = samples.get("system", {})
+    per_core = system.get("per_core_percent") or []
+    if len(t_ns) < 3 or not per_core:
+        return None
+    tree = [0.0] * len(t_ns)
+    for entry in (samples.get("processes") or {}).values():
+        ticks, cpu = entry.get("ticks") or [], entry.get("cpu_s") or []
+        for (t0, c0), (t1, c1) in zip(zip(ticks, cpu), zip(ticks[1:], cpu[1:])):
+            if t1 == t0 + 1:
+                tree[t1] += c1 - c0
+    others = []
+    for tick in range(1, len(t_ns)):
+        dt = (t_ns[tick] - t_ns[tick - 1]) / 1e9
+        if dt <= 0 or tick >= len(per_core):
+            continue
+        busy = sum(per_core[tick]) / 100.0
+        others.append(max(0.0, busy - tree[tick] / dt))
+    return statistics.fmean(others) if others else None
 
 
 def _usage(pid: int, role: str, entry: dict[str, Any], t_ns: list[int], interval: float) -> ProcessUsage:

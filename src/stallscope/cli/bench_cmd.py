@@ -9,8 +9,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from stallscope.tune.bench import DEFAULT_SECONDS, DEFAULT_STEPS, BenchResult, bench
-from stallscope.tune.decoders import DecoderRace, race_decoders
+from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, BenchResult, bench
+from stallscope.tuning.decoders import DecoderRace, race_decoders
 
 EPILOG = """examples:
   stallscope bench -- python train.py            input capacity per worker count, ceiling, current throughput

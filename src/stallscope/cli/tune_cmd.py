@@ -10,8 +10,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from stallscope.tune.trials import TrialResult, format_value
-from stallscope.tune.tuning import DEFAULT_STEPS, TuneResult, tune
+from stallscope.tuning.trials import TrialResult, format_value
+from stallscope.tuning.tuning import DEFAULT_STEPS, TuneResult, tune
 
 EPILOG = """examples:
   stallscope tune -- python train.py --epochs 1

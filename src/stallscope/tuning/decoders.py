@@ -66,7 +66,7 @@ def race_decoders(folder: str | os.PathLike[str], *, files: int = 64, repeats: i
         cpu = None
     request = {"files": [str(p) for p in paths], "repeats": repeats, "min_seconds": min_seconds, "cpu": cpu}
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENCV_FOR_THREADS_NUM="1")
-    proc = subprocess.run([sys.executable, "-c", "from stallscope.tune.decoders import _child; _child()"],
+    proc = subprocess.run([sys.executable, "-c", "from stallscope.tuning.decoders import _child; _child()"],
                           input=json.dumps(request), capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"decoder race failed: {proc.stderr.strip()[-500:]}")

@@ -1,4 +1,4 @@
-"""``stallscope.tune.tune``: diagnose, try, measure, confirm, on the user's unmodified script."""
+"""``stallscope.tuning.tune``: diagnose, try, measure, confirm, on the user's unmodified script."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import paths
-from stallscope.tune.noise import DEFAULT_Z, Rate, within_noise
-from stallscope.tune.search import Budget, SearchOutcome, Tuner, overrides_for
-from stallscope.tune.trials import TrialResult, format_value, run_trial, set_arguments
+from stallscope.tuning.noise import DEFAULT_Z, Rate, within_noise
+from stallscope.tuning.search import Budget, SearchOutcome, Tuner, overrides_for
+from stallscope.tuning.trials import TrialResult, format_value, run_trial, set_arguments
 
 DEFAULT_STEPS = 50
 DEFAULT_TRIALS = 10
@@ -91,7 +91,7 @@ class TuneResult:
 
 
 def _ordered(overrides: dict[str, Any]) -> list[tuple[str, Any]]:
-    from stallscope.tune.trials import KNOBS
+    from stallscope.tuning.trials import KNOBS
 
     return sorted(overrides.items(), key=lambda kv: KNOBS.index(kv[0]) if kv[0] in KNOBS else 99)
 

@@ -1,4 +1,4 @@
-"""``stallscope.tune.bench``: how fast the input pipeline can go alone, and how fast the model could go.
+"""``stallscope.tuning.bench``: how fast the input pipeline can go alone, and how fast the model could go.
 
 Two runs of the user's script: a normal one (its measured throughput), and one in bench mode
 (``record/bench_mode.py``) that drains the script's first DataLoader with no model at a few
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import paths
-from stallscope.tune.trials import TrialResult, launch, run_trial, trial_command
+from stallscope.tuning.trials import TrialResult, launch, run_trial, trial_command
 
 DEFAULT_SECONDS = 3.0
 DEFAULT_STEPS = 50

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallscope.tune.noise import Rate, rate_of, warmup_steps
+from stallscope.tuning.noise import Rate, rate_of, warmup_steps
 
 #: The DataLoader arguments tuning may change, in the order the search visits them.
 KNOBS: tuple[str, ...] = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "batch_size")

@@ -4,8 +4,8 @@ races JPEG decoders on the user's files."""
 
 from __future__ import annotations
 
-from stallscope.tune.bench import BenchResult, bench
-from stallscope.tune.decoders import DecoderRace, race_decoders
-from stallscope.tune.tuning import TuneResult, tune
+from stallscope.tuning.bench import BenchResult, bench
+from stallscope.tuning.decoders import DecoderRace, race_decoders
+from stallscope.tuning.tuning import TuneResult, tune
 
 __all__ = ["BenchResult", "DecoderRace", "TuneResult", "bench", "race_decoders", "tune"]

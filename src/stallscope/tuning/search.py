@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope.record.overrides import parse_overrides
-from stallscope.tune.noise import DEFAULT_Z, better
-from stallscope.tune.trials import KNOBS, TrialResult, normalize
+from stallscope.tuning.noise import DEFAULT_Z, better
+from stallscope.tuning.trials import KNOBS, TrialResult, normalize
 
 Evaluate = Callable[[dict[str, Any], str], TrialResult]
 WORKER_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)

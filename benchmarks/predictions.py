@@ -1,0 +1,93 @@
+"""Predicted vs measured speedups: run a scenario, apply its top ``--set`` recommendation, measure again.
+
+For each scenario the baseline and the recommended configuration are run alternately (``--rounds``
+pairs) under ``stallscope run``; the measured speedup is the median ratio of steady-state
+samples/s, and the prediction is the one the baseline's diagnosis printed (from its first round).
+
+Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from stallscope.demo.dataset import DatasetSpec, demo_dataset
+from stallscope.demo.scenarios import LARGE, REFERENCE_SCRIPT
+
+TESTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
+
+
+def scenarios() -> dict[str, list[str]]:
+    images = str(demo_dataset(DatasetSpec()))
+    large = str(demo_dataset(LARGE))
+    ref = [sys.executable, str(REFERENCE_SCRIPT), "--threads", "1", "--epochs", "50"]
+    return {
+        "starved (0 workers)": [*ref, "--data", images, "--workers", "0", "--batch-size", "16"],
+        "slow storage (1 worker, 40 ms)": [*ref, "--data", images, "--workers", "1", "--batch-size", "8",
+                                           "--storage-latency-ms", "40"],
+        "large JPEGs (1 worker)": [*ref, "--data", large, "--workers", "1", "--batch-size", "8"],
+        "HTTP latency (1 worker)": [sys.executable, str(TESTS / "scenario_http.py"), "1"],
+        "tokenize (1 worker)": [sys.executable, str(TESTS / "scenario_tokenize.py"), "1"],
+    }
+
+
+def run(store: str, command: list[str], steps: int, overrides: list[str], out: Path) -> dict:
+    args = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store, "--json", str(out),
+            "--steps", str(steps)]
+    for item in overrides:
+        args += ["--set", item]
+    proc = subprocess.run([*args, "--", *command], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(command)}\n{proc.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--only", nargs="*", help="scenario names (prefixes) to run")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as store:
+        out = Path(store) / "summary.json"
+        for name, command in scenarios().items():
+            if args.only and not any(name.startswith(o) for o in args.only):
+                continue
+            base = run(store, command, args.steps, [], out)
+            top = next((r for r in base["recommendations"] if r["change"].startswith("--set")), None)
+            if top is None:
+                rows.append((name, "(no --set recommendation)", None, None))
+                continue
+            change = [part for part in top["change"].split()[1:] if "=" in part][:1]
+            ratios = []
+            for round_index in range(args.rounds):
+                if round_index == 0:
+                    before = base
+                    after = run(store, command, args.steps, change, out)
+                else:
+                    after = run(store, command, args.steps, change, out)
+                    before = run(store, command, args.steps, [], out)
+                ratios.append(after["throughput"]["samples_per_s"] / before["throughput"]["samples_per_s"])
+            rows.append((name, " ".join(change), top["predicted_speedup"], statistics.median(ratios)))
+            print(f"{name}: {change} predicted {top['predicted_speedup']} measured {ratios}", flush=True)
+    print()
+    print(f"| scenario | change | predicted | measured | error |")
+    print(f"|---|---|--:|--:|--:|")
+    for name, change, predicted, measured in rows:
+        if predicted is None or measured is None:
+            print(f"| {name} | {change} | | | |")
+            continue
+        error = predicted / measured - 1
+        print(f"| {name} | `--set {change}` | {predicted:.2f}x | {measured:.2f}x | {100 * error:+.0f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
