@@ -100,3 +100,22 @@ def test_worker_private_memory_growth_from_samples():
     assert "worker-memory-growth" in ids(session)
     flat = {**samples, "processes": {"501": {**samples["processes"]["501"], "uss_bytes": [50 * MIB] * 4}}}
     assert "worker-memory-growth" not in ids(replace(session, samples=flat))
+
+
+def test_one_slow_worker_holds_up_in_order_batches():
+    session = base()
+    # Worker 1 takes 4x longer per batch; most requests find no batch ready.
+    fetches = []
+    for k in range(6):
+        w = k % 2
+        start = 100 * k * MS
+        fetches.append(FetchRecord(0, 0, w, k // 2, start, start + (20 if w == 0 else 80) * MS, 5 * MS, 0, 4,
+                                   {}, {}, None, 500 + w))
+    from stallscope.session import SendRecord
+
+    sends = [SendRecord(0, 0, 0, k, k % 2, (100 * k - 1) * MS) for k in range(6)]
+    nexts = [replace(nxt(100 * k + 10, 100 * k + 90), worker=k % 2) for k in range(6)]
+    slow = replace(session, fetches=fetches, sends=sends, nexts=nexts)
+    assert "slow-worker" in ids(slow)
+    even = [replace(f, end_ns=f.start_ns + 20 * MS) for f in fetches]
+    assert "slow-worker" not in ids(replace(slow, fetches=even))
