@@ -20,6 +20,7 @@ VERBS: dict[str, str] = {
     "compare": "stallscope.cli.compare_cmd",
     "tune": "stallscope.cli.tune_cmd",
     "bench": "stallscope.cli.bench_cmd",
+    "merge": "stallscope.cli.merge_cmd",
 }
 
 

@@ -49,6 +49,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
             style = "bold" if node == analysis.bottleneck_node else ""
             table.add_row(Text(node, style=style), f"{seconds:.2f}", f"{100 * share:.0f}%", _bar(share))
         console.print(table)
+    if len(analysis.ranks) > 1:
+        _rank_table(console, analysis)
     if analysis.bottleneck_node:
         console.print(f"[bold]limiting stage:[/bold] {analysis.bottleneck_node} "
                       f"({100 * analysis.bottleneck_share:.0f}% of step time)")
@@ -83,3 +85,21 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     if session_ref:
         console.print(f"[dim]saved: {session_ref}   re-render: stallscope report {session.run_id}[/dim]",
                       highlight=False)
+
+
+def _rank_table(console: Console, analysis: Analysis) -> None:
+    """One row per rank: where its step time goes and what limits it."""
+    dist = analysis.distributed
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for name in ("rank", "host", "verdict", "limit", "data wait", "sync", "compute", "steps/s"):
+        table.add_column(name, justify="left" if name in ("host", "verdict", "limit") else "right")
+    for r in analysis.ranks:
+        total = sum(r.node_seconds.values()) or 1.0
+        style = "bold" if dist is not None and r.rank == dist.straggler_rank else ""
+        table.add_row(Text(str(r.rank), style=style), r.host, r.verdict, r.bottleneck_node or "-",
+                      f"{100 * r.data_wait_fraction:.0f}%", f"{100 * r.sync_fraction:.0f}%",
+                      f"{100 * r.node_seconds.get('compute', 0.0) / total:.0f}%", f"{r.steps_per_s:.2f}")
+    console.print(table)
+    if dist is not None and dist.straggler_rank is not None:
+        console.print(f"[bold]straggler:[/bold] rank {dist.straggler_rank} ({dist.straggler_node}); the job's "
+                      "figures below are this rank's")

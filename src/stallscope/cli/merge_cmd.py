@@ -1,0 +1,50 @@
+"""``stallscope merge A B ... -o OUT``: one session for a multi-node job recorded node by node."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from stallscope import paths
+from stallscope.analyze import analyze
+from stallscope.merge import MergeError, merge_sessions
+from stallscope.render import terminal
+from stallscope.render.summary import summary_dict, write_summary
+from stallscope.session import Session
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "merge", help="combine the per-node sessions of a multi-node job into one",
+        description="Combine sessions recorded by one `stallscope run` per node into one session: ranks as the "
+                    "job numbered them, node clocks aligned on the job's own synchronizations.",
+        epilog="example (on each node: stallscope run -- torchrun --nnodes 2 --node_rank K ... train.py):\n"
+               "  stallscope merge node0/.stallscope/runs/RUN0 node1/.stallscope/runs/RUN1 -o job.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="sessions: session.json paths, run directories or run ids")
+    p.add_argument("-o", "--output", required=True, metavar="PATH", help="where to save the merged session")
+    p.add_argument("--json", metavar="PATH", help="write the merged run's summary JSON here")
+    p.add_argument("--store", metavar="DIR", help="the store run ids are looked up in")
+    p.add_argument("--quiet", action="store_true", help="do not print the summary")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    store = paths.store_dir(args.store)
+    try:
+        sessions = [Session.load(paths.resolve_run(ref, store)) for ref in args.runs]
+        merged = merge_sessions(sessions)
+    except (FileNotFoundError, ValueError) as exc:  # MergeError is a ValueError
+        print(f"stallscope merge: {exc}", file=sys.stderr)
+        return 2
+    out = merged.save(Path(args.output))
+    analysis = analyze(merged)
+    if args.json:
+        write_summary(args.json, summary_dict(merged, analysis, out))
+    if not args.quiet:
+        terminal.render(merged, analysis, Console(stderr=True), session_ref=str(out))
+    print(f"merged {len(sessions)} sessions into {out}   re-render: stallscope report {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,150 @@
+"""Combine the sessions of one multi-node job (one per node's launcher) into one Session.
+
+Each node's launcher only knows its own monotonic clock, so the nodes' timelines are aligned from
+the job's own synchronizations, not assumed. An operation that no rank can leave before every rank
+entered it (``init_process_group``'s rendezvous, a ``barrier``, a blocking ``all_reduce``, a DDP
+gradient bucket from hand-over to completion) bounds the offset ``d`` of node B's clock against
+node A's: B left after A entered and A left after B entered, so ``start_B - end_A <= d <= end_B -
+start_A``. The bounds of every matched operation are intersected and the middle of what is left is
+the offset; its half-width is the stated uncertainty. Operations are matched by their order in each
+process (ranks of one group call collectives in the same order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from stallscope.session import Session
+
+#: Record fields that are points on a process's clock (durations such as ``cpu_ns`` are not shifted).
+_TIME_FIELDS = frozenset({"start_ns", "end_ns", "t_ns", "created_ns", "entered_ns", "ready_ns", "mono_ns",
+                          "init_start_ns", "init_end_ns"})
+_RECORD_LISTS = ("processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
+                 "optimizer_steps", "pins", "transfers", "errors", "ranks", "collectives")
+_PID_FIELDS = ("pid", "ppid", "owner")
+
+
+class MergeError(ValueError):
+    """The sessions cannot be one job (overlapping ranks, no rank records)."""
+
+
+def sync_points(session: Session) -> dict[tuple[int, str, int], tuple[int, int]]:
+    """(rank, stream, index) -> (enter, leave) of each operation every rank leaves only after all entered."""
+    rank_of = {r.pid: r.rank for r in session.ranks}
+    points: dict[tuple[int, str, int], tuple[int, int]] = {}
+    for r in session.ranks:
+        if r.init_start_ns is not None and r.init_end_ns is not None:
+            points[(r.rank, "init", 0)] = (r.init_start_ns, r.init_end_ns)
+    counters: dict[tuple[int, str], int] = {}
+    for c in session.collectives:
+        rank = rank_of.get(c.pid)
+        if rank is None:
+            continue
+        if c.op == "ddp.allreduce":
+            stream = "ddp"
+        elif c.blocking and c.op != "wait" and c.group_size in (-1, _world(session)):
+            stream = "coll"
+        else:
+            continue
+        index = counters.get((rank, stream), 0)
+        counters[(rank, stream)] = index + 1
+        points[(rank, stream, index)] = (c.start_ns, c.end_ns)
+    return points
+
+
+def _world(session: Session) -> int:
+    return max((r.world_size for r in session.ranks), default=-1)
+
+
+def clock_offset(reference: Session, other: Session) -> tuple[int, int, int]:
+    """(offset, lower bound, upper bound) in ns to subtract from ``other``'s clock to land on ``reference``'s."""
+    ref_points, other_points = sync_points(reference), sync_points(other)
+    ref_by_op: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for (_, stream, index), span in ref_points.items():
+        ref_by_op.setdefault((stream, index), []).append(span)
+    low, high = -(1 << 62), 1 << 62
+    matched = 0
+    for (_, stream, index), (b_in, b_out) in other_points.items():
+        for a_in, a_out in ref_by_op.get((stream, index), []):
+            low, high = max(low, b_in - a_out), min(high, b_out - a_in)
+            matched += 1
+    if not matched:
+        raise MergeError("no synchronization shared by the two sessions: record the nodes of one job "
+                         "(each with its ranks' init_process_group)")
+    if low > high:  # a mismatched pair: fall back to the init rendezvous alone
+        inits = [(ref_points[k], other_points[j]) for k in ref_points for j in other_points
+                 if k[1] == j[1] == "init"]
+        low = max(b[0] - a[1] for a, b in inits) if inits else low
+        high = min(b[1] - a[0] for a, b in inits) if inits else high
+    return (low + high) // 2, low, high
+
+
+def _shift(record: Any, offset: int, pids: dict[int, int]) -> Any:
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f.name in _TIME_FIELDS and isinstance(value, int):
+            changes[f.name] = value - offset
+        elif f.name in _PID_FIELDS and isinstance(value, int) and value in pids:
+            changes[f.name] = pids[value]
+    return dataclasses.replace(record, **changes) if changes else record
+
+
+def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Session:
+    """One Session for the whole job: ranks numbered as the job numbered them, clocks on the first
+    node's (the one holding the lowest rank), process ids made unique across nodes."""
+    if not sessions:
+        raise MergeError("nothing to merge")
+    for s in sessions:
+        if not s.ranks:
+            raise MergeError(f"session {s.run_id} has no ranks: record it with `stallscope run -- torchrun ...`")
+    ordered = sorted(sessions, key=lambda s: min(r.rank for r in s.ranks))
+    seen: dict[int, str] = {}
+    for s in ordered:
+        for rank in {r.rank for r in s.ranks}:
+            if rank in seen:
+                raise MergeError(f"rank {rank} is in both {seen[rank]} and {s.run_id}: not the nodes of one job")
+            seen[rank] = s.run_id
+    reference = ordered[0]
+    used_pids: set[int] = set()
+    lists: dict[str, list[Any]] = {name: [] for name in _RECORD_LISTS}
+    alignment: list[dict[str, Any]] = []
+    starts, ends, notes = [], [], []
+    for node, s in enumerate(ordered):
+        offset, low, high = (0, 0, 0) if s is reference else clock_offset(reference, s)
+        own_pids = {p.pid for p in s.processes} | {r.pid for r in s.ranks}
+        pids = {}
+        for pid in sorted(own_pids):
+            new = pid
+            while new in used_pids:
+                new += 1 << 22  # above Linux's pid_max: cannot collide with a real pid of this node
+            pids[pid] = new
+            used_pids.add(new)
+        pids = {k: v for k, v in pids.items() if k != v}
+        for name in _RECORD_LISTS:
+            lists[name].extend(_shift(r, offset, pids) for r in getattr(s, name))
+        starts.append(s.start_ns - offset)
+        ends.append(s.end_ns - offset)
+        host = s.ranks[0].host if s.ranks else s.environment.get("hostname")
+        alignment.append({"node": node, "run_id": s.run_id, "host": host, "offset_ns": offset,
+                          "uncertainty_ns": (high - low) // 2, "ranks": sorted({r.rank for r in s.ranks}),
+                          "pids_renumbered": len(pids)})
+        notes += [f"[{s.run_id}] {n}" for n in s.notes]
+    for name in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives"):
+        lists[name].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
+    lists["ranks"].sort(key=lambda r: (r.rank, r.pid))
+    exit_codes = [s.exit_code for s in ordered]
+    return dataclasses.replace(
+        reference,
+        run_id=run_id or f"{reference.run_id}+{len(ordered) - 1}",
+        start_ns=min(starts), end_ns=max(ends),
+        exit_code=next((c for c in exit_codes if c != 0), 0),
+        ended_by=next((s.ended_by for s in ordered if s.exit_code != 0), reference.ended_by),
+        notes=notes + [f"merged from {len(ordered)} node sessions: "
+                       + ", ".join(f"{a['run_id']} (ranks {a['ranks']}, clock offset {a['offset_ns'] / 1e6:+.3f} ms"
+                                   f" +/- {a['uncertainty_ns'] / 1e6:.3f})" for a in alignment)],
+        clock_alignment=alignment,
+        **lists,
+    )

@@ -1,0 +1,167 @@
+"""torchrun and torch.multiprocessing.spawn jobs on CPU (gloo): per-rank recording, the sync node,
+the straggler, multi-node merge, crashes and ``--steps``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stallscope.analyze import analyze
+from stallscope.merge import merge_sessions
+from stallscope.session import Session
+from tests.conftest import SCRIPTS, run_cli
+
+pytestmark = pytest.mark.e2e
+DDP = str(SCRIPTS / "ddp_train.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, *args: str, port: int | None = None) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(port or free_port()), *args]
+
+
+def _ranks(summary: dict) -> dict[int, dict]:
+    return {r["rank"]: r for r in summary["ranks"]}
+
+
+def test_slow_rank_is_the_straggler_and_stalls_the_other_in_sync(tmp_path):
+    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "256", "--slow-rank", "1", "--slow-ms", "5")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    ranks = _ranks(summary)
+    assert sorted(ranks) == [0, 1]
+    assert {r["local_rank"] for r in ranks.values()} == {0, 1}
+    assert ranks[0]["verdict"] == "sync-bound" and ranks[0]["bottleneck"]["node"] == "sync"
+    assert ranks[0]["sync_fraction"] > 0.5
+    assert ranks[1]["verdict"] == "input-bound" and ranks[1]["bottleneck"]["node"] == "storage"
+    straggler = summary["distributed"]["straggler"]
+    assert straggler["rank"] == 1 and straggler["node"] == "storage"
+    # the job's top-level keys are the straggler's: it sets the pace
+    assert summary["verdict"] == "input-bound" and summary["bottleneck"]["node"] == "storage"
+    assert any("rank 1's storage stalls all ranks" in line for line in summary["bottleneck"]["evidence"])
+    assert summary["steps"] == 16 and ranks[0]["steps"] == 16
+
+
+def test_balanced_job_has_no_straggler(tmp_path):
+    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "256", "--sleep-ms", "1")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    assert summary["distributed"]["straggler"] is None
+    assert all(r["verdict"] != "sync-bound" for r in summary["ranks"])
+    assert summary["distributed"]["primary_rank"] == 0
+
+
+def test_recorder_does_not_change_training(tmp_path):
+    """Losses with and without the recorder (and its DDP comm hook) are identical, bit for bit."""
+    plain = tmp_path / "plain"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE")}
+    subprocess.run(torchrun(2, DDP, "--samples", "128", "--hidden", "96", "--losses", str(plain)),
+                   env=env, check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    recorded = tmp_path / "recorded"
+    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "128", "--hidden", "96",
+                                                "--losses", str(recorded))])
+    assert result.returncode == 0, result.stderr[-3000:]
+    session = Session.load(result.summary["session"])
+    assert any(c.op == "ddp.allreduce" for c in session.collectives)  # the hook was installed
+    for rank in (0, 1):
+        a = json.loads(Path(f"{plain}.{rank}").read_text())
+        b = json.loads(Path(f"{recorded}.{rank}").read_text())
+        assert len(a) == 8 and a == b
+
+
+def test_steps_limit_ends_every_rank_at_the_same_step(tmp_path):
+    result = run_cli(tmp_path, ["--steps", "5", "--", *torchrun(2, DDP, "--samples", "256", "--slow-rank", "1",
+                                                                 "--slow-ms", "2")], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.summary["ended_by"] == "steps"
+    assert [r["steps"] for r in result.summary["ranks"]] == [5, 5]
+
+
+def test_crashing_rank_keeps_exit_code_and_survivors_data(tmp_path):
+    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "256", "--crash-rank", "1",
+                                                "--crash-at", "6")], timeout=180)
+    assert result.returncode == 1 and result.summary["exit_code"] == 1
+    ranks = _ranks(result.summary)
+    assert sorted(ranks) == [0, 1]
+    assert ranks[0]["steps"] >= 5 and ranks[1]["steps"] >= 5
+    assert ranks[1]["failed"].startswith("RuntimeError: planted crash on rank 1")
+    session = Session.load(result.summary["session"])
+    assert {r.rank for r in session.ranks} == {0, 1}
+
+
+def test_spawned_ranks_are_recorded(tmp_path):
+    port = str(free_port())
+    env_cmd = ["env", f"DDP_PORT={port}", sys.executable, DDP, "--spawn", "2", "--samples", "128",
+               "--slow-rank", "0", "--slow-ms", "4"]
+    result = run_cli(tmp_path, ["--", *env_cmd])
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = _ranks(result.summary)
+    assert sorted(ranks) == [0, 1] and all(r["steps"] == 8 for r in ranks.values())
+    assert result.summary["distributed"]["straggler"]["rank"] == 0
+    session = Session.load(result.summary["session"])
+    assert {p.role for p in session.processes} >= {"main", "rank"}
+
+
+def test_two_nodes_merge_with_aligned_clocks(tmp_path):
+    """Two launchers, one per simulated node (torchrun --nnodes 2 over localhost), merged into one job."""
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cwd = tmp_path / f"node{node}"
+        cwd.mkdir()
+        cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--json", str(cwd / "s.json"),
+               "--store", str(cwd / "store"), "--", sys.executable, "-m", "torch.distributed.run",
+               "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), DDP, "--samples", "256", "--barrier"]
+        procs.append(subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for proc in procs:
+        out, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out[-3000:]
+    sessions = [Session.load(json.loads((tmp_path / f"node{n}" / "s.json").read_text())["session"]) for n in (0, 1)]
+    assert [[r.rank for r in s.ranks] for s in sessions] == [[0], [1]]
+    # Node 1's clock as if it had booted 7 s later: the merge must find that from the job's own barriers.
+    shift = 7_000_000_000
+    sessions[1] = _shift_clock(sessions[1], shift)
+    merged = merge_sessions([sessions[1], sessions[0]])
+    assert [r.rank for r in merged.ranks] == [0, 1]
+    node1 = next(a for a in merged.clock_alignment if a["ranks"] == [1])
+    assert abs(node1["offset_ns"] - shift) < 5_000_000, node1
+    analysis = analyze(merged)
+    steps = {r.rank: r for r in analysis.ranks}
+    assert steps[0].steps == steps[1].steps == 16
+    ends = {rank: [o.end_ns for o in merged.optimizer_steps if o.pid == steps[rank].pid] for rank in (0, 1)}
+    # every step ends at a barrier, so aligned timelines end each step within a few ms of each other
+    gaps = [abs(a - b) for a, b in zip(ends[0], ends[1])]
+    assert statistics.median(gaps) < 5_000_000, gaps
+    out = tmp_path / "merged.json"
+    cli = subprocess.run([sys.executable, "-m", "stallscope", "merge", *(str(s) for s in _session_paths(tmp_path)),
+                          "-o", str(out), "--json", str(tmp_path / "m.json"), "--quiet"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    summary = json.loads((tmp_path / "m.json").read_text())
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+
+
+def _session_paths(tmp_path: Path) -> list[Path]:
+    return [Path(json.loads((tmp_path / f"node{n}" / "s.json").read_text())["session"]) for n in (0, 1)]
+
+
+def _shift_clock(session: Session, offset: int) -> Session:
+    from stallscope.merge import _RECORD_LISTS, _shift
+
+    changes = {name: [_shift(r, -offset, {}) for r in getattr(session, name)] for name in _RECORD_LISTS}
+    return dataclasses.replace(session, start_ns=session.start_ns + offset, end_ns=session.end_ns + offset, **changes)

@@ -1,0 +1,104 @@
+"""A small DDP training job on CPU (gloo), started by torchrun or by itself with ``--spawn N``.
+
+Switches plant the multi-rank situations stallscope must diagnose: one rank with a slow dataset,
+a rank that crashes, explicit barriers. ``--losses PATH`` writes every rank's losses (to check the
+recorder changes nothing), and each rank prints its median step time (for the overhead benchmark).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class Points(Dataset):
+    def __init__(self, n, sleep_ms):
+        self.n, self.sleep = n, sleep_ms / 1000.0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.sleep:
+            time.sleep(self.sleep)
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(32, generator=g)
+        return x, int(x.sum() > 0)
+
+
+def train(rank, world, args):
+    torch.set_num_threads(1)
+    if args.spawn:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    else:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(32, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sleep = args.slow_ms if rank == args.slow_rank else args.sleep_ms
+    data = Points(args.samples, sleep)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
+    losses, times = [], []
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        t0 = time.perf_counter()
+        for step, (x, y) in enumerate(loader):
+            if rank == args.crash_rank and step == args.crash_at:
+                raise RuntimeError(f"planted crash on rank {rank} at step {step}")
+            for _ in range(args.repeat):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+            opt.step()
+            if args.barrier:
+                dist.barrier()
+            losses.append(loss.item())
+            t1 = time.perf_counter()
+            times.append(t1 - t0)
+            t0 = t1
+    if args.losses:
+        with open(f"{args.losses}.{rank}", "w") as f:
+            json.dump(losses, f)
+    steady = times[3:] or times
+    print(f"rank {rank}: {len(times)} steps, median step {1000 * statistics.median(steady):.3f} ms", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--samples", type=int, default=256, help="samples in the dataset (split over ranks)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=1, help="forward/backward passes per step (more compute)")
+    p.add_argument("--sleep-ms", type=float, default=0.0, help="per-sample dataset delay on every rank")
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-ms", type=float, default=0.0, help="per-sample dataset delay on --slow-rank")
+    p.add_argument("--crash-rank", type=int, default=-1)
+    p.add_argument("--crash-at", type=int, default=5)
+    p.add_argument("--barrier", action="store_true", help="dist.barrier() after every step")
+    p.add_argument("--losses", default=None, help="write each rank's losses to PATH.<rank>")
+    p.add_argument("--spawn", type=int, default=0, help="start N ranks with torch.multiprocessing.spawn")
+    args = p.parse_args()
+    if args.spawn:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", os.environ.get("DDP_PORT", "29511"))
+        torch.multiprocessing.spawn(train, args=(args.spawn, args), nprocs=args.spawn)
+    else:
+        train(-1, -1, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Per-rank analysis, the sync node and the straggler, and the merge of node sessions, on hand-built sessions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stallscope.analyze import analyze
+from stallscope.analyze.steps import step_stats
+from stallscope.analyze.sync import sync_intervals
+from stallscope.merge import MergeError, clock_offset, merge_sessions
+from stallscope.session import (
+    CollectiveRecord,
+    LoaderRecord,
+    NextRecord,
+    OptimizerStepRecord,
+    ProcessRecord,
+    RankRecord,
+    Session,
+)
+
+MS = 1_000_000
+CONFIG = {"num_workers": 0, "batch_size": 8, "sampler": "DistributedSampler", "dataset_len": 160}
+
+
+def _rank_records(pid: int, rank: int, wait_ms: int, work_ms: int, sync_ms: int, steps: int = 10,
+                  t0: int = 0, host: str = "a") -> dict[str, list]:
+    """One rank: per step a data wait, own work, then a DDP all-reduce that blocks ``sync_ms``."""
+    nexts, opts, colls = [], [], []
+    t = t0
+    for i in range(steps):
+        nexts.append(NextRecord(0, 0, 0, t, t + wait_ms * MS, -1, 8, pid))
+        t += (wait_ms + work_ms) * MS
+        colls.append(CollectiveRecord("ddp.allreduce", -1, t - 2 * MS, t + sync_ms * MS, pid, blocking=False,
+                                      bucket=0))
+        t += sync_ms * MS
+        opts.append(OptimizerStepRecord(1, "SGD", t, t + MS, pid))
+        t += MS
+    return {"nexts": nexts, "optimizer_steps": opts, "collectives": colls,
+            "loaders": [LoaderRecord(0, pid, t0, "train.py:1", dict(CONFIG), {})],
+            "processes": [ProcessRecord(pid, 1, "rank", [], 0, t0)],
+            "ranks": [RankRecord(pid, rank, rank, 2, 0, host, "gloo", t0 - 5 * MS, t0 - MS)]}
+
+
+def _session(*ranks: dict[str, list], **kw) -> Session:
+    lists: dict[str, list] = {}
+    for r in ranks:
+        for k, v in r.items():
+            lists.setdefault(k, []).extend(v)
+    for k in ("nexts", "optimizer_steps", "collectives"):
+        lists[k].sort(key=lambda r: r.start_ns)
+    return Session("stallscope.session/1", kw.get("run_id", "r"), ["torchrun"], "/", 0.0, 0, 10**12, 0, "exit", {},
+                   None, {"cpus_affinity": 8}, **lists)
+
+
+def test_ddp_wait_is_sync_and_comes_out_of_compute():
+    s = _session(_rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=40))
+    stats = step_stats(s, 100)
+    assert [st.sync_ns for st in stats.steps] == [42 * MS] * 10  # from the last hand-over to completion
+    assert stats.steady[0].compute_ns == (1 + 5 + 40 + 1 - 1 - 42) * MS
+
+
+def test_bucket_groups_split_at_a_repeated_bucket_index():
+    colls = [CollectiveRecord("ddp.allreduce", -1, a * MS, b * MS, 7, blocking=False, bucket=k)
+             for a, b, k in [(0, 3, 1), (2, 5, 0), (10, 11, 1), (12, 20, 0)]]
+    s = _session({"collectives": colls, "nexts": [], "optimizer_steps": []})
+    assert sync_intervals(s, 7) == [(2 * MS, 5 * MS), (12 * MS, 20 * MS)]
+
+
+def test_straggler_named_with_its_stage_and_job_keys_are_its_own():
+    fast = _rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=40)
+    slow = _rank_records(200, 1, wait_ms=41, work_ms=5, sync_ms=0)
+    a = analyze(_session(fast, slow))
+    by_rank = {r.rank: r for r in a.ranks}
+    assert by_rank[0].verdict == "sync-bound" and by_rank[0].bottleneck_node == "sync"
+    assert by_rank[1].verdict == "input-bound"
+    assert a.distributed.straggler_rank == 1 and a.distributed.primary_rank == 1
+    assert a.distributed.straggler_node == by_rank[1].bottleneck_node == "loader"
+    assert a.verdict == "input-bound"
+    assert a.distributed.skew_median_s == pytest.approx(0.040, abs=0.002)
+
+
+def test_balanced_ranks_have_no_straggler():
+    a = analyze(_session(_rank_records(100, 0, 1, 20, 1), _rank_records(200, 1, 1, 20, 1)))
+    assert a.distributed.straggler_rank is None and a.distributed.primary_rank == 0
+    assert {r.verdict for r in a.ranks} == {"compute-bound"}
+
+
+def test_sharding_and_workers_per_node_recommendations():
+    a0, a1 = _rank_records(100, 0, 1, 20, 1), _rank_records(200, 1, 1, 20, 1, steps=8)
+    for rec in (a0, a1):
+        rec["loaders"] = [dataclasses.replace(ld, config={**CONFIG, "sampler": "RandomSampler", "num_workers": 4})
+                          for ld in rec["loaders"]]
+    ids = [r.id for r in analyze(_session(a0, a1)).recommendations]
+    assert {"distributed-sampler", "uneven-shards", "workers-per-node"} <= set(ids)
+
+
+def test_single_process_sessions_are_unchanged():
+    s = _session(_rank_records(100, 0, 1, 20, 0))
+    s = dataclasses.replace(s, ranks=[], collectives=[], processes=[ProcessRecord(100, 1, "main", [], 0, 0)])
+    a = analyze(s)
+    assert a.ranks == [] and a.distributed is None and a.node_seconds["sync"] == 0.0
+
+
+def test_old_sessions_without_rank_fields_load():
+    data = _session(_rank_records(100, 0, 1, 20, 0)).to_dict()
+    for key in ("ranks", "collectives", "clock_alignment"):
+        del data[key]
+    for proc in data["processes"]:
+        del proc["owner"]
+    s = Session.from_dict(data)
+    assert s.ranks == [] and s.processes[0].owner is None
+
+
+def test_main_pid_is_lowest_rank_when_launcher_child_is_an_agent():
+    s = _session(_rank_records(100, 1, 1, 5, 0), _rank_records(200, 0, 1, 5, 0))
+    s = dataclasses.replace(s, processes=[ProcessRecord(50, 1, "main", [], 0, 0), *s.processes])
+    assert s.main_pid == 200
+
+
+def _node(pid: int, rank: int, clock: int) -> Session:
+    """A node whose clock reads ``clock`` ns more than true time; every rank leaves init at true 1000 ms."""
+    rec = _rank_records(pid, rank, 1, 5, 2, t0=1_000 * MS + clock, host=f"h{rank}")
+    rec["ranks"] = [RankRecord(pid, rank, 0, 2, rank, f"h{rank}", "gloo", 900 * MS + rank * 50 * MS + clock,
+                               1_000 * MS + rank * MS // 2 + clock)]
+    return _session(rec, run_id=f"n{rank}")
+
+
+def test_merge_recovers_node_clock_offset_from_the_rendezvous():
+    a, b = _node(100, 0, 0), _node(100, 1, 3_000 * MS)
+    offset, low, high = clock_offset(a, b)
+    assert low <= 3_000 * MS <= high and abs(offset - 3_000 * MS) < 2 * MS
+    merged = merge_sessions([b, a])
+    assert [r.rank for r in merged.ranks] == [0, 1]
+    assert len({r.pid for r in merged.ranks}) == 2  # the same pid on two nodes is renumbered
+    ends = sorted(o.end_ns for o in merged.optimizer_steps)
+    assert abs(ends[0] - ends[1]) < 2 * MS
+    assert merged.clock_alignment[1]["offset_ns"] == offset
+
+
+def test_merge_refuses_overlapping_ranks():
+    with pytest.raises(MergeError):
+        merge_sessions([_node(100, 0, 0), _node(200, 0, 0)])
