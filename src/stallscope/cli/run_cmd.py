@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 
 from stallscope import store as history
-from stallscope.analyze import analyze
+from stallscope.analyze import Analysis, analyze
 from stallscope.launcher import LaunchError, run
 from stallscope.record.overrides import SETTABLE, OverrideError, parse_overrides
 from stallscope.render import terminal
@@ -67,15 +67,22 @@ def handle(args: argparse.Namespace) -> int:
 
 def record_and_report(command: list[str], *, module: str | None, store: str | None, overrides: dict,
                       max_steps: int | None, json_path: str | None, quiet: bool) -> int:
+    return record(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
+                  json_path=json_path, quiet=quiet)[0]
+
+
+def record(command: list[str], *, module: str | None, store: str | None, overrides: dict,
+           max_steps: int | None, json_path: str | None, quiet: bool) -> tuple[int, Analysis | None]:
+    """Run, analyse, save to history, write JSON, print: the exit code and the analysis (None if not started)."""
     try:
         outcome = run(command, module=module, store=store, overrides=overrides, max_steps=max_steps)
     except LaunchError as exc:
         print(f"stallscope run: {exc}", file=sys.stderr)
-        return 2
+        return 2, None
     analysis = analyze(outcome.session)
     history.record_run_or_warn(store, outcome.session, analysis, outcome.session_path)
     if json_path:
         write_summary(json_path, summary_dict(outcome.session, analysis, outcome.session_path))
     if not quiet:
         terminal.render(outcome.session, analysis, Console(stderr=True), session_ref=str(outcome.session_path))
-    return outcome.exit_code
+    return outcome.exit_code, analysis
