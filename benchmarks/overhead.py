@@ -67,13 +67,15 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=7)
     p.add_argument("--batches", type=int, default=60)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: sampler off)")
     args = p.parse_args()
     data = demo_dataset()
     script = [str(REFERENCE_SCRIPT), "--data", str(data), "--workers", str(args.workers), "--max-batches",
               str(args.batches), "--threads", "1", "--report-throughput"]
     plain_cmd = [sys.executable, *script]
     with tempfile.TemporaryDirectory() as store:
-        recorded_cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store, "--",
+        recorded_cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
+                        "--sample-interval", args.sample_interval, "--",
                         sys.executable, *script]
         ratios, plain_rates, recorded_rates = [], [], []
         print(f"{'pair':>4} {'plain img/s':>12} {'recorded img/s':>15} {'ratio':>7}")

@@ -43,6 +43,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
     p.add_argument("--store", metavar="DIR", help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
     p.add_argument("--quiet", action="store_true", help="do not print the summary")
+    p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
+                   help="period of the system sampler (CPU, memory, GPU); 0 turns it off (default 0.1)")
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -61,8 +63,11 @@ def handle(args: argparse.Namespace) -> int:
         print("stallscope run: no command given; usage: stallscope run [options] -- python train.py ARGS",
               file=sys.stderr)
         return 2
-    return record_and_report(command, module=args.module, store=args.store, overrides=overrides,
-                             max_steps=args.steps, json_path=args.json, quiet=args.quiet)
+    if args.sample_interval < 0:
+        print("stallscope run: --sample-interval must be 0 (off) or positive", file=sys.stderr)
+        return 2
+    return record(command, module=args.module, store=args.store, overrides=overrides, max_steps=args.steps,
+                  json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval)[0]
 
 
 def record_and_report(command: list[str], *, module: str | None, store: str | None, overrides: dict,
@@ -72,10 +77,12 @@ def record_and_report(command: list[str], *, module: str | None, store: str | No
 
 
 def record(command: list[str], *, module: str | None, store: str | None, overrides: dict,
-           max_steps: int | None, json_path: str | None, quiet: bool) -> tuple[int, Analysis | None]:
+           max_steps: int | None, json_path: str | None, quiet: bool,
+           sample_interval_s: float = 0.1) -> tuple[int, Analysis | None]:
     """Run, analyse, save to history, write JSON, print: the exit code and the analysis (None if not started)."""
     try:
-        outcome = run(command, module=module, store=store, overrides=overrides, max_steps=max_steps)
+        outcome = run(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
+                      sample_interval_s=sample_interval_s)
     except LaunchError as exc:
         print(f"stallscope run: {exc}", file=sys.stderr)
         return 2, None

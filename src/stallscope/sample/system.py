@@ -22,7 +22,11 @@ SAMPLES_SCHEMA = "stallscope.samples/1"
 DISK_EVERY_TICKS = 5
 #: Unique set size (private pages) needs /proc/PID/smaps_rollup: read it once a second. It is what grows
 #: when a worker's copy-on-write pages get copied (reading Python objects touches their refcounts).
-USS_EVERY_TICKS = 10
+USS_EVERY_TICKS = 30
+#: Bytes read per process (for the dataset-size estimate) change slowly; once a second is plenty.
+IO_EVERY_TICKS = 10
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class SystemSampler:
@@ -107,7 +111,8 @@ class SystemSampler:
                     self.system["disk_read_bytes_per_s"].append(None)
                 self.system["shm_used_bytes"].append(_shm_used(self.shm_path))
                 for proc in tree:
-                    self._process_tick(proc, tick, with_uss=tick % USS_EVERY_TICKS == 0)
+                    self._process_tick(proc, tick, with_uss=tick % USS_EVERY_TICKS == 0,
+                                       with_io=tick % IO_EVERY_TICKS == 0)
                 if self._gpu is not None and self._gpu.handles:
                     for key, values in self._gpu.read().items():
                         self.gpu_series.setdefault(key, []).append(values)
@@ -140,13 +145,17 @@ class SystemSampler:
             self.absent["iowait"] = "this platform does not report iowait"
             self.system["iowait_percent"].append(None)
 
-    def _process_tick(self, proc: psutil.Process, tick: int, with_uss: bool) -> None:
+    def _process_tick(self, proc: psutil.Process, tick: int, with_uss: bool, with_io: bool) -> None:
+        """CPU and RSS every tick from one read of /proc/PID/stat; bytes read and USS less often."""
         key = str(proc.pid)
-        uss = None
+        uss = read_chars = None
         try:
-            with proc.oneshot():
-                times = proc.cpu_times()
-                rss = proc.memory_info().rss
+            cpu_rss = _proc_stat(proc.pid)
+            if cpu_rss is None:  # not Linux, or /proc unreadable: psutil's portable path
+                with proc.oneshot():
+                    times = proc.cpu_times()
+                    cpu_rss = (times.user + times.system, proc.memory_info().rss)
+            if with_io:
                 try:
                     read_chars = getattr(proc.io_counters(), "read_chars", None)
                 except (psutil.AccessDenied, AttributeError, NotImplementedError):
@@ -164,12 +173,29 @@ class SystemSampler:
                                            "ticks": [], "cpu_s": [], "rss_bytes": [], "read_bytes": [],
                                            "uss_ticks": [], "uss_bytes": []}
         entry["ticks"].append(tick)
-        entry["cpu_s"].append(round(times.user + times.system, 4))
-        entry["rss_bytes"].append(rss)
+        entry["cpu_s"].append(round(cpu_rss[0], 4))
+        entry["rss_bytes"].append(cpu_rss[1])
         entry["read_bytes"].append(read_chars)
         if uss is not None:
             entry["uss_ticks"].append(tick)
             entry["uss_bytes"].append(uss)
+
+
+def _proc_stat(pid: int) -> tuple[float, int] | None:
+    """(user+system CPU seconds, RSS bytes) from /proc/PID/stat, or None where that file is not there."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            raise psutil.NoSuchProcess(pid) from None
+        return None
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()
+    # After the command name: state is field 3 of proc(5); utime 14, stime 15, rss 24 (1-based).
+    utime, stime, rss_pages = int(fields[11]), int(fields[12]), int(fields[21])
+    return (utime + stime) / _CLOCK_TICKS, rss_pages * _PAGE_SIZE
 
 
 def _ppid(proc: psutil.Process) -> int | None:
