@@ -20,9 +20,14 @@ from stallscope.sample.gpu import GpuProbe
 SAMPLES_SCHEMA = "stallscope.samples/1"
 #: Disk counters cost more to read than everything else together; every 5th tick is enough for a rate.
 DISK_EVERY_TICKS = 5
-#: Unique set size (private pages) needs /proc/PID/smaps_rollup: read it once a second. It is what grows
-#: when a worker's copy-on-write pages get copied (reading Python objects touches their refcounts).
-USS_EVERY_TICKS = 30
+#: Unique set size (private pages) needs /proc/PID/smaps_rollup, which walks every mapping: ~7 ms for a
+#: process that loaded torch. It is what grows when a worker's copy-on-write pages get copied (reading
+#: Python objects touches their refcounts), so it is read for workers only, at most every USS_MIN_PERIOD_S
+#: and less often when a read is slow, so that it stays within USS_CORE_BUDGET of one core.
+USS_MIN_PERIOD_S = 2.0
+#: Finding the job's processes: new DataLoader workers show up within this many seconds.
+TREE_REFRESH_S = 1.0
+USS_CORE_BUDGET = 0.002
 #: Bytes read per process (for the dataset-size estimate) change slowly; once a second is plenty.
 IO_EVERY_TICKS = 10
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -46,6 +51,7 @@ class SystemSampler:
         self.absent: dict[str, str] = {}
         self._cost_cpu_s = 0.0
         self._wall_s = 0.0
+        self._last_uss_cost: float | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="stallscope-sampler", daemon=True)
@@ -85,19 +91,20 @@ class SystemSampler:
         cpu0 = time.thread_time()
         wall0 = time.perf_counter()
         tree: list[psutil.Process] = []
+        uss_due: dict[int, float] = {}
         refreshed = 0.0
-        last_cpu = psutil.cpu_times(percpu=True)
+        last_cpu = _per_cpu_times()
         last_disk = _disk_read_bytes()
         last_t = time.perf_counter()
         try:
             while not self._stop.wait(self.interval_s):
                 now = time.perf_counter()
-                if now - refreshed > 1.0:
+                if now - refreshed > TREE_REFRESH_S:
                     tree = self._process_tree()
                     refreshed = now
                 self.t_ns.append(time.perf_counter_ns())
                 tick = len(self.t_ns) - 1
-                cpu = psutil.cpu_times(percpu=True)
+                cpu = _per_cpu_times()
                 self._system_tick(last_cpu, cpu)
                 last_cpu = cpu
                 if tick % DISK_EVERY_TICKS == 0:
@@ -111,8 +118,11 @@ class SystemSampler:
                     self.system["disk_read_bytes_per_s"].append(None)
                 self.system["shm_used_bytes"].append(_shm_used(self.shm_path))
                 for proc in tree:
-                    self._process_tick(proc, tick, with_uss=tick % USS_EVERY_TICKS == 0,
-                                       with_io=tick % IO_EVERY_TICKS == 0)
+                    self._process_tick(proc, tick, with_uss=proc.pid != self.root_pid and now >= uss_due.setdefault(
+                        proc.pid, now + USS_MIN_PERIOD_S), with_io=tick % IO_EVERY_TICKS == 0)
+                    if self._last_uss_cost is not None:
+                        uss_due[proc.pid] = now + max(USS_MIN_PERIOD_S, self._last_uss_cost / USS_CORE_BUDGET)
+                        self._last_uss_cost = None
                 if self._gpu is not None and self._gpu.handles:
                     for key, values in self._gpu.read().items():
                         self.gpu_series.setdefault(key, []).append(values)
@@ -121,25 +131,43 @@ class SystemSampler:
             self._wall_s = time.perf_counter() - wall0
 
     def _process_tree(self) -> list[psutil.Process]:
+        """The job's processes. Linux lists each thread's children in /proc; that reads only the tree,
+        where psutil's ``children()`` reads the parent of every process on the machine."""
+        known = {p.pid: p for p in getattr(self, "_tree", [])}
+        pids = _tree_pids(self.root_pid)
         try:
-            root = psutil.Process(self.root_pid)
-            return [root, *root.children(recursive=True)]
+            if pids is None:
+                root = psutil.Process(self.root_pid)
+                tree = [root, *root.children(recursive=True)]
+            else:
+                tree = []
+                for pid in pids:
+                    proc = known.get(pid)
+                    if proc is None:
+                        try:
+                            proc = psutil.Process(pid)
+                        except psutil.NoSuchProcess:
+                            continue
+                    tree.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return []
+            tree = []
+        self._tree = tree
+        return tree
 
-    def _system_tick(self, before: list[Any], after: list[Any]) -> None:
+    def _system_tick(self, before: list[tuple[int, ...]], after: list[tuple[int, ...]]) -> None:
+        """Per-core busy %, total busy % and iowait % between two reads of /proc/stat (jiffies)."""
         per_core: list[float] = []
-        busy_total = all_total = iowait = 0.0
+        busy_total = all_total = iowait = 0
         for b, a in zip(before, after):
             total = sum(a) - sum(b)
-            idle = (a.idle - b.idle) + (getattr(a, "iowait", 0.0) - getattr(b, "iowait", 0.0))
+            idle = (a[3] - b[3]) + (a[4] - b[4])  # idle + iowait
             per_core.append(round(100.0 * (total - idle) / total, 1) if total > 0 else 0.0)
             busy_total += total - idle
             all_total += total
-            iowait += getattr(a, "iowait", 0.0) - getattr(b, "iowait", 0.0)
+            iowait += a[4] - b[4]
         self.system["per_core_percent"].append(per_core)
         self.system["cpu_percent"].append(round(100.0 * busy_total / all_total, 1) if all_total > 0 else None)
-        if hasattr(after[0], "iowait"):
+        if before and len(before[0]) > 4:
             self.system["iowait_percent"].append(round(100.0 * iowait / all_total, 2) if all_total > 0 else None)
         else:
             self.absent["iowait"] = "this platform does not report iowait"
@@ -161,10 +189,12 @@ class SystemSampler:
                 except (psutil.AccessDenied, AttributeError, NotImplementedError):
                     read_chars = None
             if with_uss:
+                started = time.thread_time()
                 try:
                     uss = proc.memory_full_info().uss
                 except (psutil.AccessDenied, AttributeError, NotImplementedError):
                     uss = None
+                self._last_uss_cost = time.thread_time() - started
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return
         entry = self.processes.get(key)
@@ -212,12 +242,73 @@ def _name(proc: psutil.Process) -> str | None:
         return None
 
 
-def _disk_read_bytes() -> int | None:
+def _per_cpu_times() -> list[tuple[int, ...]]:
+    """Jiffies per CPU (user, nice, system, idle, iowait, irq, softirq, steal) from /proc/stat.
+
+    Read directly: psutil's equivalent builds named tuples and costs several times more, which
+    matters ten times a second. Elsewhere psutil's values stand in (iowait then absent)."""
     try:
-        counters = psutil.disk_io_counters()
-    except Exception:
-        return None
-    return counters.read_bytes if counters is not None else None
+        with open("/proc/stat", "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError:
+        return [(int(t.user * 100), 0, int(t.system * 100), int(t.idle * 100), 0)
+                for t in psutil.cpu_times(percpu=True)]
+    return [tuple(int(v) for v in line.split()[1:9]) for line in lines
+            if line.startswith(b"cpu") and line[3:4].isdigit()]
+
+
+def _tree_pids(root: int) -> list[int] | None:
+    """``root`` and its descendants from /proc/PID/task/TID/children, or None where that is unavailable."""
+    pids, queue = [], [root]
+    while queue:
+        pid = queue.pop()
+        pids.append(pid)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            if pid == root and not os.path.exists(f"/proc/{root}"):
+                return []
+            continue
+        except OSError:
+            return None
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    queue.extend(int(c) for c in f.read().split())
+            except FileNotFoundError:
+                if tid == str(pid) and not os.path.exists(f"/proc/{pid}/task/{tid}/stat"):
+                    continue
+                if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                    continue
+                return None  # kernel without CONFIG_PROC_CHILDREN
+            except OSError:
+                continue
+    return pids
+
+
+_WHOLE_DISKS: set[str] | None = None
+
+
+def _disk_read_bytes() -> int | None:
+    """Bytes read from whole disks (not partitions) since boot, from /proc/diskstats."""
+    global _WHOLE_DISKS
+    try:
+        if _WHOLE_DISKS is None:
+            _WHOLE_DISKS = set(os.listdir("/sys/block"))
+        with open("/proc/diskstats", "rb") as f:
+            lines = f.read().decode().splitlines()
+    except OSError:
+        try:
+            counters = psutil.disk_io_counters()
+        except Exception:
+            return None
+        return counters.read_bytes if counters is not None else None
+    sectors = 0
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[2] in _WHOLE_DISKS and not fields[2].startswith(("loop", "ram")):
+            sectors += int(fields[5])
+    return sectors * 512
 
 
 def _shm_used(path: str) -> int | None:
