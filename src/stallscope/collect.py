@@ -75,7 +75,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     lists["iters"].append(IterRecord(*fields[:6], pid=pid))
                 elif kind == "next":
                     lists["nexts"].append(NextRecord(*fields[:7], pid=pid,
-                                                     unpickle_ns=fields[7] if len(fields) > 7 else 0))
+                                                     unpickle_ns=fields[7] if len(fields) > 7 else 0,
+                                                     unpickle_cpu_ns=fields[8] if len(fields) > 8 else 0))
                 elif kind == "stop":
                     lists["stops"].append(StopRecord(*fields[:5], pid=pid))
                 elif kind == "send":

@@ -63,6 +63,7 @@ class NextRecord:
     batch_size: int | None
     pid: int
     unpickle_ns: int = 0  # of the wait: rebuilding the batch received from a worker (multi-process loaders)
+    unpickle_cpu_ns: int = 0  # the CPU part of it; the rest is waiting on the worker (file descriptor passing)
 
 
 @dataclass(frozen=True)

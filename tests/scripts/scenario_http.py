@@ -48,6 +48,7 @@ def serve(port_queue) -> None:
 
 
 def main() -> int:
+    torch.set_num_threads(1)  # the training process gets one core, as a GPU job's would
     workers = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     ports = multiprocessing.get_context("spawn").Queue()
     store = multiprocessing.get_context("spawn").Process(target=serve, args=(ports,), daemon=True)

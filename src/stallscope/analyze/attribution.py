@@ -34,7 +34,9 @@ def node_seconds(stats: StepStats, train: LoaderSummary | None, iter_start_in_st
     startup = min(wait, iter_start_in_steady_s)
     seconds["loader"] += startup
     wait -= startup
-    receiving = min(wait, stats.unpickle_s)  # rebuilding batches from workers: measured, loader machinery
+    # Rebuilding batches from workers is loader machinery, but only its CPU part: the rest of it was spent
+    # waiting for the sending worker (file descriptors), which is the workers' own work showing through.
+    receiving = min(wait, stats.unpickle_cpu_s)
     seconds["loader"] += receiving
     wait -= receiving
     pipeline = train.pipeline if train else None

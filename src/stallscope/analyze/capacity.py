@@ -107,7 +107,7 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
         if workers == 0:  # the training process also did the loading: that part moves to workers
             main_cpu = max(0.0, main_cpu - sum(v for k, v in cost.items() if k in CPU_STAGES))
     measured = stats.samples / max(stats.wall_s - startup_s, 1e-9)
-    receive = stats.unpickle_s / stats.samples
+    receive = stats.unpickle_cpu_s / stats.samples
     return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive)
 
 

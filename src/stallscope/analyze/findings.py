@@ -18,6 +18,7 @@ class Step:
     samples: int | None
     excluded_ns: int = 0  # time inside the interval spent in other loaders' loops (validation)
     unpickle_ns: int = 0  # part of the wait spent rebuilding batches received from workers
+    unpickle_cpu_ns: int = 0  # the CPU part of that; the rest waited on the sending worker
     sync_ns: int = 0  # time waiting for other ranks in collectives (taken out of compute)
 
     @property
@@ -40,6 +41,7 @@ class StepStats:
     transfer_s: float
     compute_s: float
     unpickle_s: float
+    unpickle_cpu_s: float
     samples: int | None
     median_step_s: float | None
     p90_step_s: float | None

@@ -36,19 +36,27 @@ def find_pitfalls(session: Session, loaders: list[LoaderSummary], system: System
 
 
 def _rss_growth(session, loaders, system, cpus):
-    # Start-up (imports, first batches in flight) raises private memory once; what matters is memory
-    # still climbing in the second half of the run.
-    grown = [w for w in system.workers if w.private_start is not None and w.private_end is not None
-             and w.private_end - w.private_start > 64 * MIB and w.private_end > 1.2 * w.private_start
-             and (w.private_late_growth or 0) > 32 * MIB]
-    if not grown:
+    """Private memory (USS, read every few seconds) shows copy-on-read; resident memory (RSS, read every
+    tick) shows plain growth such as a per-worker cache. Either must still be climbing late in the run."""
+    by_uss = [w for w in system.workers if w.private_start is not None and w.private_end is not None
+              and w.private_end - w.private_start > 64 * MIB and w.private_end > 1.2 * w.private_start
+              and (w.private_late_growth or 0) > 32 * MIB]
+    by_rss = [w for w in system.workers if w.rss_start is not None and w.rss_end is not None
+              and w.rss_end - w.rss_start > 128 * MIB and (w.rss_late_growth or 0) > 64 * MIB]
+    if not by_uss and not by_rss:
         return []
-    worst = max(grown, key=lambda w: w.private_end - w.private_start)
-    rate = f", {worst.private_growth_per_min / MIB:.0f} MiB/min" if worst.private_growth_per_min else ""
+    if by_uss:
+        worst = max(by_uss, key=lambda w: w.private_end - w.private_start)
+        rate = f", {worst.private_growth_per_min / MIB:.0f} MiB/min" if worst.private_growth_per_min else ""
+        what = (f"pid {worst.pid} from {worst.private_start / MIB:.0f} to {worst.private_end / MIB:.0f} MiB "
+                f"private{rate}")
+    else:
+        worst = max(by_rss, key=lambda w: w.rss_end - w.rss_start)
+        what = f"pid {worst.pid} resident memory from {worst.rss_start / MIB:.0f} to {worst.rss_end / MIB:.0f} MiB"
+    grown = {w.pid for w in by_uss} | {w.pid for w in by_rss}
     return [Pitfall(
-        "worker-memory-growth", "loader", "DataLoader workers' private memory keeps growing",
-        f"{len(grown)} worker(s) grew; worst: pid {worst.pid} from {worst.private_start / MIB:.0f} to "
-        f"{worst.private_end / MIB:.0f} MiB private{rate}",
+        "worker-memory-growth", "loader", "DataLoader workers' memory keeps growing",
+        f"{len(grown)} worker(s) grew; worst: {what}",
         "a Python list/dict of per-sample objects in the dataset is copied page by page as workers read it "
         "(copy-on-read, pytorch issue 13246): store paths and labels in numpy arrays or a packed file; "
         "also check the dataset does not cache samples it loads")]

@@ -77,7 +77,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     pid = session.main_pid if pid is None else pid
     train_id, boundary = train_loader_id(session, pid)
     if train_id is None:
-        return StepStats(None, "none", [], 0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
+        return StepStats(None, "none", [], 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
     nexts = [n for n in session.nexts if n.pid == pid and n.loader_id == train_id]
     iters = [it for it in session.iters if it.pid == pid and it.loader_id == train_id]
     transfers = [t for t in session.transfers if t.pid == pid]
@@ -118,7 +118,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         samples = sum(sizes) if sizes and all(v is not None for v in sizes) else None
         unpickle = sum(n.unpickle_ns for n in inside)
         sync = min(overlap_ns(waits_for_ranks, s0, s1), max(0, s1 - s0 - excluded - wait - transfer))
-        steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle, sync))
+        steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle_ns=unpickle,
+                          unpickle_cpu_ns=sum(n.unpickle_cpu_ns for n in inside), sync_ns=sync))
 
     warm = warmup if len(steps) > warmup + 1 else 0
     steady = steps[warm:]
@@ -134,6 +135,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         transfer_s=sum(s.transfer_ns for s in steady) / 1e9,
         compute_s=sum(s.compute_ns for s in steady) / 1e9,
         unpickle_s=sum(s.unpickle_ns for s in steady) / 1e9,
+        unpickle_cpu_s=sum(s.unpickle_cpu_ns for s in steady) / 1e9,
         samples=sum(sample_counts) if sample_counts and all(v is not None for v in sample_counts) else None,
         median_step_s=statistics.median(s.duration_ns for s in steady) / 1e9 if steady else None,
         p90_step_s=(_quantile([s.duration_ns for s in steady], 0.9) or 0) / 1e9 if steady else None,

@@ -19,6 +19,8 @@ class ProcessUsage:
     cpu_cores: float | None  # mean cores used over the sampled life
     rss_start: int | None
     rss_peak: int | None
+    rss_end: int | None
+    rss_late_growth: int | None  # RSS growth over the second half of the samples
     private_start: int | None  # USS: pages only this process holds (grows with copy-on-write copies)
     private_end: int | None
     private_growth_per_min: float | None
@@ -150,7 +152,7 @@ def _usage(pid: int, role: str, entry: dict[str, Any], t_ns: list[int], interval
     cpu = entry.get("cpu_s") or []
     seconds = (t_ns[ticks[-1]] - t_ns[ticks[0]]) / 1e9 if len(ticks) > 1 else 0.0
     cores = (cpu[-1] - cpu[0]) / seconds if len(cpu) > 1 and seconds > 0 else None
-    rss = [v for v in entry.get("rss_bytes") or [] if v is not None]
+    rss = [v for v in entry.get("rss_bytes") or [] if v]  # 0 is an exiting process, not a reading
     uss = entry.get("uss_bytes") or []
     uss_ticks = entry.get("uss_ticks") or []
     growth = None
@@ -159,6 +161,8 @@ def _usage(pid: int, role: str, entry: dict[str, Any], t_ns: list[int], interval
         growth = (uss[-1] - uss[0]) / span * 60 if span > 0 else None
     reads = [v for v in entry.get("read_bytes") or [] if v is not None]
     late = uss[-1] - uss[len(uss) // 2] if len(uss) >= 3 else None
+    rss_late = rss[-1] - rss[len(rss) // 2] if len(rss) >= 3 else None
     return ProcessUsage(pid, role, cores, rss[0] if rss else None, max(rss) if rss else None,
+                        rss[-1] if rss else None, rss_late,
                         uss[0] if uss else None, uss[-1] if uss else None, growth, late,
                         reads[-1] - reads[0] if len(reads) > 1 else None, seconds)

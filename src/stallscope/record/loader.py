@@ -21,6 +21,7 @@ from stallscope.record import batches, events, steps, workers
 from stallscope.record.overrides import apply_overrides
 
 _perf = time.perf_counter_ns
+_thread_cpu = time.thread_time_ns
 _loader_ids = itertools.count()
 _iter_ids = itertools.count()
 overrides: dict[str, Any] = {}
@@ -116,18 +117,23 @@ def _patch_batch_unpickling() -> None:
     original = ForkingPickler.loads
 
     def loads(*args: Any, **kwargs: Any) -> Any:
-        t0 = _perf()
+        t0, c0 = _perf(), _thread_cpu()
         try:
             return original(*args, **kwargs)
         finally:
             _ipc.ns = getattr(_ipc, "ns", 0) + _perf() - t0
+            _ipc.cpu_ns = getattr(_ipc, "cpu_ns", 0) + _thread_cpu() - c0
 
     ForkingPickler.loads = staticmethod(loads)
 
 
-def _take_ipc_ns() -> int:
-    value = getattr(_ipc, "ns", 0)
-    _ipc.ns = 0
+def _take_ipc_ns() -> tuple[int, int]:
+    """(wall, CPU) nanoseconds spent unpickling batches in this thread since the last call.
+
+    Wall beyond CPU is waiting: with the file_descriptor strategy each tensor's descriptor is fetched
+    from its worker, whose resource-sharer thread needs that worker's GIL."""
+    value = (getattr(_ipc, "ns", 0), getattr(_ipc, "cpu_ns", 0))
+    _ipc.ns = _ipc.cpu_ns = 0
     return value
 
 
@@ -223,8 +229,9 @@ def patch_dataloader(module: Any) -> None:
             events.emit("stop", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, _perf())
             raise
         t1 = _perf()
+        unpickle_ns, unpickle_cpu_ns = _take_ipc_ns()
         events.emit("next", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, t1,
-                    self._stallscope_worker, batch_size_of(data), _take_ipc_ns())
+                    self._stallscope_worker, batch_size_of(data), unpickle_ns, unpickle_cpu_ns)
         if not getattr(self, "_stallscope_described", False):
             self._stallscope_described = True
             events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, batches.describe_batch(data))

@@ -33,6 +33,7 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
             "samples_per_s": round(analysis.samples_per_s, 3) if analysis.samples_per_s is not None else None,
         },
         "step_time_s": {"median": stats.median_step_s, "p90": stats.p90_step_s, "first": stats.first_step_s},
+        "receive_s": {"wall": round(stats.unpickle_s, 4), "cpu": round(stats.unpickle_cpu_s, 4)},
         "bottleneck": {
             "node": analysis.bottleneck_node,
             "share": round(analysis.bottleneck_share, 4),

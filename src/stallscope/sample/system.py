@@ -223,6 +223,8 @@ def _proc_stat(pid: int) -> tuple[float, int] | None:
     except OSError:
         return None
     fields = data[data.rfind(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X"):  # exiting: its counters are gone, not zero
+        raise psutil.NoSuchProcess(pid)
     # After the command name: state is field 3 of proc(5); utime 14, stime 15, rss 24 (1-based).
     utime, stime, rss_pages = int(fields[11]), int(fields[12]), int(fields[21])
     return (utime + stime) / _CLOCK_TICKS, rss_pages * _PAGE_SIZE
