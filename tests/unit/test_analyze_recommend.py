@@ -1,24 +1,25 @@
-"""The throughput model behind predicted speedups."""
+"""Ranking of recommendations: measured configuration changes before assumed code changes."""
 
 from __future__ import annotations
 
-import pytest
-
-from stallscope.analyze.recommend import predicted_step_s
-
-
-def test_zero_workers_is_serial():
-    assert predicted_step_s(0.05, 0.2, 0.2, 1, workers=0, usable_cpus=8) == pytest.approx(0.25)
+from stallscope.analyze.recommend import SPECULATIVE_DISCOUNT, _rank_value
+from stallscope.analyze.findings import Recommendation
 
 
-def test_workers_overlap_until_cores_run_out():
-    # 200 ms of CPU per batch, 50 ms of compute: 4 workers on 8 cores keep up with 50 ms steps.
-    assert predicted_step_s(0.05, 0.2, 0.2, 1, workers=4, usable_cpus=8) == pytest.approx(0.05)
-    # On 2 cores the CPU work (compute + decode) sets the pace, however many workers.
-    assert predicted_step_s(0.05, 0.2, 0.2, 1, workers=8, usable_cpus=2) == pytest.approx(0.125)
+def rec(id_, change, gain):
+    return Recommendation(id_, "loader", id_, change, gain, "")
 
 
-def test_io_bound_workers_scale_beyond_cores():
-    # 100 ms per batch of which 10 ms CPU: blocking I/O overlaps across many workers.
-    assert predicted_step_s(0.01, 0.1, 0.01, 1, workers=10, usable_cpus=2) == pytest.approx(0.01)
-    assert predicted_step_s(0.01, 0.1, 0.01, 1, workers=2, usable_cpus=2) == pytest.approx(0.05)
+def test_measured_set_change_beats_a_slightly_larger_assumed_gain():
+    measured = rec("num-workers", "--set num_workers=2", 1.9)
+    assumed = rec("dataset-code", "profile __getitem__ ...", 2.1)
+    assert _rank_value(measured) > _rank_value(assumed)
+    assert _rank_value(assumed) == 2.1 * SPECULATIVE_DISCOUNT
+
+
+def test_much_larger_assumed_gain_still_wins():
+    assert _rank_value(rec("pack", "pack the dataset", 4.0)) > _rank_value(rec("w", "--set num_workers=3", 1.5))
+
+
+def test_unpredicted_changes_rank_last():
+    assert _rank_value(rec("sharing-strategy", "--set sharing_strategy=file_system", None)) == 0.0

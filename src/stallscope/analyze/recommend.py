@@ -1,8 +1,7 @@
 """Ranked changes, each with the exact edit and a speedup predicted by the throughput model.
 
 Predictions are ratios of the model's rates (new configuration over current), so a constant bias
-of the model cancels. The model is in ``capacity.py``; ``predicted_step_s`` below is its simplest
-form, kept as the documented rule of thumb for a single loader.
+of the model cancels. The model is in ``capacity.py``.
 """
 
 from __future__ import annotations
@@ -15,16 +14,6 @@ MIN_GAIN = 1.05
 #: is predicted from measured costs alone. Ranking discounts the former so a comparable measured fix wins.
 SPECULATIVE_DISCOUNT = 0.8
 NORMALIZE_CALLS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "F.to_tensor", "F.normalize")
-
-
-def predicted_step_s(compute_s: float, batch_wall_s: float, batch_cpu_s: float, batches_per_step: float,
-                     workers: int, usable_cpus: int) -> float:
-    """Step time when ``workers`` produce batches of known wall/CPU cost for a model of known compute."""
-    if workers <= 0:
-        return compute_s + batch_wall_s * batches_per_step
-    produce = batch_wall_s * batches_per_step / workers
-    cpu_bound = (compute_s + batch_cpu_s * batches_per_step) / max(1, usable_cpus)
-    return max(compute_s, produce, cpu_bound)
 
 
 def best_worker_count(model: ThroughputModel, usable_cpus: float) -> tuple[int, float]:
