@@ -19,6 +19,3 @@ ENV_HOME = "STALLSCOPE_HOME"
 ENV_DISABLE = "STALLSCOPE_DISABLE"
 
 DEFAULT_STORE_DIRNAME = ".stallscope"
-
-#: Exit code of a run stopped by ``--steps``: the script did not fail, we ended it on purpose.
-EXIT_STOPPED_BY_STEPS = 0

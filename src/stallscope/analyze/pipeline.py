@@ -15,9 +15,6 @@ from collections import defaultdict
 from stallscope.analyze.findings import WorkerPipeline
 from stallscope.session import FetchRecord, Session
 
-CPU_NODES = ("decode", "transform", "loader", "storage")
-
-
 def split_fetch(fetch: FetchRecord) -> dict[str, int]:
     """Nanoseconds of one fetch per node; the values add up to its wall time."""
     wall = max(0, fetch.end_ns - fetch.start_ns)

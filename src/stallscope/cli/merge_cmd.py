@@ -10,7 +10,7 @@ from rich.console import Console
 
 from stallscope import paths
 from stallscope.analyze import analyze
-from stallscope.merge import MergeError, merge_sessions
+from stallscope.merge import merge_sessions
 from stallscope.render import terminal
 from stallscope.render.summary import summary_dict, write_summary
 from stallscope.session import Session
