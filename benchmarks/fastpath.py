@@ -66,22 +66,32 @@ def torchvision_dataset(root: Path):
     ]))
 
 
+DEVICE = "cpu"  # --device cuda: batches end on the GPU (uint8 ones normalized there)
+
+
 def images_per_second(dataset, workers: int, batch_size: int, limit: int, uint8: bool) -> float:
     """Drain ``limit`` images; the clock starts at the first batch, so worker start-up is excluded."""
+    on_gpu = DEVICE != "cpu"
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
                         collate_fn=collate_uint8 if uint8 else None, persistent_workers=False,
-                        prefetch_factor=4 if workers else None, drop_last=True)
-    normalize = DeviceNormalizer("cpu") if uint8 else None
+                        prefetch_factor=4 if workers else None, drop_last=True, pin_memory=on_gpu)
+    normalize = DeviceNormalizer(DEVICE) if uint8 else None
     seen, start = 0, None
     for images, labels in loader:
         if normalize is not None:
             images, labels = normalize(images, labels)
+        elif on_gpu:
+            images, labels = images.to(DEVICE, non_blocking=True), labels.to(DEVICE, non_blocking=True)
         if start is None:
+            if on_gpu:
+                torch.cuda.synchronize()
             start = time.perf_counter()
             continue
         seen += images.shape[0]
         if seen >= limit:
             break
+    if on_gpu:
+        torch.cuda.synchronize()
     del loader
     return seen / (time.perf_counter() - start)
 
@@ -96,15 +106,20 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="full measurements per pipeline (median reported)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: batches are moved to the GPU and the "
+                        "uint8 pipelines normalize there (the torchvision recipe normalizes on the CPU)")
     parser.add_argument("--work", default=None, help="where to put the packs (default: a temporary folder)")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     cores = os.cpu_count() or 1
     root = demo_dataset(DatasetSpec(n_files=args.files), progress=True)
     files = sorted(root.glob("*/*.jpg"))
-    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}")
+    gpu = f", batches to {torch.cuda.get_device_name()}" if DEVICE != "cpu" else ", normalization on the CPU"
+    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}{gpu}")
     print(f"dataset: {len(files)} JPEGs in {root}")
 
     blobs = [p.read_bytes() for p in files[:300]]
@@ -126,7 +141,7 @@ def main() -> None:
         "(c) PackedImageDataset, LMDB": (PackedImageDataset(packs["lmdb"], crop=crop), True, None),
         "(d) PackedImageDataset, tar shards": (PackedImageDataset(packs["wds"], crop=crop), True, None),
     }
-    candidates = sorted({1, cores, cores + 1})
+    candidates = sorted({1, max(1, cores // 2), cores, cores + 1})
     chosen = {}
     for name, (dataset, uint8, _) in pipelines.items():
         chosen[name], probe = best_workers(dataset, candidates, args.batch_size, uint8)

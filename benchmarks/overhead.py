@@ -21,6 +21,8 @@ Measured on the 2-core development machine (2026-11-29), reference workload with
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import statistics
 import subprocess
@@ -40,6 +42,17 @@ def measure(cmd: list[str]) -> float:
     if not match:
         raise SystemExit(f"no throughput line in output of {' '.join(cmd)}")
     return float(match.group(1))
+
+
+def sampler_core_fraction(summary_path: str) -> float | None:
+    """The sampler's own CPU time over its wall time, as it recorded it in the session."""
+    try:
+        with open(summary_path) as f:
+            session_path = json.load(f)["session"]
+        with open(session_path) as f:
+            return json.load(f)["samples"]["cost"]["core_fraction"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def hot_path_cost(calls: int = 200_000) -> tuple[float, float]:
@@ -79,10 +92,11 @@ def main() -> int:
               str(args.batches), "--threads", "1", "--report-throughput"]
     plain_cmd = [sys.executable, *script]
     with tempfile.TemporaryDirectory() as store:
+        summary_path = os.path.join(store, "summary.json")
         recorded_cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
-                        "--sample-interval", args.sample_interval, "--",
+                        "--sample-interval", args.sample_interval, "--json", summary_path, "--",
                         sys.executable, *script]
-        ratios, plain_rates, recorded_rates = [], [], []
+        ratios, plain_rates, recorded_rates, sampler_cost = [], [], [], []
         print(f"{'pair':>4} {'plain img/s':>12} {'recorded img/s':>15} {'ratio':>7}")
         for pair in range(args.pairs):
             order = [("plain", plain_cmd), ("recorded", recorded_cmd)]
@@ -91,6 +105,9 @@ def main() -> int:
             rates = {name: measure(cmd) for name, cmd in order}
             ratio = rates["recorded"] / rates["plain"]
             ratios.append(ratio)
+            cost = sampler_core_fraction(summary_path)
+            if cost is not None:
+                sampler_cost.append(cost)
             plain_rates.append(rates["plain"])
             recorded_rates.append(rates["recorded"])
             print(f"{pair:>4} {rates['plain']:>12.1f} {rates['recorded']:>15.1f} {ratio:>7.3f}", flush=True)
@@ -99,6 +116,9 @@ def main() -> int:
     print(f"median throughput ratio recorded/plain over {len(ratios)} pairs: {median:.4f} "
           f"({100 * (1 - median):+.2f}% loss; min {min(ratios):.3f}, max {max(ratios):.3f})")
     print(f"median plain {statistics.median(plain_rates):.1f} img/s, recorded {statistics.median(recorded_rates):.1f} img/s")
+    if sampler_cost:
+        print(f"system sampler's own CPU: median {100 * statistics.median(sampler_cost):.2f}% of one core "
+              f"(max {100 * max(sampler_cost):.2f}%) at interval {args.sample_interval} s")
     print(f"hot path: {inside:.0f} ns per instrumented call inside a fetch, {outside:.0f} ns outside one")
     return 0
 

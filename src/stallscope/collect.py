@@ -16,6 +16,7 @@ from stallscope.session import (
     CollectiveRecord,
     ErrorRecord,
     FetchRecord,
+    GpuSpanRecord,
     IterRecord,
     LoaderRecord,
     NextRecord,
@@ -55,7 +56,7 @@ def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[A
 def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     lists: dict[str, list[Any]] = {k: [] for k in (
         "processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
-        "optimizer_steps", "pins", "transfers", "errors", "collectives")}
+        "optimizer_steps", "pins", "transfers", "errors", "collectives", "gpu_spans")}
     ranks: dict[int, RankRecord] = {}
     notes: list[str] = []
     batch_info: list[dict[str, Any]] = []
@@ -120,6 +121,10 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     bucket, launched, done = fields[:3]
                     lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, launched, done, pid,
                                                                  blocking=False, bucket=bucket))
+                elif kind == "gpu_span":
+                    lists["gpu_spans"].append(GpuSpanRecord(*fields[:6], pid=pid))
+                elif kind == "gpu_span_lost":
+                    notes.append(f"{fields[0]} CUDA-event timings of process {pid} were not resolved and are missing")
                 elif kind == "step_limit":
                     step_limit_hit = True
                 elif kind == "signal":
@@ -129,7 +134,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         lists["processes"].append(ProcessRecord(pid, int(header.get("ppid", -1)), role,
                                                 list(header.get("argv", [])), int(header["wall_ns"]),
                                                 int(header["mono_ns"]), _owner(header, pid)))
-    for key in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives"):
+    for key in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives", "gpu_spans"):
         lists[key].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
     ended_by = meta["ended_by"]
     if step_limit_hit and ended_by == "exit":

@@ -22,7 +22,8 @@ from stallscope.session import Session
 _TIME_FIELDS = frozenset({"start_ns", "end_ns", "t_ns", "created_ns", "entered_ns", "ready_ns", "mono_ns",
                           "init_start_ns", "init_end_ns"})
 _RECORD_LISTS = ("processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
-                 "optimizer_steps", "pins", "transfers", "errors", "ranks", "collectives")
+                 "optimizer_steps", "pins", "transfers", "errors", "ranks", "collectives",
+                 "gpu_spans")
 _PID_FIELDS = ("pid", "ppid", "owner")
 
 
@@ -132,7 +133,8 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
                           "uncertainty_ns": (high - low) // 2, "ranks": sorted({r.rank for r in s.ranks}),
                           "pids_renumbered": len(pids)})
         notes += [f"[{s.run_id}] {n}" for n in s.notes]
-    for name in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives"):
+    for name in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives",
+                 "gpu_spans"):
         lists[name].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
     lists["ranks"].sort(key=lambda r: (r.rank, r.pid))
     exit_codes = [s.exit_code for s in ordered]

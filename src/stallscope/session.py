@@ -150,6 +150,21 @@ class TransferRecord:
 
 
 @dataclass(frozen=True)
+class GpuSpanRecord:
+    """A span timed with CUDA events in the stream: ``kind`` is ``step`` (the device's work on a
+    training step), ``idle`` (the device waiting between steps) or ``h2d`` (a host-to-device copy,
+    ``nbytes`` moved). ``start_ns``/``end_ns`` are the CPU times the events were recorded;
+    ``gpu_ns`` is the elapsed time between them on the GPU."""
+    kind: str
+    step: int
+    start_ns: int
+    end_ns: int
+    gpu_ns: int
+    nbytes: int
+    pid: int
+
+
+@dataclass(frozen=True)
 class RankRecord:
     """A process of a torch.distributed job: its rank, where it ran, and its ``init_process_group``."""
     pid: int
@@ -225,6 +240,7 @@ class Session:
     ranks: list[RankRecord] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds
+    gpu_spans: list[GpuSpanRecord] = field(default_factory=list)
 
     @property
     def wall_s(self) -> float:

@@ -8,6 +8,7 @@ from collections import defaultdict
 from stallscope.analyze import ranks as ranks_mod
 from stallscope.analyze.attribution import bottleneck, node_seconds, verdict_for
 from stallscope.analyze.capacity import build_model, capacity_report
+from stallscope.analyze.gpu_timing import gpu_timing
 from stallscope.analyze.findings import Analysis, Failure, LoaderSummary, StepStats
 from stallscope.analyze.pipeline import worker_pipeline
 from stallscope.analyze.pitfalls import find_pitfalls
@@ -179,6 +180,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         capacity=capacity_report(model),
         pitfalls=pitfalls,
         system=system,
+        gpu_timing=gpu_timing(session),
     )
 
 

@@ -142,6 +142,7 @@ class Analysis:
     system: Any = None
     ranks: list[Any] = field(default_factory=list)  # ranks.RankSummary per rank process (distributed jobs)
     distributed: Any = None  # ranks.DistributedFindings when the job has several ranks
+    gpu_timing: Any = None  # gpu_timing.GpuTiming when CUDA events were recorded
 
     @property
     def steps_per_s(self) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stallscope.record import events
+from stallscope.record import cuda_timing, events
 
 _perf = time.perf_counter_ns
 max_steps: int | None = None
@@ -37,6 +37,7 @@ def _post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     global _steps_done, _batches_since_step, _saw_optimizer
     _saw_optimizer = True
     events.emit("opt", id(optimizer) & 0xFFFFFF, type(optimizer).__name__, _pre_ns, _perf())
+    cuda_timing.on_step_end()
     if _batches_since_step > 0:
         _steps_done += 1
         _batches_since_step = 0
@@ -64,3 +65,4 @@ def after_next(loader_id: int) -> None:
     global _batches_done, _batches_since_step
     _batches_done += 1
     _batches_since_step += 1
+    cuda_timing.on_batch()

@@ -10,7 +10,7 @@ import functools
 import time
 from typing import Any
 
-from stallscope.record import events
+from stallscope.record import cuda_timing, events
 
 _perf = time.perf_counter_ns
 _installed = False
@@ -22,13 +22,30 @@ def _wrap_copy(original: Any, name: str) -> Any:
         if self.device.type != "cpu":
             return original(self, *args, **kwargs)
         t0 = _perf()
-        result = original(self, *args, **kwargs)
+        if name == "cuda" or _targets_cuda(args, kwargs):
+            result = cuda_timing.time_copy(lambda: original(self, *args, **kwargs),
+                                           self.numel() * self.element_size())
+        else:
+            result = original(self, *args, **kwargs)
         if result is not self and result.device.type != "cpu":
             events.emit("h2d", t0, _perf(), self.numel() * self.element_size(), bool(self.is_pinned()),
                         bool(kwargs.get("non_blocking", False)), name)
         return result
 
     return copy
+
+
+def _targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` names a CUDA device (dtype-only calls stay on the host)."""
+    target = kwargs.get("device", args[0] if args else None)
+    if target is None:
+        return False
+    if isinstance(target, int):
+        return True
+    if isinstance(target, str):
+        return target.startswith("cuda")
+    device = getattr(target, "device", target)  # a tensor argument: its device
+    return getattr(device, "type", None) == "cuda"
 
 
 def install_after_cuda_init(torch_cuda: Any) -> None:
@@ -45,5 +62,7 @@ def install_after_cuda_init(torch_cuda: Any) -> None:
             torch.Tensor.to = _wrap_copy(torch.Tensor.to, "to")
             torch.Tensor.cuda = _wrap_copy(torch.Tensor.cuda, "cuda")
             events.emit("cuda_init", _perf(), torch.cuda.get_device_name(torch.cuda.current_device()))
+            if torch.utils.data.get_worker_info() is None:
+                cuda_timing.enable(torch.cuda)
 
     torch_cuda._lazy_init = _lazy_init

@@ -61,6 +61,7 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         "session": str(session_path) if session_path else None,
         "ranks": [_rank_dict(r) for r in analysis.ranks],
         "distributed": _distributed_dict(analysis.distributed),
+        "gpu_timing": dataclasses.asdict(analysis.gpu_timing) if analysis.gpu_timing else None,
     }
 
 

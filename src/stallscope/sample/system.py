@@ -23,7 +23,8 @@ DISK_EVERY_TICKS = 5
 #: Unique set size (private pages) needs /proc/PID/smaps_rollup, which walks every mapping: ~7 ms for a
 #: process that loaded torch. It is what grows when a worker's copy-on-write pages get copied (reading
 #: Python objects touches their refcounts), so it is read for workers only, at most every USS_MIN_PERIOD_S
-#: and less often when a read is slow, so that it stays within USS_CORE_BUDGET of one core.
+#: and less often when a read is slow, so that all USS reads together stay within USS_CORE_BUDGET of one
+#: core (with eight workers each is read an eighth as often as with one).
 USS_MIN_PERIOD_S = 2.0
 #: Finding the job's processes: new DataLoader workers show up within this many seconds.
 TREE_REFRESH_S = 1.0
@@ -97,8 +98,18 @@ class SystemSampler:
         last_disk = _disk_read_bytes()
         last_t = time.perf_counter()
         try:
-            while not self._stop.wait(self.interval_s):
+            next_tick = time.perf_counter() + self.interval_s
+            while not self._stop.is_set():
+                # A plain sleep to a fixed schedule: one system call, where Event.wait takes a lock
+                # round-trip each time; stop() is seen within one interval.
+                delay = next_tick - time.perf_counter()
+                while delay > 0 and not self._stop.is_set():
+                    time.sleep(min(delay, 0.25))
+                    delay = next_tick - time.perf_counter()
+                if self._stop.is_set():
+                    break
                 now = time.perf_counter()
+                next_tick = max(next_tick + self.interval_s, now + 0.2 * self.interval_s)
                 if now - refreshed > TREE_REFRESH_S:
                     tree = self._process_tree()
                     refreshed = now
@@ -121,12 +132,14 @@ class SystemSampler:
                     self._process_tick(proc, tick, with_uss=proc.pid != self.root_pid and now >= uss_due.setdefault(
                         proc.pid, now + USS_MIN_PERIOD_S), with_io=tick % IO_EVERY_TICKS == 0)
                     if self._last_uss_cost is not None:
-                        uss_due[proc.pid] = now + max(USS_MIN_PERIOD_S, self._last_uss_cost / USS_CORE_BUDGET)
+                        uss_due[proc.pid] = now + max(USS_MIN_PERIOD_S,
+                                                      self._last_uss_cost * len(tree) / USS_CORE_BUDGET)
                         self._last_uss_cost = None
                 if self._gpu is not None and self._gpu.handles:
                     for key, values in self._gpu.read().items():
                         self.gpu_series.setdefault(key, []).append(values)
         finally:
+            _PROC_FILES.close()
             self._cost_cpu_s = time.thread_time() - cpu0
             self._wall_s = time.perf_counter() - wall0
 
@@ -214,14 +227,17 @@ class SystemSampler:
 def _proc_stat(pid: int) -> tuple[float, int] | None:
     """(user+system CPU seconds, RSS bytes) from /proc/PID/stat, or None where that file is not there."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
+        data = _PROC_FILES.read(f"/proc/{pid}/stat")
     except FileNotFoundError:
         if os.path.isdir("/proc/self"):
             raise psutil.NoSuchProcess(pid) from None
         return None
+    except ProcessLookupError:  # the process this descriptor was opened on has gone
+        raise psutil.NoSuchProcess(pid) from None
     except OSError:
         return None
+    if not data:
+        raise psutil.NoSuchProcess(pid)
     fields = data[data.rfind(b")") + 2:].split()
     if fields[0] in (b"Z", b"X"):  # exiting: its counters are gone, not zero
         raise psutil.NoSuchProcess(pid)
@@ -244,14 +260,45 @@ def _name(proc: psutil.Process) -> str | None:
         return None
 
 
+class _ProcFiles:
+    """/proc files kept open and re-read with ``pread`` at offset 0, which regenerates their content.
+
+    Ten reads a second of a handful of files is all the sampler does; opening and closing each
+    file every time doubled the system calls, which cost real CPU on sandboxed kernels (gVisor).
+    A descriptor of /proc/PID/stat stays bound to the process it was opened on: once that exits,
+    reads fail with ESRCH rather than reading a new process that reused the pid.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def read(self, path: str) -> bytes:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            return os.pread(fd, 1 << 16, 0)
+        except OSError:
+            self.close(path)
+            raise
+
+    def close(self, path: str | None = None) -> None:
+        for key in [path] if path is not None else list(self._fds):
+            fd = self._fds.pop(key, None)
+            if fd is not None:
+                os.close(fd)
+
+
+_PROC_FILES = _ProcFiles()
+
+
 def _per_cpu_times() -> list[tuple[int, ...]]:
     """Jiffies per CPU (user, nice, system, idle, iowait, irq, softirq, steal) from /proc/stat.
 
     Read directly: psutil's equivalent builds named tuples and costs several times more, which
     matters ten times a second. Elsewhere psutil's values stand in (iowait then absent)."""
     try:
-        with open("/proc/stat", "rb") as f:
-            lines = f.read().split(b"\n")
+        lines = _PROC_FILES.read("/proc/stat").split(b"\n")
     except OSError:
         return [(int(t.user * 100), 0, int(t.system * 100), int(t.idle * 100), 0)
                 for t in psutil.cpu_times(percpu=True)]
