@@ -119,7 +119,21 @@ def step_sample(run: RunRow) -> list[tuple[int, int, int | None]]:
     return list(zip(durations, waits, samples))
 
 
+def rank_metrics(runs: Sequence[RunRow]) -> list[Metric]:
+    """Per-rank rows for distributed runs: each rank's throughput, data-wait and sync shares."""
+    ranks = sorted({int(r["rank"]) for run in runs for r in run.step_detail.get("ranks") or []})
+    return [metric for rank in ranks for metric in (
+        Metric(f"rank:{rank}:steps_per_s", f"rank {rank} throughput", "steps/s", "higher"),
+        Metric(f"rank:{rank}:data_wait_fraction", f"rank {rank} data-wait share", "%", "lower", share=True),
+        Metric(f"rank:{rank}:sync_fraction", f"rank {rank} sync share", "%", "lower", share=True))]
+
+
 def metric_value(run: RunRow, metric: Metric) -> float | None:
+    if metric.key.startswith("rank:"):
+        _, rank, name = metric.key.split(":", 2)
+        entry = next((r for r in run.step_detail.get("ranks") or [] if str(r.get("rank")) == rank), None)
+        value = entry.get(name) if entry else None
+        return float(value) if isinstance(value, (int, float)) else None
     if metric.key.startswith("node:"):
         node = metric.key[5:]
         if not run.node_seconds or not run.steady_steps:
@@ -184,7 +198,7 @@ def compare(runs: Sequence[RunRow], min_effect: float = MIN_RELATIVE_EFFECT) -> 
             boots.append(_bootstrap(base_steps, cand_steps, tested, random.Random(SEED)))
             reasons.append("")
     rows = []
-    for metric in METRICS:
+    for metric in (*METRICS, *rank_metrics(runs)):
         values = [metric_value(r, metric) for r in runs]
         if all(v is None for v in values) or (metric.key.startswith("node:") and not any(values)):
             continue

@@ -123,12 +123,18 @@ def _thin(values: list[Any], limit: int = MAX_KEPT_STEPS) -> list[Any]:
 
 
 def step_detail(analysis: Analysis) -> dict[str, list[Any]]:
+    """Steady-step samples for compare's bootstrap, and per-rank figures of a distributed job."""
     steady = analysis.steps.steady
-    return {
+    detail: dict[str, list[Any]] = {
         "duration_us": _thin([round(s.duration_ns / 1000) for s in steady]),
         "wait_us": _thin([round(s.wait_ns / 1000) for s in steady]),
         "samples": _thin([s.samples for s in steady]),
     }
+    if len(analysis.ranks) > 1:
+        detail["ranks"] = [{"rank": r.rank, "steps_per_s": r.steps_per_s, "data_wait_fraction": r.data_wait_fraction,
+                            "sync_fraction": r.sync_fraction, "verdict": r.verdict, "bottleneck": r.bottleneck_node}
+                           for r in analysis.ranks]
+    return detail
 
 
 def _numbers(values: Any) -> list[float]:

@@ -142,3 +142,25 @@ def test_merge_recovers_node_clock_offset_from_the_rendezvous():
 def test_merge_refuses_overlapping_ranks():
     with pytest.raises(MergeError):
         merge_sessions([_node(100, 0, 0), _node(200, 0, 0)])
+
+
+def test_reports_show_every_rank():
+    from stallscope.compare import compare
+    from stallscope.render import html, trace
+    from stallscope.render.markdown import render_compare
+    from stallscope.store import row_from_session
+
+    session = _session(_rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=40),
+                       _rank_records(200, 1, wait_ms=41, work_ms=5, sync_ms=0))
+    analysis = analyze(session)
+    events = trace.render(session, analysis)["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert any("rank 1 (pid 200" in n for n in names) and any("rank 0)" in n for n in names)
+    assert {e["name"] for e in events if e.get("cat") == "sync"} >= {"ddp.allreduce"}
+    page = html.render(session, analysis, plotly_js="")
+    assert "<h3>Ranks</h3>" in page and "straggler: <b>rank 1</b>" in page
+    balanced = _session(_rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=2),
+                        _rank_records(200, 1, wait_ms=1, work_ms=5, sync_ms=2), run_id="b")
+    rows = [row_from_session(s, analyze(s), None) for s in (session, balanced)]
+    text = render_compare(compare(rows))
+    assert "rank 1 data-wait share" in text and "rank 0 sync share" in text

@@ -50,3 +50,15 @@ def gpu_timing(session: Session, pid: int | None = None) -> GpuTiming | None:
         h2d_ms=h2d_ns / 1e6,
         h2d_gb_per_s=h2d_bytes / h2d_ns if h2d_ns > 0 else None,  # bytes per ns = GB/s
     )
+
+
+def describe(g: GpuTiming) -> str:
+    """The timings in one sentence, for the terminal and HTML summaries."""
+    parts = []
+    if g.steps:
+        parts.append(f"GPU (CUDA events, {g.steps} steps): busy {g.busy_ms_median:.1f} ms per step, idle "
+                     f"{g.idle_ms_median:.1f} ms between steps ({100 * g.idle_fraction:.0f}% of its timeline idle)")
+    if g.h2d_copies:
+        rate = f" at {g.h2d_gb_per_s:.1f} GB/s" if g.h2d_gb_per_s else ""
+        parts.append(f"host-to-device: {g.h2d_copies} copies, {g.h2d_bytes / 1e6:.1f} MB in {g.h2d_ms:.1f} ms{rate}")
+    return "; ".join(parts)

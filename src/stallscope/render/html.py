@@ -20,6 +20,7 @@ from typing import Any
 
 import stallscope
 from stallscope.analyze import Analysis
+from stallscope.analyze.gpu_timing import describe as describe_gpu_timing
 from stallscope.analyze.pipeline import split_fetch
 from stallscope.constants import NODE_IDS
 from stallscope.session import Session
@@ -332,9 +333,35 @@ def _findings_section(analysis: Analysis) -> str:
         location = f"<br>at <code>{_e(f.location)}</code>" if f.location else ""
         parts.append(f"<div class=failure><p><b>the script failed</b> in {_e(where)}: "
                      f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(f.message)}</pre></div>")
+    parts.append(_ranks_table(analysis))
+    if analysis.gpu_timing is not None:
+        parts.append(f"<p>{_e(describe_gpu_timing(analysis.gpu_timing))}</p>")
     for note in analysis.notes:
         parts.append(f"<p class=muted>note: {_e(note)}</p>")
     return "".join(parts)
+
+
+def _ranks_table(analysis: Analysis) -> str:
+    """One row per rank of a distributed job, the straggler in bold (as in the terminal summary)."""
+    if len(analysis.ranks) < 2:
+        return ""
+    dist = analysis.distributed
+    straggler = dist.straggler_rank if dist is not None else None
+    rows = []
+    for r in analysis.ranks:
+        total = sum(r.node_seconds.values()) or 1.0
+        rank = f"<b>{r.rank}</b>" if r.rank == straggler else str(r.rank)
+        rows.append(f"<tr><td class=num>{rank}</td><td>{_e(r.host)}</td><td>{_e(r.verdict)}</td>"
+                    f"<td>{_e(r.bottleneck_node or '-')}</td>"
+                    f"<td class=num>{100 * r.data_wait_fraction:.0f}%</td><td class=num>{100 * r.sync_fraction:.0f}%</td>"
+                    f"<td class=num>{100 * r.node_seconds.get('compute', 0.0) / total:.0f}%</td>"
+                    f"<td class=num>{r.steps_per_s:.2f}</td><td class=num>{_e(r.num_workers)}</td>"
+                    f"<td>{'failed' if r.failed else ''}</td></tr>")
+    head = ("<h3>Ranks</h3><table><tr><th>rank</th><th>host</th><th>verdict</th><th>limit</th><th>data wait</th>"
+            "<th>sync</th><th>compute</th><th>steps/s</th><th>workers</th><th></th></tr>")
+    note = (f"<p>straggler: <b>rank {straggler}</b> ({_e(dist.straggler_node)}); the job's figures above are "
+            "this rank's</p>") if straggler is not None else "<p class=muted>no straggler rank</p>"
+    return head + "".join(rows) + "</table>" + note
 
 
 def _recommendations_section(analysis: Analysis) -> str:

@@ -113,6 +113,6 @@ def render_compare(comparison: Comparison) -> str:
     lines.append(f"Δ is the change against {labels[0]}. *Beyond noise*: the {100 * CONFIDENCE:.0f}% bootstrap "
                  f"interval of the change ({RESAMPLES} resamples of each run's steady steps, shown in brackets) "
                  f"excludes zero and the change is at least {100 * comparison.min_relative_effect:.0f}% "
-                 f"({100 * MIN_SHARE_EFFECT:.0f} points for shares). Per-node, GPU and memory rows have no "
+                 f"({100 * MIN_SHARE_EFFECT:.0f} points for shares). Per-node, per-rank, GPU and memory rows have no "
                  "per-step distribution and are not tested.")
     return "\n".join(lines) + "\n"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from stallscope.analyze import Analysis
+from stallscope.analyze.gpu_timing import describe
 from stallscope.constants import NODE_IDS
 from stallscope.session import Session
 
@@ -59,7 +58,7 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     for line in analysis.evidence:
         console.print(f"  • {line}", highlight=False)
     if analysis.gpu_timing is not None:
-        console.print(f"  • {gpu_timing_line(analysis.gpu_timing)}", highlight=False)
+        console.print(f"  • {describe(analysis.gpu_timing)}", highlight=False)
     for ld in analysis.loaders:
         if ld.role != "train" and ld.batches:
             console.print(f"  • loader {ld.loader_id} ({ld.role}, {ld.site}): {ld.batches} batches, "
@@ -89,18 +88,6 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     if session_ref:
         console.print(f"[dim]saved: {session_ref}   re-render: stallscope report {session.run_id}[/dim]",
                       highlight=False)
-
-
-def gpu_timing_line(g: Any) -> str:
-    """One sentence from the CUDA-event timings (``analyze.gpu_timing.GpuTiming``)."""
-    parts = []
-    if g.steps:
-        parts.append(f"GPU (CUDA events, {g.steps} steps): busy {g.busy_ms_median:.1f} ms per step, idle "
-                     f"{g.idle_ms_median:.1f} ms between steps ({100 * g.idle_fraction:.0f}% of its timeline idle)")
-    if g.h2d_copies:
-        rate = f" at {g.h2d_gb_per_s:.1f} GB/s" if g.h2d_gb_per_s else ""
-        parts.append(f"host-to-device: {g.h2d_copies} copies, {g.h2d_bytes / 1e6:.1f} MB in {g.h2d_ms:.1f} ms{rate}")
-    return "; ".join(parts)
 
 
 def _rank_table(console: Console, analysis: Analysis) -> None:

@@ -31,6 +31,9 @@ STEPS_TID = 1
 MAIN_THREAD_TID = 2
 IN_PROCESS_TID = 3
 PIN_THREAD_TID = 4
+SYNC_TID = 5
+GPU_TID = 6
+RANK_PID_BASE = 100  # rank r of a distributed job is trace process RANK_PID_BASE + r
 
 
 class _Events:
@@ -67,7 +70,9 @@ def _ms(ns: int) -> float:
 
 def _main_process(ev: _Events, session: Session, analysis: Analysis) -> None:
     main_pid = session.main_pid
-    ev.meta(MAIN_PID, 0, "process_name", f"training process (pid {main_pid})")
+    rank = next((r.rank for r in session.ranks if r.pid == main_pid), None)
+    ev.meta(MAIN_PID, 0, "process_name", f"training process (pid {main_pid}"
+            + (f", rank {rank})" if rank is not None else ")"))
     ev.meta(MAIN_PID, 0, "process_sort_index", 0)
     for tid, name in ((STEPS_TID, "training steps"), (MAIN_THREAD_TID, "main thread"),
                       (IN_PROCESS_TID, "in-process loading (num_workers=0)"), (PIN_THREAD_TID, "pin_memory thread")):
@@ -101,9 +106,47 @@ def _main_process(ev: _Events, session: Session, analysis: Analysis) -> None:
         if p.pid == main_pid:
             ev.span(MAIN_PID, MAIN_THREAD_TID if p.main_thread else PIN_THREAD_TID, "pin_memory",
                     p.start_ns, p.end_ns, "loader")
+    _collectives_and_gpu(ev, session, main_pid, MAIN_PID)
     for e in session.errors:
         if e.where == "main":
             ev.instant(MAIN_PID, MAIN_THREAD_TID, f"{e.type}", e.t_ns, {"message": e.message, "location": e.location})
+
+
+def _collectives_and_gpu(ev: _Events, session: Session, pid: int, trace_pid: int) -> None:
+    """Time in collectives (the sync node) and the GPU's own step/idle/copy spans of one process."""
+    ev.meta(trace_pid, SYNC_TID, "thread_name", "collectives (sync)")
+    ev.meta(trace_pid, SYNC_TID, "thread_sort_index", SYNC_TID)
+    for c in session.collectives:
+        if c.pid == pid:
+            ev.span(trace_pid, SYNC_TID, c.op, c.start_ns, c.end_ns, "sync",
+                    {"blocking": c.blocking, "bucket": c.bucket, "seq": c.seq})
+    spans = [g for g in session.gpu_spans if g.pid == pid]
+    if spans:
+        ev.meta(trace_pid, GPU_TID, "thread_name", "GPU (CUDA events; CPU times the events were recorded)")
+        ev.meta(trace_pid, GPU_TID, "thread_sort_index", GPU_TID)
+    for g in spans:
+        if g.kind != "idle":
+            ev.span(trace_pid, GPU_TID, f"GPU {g.kind}", g.start_ns, g.end_ns, "gpu",
+                    {"gpu_ms": _ms(g.gpu_ns), "bytes": g.nbytes, "step": g.step})
+
+
+def _other_ranks(ev: _Events, session: Session) -> None:
+    """Every rank other than the analysed training process: its waits, optimizer steps and collectives."""
+    main_pid = session.main_pid
+    for r in session.ranks:
+        if r.pid == main_pid:
+            continue
+        tp = RANK_PID_BASE + max(0, r.rank)
+        ev.meta(tp, 0, "process_name", f"rank {r.rank} (pid {r.pid}, {r.host})")
+        ev.meta(tp, 0, "process_sort_index", tp)
+        ev.meta(tp, MAIN_THREAD_TID, "thread_name", "main thread")
+        for n in session.nexts:
+            if n.pid == r.pid:
+                ev.span(tp, MAIN_THREAD_TID, "data wait", n.start_ns, n.end_ns, "wait", {"loader": n.loader_id})
+        for o in session.optimizer_steps:
+            if o.pid == r.pid:
+                ev.span(tp, MAIN_THREAD_TID, f"{o.kind}.step", o.start_ns, o.end_ns, "compute")
+        _collectives_and_gpu(ev, session, r.pid, tp)
 
 
 def _batch(ev: _Events, pid: int, tid: int, fetch: Any) -> None:
@@ -210,6 +253,7 @@ def render(session: Session, analysis: Analysis) -> dict[str, Any]:
     """The trace as a dict (``{"traceEvents": [...], ...}``) with times relative to ``session.start_ns``."""
     ev = _Events(session.start_ns)
     _main_process(ev, session, analysis)
+    _other_ranks(ev, session)
     _loaders(ev, session)
     _queue_counters(ev, session)
     _system_counters(ev, session)
