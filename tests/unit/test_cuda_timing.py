@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import types
 
 import pytest
 
@@ -18,9 +20,17 @@ class FakeGpu:
     def __init__(self, gpu_at: list[float], done: int | None = None) -> None:
         self.gpu_at, self.recorded, self.done = gpu_at, 0, done
         self.capturing = False
+        self.devices_used: set[int] = set()
 
     def is_current_stream_capturing(self) -> bool:
         return self.capturing
+
+    def device(self, index: int) -> contextlib.AbstractContextManager:
+        self.devices_used.add(index)
+        return contextlib.nullcontext()
+
+    def current_stream(self, index: int) -> str:
+        return f"stream of cuda:{index}"
 
     def Event(self, enable_timing: bool = False) -> FakeEvent:  # noqa: N802 - mirrors torch.cuda.Event
         assert enable_timing
@@ -31,7 +41,8 @@ class FakeEvent:
     def __init__(self, gpu: FakeGpu) -> None:
         self.gpu, self.index = gpu, None
 
-    def record(self) -> None:
+    def record(self, stream: str) -> None:
+        assert stream == "stream of cuda:1"
         self.index = self.gpu.recorded
         self.gpu.recorded += 1
 
@@ -40,6 +51,14 @@ class FakeEvent:
 
     def elapsed_time(self, end: FakeEvent) -> float:
         return self.gpu.gpu_at[end.index] - self.gpu.gpu_at[self.index]  # milliseconds
+
+
+def start(timing, gpu: FakeGpu) -> None:
+    """CUDA initialised by the script, then its first batch copied to cuda:1 (untimed: it names the device)."""
+    timing.enable(gpu)
+    recorded = gpu.recorded
+    timing.time_copy(lambda: types.SimpleNamespace(device=types.SimpleNamespace(index=1)), 10)
+    assert gpu.recorded == recorded and timing._device == 1
 
 
 @pytest.fixture()
@@ -55,7 +74,7 @@ def test_steps_and_idle_gaps_come_from_the_gpu_clock(recorder):
     timing, emitted = recorder
     # events in order: ready0 end0 ready1 end1 (the first optimizer step only arms the timer)
     gpu = FakeGpu([0.0, 5.0, 9.0, 14.0])
-    timing.enable(gpu)
+    start(timing, gpu)
     timing.on_batch()       # before any optimizer step: not timed
     timing.on_step_end()    # first optimizer step: arms
     timing.on_batch()       # ready0 @0
@@ -65,12 +84,13 @@ def test_steps_and_idle_gaps_come_from_the_gpu_clock(recorder):
     timing.on_step_end()    # end1 @14
     spans = [(r[1], r[2], r[5]) for r in emitted if r[0] == "gpu_span"]
     assert spans == [("step", 0, 5_000_000), ("idle", 1, 4_000_000), ("step", 1, 5_000_000)]
+    assert gpu.devices_used == {1}, "events only on the device the batches go to"
 
 
 def test_pending_events_are_not_waited_for_and_come_out_in_order(recorder):
     timing, emitted = recorder
     gpu = FakeGpu([0.0, 5.0, 6.0, 8.0], done=2)  # the GPU has reached only the first two events
-    timing.enable(gpu)
+    start(timing, gpu)
     timing.on_step_end()
     timing.on_batch()
     timing.on_step_end()
@@ -90,6 +110,11 @@ def test_nothing_is_recorded_during_graph_capture_or_before_cuda(recorder):
     assert emitted == [] and not timing._pending  # CUDA never initialised by the script
     gpu = FakeGpu([0.0, 1.0])
     timing.enable(gpu)
+    timing.on_step_end()
+    timing.on_batch()
+    timing.on_step_end()
+    assert gpu.recorded == 0, "no event before a copy names the device"
+    start(timing, gpu)
     gpu.capturing = True
     timing.on_step_end()
     timing.on_batch()
@@ -100,7 +125,7 @@ def test_nothing_is_recorded_during_graph_capture_or_before_cuda(recorder):
 def test_copies_are_timed_between_two_events(recorder):
     timing, emitted = recorder
     gpu = FakeGpu([0.0, 2.0])
-    timing.enable(gpu)
+    start(timing, gpu)
     assert timing.time_copy(lambda: "copied", 8_000_000) == "copied"
     timing.poll()
     assert emitted == [("gpu_span", "h2d", -1, emitted[0][3], emitted[0][4], 2_000_000, 8_000_000)]

@@ -170,3 +170,40 @@ def test_a_diagnosis_that_did_not_pay_is_not_chained() -> None:
     job = FakeJob(lambda c: 100.0, recs=recs)
     Tuner(job, Budget(trials=20)).run()
     assert sorted(c["prefetch_factor"] for label, c in job.seen if label == "diagnosis" and c["num_workers"]) == [2, 4]
+
+
+@pytest.mark.parametrize("dry_queue,first", [(False, 1), (True, 4)])
+def test_prefetch_goes_deeper_first_only_when_the_queue_runs_dry(dry_queue, first) -> None:
+    def recs(config: dict[str, Any]) -> list[dict[str, Any]]:
+        out = recommend_two(config)
+        if dry_queue and config["num_workers"]:
+            out.append({"id": "prefetch", "change": "in code: DataLoader(..., prefetch_factor=4)"})
+        return out
+
+    job = FakeJob(workers_model, recs=recs)
+    Tuner(job, Budget(trials=30)).run()
+    tried = [c["prefetch_factor"] for label, c in job.seen if label == "prefetch_factor"]
+    assert tried and tried[0] == first
+
+
+def test_a_predicted_change_needs_less_evidence_than_a_blind_probe() -> None:
+    # +30 samples/s with se 15 per trial: 1.4 combined standard errors, below z=2, above DIAGNOSIS_Z=1
+    def rate(config: dict[str, Any]) -> float:
+        return 100.0 + (30.0 if config["num_workers"] >= 1 else 0.0)
+
+    predicted = FakeJob(rate, se=15.0, recs=recommend_two)
+    Tuner(predicted, Budget(trials=20)).run()
+    assert [c["num_workers"] for label, c in predicted.seen if label == "num_workers"] == [3, 1], \
+        "the predicted 2 workers became the incumbent: the climb starts from there"
+    blind = FakeJob(rate, se=15.0)
+    outcome = Tuner(blind, Budget(trials=20)).run()
+    assert [c["num_workers"] for _, c in blind.seen] == [0, 1], "a blind probe within noise does not move the climb"
+    assert outcome.best.config["num_workers"] == 1, "but the final pick is the fastest measured"
+
+
+def test_final_pick_needs_a_practical_margin() -> None:
+    job = FakeJob(lambda c: 100.0 + 2.0 * c["num_workers"], se=5.0, recs=recommend_two)  # +4% at 2 workers
+    outcome = Tuner(job, Budget(trials=20)).run()
+    assert outcome.best.config["num_workers"] == 2
+    flat = FakeJob(lambda c: 100.0 + 0.5 * c["num_workers"], se=5.0, recs=recommend_two)  # +1%: not worth a change
+    assert Tuner(flat, Budget(trials=20)).run().best.config["num_workers"] == 0

@@ -14,7 +14,7 @@ from stallscope.analyze.pipeline import worker_pipeline
 from stallscope.analyze.pitfalls import find_pitfalls
 from stallscope.analyze.recommend import recommend
 from stallscope.analyze.steps import step_stats
-from stallscope.analyze.system_metrics import process_cpu_between, summarize_samples
+from stallscope.analyze.system_metrics import helper_cpu_between, process_cpu_between, summarize_samples
 from stallscope.session import Session
 
 __all__ = ["Analysis", "analyze", "usable_cpus"]
@@ -151,12 +151,15 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     node, share = bottleneck(verdict, seconds)
     cpus = cpus or usable_cpus(session)
     system = summarize_samples(session)
-    main_cpu = process_cpu_between(session, session.main_pid, stats.steady[0].start_ns,
-                                   stats.steady[-1].end_ns) if stats.steady else None
+    main_cpu = helper_cpu = None
+    if stats.steady:
+        window = (stats.steady[0].start_ns, stats.steady[-1].end_ns)
+        main_cpu = process_cpu_between(session, session.main_pid, *window)
+        helper_cpu = helper_cpu_between(session, session.main_pid, *window)
     # CPUs other programs kept busy during the run are not available to this job either.
     host_cpus = session.environment.get("cpu_count")
     other = system.other_cores_mean if host_cpus == cpus and system.other_cores_mean else 0.0
-    model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup)
+    model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu)
     pitfalls = find_pitfalls(session, loaders, system, cpus)
     notes = list(session.notes)
     if not session.loaders:

@@ -8,8 +8,9 @@ workers for free, CPU work does not. Training runs at the lowest of three rates:
 - the workers' rate ``W / (cpu_cost + blocked_cost)``;
 - the training process's rate ``1 / (compute_per_sample + receive_per_sample)``: its own step
   time plus rebuilding each batch received from the workers, which it does serially;
-- the CPU budget ``usable_cpus / (cpu_cost + training_process_cpu_per_sample)``: every sample's
-  CPU work, in workers and in the training process, shares the same cores.
+- the CPU budget ``usable_cpus / (cpu_cost + training_process_cpu_per_sample + helper_cpu_per_sample)``:
+  every sample's CPU work, in workers, in the training process and in helper processes it started
+  (a local data server, say), shares the same cores.
 
 With ``num_workers=0`` nothing overlaps and the costs add up instead.
 """
@@ -32,6 +33,7 @@ class ThroughputModel:
     usable_cpus: float
     measured_samples_per_s: float | None = None
     receive_per_sample_s: float = 0.0  # unpickling batches from workers, in the training process
+    helper_cpu_per_sample_s: float = 0.0  # the training process's other child processes (not workers)
 
     def _costs(self, scale: dict[str, float] | None) -> tuple[float, float]:
         scale = scale or {}
@@ -41,7 +43,7 @@ class ThroughputModel:
 
     def cpu_rate(self, scale: dict[str, float] | None = None) -> float:
         cpu, _ = self._costs(scale)
-        demand = cpu + self.main_cpu_per_sample_s
+        demand = cpu + self.main_cpu_per_sample_s + self.helper_cpu_per_sample_s
         return self.usable_cpus / demand if demand > 0 else float("inf")
 
     def pipeline_rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
@@ -90,8 +92,10 @@ class CapacityReport:
 
 
 def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: float,
-                main_cpu_s: float | None, startup_s: float = 0.0) -> ThroughputModel | None:
-    """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler)."""
+                main_cpu_s: float | None, startup_s: float = 0.0,
+                helper_cpu_s: float | None = None) -> ThroughputModel | None:
+    """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler);
+    ``helper_cpu_s``: those of its child processes that are not DataLoader workers."""
     pipeline = train.pipeline if train else None
     steady = stats.steady
     if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
@@ -108,7 +112,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
             main_cpu = max(0.0, main_cpu - sum(v for k, v in cost.items() if k in CPU_STAGES))
     measured = stats.samples / max(stats.wall_s - startup_s, 1e-9)
     receive = stats.unpickle_cpu_s / stats.samples
-    return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive)
+    helper = (helper_cpu_s or 0.0) / stats.samples
+    return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper)
 
 
 def capacity_report(model: ThroughputModel | None) -> CapacityReport:

@@ -80,6 +80,9 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                     f"no batch was ready on {100 * pipeline.empty_queue_fraction:.0f}% of requests although the "
                     f"workers can produce {model.pipeline_rate():.0f} samples/s for a model that takes "
                     f"{model.compute_rate():.0f}"))
+        discarded = _discarded_prefetch(train, model, workers)
+        if discarded is not None:
+            recs.append(discarded)
     waiting_for_fds = stats.unpickle_s - stats.unpickle_cpu_s
     if input_side and workers > 0 and stats.steady and waiting_for_fds > 0.15 * stats.wall_s \
             and config.get("sharing_strategy", "file_descriptor") != "file_system":
@@ -104,6 +107,33 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                     if r.predicted_speedup is None or r.predicted_speedup >= MIN_GAIN)
     recs.sort(key=lambda r: (r.id != "no-input-fix", -_rank_value(r)))
     return recs
+
+
+def _discarded_prefetch(train: LoaderSummary, model: ThroughputModel | None, workers: int) -> Recommendation | None:
+    """Batches the workers loaded that the script never took: a loop that leaves each epoch early
+    (``break`` after N batches) makes the next ``iter(loader)`` drop every batch already in flight,
+    ``num_workers * prefetch_factor`` of them, so that much loading is thrown away at every epoch."""
+    pipeline = train.pipeline
+    prefetch = int(train.config.get("prefetch_factor") or 2)
+    if pipeline is None or model is None or prefetch <= 1 or train.epochs < 2 or not train.batches:
+        return None
+    in_flight = workers * prefetch  # the last epoch's queue, left when the run ended: not a recurring loss
+    wasted = pipeline.batches - train.batches - in_flight
+    if wasted < 0.1 * pipeline.batches:
+        return None
+    old = pipeline.batches / train.batches  # batches loaded per batch used
+    new = (train.batches + (wasted + in_flight) / prefetch) / train.batches  # waste shrinks with the queue
+    stages = ("decode", "transform", "loader", "storage")
+    gain = model.rate(scale=dict.fromkeys(stages, new)) / model.rate(scale=dict.fromkeys(stages, old))
+    if gain < MIN_GAIN:
+        return None
+    return Recommendation(
+        "discarded-prefetch", "loader", "Prefetch less: batches in flight are thrown away at every epoch",
+        "--set prefetch_factor=1   (or let the loop finish its epochs instead of breaking out early)",
+        round(gain, 2),
+        f"workers loaded {pipeline.batches} batches and the script used {train.batches}: {wasted} were dropped "
+        f"by {train.epochs - 1} new iter(loader) calls while up to {in_flight} batches were in flight "
+        f"({workers} workers x prefetch_factor {prefetch})")
 
 
 def _rank_value(rec: Recommendation) -> float:

@@ -74,6 +74,30 @@ def process_cpu_between(session: Session, pid: int | None, start_ns: int, end_ns
     return (c1 - c0) * (end_ns - start_ns) / (t1 - t0) if t1 > t0 else None
 
 
+def helper_cpu_between(session: Session, main_pid: int | None, start_ns: int, end_ns: int) -> float | None:
+    """CPU seconds of the training process's other descendants (not DataLoader workers) in a window.
+
+    Such helpers (a local data server, a decoding service, a cache daemon the script starts) do work
+    for the samples it consumes, so their CPU counts against the cores like the workers' own."""
+    samples = session.samples or {}
+    processes = samples.get("processes") or {}
+    if main_pid is None or not processes:
+        return None
+    roles = _roles(session)
+    ranks = {r.pid for r in session.ranks}
+    parents = {int(k): e.get("ppid") for k, e in processes.items()}
+    total = 0.0
+    for pid in parents:
+        if pid == main_pid or roles.get(pid) == "worker" or pid in ranks:
+            continue
+        ancestor, hops = parents.get(pid), 0
+        while ancestor is not None and ancestor != main_pid and hops < 16:
+            ancestor, hops = parents.get(ancestor), hops + 1
+        if ancestor == main_pid:
+            total += process_cpu_between(session, pid, start_ns, end_ns) or 0.0
+    return total
+
+
 def summarize_samples(session: Session) -> SystemSummary:
     samples = session.samples or {}
     t_ns: list[int] = samples.get("t_ns") or []

@@ -14,8 +14,9 @@ first batch is handed to the script (*ready*) and one when the optimizer step re
 
 Events are polled with ``query()`` at step boundaries, never synchronized, so the recorder does
 not change when the script's work runs; at exit the remaining ones are waited for briefly.
-Only the process that initialised CUDA itself records (never a forked worker), and nothing is
-recorded while a stream is being captured into a CUDA graph.
+Only the process that initialised CUDA itself records (never a forked worker), only on the GPU
+its batches are copied to (learned from the first copy), and nothing is recorded while a stream
+is being captured into a CUDA graph.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ MAX_PENDING = 4096  # event pairs awaiting completion; beyond this the oldest ar
 EXIT_WAIT_S = 2.0
 
 _cuda: Any = None
+_device: int | None = None  # index of the GPU the script's batches go to (learned from its copies)
 _saw_optimizer = False
 _ready: tuple[Any, int] | None = None
 _last_end: tuple[Any, int] | None = None
@@ -49,13 +51,20 @@ def enable(torch_cuda: Any) -> None:
 
 
 def _event() -> Any | None:
-    if _cuda is None:
+    """An event recorded now on the current stream of the device the script copies its batches to.
+
+    Until the first host-to-device copy shows which device that is, nothing is recorded: touching
+    ``current_device()`` blindly would create a CUDA context (hundreds of MB) on GPU 0 in a job
+    whose processes each use another GPU without calling ``set_device``.
+    """
+    if _cuda is None or _device is None:
         return None
     try:
-        if _cuda.is_current_stream_capturing():
-            return None
-        event = _cuda.Event(enable_timing=True)
-        event.record()
+        with _cuda.device(_device):
+            if _cuda.is_current_stream_capturing():
+                return None
+            event = _cuda.Event(enable_timing=True)
+            event.record(_cuda.current_stream(_device))
         return event
     except Exception:
         return None
@@ -103,10 +112,17 @@ def on_step_end() -> None:
 
 
 def time_copy(copy: Any, nbytes: int) -> Any:
-    """Run ``copy()`` between two events in the current stream and queue the pair as an ``h2d`` span."""
+    """Run ``copy()`` between two events in the current stream and queue the pair as an ``h2d`` span.
+
+    The first copy runs untimed and tells which device the script uses."""
+    global _device
     start_event = _event()
     if start_event is None:
-        return copy()
+        result = copy()
+        if _cuda is not None and _device is None:
+            index = getattr(getattr(result, "device", None), "index", None)
+            _device = int(index) if index is not None else None
+        return result
     start = (start_event, _perf())
     result = copy()
     end_event = _event()

@@ -6,7 +6,8 @@ argument at a time (num_workers, persistent_workers, prefetch_factor, pin_memory
 to a device, batch_size only when asked), climbing in one direction while each step is better
 beyond noise. Before each argument the incumbent's own diagnosis is consulted again, since a
 new worker count can reveal a new limit (e.g. worker restarts every epoch). A configuration
-replaces the incumbent only when it is faster by more than ``z`` combined standard errors.
+replaces the incumbent only when it is faster by more than ``z`` combined standard errors
+(``DIAGNOSIS_Z`` for a change the diagnosis predicted: the prediction is prior evidence).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from stallscope.tuning.trials import KNOBS, TrialResult, normalize
 Evaluate = Callable[[dict[str, Any], str], TrialResult]
 WORKER_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 PREFETCH_LADDER = (1, 2, 4, 8)
+DIAGNOSIS_Z = 1.0
+PRACTICAL_GAIN = 1.03  # a final pick must be measured this much faster than the incumbent
 _SET_RE = re.compile(r"--set\s+([a-z_]+=\S+)")
 
 
@@ -146,8 +149,11 @@ class Tuner:
         self.budget.record(result.wall_s)
         self.trials.append(result)
         self.tried[key] = result
+        # A change the diagnosis predicted needs less evidence than a blind probe: the model is a
+        # prior, so one combined standard error suffices there (the confirmation run still checks).
+        z = min(self.z, DIAGNOSIS_Z) if label == "diagnosis" else self.z
         if result.ok and self.best is not None and self.best.rate is not None and result.rate is not None \
-                and better(result.rate, self.best.rate, self.z):
+                and better(result.rate, self.best.rate, z):
             self.best = result
         return result
 
@@ -169,8 +175,23 @@ class Tuner:
                 self._apply_diagnosis()
                 self._climb(knob)
         except BudgetExhausted:
-            return SearchOutcome(self.trials, self.original, self.best, "budget")
-        return SearchOutcome(self.trials, self.original, self.best, "converged")
+            return SearchOutcome(self.trials, self.original, self._winner(), "budget")
+        return SearchOutcome(self.trials, self.original, self._winner(), "converged")
+
+    def _winner(self) -> TrialResult | None:
+        """The fastest trial measured, when it beats the search's incumbent by a practical margin.
+
+        The significance test steers the climb (it must not wander on noise), but the final pick
+        between configurations the climb could not tell apart is better made on the measured
+        rates than on the order they were tried in; the confirmation run then measures it again.
+        """
+        incumbent = self.best
+        if incumbent is None or incumbent.rate is None:
+            return incumbent
+        fastest = max((t for t in self.trials if t.ok and t.rate is not None), key=lambda t: t.rate.value)
+        if fastest.rate is not None and fastest.rate.value >= incumbent.rate.value * PRACTICAL_GAIN:
+            return fastest
+        return incumbent
 
     def _apply_diagnosis(self) -> None:
         """Follow a diagnosis whose predicted rate could beat the incumbent, the most promising first.
@@ -241,8 +262,12 @@ class Tuner:
             self._try({**incumbent.config, knob: not current}, knob)
             return
         at = values.index(current)
-        # Up first when we got here by going up from the original (more workers, deeper prefetch).
+        # Up first when we got here by going up from the original (more workers). A deeper prefetch
+        # only helps when the queue runs dry in bursts, which the diagnosis says ("prefetch"); without
+        # that, fewer batches in flight (less memory, less CPU racing the training process) go first.
         went_up = (self.original_config.get(knob) or 0) < (current or 0)
+        if knob == "prefetch_factor":
+            went_up = any(r.get("id") == "prefetch" for r in incumbent.recommendations)
         for direction in ((1, -1) if went_up or at == 0 else (-1, 1)):
             moved = False
             failures = 0
