@@ -12,9 +12,9 @@ Run:  python benchmarks/overhead.py [--pairs 7] [--batches 60]
 Measured on the 2-core development machine (2026-11-29), reference workload with 2 workers, batch 32,
 224 px, 60 batches per run, machine otherwise idle:
 - recorder alone (``--sample-interval 0``): median ratio 1.036 over 7 pairs (min 0.964, max 1.143);
-- with the default 10 Hz system sampler: 0.984 (7 pairs), 0.888 (7 pairs), 0.939 (10 pairs); with its USS
-  reads off 0.956 (8 pairs). The sampler's own CPU is ~1% of a core, yet on this saturated 2-core box it costs
-  4-6% of throughput: open work.
+- with the default 10 Hz system sampler (2026-11-29): 0.984, 0.888, 0.939; the sampler used 1.25% of a core.
+- 2026-11-30, after the sampler re-reads its /proc files with pread and sleeps on a fixed schedule: median
+  ratio 1.045 over 8 pairs (min 0.908, max 1.305); the sampler's own CPU 0.62% of one core (max 0.64%).
 - hot path: 1.3 us per instrumented call inside a fetch, 0.5 us outside one.
 """
 
