@@ -133,10 +133,10 @@ def _collectives_and_gpu(ev: _Events, session: Session, pid: int, trace_pid: int
 def _other_ranks(ev: _Events, session: Session) -> None:
     """Every rank other than the analysed training process: its waits, optimizer steps and collectives."""
     main_pid = session.main_pid
-    for r in session.ranks:
+    for index, r in enumerate(session.ranks):
         if r.pid == main_pid:
             continue
-        tp = RANK_PID_BASE + max(0, r.rank)
+        tp = RANK_PID_BASE + (r.rank if r.rank >= 0 else 100_000 + index)  # rank -1: not known, keep apart
         ev.meta(tp, 0, "process_name", f"rank {r.rank} (pid {r.pid}, {r.host})")
         ev.meta(tp, 0, "process_sort_index", tp)
         ev.meta(tp, MAIN_THREAD_TID, "thread_name", "main thread")
