@@ -65,15 +65,17 @@ def test_balanced_job_has_no_straggler(tmp_path):
     assert summary["distributed"]["primary_rank"] == 0
 
 
-def test_recorder_does_not_change_training(tmp_path):
-    """Losses with and without the recorder (and its DDP comm hook) are identical, bit for bit."""
+@pytest.mark.parametrize("late_hook", [-1, 3], ids=["default-allreduce", "hook-registered-after-forward"])
+def test_recorder_does_not_change_training(tmp_path, late_hook):
+    """Losses with and without the recorder (and its DDP comm hook) are identical, bit for bit, also when
+    the script registers its own hook after the recorder's stand-in was installed at the first forward."""
     plain = tmp_path / "plain"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE")}
-    subprocess.run(torchrun(2, DDP, "--samples", "128", "--hidden", "96", "--losses", str(plain)),
+    args = ("--samples", "128", "--hidden", "96", "--late-hook", str(late_hook))
+    subprocess.run(torchrun(2, DDP, *args, "--losses", str(plain)),
                    env=env, check=True, capture_output=True, timeout=180, cwd=tmp_path)
     recorded = tmp_path / "recorded"
-    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "128", "--hidden", "96",
-                                                "--losses", str(recorded))])
+    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, *args, "--losses", str(recorded))])
     assert result.returncode == 0, result.stderr[-3000:]
     session = Session.load(result.summary["session"])
     assert any(c.op == "ddp.allreduce" for c in session.collectives)  # the hook was installed

@@ -60,6 +60,10 @@ def train(rank, world, args):
                 opt.zero_grad()
                 loss.backward()
             opt.step()
+            if step == args.late_hook:  # a hook registered after the first forward (rare, but legal)
+                from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+                model.register_comm_hook(None, fp16_compress_hook)
             if args.barrier:
                 dist.barrier()
             losses.append(loss.item())
@@ -89,6 +93,7 @@ def main():
     p.add_argument("--crash-rank", type=int, default=-1)
     p.add_argument("--crash-at", type=int, default=5)
     p.add_argument("--barrier", action="store_true", help="dist.barrier() after every step")
+    p.add_argument("--late-hook", type=int, default=-1, help="register an fp16 comm hook after this step")
     p.add_argument("--losses", default=None, help="write each rank's losses to PATH.<rank>")
     p.add_argument("--spawn", type=int, default=0, help="start N ranks with torch.multiprocessing.spawn")
     args = p.parse_args()

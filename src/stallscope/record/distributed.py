@@ -186,6 +186,30 @@ def _timed_hook(hook: Any) -> Any:
     return timed
 
 
+def _stand_in_hook(late: list[Any]) -> Any:
+    """DDP's built-in all-reduce until the script registers a hook of its own after the first forward;
+    then that hook, with its state (``late`` is ``[state, hook]`` once set)."""
+
+    def stand_in(process_group, bucket):  # no annotations: DDP checks them
+        if late:
+            return late[1](late[0], bucket)
+        return builtin_allreduce_hook(process_group, bucket)
+
+    return stand_in
+
+
+def _python_builtin_hook(comm_hook_type: Any) -> Any | None:
+    """The Python twin of a C++ built-in hook registered too late for the reducer, or None."""
+    name = getattr(comm_hook_type, "name", str(comm_hook_type))
+    if name.endswith("ALLREDUCE"):
+        return builtin_allreduce_hook
+    if name.endswith("FP16_COMPRESS"):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+        return fp16_compress_hook
+    return None
+
+
 def builtin_allreduce_hook(process_group, bucket):  # no annotations: DDP checks them
     """DDP's built-in gradient all-reduce, in Python: scale by ``1 / world_size`` (the same multiply the
     C++ reducer does), then sum across ranks."""
@@ -207,10 +231,20 @@ def patch_ddp(module: Any) -> None:
     original_pre_forward = DDP._pre_forward
 
     def register_comm_hook(self: Any, state: Any, hook: Any) -> None:
+        if getattr(self, "_stallscope_late_hook", None) is not None:
+            # Our stand-in for the built-in all-reduce is already registered (DDP takes one hook, once):
+            # from now on it hands every bucket to the script's hook, as DDP itself would have.
+            self._stallscope_late_hook[:] = [state, hook]
+            return None
         self._stallscope_hooked = True
         return original_register(self, state, _timed_hook(hook))
 
     def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+        if getattr(self, "_stallscope_late_hook", None) is not None:
+            late = _python_builtin_hook(comm_hook_type)
+            if late is not None:
+                self._stallscope_late_hook[:] = [self.process_group, late]
+                return None
         self._stallscope_hooked = True  # a C++ hook: not timed
         return original_builtin(self, comm_hook_type)
 
@@ -218,8 +252,10 @@ def patch_ddp(module: Any) -> None:
         if not getattr(self, "_stallscope_hooked", False):
             self._stallscope_hooked = True
             if _default_reduction(self):
+                late: list[Any] = []
                 try:
-                    original_register(self, self.process_group, _timed_hook(builtin_allreduce_hook))
+                    original_register(self, self.process_group, _timed_hook(_stand_in_hook(late)))
+                    self._stallscope_late_hook = late
                 except Exception:
                     pass
         return original_pre_forward(self, *inputs, **kwargs)
