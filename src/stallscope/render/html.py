@@ -353,7 +353,8 @@ def _ranks_table(analysis: Analysis) -> str:
         rank = f"<b>{r.rank}</b>" if r.rank == straggler else str(r.rank)
         rows.append(f"<tr><td class=num>{rank}</td><td>{_e(r.host)}</td><td>{_e(r.verdict)}</td>"
                     f"<td>{_e(r.bottleneck_node or '-')}</td>"
-                    f"<td class=num>{100 * r.data_wait_fraction:.0f}%</td><td class=num>{100 * r.sync_fraction:.0f}%</td>"
+                    f"<td class=num>{100 * r.data_wait_fraction:.0f}%</td>"
+                    f"<td class=num>{100 * r.sync_fraction:.0f}%</td>"
                     f"<td class=num>{100 * r.node_seconds.get('compute', 0.0) / total:.0f}%</td>"
                     f"<td class=num>{r.steps_per_s:.2f}</td><td class=num>{_e(r.num_workers)}</td>"
                     f"<td>{'failed' if r.failed else ''}</td></tr>")
