@@ -27,6 +27,11 @@ idle core), so absolute numbers are low and noisy. CPU time per image in one pro
 which contention affects far less: (a) 3.0 ms, (b) 1.6 ms, (c) 1.6 ms (about 1.9x), of
 which about 0.5 ms is the float conversion and normalization that a GPU would do instead.
 The 3x target was not met here.
+
+Re-run 2026-11-30 on the idle machine (--rounds 2): (a) 622 img/s with 2 workers; (b) 1,520 (2.44x);
+(c) 1,338 with 3 workers (2.15x); (d) 1,552 (2.49x); single-core decode: simplejpeg-fast 1,881,
+simplejpeg 1,647, opencv 1,501, pillow 811 img/s. Still short of 3x: (b) spends ~1.7 ms of CPU per image
+(decode 0.63, resize 0.15, collate 0.12, normalization 0.25-0.5 in the main process).
 """
 
 from __future__ import annotations
