@@ -76,6 +76,8 @@ def test_gpu_probe_reads_every_device_and_keeps_unreadable_values_absent():
     assert reading["mem_used_bytes"] == [float(5 << 30), None]
     assert reading["pcie_rx_bytes_per_s"] == [1024000.0, 1024000.0]
     assert reading["sm_clock_mhz"] == [1980.0, 1980.0]
+    between = probe.read(with_pcie=False)  # the slow PCIe query is skipped on most ticks: absent, not zero
+    assert between["pcie_rx_bytes_per_s"] == [None, None] and between["util_percent"] == [37.0, 37.0]
 
 
 def test_gpu_probe_without_nvml_says_why():

@@ -37,8 +37,11 @@ class GpuProbe:
             name = self.nvml.nvmlDeviceGetName(handle)
             self.names.append(name.decode() if isinstance(name, bytes) else str(name))
 
-    def read(self) -> dict[str, list[float | None]]:
-        """One reading per GPU: utilization %, memory used bytes, PCIe rx/tx bytes/s, SM clock MHz."""
+    def read(self, with_pcie: bool = True) -> dict[str, list[float | None]]:
+        """One reading per GPU: utilization %, memory used bytes, PCIe rx/tx bytes/s, SM clock MHz.
+
+        NVML samples PCIe throughput over a window of its own (~20 ms per call), so the sampler asks
+        for it only every few ticks (``with_pcie``); the other ticks hold None there (not measured)."""
         out: dict[str, list[float | None]] = {"util_percent": [], "mem_used_bytes": [], "pcie_rx_bytes_per_s": [],
                                               "pcie_tx_bytes_per_s": [], "sm_clock_mhz": []}
         nvml = self.nvml
@@ -46,9 +49,9 @@ class GpuProbe:
             out["util_percent"].append(_try(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
             out["mem_used_bytes"].append(_try(lambda: float(nvml.nvmlDeviceGetMemoryInfo(handle).used)))
             out["pcie_rx_bytes_per_s"].append(_try(lambda: 1024.0 * nvml.nvmlDeviceGetPcieThroughput(
-                handle, nvml.NVML_PCIE_UTIL_RX_BYTES)))
+                handle, nvml.NVML_PCIE_UTIL_RX_BYTES)) if with_pcie else None)
             out["pcie_tx_bytes_per_s"].append(_try(lambda: 1024.0 * nvml.nvmlDeviceGetPcieThroughput(
-                handle, nvml.NVML_PCIE_UTIL_TX_BYTES)))
+                handle, nvml.NVML_PCIE_UTIL_TX_BYTES)) if with_pcie else None)
             out["sm_clock_mhz"].append(_try(lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))))
         return out
 

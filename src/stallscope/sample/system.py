@@ -18,6 +18,8 @@ import psutil
 from stallscope.sample.gpu import GpuProbe
 
 SAMPLES_SCHEMA = "stallscope.samples/1"
+#: NVML's PCIe throughput query samples for ~20 ms itself: once a second is plenty.
+PCIE_EVERY_TICKS = 10
 #: Disk counters cost more to read than everything else together; every 5th tick is enough for a rate.
 DISK_EVERY_TICKS = 5
 #: Unique set size (private pages) needs /proc/PID/smaps_rollup, which walks every mapping: ~7 ms for a
@@ -136,7 +138,7 @@ class SystemSampler:
                                                       self._last_uss_cost * len(tree) / USS_CORE_BUDGET)
                         self._last_uss_cost = None
                 if self._gpu is not None and self._gpu.handles:
-                    for key, values in self._gpu.read().items():
+                    for key, values in self._gpu.read(with_pcie=tick % PCIE_EVERY_TICKS == 0).items():
                         self.gpu_series.setdefault(key, []).append(values)
         finally:
             _PROC_FILES.close()
