@@ -75,12 +75,12 @@ def test_steps_and_idle_gaps_come_from_the_gpu_clock(recorder):
     # events in order: ready0 end0 ready1 end1 (the first optimizer step only arms the timer)
     gpu = FakeGpu([0.0, 5.0, 9.0, 14.0])
     start(timing, gpu)
-    timing.on_batch()       # before any optimizer step: not timed
-    timing.on_step_end()    # first optimizer step: arms
-    timing.on_batch()       # ready0 @0
-    timing.on_batch()       # a second batch of the same step (gradient accumulation): ignored
+    timing.on_batch(False)       # before any optimizer step: not timed
+    timing.on_step_end()    # first optimizer step: from now on batches open steps
+    timing.on_batch(True)     # ready0 @0
+    timing.on_batch(True)     # a second batch of the same step (gradient accumulation): ignored
     timing.on_step_end()    # end0 @5
-    timing.on_batch()       # ready1 @9: the GPU sat idle 4 ms
+    timing.on_batch(True)     # ready1 @9: the GPU sat idle 4 ms
     timing.on_step_end()    # end1 @14
     spans = [(r[1], r[2], r[5]) for r in emitted if r[0] == "gpu_span"]
     assert spans == [("step", 0, 5_000_000), ("idle", 1, 4_000_000), ("step", 1, 5_000_000)]
@@ -92,9 +92,9 @@ def test_pending_events_are_not_waited_for_and_come_out_in_order(recorder):
     gpu = FakeGpu([0.0, 5.0, 6.0, 8.0], done=2)  # the GPU has reached only the first two events
     start(timing, gpu)
     timing.on_step_end()
-    timing.on_batch()
+    timing.on_batch(True)
     timing.on_step_end()
-    timing.on_batch()
+    timing.on_batch(True)
     timing.on_step_end()
     assert [r[1] for r in emitted] == ["step"]
     gpu.done = None
@@ -105,19 +105,19 @@ def test_pending_events_are_not_waited_for_and_come_out_in_order(recorder):
 def test_nothing_is_recorded_during_graph_capture_or_before_cuda(recorder):
     timing, emitted = recorder
     timing.on_step_end()
-    timing.on_batch()
+    timing.on_batch(True)
     timing.on_step_end()
     assert emitted == [] and not timing._pending  # CUDA never initialised by the script
     gpu = FakeGpu([0.0, 1.0])
     timing.enable(gpu)
     timing.on_step_end()
-    timing.on_batch()
+    timing.on_batch(True)
     timing.on_step_end()
     assert gpu.recorded == 0, "no event before a copy names the device"
     start(timing, gpu)
     gpu.capturing = True
     timing.on_step_end()
-    timing.on_batch()
+    timing.on_batch(True)
     timing.on_step_end()
     assert gpu.recorded == 0 and emitted == []
 

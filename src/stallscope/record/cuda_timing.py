@@ -34,7 +34,6 @@ EXIT_WAIT_S = 2.0
 
 _cuda: Any = None
 _device: int | None = None  # index of the GPU the script's batches go to (learned from its copies)
-_saw_optimizer = False
 _ready: tuple[Any, int] | None = None
 _last_end: tuple[Any, int] | None = None
 _step = 0
@@ -78,10 +77,13 @@ def _queue(kind: str, index: int, start: tuple[Any, int], end: tuple[Any, int], 
     _pending.append((kind, index, start[0], end[0], start[1], end[1], extra))
 
 
-def on_batch() -> None:
-    """A batch was handed to the script: the first one after a step boundary marks the step's start."""
+def on_batch(saw_optimizer: bool) -> None:
+    """A batch was handed to the script: the first one after a step boundary marks the step's start.
+
+    Steps are timed once the script has stepped an optimizer (``saw_optimizer``, from ``steps``):
+    before that there is no step end to close them."""
     global _ready
-    if _cuda is None or _ready is not None or not _saw_optimizer:
+    if _cuda is None or _ready is not None or not saw_optimizer:
         return
     event = _event()
     if event is None:
@@ -93,13 +95,8 @@ def on_batch() -> None:
 
 def on_step_end() -> None:
     """The optimizer step returned: close the step opened by the first batch after the last one."""
-    global _ready, _last_end, _step, _saw_optimizer
-    if _cuda is None:
-        return
-    if not _saw_optimizer:
-        _saw_optimizer = True  # steps are only timed from the first optimizer step on
-        return
-    if _ready is None:
+    global _ready, _last_end, _step
+    if _cuda is None or _ready is None:
         return
     event = _event()
     if event is None:

@@ -65,4 +65,4 @@ def after_next(loader_id: int) -> None:
     global _batches_done, _batches_since_step
     _batches_done += 1
     _batches_since_step += 1
-    cuda_timing.on_batch()
+    cuda_timing.on_batch(_saw_optimizer)

@@ -22,13 +22,13 @@ def _wrap_copy(original: Any, name: str) -> Any:
         if self.device.type != "cpu":
             return original(self, *args, **kwargs)
         t0 = _perf()
+        nbytes = self.numel() * self.element_size()
         if name == "cuda" or _targets_cuda(args, kwargs):
-            result = cuda_timing.time_copy(lambda: original(self, *args, **kwargs),
-                                           self.numel() * self.element_size())
+            result = cuda_timing.time_copy(lambda: original(self, *args, **kwargs), nbytes)
         else:
             result = original(self, *args, **kwargs)
         if result is not self and result.device.type != "cpu":
-            events.emit("h2d", t0, _perf(), self.numel() * self.element_size(), bool(self.is_pinned()),
+            events.emit("h2d", t0, _perf(), nbytes, bool(self.is_pinned()),
                         bool(kwargs.get("non_blocking", False)), name)
         return result
 

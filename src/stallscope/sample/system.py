@@ -46,6 +46,7 @@ class SystemSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._gpu = GpuProbe(nvml) if gpu else None
+        self._files = _ProcFiles()  # this sampler's open /proc descriptors
         self.t_ns: list[int] = []
         self.system: dict[str, list[Any]] = {"cpu_percent": [], "per_core_percent": [], "iowait_percent": [],
                                              "disk_read_bytes_per_s": [], "shm_used_bytes": []}
@@ -96,7 +97,7 @@ class SystemSampler:
         tree: list[psutil.Process] = []
         uss_due: dict[int, float] = {}
         refreshed = 0.0
-        last_cpu = _per_cpu_times()
+        last_cpu = _per_cpu_times(self._files)
         last_disk = _disk_read_bytes()
         last_t = time.perf_counter()
         try:
@@ -117,7 +118,7 @@ class SystemSampler:
                     refreshed = now
                 self.t_ns.append(time.perf_counter_ns())
                 tick = len(self.t_ns) - 1
-                cpu = _per_cpu_times()
+                cpu = _per_cpu_times(self._files)
                 self._system_tick(last_cpu, cpu)
                 last_cpu = cpu
                 if tick % DISK_EVERY_TICKS == 0:
@@ -141,7 +142,7 @@ class SystemSampler:
                     for key, values in self._gpu.read(with_pcie=tick % PCIE_EVERY_TICKS == 0).items():
                         self.gpu_series.setdefault(key, []).append(values)
         finally:
-            _PROC_FILES.close()
+            self._files.close()
             self._cost_cpu_s = time.thread_time() - cpu0
             self._wall_s = time.perf_counter() - wall0
 
@@ -193,7 +194,7 @@ class SystemSampler:
         key = str(proc.pid)
         uss = read_chars = None
         try:
-            cpu_rss = _proc_stat(proc.pid)
+            cpu_rss = _proc_stat(proc.pid, self._files)
             if cpu_rss is None:  # not Linux, or /proc unreadable: psutil's portable path
                 with proc.oneshot():
                     times = proc.cpu_times()
@@ -226,10 +227,10 @@ class SystemSampler:
             entry["uss_bytes"].append(uss)
 
 
-def _proc_stat(pid: int) -> tuple[float, int] | None:
+def _proc_stat(pid: int, files: _ProcFiles) -> tuple[float, int] | None:
     """(user+system CPU seconds, RSS bytes) from /proc/PID/stat, or None where that file is not there."""
     try:
-        data = _PROC_FILES.read(f"/proc/{pid}/stat")
+        data = files.read(f"/proc/{pid}/stat")
     except FileNotFoundError:
         if os.path.isdir("/proc/self"):
             raise psutil.NoSuchProcess(pid) from None
@@ -291,16 +292,13 @@ class _ProcFiles:
                 os.close(fd)
 
 
-_PROC_FILES = _ProcFiles()
-
-
-def _per_cpu_times() -> list[tuple[int, ...]]:
+def _per_cpu_times(files: _ProcFiles) -> list[tuple[int, ...]]:
     """Jiffies per CPU (user, nice, system, idle, iowait, irq, softirq, steal) from /proc/stat.
 
     Read directly: psutil's equivalent builds named tuples and costs several times more, which
     matters ten times a second. Elsewhere psutil's values stand in (iowait then absent)."""
     try:
-        lines = _PROC_FILES.read("/proc/stat").split(b"\n")
+        lines = files.read("/proc/stat").split(b"\n")
     except OSError:
         return [(int(t.user * 100), 0, int(t.system * 100), int(t.idle * 100), 0)
                 for t in psutil.cpu_times(percpu=True)]
