@@ -77,3 +77,42 @@ def test_nvjpeg_decode_matches_cpu_decode():
     (gpu,) = decode_jpegs_on_gpu([buf.getvalue()])
     cpu = torch.from_numpy(np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))).permute(2, 0, 1)
     assert gpu.is_cuda and (gpu.cpu().int() - cpu.int()).abs().float().mean() < 3
+
+
+def test_cpu_normalizer_never_overwrites_a_batch_still_held():
+    """The reused host buffer is only handed out again once nothing refers to its memory."""
+    norm = DeviceNormalizer("cpu")
+    a, b = collate_uint8(_batch())[0], collate_uint8(_batch()[::-1])[0]
+    ref_b = norm(b)[0].clone()
+    holds = {
+        "tensor": lambda out: out,
+        "view": lambda out: out[1:],
+        "numpy array": lambda out: out.numpy(),
+        "storage": lambda out: out.untyped_storage(),
+        "autograd graph": lambda out: (out.requires_grad_() * 2).sum(),
+    }
+    for name, hold in holds.items():
+        first, _ = norm(a)
+        held_memory = first.data_ptr()
+        kept = hold(first)
+        del first
+        for _ in range(3):
+            again, _ = norm(b)
+            assert again.data_ptr() != held_memory, f"buffer reused while its {name} is held"
+            assert torch.equal(again, ref_b)
+            del again
+        del kept
+        reused_before = norm._host_outputs.reused
+        out, _ = norm(b)  # nothing holds any earlier batch now: a buffer is reused
+        assert torch.equal(out, ref_b) and norm._host_outputs.reused == reused_before + 1, name
+        del out
+
+
+def test_held_batch_keeps_its_values():
+    norm = DeviceNormalizer("cpu")
+    a, b = collate_uint8(_batch())[0], collate_uint8(_batch()[::-1])[0]
+    first, _ = norm(a)
+    expected = first.clone()
+    for _ in range(6):
+        norm(b)
+    assert torch.equal(first, expected)

@@ -73,3 +73,50 @@ def test_bad_roots_raise_clear_errors(tmp_path):
     (tmp_path / "empty" / "cls").mkdir()
     with pytest.raises(SourceError, match="no images"):
         FastImageFolder(tmp_path / "empty")
+
+
+def _decoders():
+    from stallscope.data import available_decoders
+
+    return available_decoders()
+
+
+@pytest.mark.parametrize("decoder", _decoders())
+def test_batched_fetch_equals_item_by_item_and_collates_without_a_copy(folder, decoder):
+    from torch.utils.data import default_collate
+
+    from stallscope.data import collate_uint8
+
+    ds = FastImageFolder(folder, crop=ResizeCenterCrop(80, 64), decoder=decoder)
+    indices = [5, 0, 17, 3]
+    batch = ds.__getitems__(indices)
+    single = [ds[i] for i in indices]
+    assert [label for _, label in batch] == [label for _, label in single]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(batch, single))
+    images, labels = collate_uint8(batch)
+    assert images.data_ptr() == batch[0][0].data_ptr()  # the batch was decoded in place: no stacking copy
+    assert torch.equal(images, collate_uint8(single)[0]) and labels.tolist() == [y for _, y in single]
+    assert torch.equal(default_collate(batch)[0], images)  # any collate function still works
+    reordered, _ = collate_uint8(batch[::-1])  # no longer the buffer's order: stacked, correctly
+    assert reordered.data_ptr() != images.data_ptr() and torch.equal(reordered, images.flip(0))
+
+
+def test_batched_fetch_of_differently_sized_images(folder):
+    ds = FastImageFolder(folder, crop=FullImage())
+    batch = ds.__getitems__([0, 1, 2])
+    assert all(torch.equal(image, ds[i][0]) for i, (image, _) in enumerate(batch))
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_worker_batches_equal_item_by_item(folder, start_method):
+    from torch.utils.data import DataLoader
+
+    from stallscope.data import collate_uint8
+
+    ds = FastImageFolder(folder, crop=ResizeCenterCrop(72, 64))
+    loader = DataLoader(ds, batch_size=6, num_workers=2, collate_fn=collate_uint8,
+                        multiprocessing_context=start_method)
+    for k, (images, labels) in enumerate(loader):
+        ref_images, ref_labels = collate_uint8([ds[i] for i in range(6 * k, min(6 * k + 6, len(ds)))])
+        assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
+    assert k == (len(ds) - 1) // 6

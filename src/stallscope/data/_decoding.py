@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
+from stallscope.data._memory import populate_for_writing
 from stallscope.data.cropdecode import decode_crop
 from stallscope.data.crops import CropSpec, RandomResizedCrop
 from stallscope.data.decoders import DecodeError, Decoder, get_decoder
@@ -41,12 +45,14 @@ class DecodingMixin:
             self._decoder = get_decoder(self._decoder_choice)
         return self._decoder
 
-    def _decode_sample(self, data: bytes, what: str) -> torch.Tensor:
+    def _decode_pixels(self, data: bytes, what: str, planes: np.ndarray | None = None) -> np.ndarray:
         try:
-            pixels = decode_crop(data, self.crop, self._get_decoder(), dct_scaling=self.dct_scaling)
+            return decode_crop(data, self.crop, self._get_decoder(), dct_scaling=self.dct_scaling, planes=planes)
         except DecodeError as exc:
             raise DecodeError(f"{what}: {exc}") from exc
-        return torch.from_numpy(pixels).permute(2, 0, 1)
+
+    def _decode_sample(self, data: bytes, what: str) -> torch.Tensor:
+        return torch.from_numpy(self._decode_pixels(data, what)).permute(2, 0, 1)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -54,3 +60,63 @@ class DecodingMixin:
         if isinstance(state["_decoder_choice"], Decoder):
             state["_decoder_choice"] = state["_decoder_choice"].name
         return state
+
+
+class MapDecodingMixin(DecodingMixin):
+    """Random access by index for the map-style datasets, one sample or a whole batch.
+
+    Subclasses provide ``_read(index) -> (bytes, label, what)``, ``what`` naming the sample
+    in error messages. ``__getitems__``, which the DataLoader calls for a whole batch when a
+    dataset has it, decodes every image of a batch straight into one batch buffer.
+    """
+
+    def _read(self, index: int) -> tuple[bytes, int, str]:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        data, label, what = self._read(index)
+        return self._decode_sample(data, what), label
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, int]]:
+        """The samples of one batch, equal to ``[dataset[i] for i in indices]``.
+
+        When every crop has the same output size (any RandomResizedCrop or ResizeCenterCrop),
+        the images are written straight into consecutive slots of one channels-first uint8
+        batch, in shared memory inside a worker, and each sample is a view of its slot:
+        :func:`collate_uint8` then hands that batch on without stacking (a copy of every
+        image saved), and any other collate function still sees ordinary samples.
+        """
+        samples: list[tuple[torch.Tensor, int]] = []
+        batch: torch.Tensor | None = None
+        slots: np.ndarray | None = None
+        for k, index in enumerate(indices):
+            data, label, what = self._read(index)
+            slot = None if slots is None else slots[k]
+            pixels = self._decode_pixels(data, what, slot)
+            if k == 0 and len(indices) > 1:
+                height, width, channels = pixels.shape
+                batch = _batch_buffer((len(indices), channels, height, width))
+                slots = batch.numpy()
+                slot = slots[0]
+                np.copyto(slot, pixels.transpose(2, 0, 1))
+                pixels = slot
+            if pixels is slot:
+                image = batch[k]  # a view of the batch tensor itself (from_numpy would make a storage of its own)
+            else:
+                image = torch.from_numpy(pixels).permute(2, 0, 1)
+            samples.append((image, label))
+        return samples
+
+
+def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 tensor; in a DataLoader worker, in shared memory.
+
+    Shared memory is where ``default_collate`` puts a worker's batch too: sending it to the
+    main process then passes a file descriptor instead of copying the pixels.
+    """
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
+    batch = torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+    populate_for_writing(batch)
+    return batch

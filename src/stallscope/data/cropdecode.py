@@ -54,7 +54,8 @@ def crop_resize(pixels: np.ndarray, plan: CropPlan, full_width: int, full_height
     if (x0, y0, x1, y1) == (0, 0, w, h) and (w, h) == out_size:
         out = pixels
     elif _cv2 is not None:
-        region = pixels[y0:y1, x0:x1]
+        # A compact copy of the crop resizes faster than the strided view (~80 vs ~100 us at 224 px).
+        region = np.ascontiguousarray(pixels[y0:y1, x0:x1])
         shrink = max((x1 - x0) / plan.out_width, (y1 - y0) / plan.out_height)
         # Bilinear is exact enough up to 2x down; beyond that it aliases and area averaging is right.
         interp = _cv2.INTER_AREA if shrink > 2.0 else _cv2.INTER_LINEAR
@@ -76,12 +77,17 @@ def decode_crop(
     decoder: Decoder,
     rng: random.Random | None = None,
     dct_scaling: bool = True,
+    planes: np.ndarray | None = None,
 ) -> np.ndarray:
     """Decode ``data`` to the HxWx3 RGB uint8 array that ``crop`` asks for.
 
     JPEGs go through ``decoder`` at the DCT reduction the crop allows (disable with
     ``dct_scaling=False``); anything else, or a JPEG the fast backend rejects (CMYK,
     arithmetic coding), goes through Pillow at full size. Raises :class:`DecodeError`.
+
+    ``planes``: a 3xHxW uint8 array (one slot of a channels-first batch). When the crop's
+    output is HxW, the result is written there as R, G, B planes and ``planes`` is returned;
+    otherwise it is left alone and the HxWx3 array is returned as usual.
     """
     _cv2_single_thread()
     try:
@@ -102,10 +108,25 @@ def decode_crop(
     if pixels.ndim != 3 or pixels.shape[2] != 3:
         raise DecodeError(f"decoder returned shape {pixels.shape}, expected HxWx3")
     out = crop_resize(pixels, plan, header.width, header.height)
+    if planes is not None and planes.shape == (3, plan.out_height, plan.out_width):
+        write_planes(out, planes, bgr)
+        return planes
     if bgr:
         out = _cv2.cvtColor(out, _cv2.COLOR_BGR2RGB) if _cv2 is not None else out[:, :, ::-1]
     out = np.ascontiguousarray(out)
     return out if out.flags.writeable else out.copy()  # torch warns on read-only arrays
+
+
+def write_planes(pixels: np.ndarray, planes: np.ndarray, bgr: bool = False) -> None:
+    """Copy HxWx3 ``pixels`` into 3xHxW ``planes`` as R, G, B (swapping B and R when ``bgr``).
+
+    OpenCV's channel split does this in about a tenth of a strided NumPy copy's time, and
+    channels-first uint8 batches turn into float NCHW without a transpose later.
+    """
+    if _cv2 is not None:
+        _cv2.split(np.ascontiguousarray(pixels), [planes[2], planes[1], planes[0]] if bgr else list(planes))
+    else:
+        np.copyto(planes, (pixels[:, :, ::-1] if bgr else pixels).transpose(2, 0, 1))
 
 
 def decode_full(data: bytes, decoder: Decoder) -> np.ndarray:

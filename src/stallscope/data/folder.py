@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 
-import torch
 from torch.utils.data import Dataset
 
-from stallscope.data._decoding import DecodingMixin
+from stallscope.data._decoding import MapDecodingMixin
 from stallscope.data.crops import CropSpec
 from stallscope.data.decoders import Decoder
 from stallscope.data.sources import IMAGE_EXTENSIONS, list_image_folder, read_file_list
 
 
-class FastImageFolder(DecodingMixin, Dataset):
+class FastImageFolder(MapDecodingMixin, Dataset):
     """Map-style dataset over ``root/<class>/<image>``, yielding ``(uint8 CHW tensor, label)``.
 
     A drop-in for ``ImageFolder(root, Compose([RandomResizedCrop(224), RandomHorizontalFlip(),
@@ -73,11 +72,10 @@ class FastImageFolder(DecodingMixin, Dataset):
     def __len__(self) -> int:
         return len(self.source.samples)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def _read(self, index: int) -> tuple[bytes, int, str]:
         path, label = self.source.samples[index]
         with open(path, "rb") as fh:
-            data = fh.read()
-        return self._decode_sample(data, str(path)), label
+            return fh.read(), label, str(path)
 
     def __repr__(self) -> str:
         return f"FastImageFolder({str(self.root)!r}, {len(self)} images, {len(self.classes)} classes, crop={self.crop})"

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from stallscope.data._decoding import DecodingMixin
+from stallscope.data._decoding import DecodingMixin, MapDecodingMixin
 from stallscope.data._lmdb import lmdb_env
 from stallscope.data.crops import CropSpec
 from stallscope.data.decoders import Decoder
@@ -67,7 +67,7 @@ class _PackReader:
         return state
 
 
-class PackedImageDataset(DecodingMixin, Dataset):
+class PackedImageDataset(MapDecodingMixin, Dataset):
     """Map-style dataset over a pack made by ``stallscope pack`` (LMDB or WebDataset shards).
 
     Yields ``(uint8 CHW tensor, label)`` like :class:`FastImageFolder`; sample ``i`` is the
@@ -93,9 +93,8 @@ class PackedImageDataset(DecodingMixin, Dataset):
         """The stored bytes and label of record ``index`` (no decoding)."""
         return self._reader.read(index), self.targets[index]
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        data = self._reader.read(index)
-        return self._decode_sample(data, f"{self.path} record {index} ({self.sources[index]})"), self.targets[index]
+    def _read(self, index: int) -> tuple[bytes, int, str]:
+        return self._reader.read(index), self.targets[index], f"{self.path} record {index} ({self.sources[index]})"
 
     def __repr__(self) -> str:
         return f"PackedImageDataset({str(self.path)!r}, {self.format}, {len(self)} images)"
