@@ -187,15 +187,30 @@ def _timed_hook(hook: Any) -> Any:
 
 
 def _stand_in_hook(late: list[Any]) -> Any:
-    """DDP's built-in all-reduce until the script registers a hook of its own after the first forward;
-    then that hook, with its state (``late`` is ``[state, hook]`` once set)."""
+    """DDP's built-in all-reduce, timed per bucket, until the script registers a hook of its own after
+    the first forward; then that hook, with its state (``late`` is ``[state, hook]`` once set).
+
+    This runs once per bucket per step, so it is kept lean: the process group's own ``allreduce``
+    (not ``dist.all_reduce``, whose Python checks cost more than the rest of the hook), and one
+    callback that both stamps the bucket's return and hands DDP its tensor.
+    """
 
     def stand_in(process_group, bucket):  # no annotations: DDP checks them
         if late:
-            return late[1](late[0], bucket)
-        return builtin_allreduce_hook(process_group, bucket)
+            return _timed_hook(late[1])(late[0], bucket)
+        launched = _perf()
+        index = bucket.index()
+        tensor = bucket.buffer()
+        tensor.mul_(1.0 / process_group.size())  # the same multiply as DDP's built-in all-reduce
+        return process_group.allreduce([tensor]).get_future().then(
+            lambda fut: _bucket_returned(index, launched, fut))
 
     return stand_in
+
+
+def _bucket_returned(index: int, launched: int, fut: Any) -> Any:
+    events.emit("ddp", index, launched, _perf())
+    return fut.value()[0]
 
 
 def _python_builtin_hook(comm_hook_type: Any) -> Any | None:
@@ -254,7 +269,7 @@ def patch_ddp(module: Any) -> None:
             if _default_reduction(self):
                 late: list[Any] = []
                 try:
-                    original_register(self, self.process_group, _timed_hook(_stand_in_hook(late)))
+                    original_register(self, self.process_group, _stand_in_hook(late))
                     self._stallscope_late_hook = late
                 except Exception:
                     pass
