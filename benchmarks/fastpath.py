@@ -112,7 +112,7 @@ def images_per_second(dataset, workers: int, batch_size: int, seconds: float, ui
 
 
 def best_workers(dataset, candidates: list[int], batch_size: int, uint8: bool) -> tuple[int, dict[int, float]]:
-    probe = {w: images_per_second(dataset, w, batch_size, 1.5, uint8) for w in candidates}
+    probe = {w: images_per_second(dataset, w, batch_size, 2.5, uint8) for w in candidates}
     return max(probe, key=probe.get), probe
 
 

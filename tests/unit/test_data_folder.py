@@ -120,3 +120,49 @@ def test_worker_batches_equal_item_by_item(folder, start_method):
         ref_images, ref_labels = collate_uint8([ds[i] for i in range(6 * k, min(6 * k + 6, len(ds)))])
         assert torch.equal(images, ref_images) and torch.equal(labels, ref_labels)
     assert k == (len(ds) - 1) // 6
+
+
+class _ReportsReuse(FastImageFolder):
+    """Labels replaced by how many batches this worker's pool has reused so far."""
+
+    def __getitems__(self, indices):
+        from stallscope.data._shared_batches import current_pool
+
+        samples = super().__getitems__(indices)
+        pool = current_pool()
+        return [(image, pool.reused if pool is not None else -1) for image, _ in samples]
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_recycled_worker_batches_are_never_overwritten_while_held(folder, start_method):
+    """Workers reuse a batch's shared memory only after the training process dropped it."""
+    from torch.utils.data import DataLoader
+
+    from stallscope.data import collate_uint8
+
+    crop = ResizeCenterCrop(72, 64)
+    reference = FastImageFolder(folder, crop=crop)
+    expected = [collate_uint8([reference[i] for i in range(8 * k, 8 * k + 8)])[0] for k in range(len(reference) // 8)]
+    loader = DataLoader(_ReportsReuse(folder, crop=crop), batch_size=8, num_workers=2, collate_fn=collate_uint8,
+                        multiprocessing_context=start_method, persistent_workers=True, drop_last=True)
+    held, reuse_counts = [], []
+    for epoch in range(4):
+        for k, (images, reused) in enumerate(loader):
+            assert torch.equal(images, expected[k])
+            reuse_counts.append(int(reused.max()))
+            if epoch == 0 and k in (0, 3):
+                held.append((k, images[1:]))  # a view keeps the whole buffer in use
+    for k, view in held:  # every later batch was written while these were held: none into them
+        assert torch.equal(view, expected[k][1:]), k
+    assert max(reuse_counts) > 0  # and buffers the loop had dropped were reused
+    del loader
+
+
+def test_recycling_can_be_turned_off(folder):
+    from torch.utils.data import DataLoader
+
+    from stallscope.data import collate_uint8
+
+    ds = _ReportsReuse(folder, crop=ResizeCenterCrop(72, 64), recycle_batches=False)
+    loader = DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate_uint8)
+    assert {int(reused.max()) for _ in range(2) for _, reused in loader} == {-1}

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from stallscope.data._memory import populate_for_writing
+from stallscope.data._shared_batches import PooledBatch, worker_pool
 from stallscope.data.cropdecode import decode_crop
 from stallscope.data.crops import CropSpec, RandomResizedCrop
 from stallscope.data.decoders import DecodeError, Decoder, get_decoder
@@ -70,6 +71,10 @@ class MapDecodingMixin(DecodingMixin):
     dataset has it, decodes every image of a batch straight into one batch buffer.
     """
 
+    #: In DataLoader workers, reuse batch buffers the main process has released (see
+    #: :mod:`stallscope.data._shared_batches`); False for pipelines that forward batches on.
+    recycle_batches: bool = True
+
     def _read(self, index: int) -> tuple[bytes, int, str]:
         raise NotImplementedError
 
@@ -95,7 +100,7 @@ class MapDecodingMixin(DecodingMixin):
             pixels = self._decode_pixels(data, what, slot)
             if k == 0 and len(indices) > 1:
                 height, width, channels = pixels.shape
-                batch = _batch_buffer((len(indices), channels, height, width))
+                batch = _batch_buffer((len(indices), channels, height, width), self.recycle_batches)
                 slots = batch.numpy()
                 slot = slots[0]
                 np.copyto(slot, pixels.transpose(2, 0, 1))
@@ -105,17 +110,23 @@ class MapDecodingMixin(DecodingMixin):
             else:
                 image = torch.from_numpy(pixels).permute(2, 0, 1)
             samples.append((image, label))
+        if batch is not None and self.recycle_batches and get_worker_info() is not None:
+            if worker_pool().slot_of(batch) is not None:  # pooled: every view of it leaves marked
+                samples = [(image.as_subclass(PooledBatch), label) for image, label in samples]
         return samples
 
 
-def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
+def _batch_buffer(shape: tuple[int, ...], recycle: bool = True) -> torch.Tensor:
     """An uninitialised uint8 tensor; in a DataLoader worker, in shared memory.
 
     Shared memory is where ``default_collate`` puts a worker's batch too: sending it to the
-    main process then passes a file descriptor instead of copying the pixels.
+    main process then passes a file descriptor instead of copying the pixels. With ``recycle``
+    the buffer comes from the worker's pool (see :mod:`stallscope.data._shared_batches`).
     """
     if get_worker_info() is None:
         return torch.empty(shape, dtype=torch.uint8)
+    if recycle:
+        return worker_pool().take(shape)
     storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
     batch = torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
     populate_for_writing(batch)

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from stallscope.data._memory import populate_for_reading
+from stallscope.data._shared_batches import current_pool
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -34,6 +35,13 @@ def collate_uint8(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tens
     """
     if not batch:
         raise ValueError("collate_uint8 got an empty batch")
+    with torch._C.DisableTorchFunctionSubclass():  # samples over a worker's pooled buffer: plain speed
+        images, labels = _collate_uint8(batch)
+    pool = current_pool() if get_worker_info() is not None else None
+    return (pool.mark(images) if pool is not None else images), labels
+
+
+def _collate_uint8(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     first = batch[0][0]
     if first.dtype != torch.uint8 or first.dim() != 3:
         raise TypeError(f"collate_uint8 expects uint8 CHW tensors, got {first.dtype} with shape {tuple(first.shape)}")

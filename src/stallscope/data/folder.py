@@ -23,7 +23,9 @@ class FastImageFolder(MapDecodingMixin, Dataset):
 
     ``crop`` is a :class:`RandomResizedCrop` (training, flip included), a
     :class:`ResizeCenterCrop` (evaluation) or :class:`FullImage`. ``decoder`` is ``"auto"``
-    (fastest installed), ``"simplejpeg"``, ``"opencv"`` or ``"pillow"``.
+    (fastest installed), ``"simplejpeg"``, ``"opencv"`` or ``"pillow"``. ``recycle_batches``:
+    workers reuse a batch's shared memory once the training process has dropped every
+    reference to it (turn off only if batches are passed on to yet another process).
     """
 
     def __init__(
@@ -33,8 +35,10 @@ class FastImageFolder(MapDecodingMixin, Dataset):
         decoder: str | Decoder = "auto",
         dct_scaling: bool = True,
         extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+        recycle_batches: bool = True,
     ) -> None:
         self._init_decoding(crop, decoder, dct_scaling)
+        self.recycle_batches = recycle_batches
         self.source = list_image_folder(root, extensions)
         self.root = self.source.root
 
@@ -45,10 +49,12 @@ class FastImageFolder(MapDecodingMixin, Dataset):
         crop: CropSpec | None = None,
         decoder: str | Decoder = "auto",
         dct_scaling: bool = True,
+        recycle_batches: bool = True,
     ) -> FastImageFolder:
         """The same dataset over a ``path,label`` list instead of a folder tree."""
         self = cls.__new__(cls)
         self._init_decoding(crop, decoder, dct_scaling)
+        self.recycle_batches = recycle_batches
         self.source = read_file_list(list_path)
         self.root = self.source.root
         return self

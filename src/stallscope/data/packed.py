@@ -72,12 +72,13 @@ class PackedImageDataset(MapDecodingMixin, Dataset):
 
     Yields ``(uint8 CHW tensor, label)`` like :class:`FastImageFolder`; sample ``i`` is the
     ``i``-th usable source image. Shards are read with ``pread`` at the offsets in the index,
-    so random access needs no tar parsing.
+    so random access needs no tar parsing. ``recycle_batches`` as in :class:`FastImageFolder`.
     """
 
     def __init__(self, path: str | os.PathLike[str], crop: CropSpec | None = None,
-                 decoder: str | Decoder = "auto", dct_scaling: bool = True) -> None:
+                 decoder: str | Decoder = "auto", dct_scaling: bool = True, recycle_batches: bool = True) -> None:
         self._init_decoding(crop, decoder, dct_scaling)
+        self.recycle_batches = recycle_batches
         self.path = Path(path)
         index = load_index(self.path)
         self.format = index.format
