@@ -16,20 +16,26 @@ Usage: python benchmarks/fastpath.py [--files 2000] [--rounds 3] [--seconds 4] [
 Each measurement is steady state: workers persist across epochs, the batches prefetched during
 start-up are drained before the clock starts, and the clock then runs for --seconds (4) of wall time.
 
-Measured 2026-11-30 on the idle 2-core development machine (x86_64, Python 3.11, torch 2.14.1 CPU
+Measured 2026-11-30 on the 2-core development machine (x86_64, Python 3.11, torch 2.14.1 CPU
 build), 2,000 demo JPEGs of ~500x400, batch 64, normalization on the CPU in the main process,
-median of 3 interleaved rounds:
+`python benchmarks/fastpath.py --rounds 5` (median of 5 interleaved rounds):
 
-  (a) torchvision recipe             2 workers    638 img/s  1.00x  pillow
-  (b) FastImageFolder                2 workers  1,788 img/s  2.80x  simplejpeg-fast  48% of limit
-  (c) PackedImageDataset, LMDB       3 workers  1,853 img/s  2.90x  simplejpeg-fast  49%
-  (d) PackedImageDataset, shards     2 workers  1,823 img/s  2.86x  simplejpeg-fast  48%
-  single-core decode: simplejpeg-fast 1,882, simplejpeg 1,702, opencv 1,599, pillow 556 img/s
+  (a) torchvision recipe             3 workers    718 img/s  1.00x  pillow           40% of limit
+  (b) FastImageFolder                3 workers  2,169 img/s  3.02x  simplejpeg-fast  54%
+  (c) PackedImageDataset, LMDB       3 workers  2,237 img/s  3.11x  simplejpeg-fast  56%
+  (d) PackedImageDataset, shards     3 workers  2,256 img/s  3.14x  simplejpeg-fast  56%
+  single-core decode: simplejpeg-fast 2,001, simplejpeg 1,739, opencv 1,650, pillow 905 img/s
 
-The 3x target is not met here. Where the two cores go in (b) (perf, steady state): JPEG decoding
-46%, OpenCV resize/flip/split 12%, the main process's normalization 15%, worker Python 8%, worker
-kernel time 8.5% (shared-memory pages, file reads). The decode is already libjpeg-turbo with the
-fast IDCT; none of the installed decoders can skip the rows and columns outside the crop.
+Other runs the same day (3 rounds): (b) 2.89-3.15x, (c) 3.03-3.26x, (d) 3.01-3.15x; this machine's
+speed drifts by 30% over minutes (Pillow's single-core rate ranged 556-936 img/s), which the
+interleaving absorbs but the absolute rates do not. Where the two cores go in (b) (perf, steady
+state): JPEG decoding 51%, OpenCV resize/flip/channel split 12%, the main process's normalization
+13%, worker Python 7%, worker kernel time 3% (file reads), idle 3%.
+
+What got (b) from 2.4x to 3x: decoding each batch straight into one channels-first shared-memory
+buffer (no collate copy, no transpose later), workers recycling those buffers once the main process
+has dropped them (fresh shared pages cost ~65 us per image here), normalizing in cache-sized chunks
+into reused output buffers, and faulting in each received batch with one madvise call.
 """
 
 from __future__ import annotations
