@@ -102,10 +102,47 @@ def _group_size(args: Any, kwargs: Any) -> int:
         return -1
 
 
+#: Set when ``--steps N`` ends this rank; the process group is then destroyed at exit (see below).
+stopped_by_step_limit = False
+
+
+def _leave_after_step_limit(module: Any) -> None:
+    """At exit of a torchrun rank that ``--steps`` stopped: destroy its process group, then leave at once.
+
+    Such a rank skips the script's own ``destroy_process_group``, and torch's C++ teardown of a live
+    gloo group aborts now and then ("terminate called without an active exception", SIGABRT; seen
+    without stallscope too, about 1 exit in 15), which would turn our clean stop into a failed job.
+    Registered when torch.distributed is imported, so the script's later exit handlers have run by
+    now; what is left of Python's shutdown is flushing, done here, before ``os._exit(0)``.
+    """
+    if not stopped_by_step_limit:
+        return
+    try:
+        if module.is_initialized():
+            module.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+    import logging
+    import sys
+
+    events.emit("process_exit", _perf())
+    events.flush()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream
+            pass
+    os._exit(0)
+
+
 def patch_c10d(module: Any) -> None:
     """Wrap ``init_process_group``, the collectives and ``Work.wait`` (``torch.distributed.distributed_c10d``)."""
     if getattr(module.init_process_group, "__stallscope_wrapped__", False):
         return
+    import atexit
+
+    atexit.register(_leave_after_step_limit, module)
     original_init = module.init_process_group
 
     @functools.wraps(original_init)

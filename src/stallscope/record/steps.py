@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stallscope.record import cuda_timing, events
+from stallscope.record import cuda_timing, distributed, events
 
 _perf = time.perf_counter_ns
 max_steps: int | None = None
@@ -58,6 +58,7 @@ def before_next() -> None:
         _stopping = True
         events.emit("step_limit", max_steps, done, _perf())
         events.flush()
+        distributed.stopped_by_step_limit = True
         raise StepLimitReached(0)
 
 
