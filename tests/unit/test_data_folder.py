@@ -166,3 +166,28 @@ def test_recycling_can_be_turned_off(folder):
     ds = _ReportsReuse(folder, crop=ResizeCenterCrop(72, 64), recycle_batches=False)
     loader = DataLoader(ds, batch_size=8, num_workers=1, collate_fn=collate_uint8)
     assert {int(reused.max()) for _ in range(2) for _, reused in loader} == {-1}
+
+
+def test_a_batch_forwarded_to_another_process_is_never_recycled(folder):
+    """Pickling a received batch again (a queue to a third process) cancels its release to the pool."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.utils.data import DataLoader
+
+    from stallscope.data import collate_uint8
+
+    crop = ResizeCenterCrop(72, 64)
+    loader = DataLoader(_ReportsReuse(folder, crop=crop), batch_size=8, num_workers=1, collate_fn=collate_uint8,
+                        persistent_workers=True, drop_last=True, shuffle=True)  # refills differ from the batch
+    batches = iter(loader)
+    images, _ = next(batches)
+    expected = images.clone()
+    forwarded = ForkingPickler.dumps(images)  # sent on; the third process reads it only later
+    del images
+    reuse = []
+    for _ in range(3):
+        reuse += [int(reused.max()) for _, reused in batches]
+        batches = iter(loader)
+    assert max(reuse) > 0  # the pool did recycle other buffers meanwhile
+    assert torch.equal(ForkingPickler.loads(forwarded), expected)
+    del batches, loader

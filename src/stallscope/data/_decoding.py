@@ -9,10 +9,9 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from stallscope.data._memory import populate_for_writing
-from stallscope.data._shared_batches import PooledBatch, worker_pool
-from stallscope.data.cropdecode import decode_crop
-from stallscope.data.crops import CropSpec, RandomResizedCrop
+from stallscope.data._shared_batches import new_shared_batch, register_batch_buffer, worker_pool
+from stallscope.data.cropdecode import decode_crop, write_planes
+from stallscope.data.crops import CropSpec, RandomResizedCrop, ResizeCenterCrop
 from stallscope.data.decoders import DecodeError, Decoder, get_decoder
 
 
@@ -85,12 +84,14 @@ class MapDecodingMixin(DecodingMixin):
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, int]]:
         """The samples of one batch, equal to ``[dataset[i] for i in indices]``.
 
-        When every crop has the same output size (any RandomResizedCrop or ResizeCenterCrop),
-        the images are written straight into consecutive slots of one channels-first uint8
-        batch, in shared memory inside a worker, and each sample is a view of its slot:
-        :func:`collate_uint8` then hands that batch on without stacking (a copy of every
-        image saved), and any other collate function still sees ordinary samples.
+        With a crop of fixed output size (RandomResizedCrop, ResizeCenterCrop), the images are
+        written straight into consecutive slots of one channels-first uint8 batch, allocated in
+        shared memory inside a worker, and each sample is a view of its slot: :func:`collate_uint8`
+        then hands that batch on without stacking (a copy of every image saved), and any other
+        collate function still sees ordinary samples.
         """
+        if not isinstance(self.crop, (RandomResizedCrop, ResizeCenterCrop)) or len(indices) < 2:
+            return [self[index] for index in indices]
         samples: list[tuple[torch.Tensor, int]] = []
         batch: torch.Tensor | None = None
         slots: np.ndarray | None = None
@@ -98,36 +99,30 @@ class MapDecodingMixin(DecodingMixin):
             data, label, what = self._read(index)
             slot = None if slots is None else slots[k]
             pixels = self._decode_pixels(data, what, slot)
-            if k == 0 and len(indices) > 1:
+            if k == 0:
                 height, width, channels = pixels.shape
                 batch = _batch_buffer((len(indices), channels, height, width), self.recycle_batches)
                 slots = batch.numpy()
                 slot = slots[0]
-                np.copyto(slot, pixels.transpose(2, 0, 1))
+                write_planes(pixels, slot)
                 pixels = slot
             if pixels is slot:
                 image = batch[k]  # a view of the batch tensor itself (from_numpy would make a storage of its own)
             else:
                 image = torch.from_numpy(pixels).permute(2, 0, 1)
             samples.append((image, label))
-        if batch is not None and self.recycle_batches and get_worker_info() is not None:
-            if worker_pool().slot_of(batch) is not None:  # pooled: every view of it leaves marked
-                samples = [(image.as_subclass(PooledBatch), label) for image, label in samples]
         return samples
 
 
 def _batch_buffer(shape: tuple[int, ...], recycle: bool = True) -> torch.Tensor:
-    """An uninitialised uint8 tensor; in a DataLoader worker, in shared memory.
+    """An uninitialised uint8 batch; in a DataLoader worker, in shared memory.
 
     Shared memory is where ``default_collate`` puts a worker's batch too: sending it to the
     main process then passes a file descriptor instead of copying the pixels. With ``recycle``
     the buffer comes from the worker's pool (see :mod:`stallscope.data._shared_batches`).
     """
     if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
+        return register_batch_buffer(torch.empty(shape, dtype=torch.uint8))
     if recycle:
         return worker_pool().take(shape)
-    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
-    batch = torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
-    populate_for_writing(batch)
-    return batch
+    return new_shared_batch(shape)

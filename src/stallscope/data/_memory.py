@@ -10,22 +10,21 @@ when it fails, nothing happens and the pages fault in as usual.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import errno
+import mmap
 import sys
 
 import torch
 
 _MADV_POPULATE_READ = 22
 _MADV_POPULATE_WRITE = 23
-_PAGE = 4096
 
 
 def _load_madvise():  # type: ignore[no-untyped-def]
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        madvise = libc.madvise
+        madvise = ctypes.CDLL(None, use_errno=True).madvise  # the C library already loaded
     except (OSError, AttributeError):
         return None
     madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -34,26 +33,28 @@ def _load_madvise():  # type: ignore[no-untyped-def]
 
 
 _madvise = _load_madvise()
-_unsupported: set[int] = set()  # advice values this kernel rejected once: not asked again
+_unsupported: set[int] = set()  # advice values this kernel does not know: not asked again
 
 
 def _populate(tensor: torch.Tensor, advice: int) -> bool:
-    if _madvise is None or advice in _unsupported or tensor.device.type != "cpu" or tensor.numel() == 0:
+    if (_madvise is None or advice in _unsupported or tensor.device.type != "cpu" or tensor.numel() == 0
+            or not tensor.is_contiguous()):
         return False
     start = tensor.data_ptr()
     end = start + tensor.numel() * tensor.element_size()
-    aligned = start - start % _PAGE
+    aligned = start - start % mmap.PAGESIZE
     if _madvise(aligned, end - aligned, advice) == 0:
         return True
-    _unsupported.add(advice)  # EINVAL on kernels before 5.14: stop trying
+    if ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14: stop trying; other errors are one-offs
+        _unsupported.add(advice)
     return False
 
 
 def populate_for_reading(tensor: torch.Tensor) -> bool:
-    """Map all pages of ``tensor`` (contiguous) before reading it; True if the kernel did."""
+    """Map all pages of a contiguous ``tensor`` before reading it; True if the kernel did."""
     return _populate(tensor, _MADV_POPULATE_READ)
 
 
 def populate_for_writing(tensor: torch.Tensor) -> bool:
-    """Map (and zero) all pages of a fresh ``tensor`` before writing it; True if the kernel did."""
+    """Map (and zero) all pages of a fresh contiguous ``tensor`` before writing it; True if the kernel did."""
     return _populate(tensor, _MADV_POPULATE_WRITE)

@@ -1,23 +1,25 @@
-"""Batch buffers in shared memory that a DataLoader worker reuses once the main process let go of them.
+"""Batch buffers in shared memory that a DataLoader worker reuses once no other process reads them.
 
 Why: every batch a worker sends lives in fresh shared memory, and on the machines measured a
 fresh page costs more than the data written into it (a 64-image uint8 batch of 224 px is 2,400
-pages: ~65 us of kernel time per image, 7% of the whole fast path's CPU). Reusing a buffer is
-only safe once no process can still read it, and the worker cannot see the main process's
-references. So the main process tells it: each pooled batch travels with a one-byte flag in a
-small shared array, set when the batch is pickled for sending and cleared by a finalizer on the
-batch's storage in the main process, which runs when the last tensor, view or NumPy array over
-that memory is gone there. A buffer is taken again only when its flag is clear and nothing in
-the worker refers to it either.
+pages: ~65 us of kernel time per image, 7% of the whole fast path's CPU). Reuse is only safe once
+no process can still read the buffer, and the worker cannot see the other processes' references,
+so they tell it. Every storage a worker pickles goes through torch's reducer for
+``UntypedStorage``; the worker wraps that reducer: a storage inside one of its pooled buffers sets
+the buffer's one-byte flag in a small shared array and travels with (flags, slot). The receiving
+process rebuilds the storage as torch would and puts a finalizer on it that clears the flag when
+the last tensor, view or NumPy array over that memory is gone there. Whatever the tensor type or
+view that carried it, the storage is what crosses, so nothing leaves the worker unflagged.
 
-One limit: a batch forwarded from the main process to a third process (a second pickling) is
-not followed; datasets take ``recycle_batches=False`` for such pipelines.
+If the receiving process pickles such a storage again (forwards a batch to a third process), its
+finalizers are cancelled: the buffer is then never reused, which is safe, only not faster.
 """
 
 from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,16 +27,37 @@ import torch
 
 from stallscope.data._memory import populate_for_writing
 
-#: Buffers kept per worker: the batches in flight (prefetch_factor, 2 by default) plus those the
-#: training loop still holds, with room to spare. When all are busy a fresh buffer is used.
+#: Buffers kept per worker: the batches in flight (prefetch_factor of them) plus the one or two the
+#: training loop holds. When all are busy a batch gets a fresh, unpooled buffer. Each buffer costs
+#: its batch's size in /dev/shm for the life of the worker (9.6 MB for 64 images of 224x224).
 SLOTS = 6
 
+#: Storages of the batch buffers the datasets made in this process, by address (weakly held):
+#: ``collate_uint8`` passes such a buffer on as the batch, never a user's own storage.
+_BATCH_BUFFERS: weakref.WeakValueDictionary[int, torch.UntypedStorage] = weakref.WeakValueDictionary()
 
-def _new_shared(shape: tuple[int, ...]) -> torch.Tensor:
+
+def register_batch_buffer(tensor: torch.Tensor) -> torch.Tensor:
+    storage = tensor.untyped_storage()
+    _BATCH_BUFFERS[storage.data_ptr()] = storage
+    return tensor
+
+
+def is_batch_buffer(storage: torch.UntypedStorage) -> bool:
+    return _BATCH_BUFFERS.get(storage.data_ptr()) is storage
+
+
+def new_shared_batch(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 tensor in shared memory, its pages mapped in one call."""
     storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
     tensor = torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
     populate_for_writing(tensor)
-    return tensor
+    return register_batch_buffer(tensor)
+
+
+def _alias(buffer: torch.Tensor) -> torch.Tensor:
+    """A new tensor over ``buffer``'s memory that does not keep ``buffer`` itself (no ``_base``)."""
+    return torch.empty(0, dtype=buffer.dtype).set_(buffer.untyped_storage(), 0, buffer.shape, buffer.stride())
 
 
 def _only_pool_refers_to(buffer: torch.Tensor) -> bool:
@@ -48,41 +71,36 @@ class SharedBatchPool:
 
     def __init__(self, slots: int = SLOTS) -> None:
         self.flags = torch.zeros(slots, dtype=torch.uint8).share_memory_()
-        self._flag_view = self.flags.numpy()
+        self._flags = self.flags.numpy()
         self.buffers: list[torch.Tensor | None] = [None] * slots
         self.reused = 0
         self.allocated = 0
 
+    def _free(self, i: int) -> bool:
+        # References first, then the flag: the sender sets the flag while it still holds the
+        # buffer, so once nothing here refers to it the flag read next is current.
+        buffer = self.buffers[i]
+        return buffer is not None and _only_pool_refers_to(buffer) and self._flags[i] == 0
+
     def take(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A buffer of ``shape``: a released one of the same shape, else a new one."""
-        free = [i for i, flag in enumerate(self._flag_view) if flag == 0]
-        for i in free:
-            buffer = self.buffers[i]
-            if buffer is not None and tuple(buffer.shape) == shape and _only_pool_refers_to(buffer):
+        for i, buffer in enumerate(self.buffers):
+            if buffer is not None and tuple(buffer.shape) == shape and self._free(i):
                 self.reused += 1
-                return buffer.view(shape)
+                return _alias(buffer)
         self.allocated += 1
-        for i in free:
-            buffer = self.buffers[i]
-            if buffer is None or _only_pool_refers_to(buffer):
-                self.buffers[i] = _new_shared(shape)
-                return self.buffers[i].view(shape)
-        return _new_shared(shape)  # every slot busy: an ordinary, unpooled batch
+        for i, buffer in enumerate(self.buffers):
+            if buffer is None or self._free(i):
+                self.buffers[i] = new_shared_batch(shape)
+                return _alias(self.buffers[i])
+        return new_shared_batch(shape)  # every slot busy: an ordinary, unpooled batch
 
-    def slot_of(self, tensor: torch.Tensor) -> int | None:
-        """The slot whose buffer ``tensor`` (or any view of it) lives in, or None."""
-        with torch._C.DisableTorchFunctionSubclass():
-            ptr = tensor.untyped_storage().data_ptr()
+    def slot_of(self, storage: torch.UntypedStorage) -> int | None:
+        ptr = storage.data_ptr()
         for i, buffer in enumerate(self.buffers):
             if buffer is not None and buffer.data_ptr() == ptr:
                 return i
         return None
-
-    def mark(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` (a pooled buffer or a view of one) as a :class:`PooledBatch`; others unchanged."""
-        if self.slot_of(tensor) is None:
-            return tensor
-        return tensor.as_subclass(PooledBatch)
 
 
 _POOL: tuple[int, SharedBatchPool] | None = None
@@ -92,6 +110,7 @@ def worker_pool() -> SharedBatchPool:
     """This process's pool (a forked child gets its own, never its parent's)."""
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid():
+        _wrap_storage_reducer(_flag_pooled_storage)
         _POOL = (os.getpid(), SharedBatchPool())
     return _POOL[1]
 
@@ -100,38 +119,61 @@ def current_pool() -> SharedBatchPool | None:
     return _POOL[1] if _POOL is not None and _POOL[0] == os.getpid() else None
 
 
-class PooledBatch(torch.Tensor):
-    """A tensor over a worker's pooled buffer; it arrives in another process as a plain tensor.
+def _wrap_storage_reducer(wrapper: Callable[[Any, torch.UntypedStorage], Any]) -> None:
+    """Put ``wrapper(original_reduce, storage)`` in front of ForkingPickler's ``UntypedStorage`` reducer, once."""
+    from multiprocessing.reduction import ForkingPickler
 
-    Results of operations on it (views, slices) are PooledBatch too, so whichever of them
-    leaves the worker, the buffer's flag is set and its release armed on the other side.
-    """
+    import torch.multiprocessing  # noqa: F401 - registers torch's reducers
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        plain = self.as_subclass(torch.Tensor)
-        pool = current_pool()
-        slot = pool.slot_of(plain) if pool is not None else None
-        if slot is None:
-            return _plain, (plain,)
-        pool.flags[slot] = 1  # in use until the receiver's copy dies; set while we still hold it
-        return _arrive, (plain, pool.flags, slot)
+    current = ForkingPickler._extra_reducers.get(torch.UntypedStorage)
+    if current is None or wrapper in getattr(current, "_stallscope_wrappers", ()):
+        return
 
+    def reduce_untyped_storage(storage: torch.UntypedStorage) -> Any:
+        return wrapper(current, storage)
 
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
+    reduce_untyped_storage._stallscope_wrappers = (*getattr(current, "_stallscope_wrappers", ()), wrapper)
+    ForkingPickler.register(torch.UntypedStorage, reduce_untyped_storage)
 
 
-#: Pooled batches received by this process (for tests and diagnostics).
+def _flag_pooled_storage(original: Callable[[torch.UntypedStorage], Any], storage: torch.UntypedStorage) -> Any:
+    """The sender's reducer: a pooled buffer is marked in use and travels with its flag."""
+    rebuild, args = original(storage)
+    pool = current_pool()
+    slot = pool.slot_of(storage) if pool is not None else None
+    if slot is None:
+        return rebuild, args
+    pool._flags[slot] = 1  # in use until the receiver's copy dies; set while we still hold it
+    return _arrive, (rebuild, args, pool.flags, slot)
+
+
+#: Storages received from a pool in this process, with the finalizers that will release them.
+_ARRIVED: weakref.WeakKeyDictionary[torch.UntypedStorage, list[weakref.finalize]] = weakref.WeakKeyDictionary()
+
+#: Pooled storages received by this process (for tests and diagnostics).
 received = 0
 
 
-def _arrive(batch: torch.Tensor, flags: torch.Tensor, slot: int) -> torch.Tensor:
-    """In the receiving process: hand over the plain batch; clear its flag when its memory dies here."""
+def _arrive(rebuild: Callable[..., Any], args: tuple[Any, ...], flags: torch.Tensor, slot: int) -> Any:
+    """In the receiving process: rebuild the storage as torch would; release its slot when it dies here."""
     global received
+    storage = rebuild(*args)
+    untyped = storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
+    _wrap_storage_reducer(_cancel_release_when_forwarded)
+    release = weakref.finalize(untyped, _release, flags.numpy(), slot, os.getpid())
+    _ARRIVED.setdefault(untyped, []).append(release)
     received += 1
-    weakref.finalize(batch.untyped_storage(), _release, flags, slot)
-    return batch
+    return storage
 
 
-def _release(flags: torch.Tensor, slot: int) -> None:
-    flags[slot] = 0
+def _release(flags: np.ndarray, slot: int, pid: int) -> None:
+    if os.getpid() == pid:  # not in a forked child that inherited the finalizer
+        flags[slot] = 0
+
+
+def _cancel_release_when_forwarded(original: Callable[[torch.UntypedStorage], Any],
+                                   storage: torch.UntypedStorage) -> Any:
+    """The receiver's reducer: a received buffer sent on to another process is never released."""
+    for release in _ARRIVED.pop(storage, ()):
+        release.detach()
+    return original(storage)

@@ -9,13 +9,14 @@ PCIe transfer. On the device the same normalization is one fused elementwise ker
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Sequence
 
 import torch
 from torch.utils.data import get_worker_info
 
 from stallscope.data._memory import populate_for_reading
-from stallscope.data._shared_batches import current_pool
+from stallscope.data._shared_batches import is_batch_buffer
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -25,7 +26,8 @@ def collate_uint8(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tens
     """Stack ``(uint8 CHW, label)`` samples into a uint8 NCHW batch and an int64 label vector.
 
     Samples from the datasets' batched fetch (``__getitems__``) are already slots of one
-    channels-first batch in shared memory: that batch is returned as it is, no copy. Other
+    channels-first batch (in shared memory inside a worker): that batch is returned as it is,
+    no copy. Other
     samples are stacked channels-last (NHWC memory, NCHW shape), the layout decoders
     produce: stacking HWC images is a plain memcpy per image, where building NCHW memory
     would be a strided transpose several times slower. The device side converts the layout
@@ -35,13 +37,6 @@ def collate_uint8(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tens
     """
     if not batch:
         raise ValueError("collate_uint8 got an empty batch")
-    with torch._C.DisableTorchFunctionSubclass():  # samples over a worker's pooled buffer: plain speed
-        images, labels = _collate_uint8(batch)
-    pool = current_pool() if get_worker_info() is not None else None
-    return (pool.mark(images) if pool is not None else images), labels
-
-
-def _collate_uint8(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     first = batch[0][0]
     if first.dtype != torch.uint8 or first.dim() != 3:
         raise TypeError(f"collate_uint8 expects uint8 CHW tensors, got {first.dtype} with shape {tuple(first.shape)}")
@@ -62,13 +57,15 @@ def _already_stacked(images: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """The NCHW batch that ``images`` are consecutive slots of, exactly, or None.
 
     The datasets' ``__getitems__`` decodes a batch straight into one buffer; the batch is then
-    that buffer, and stacking would only copy it. Checked from the memory itself (same
-    storage, consecutive contiguous slots covering all of it), so samples that merely look
-    alike, or a list the caller reordered or trimmed, are stacked as usual.
+    that buffer, and stacking would only copy it. Only such buffers qualify (never a user's own
+    storage, which the batch would then alias), and only when the samples are its consecutive
+    slots covering all of it: a list the caller reordered or trimmed is stacked as usual.
     """
     first = images[0]
     size = first.numel()
     storage = first.untyped_storage()
+    if not is_batch_buffer(storage):
+        return None
     if not first.is_contiguous() or first.storage_offset() != 0 or storage.nbytes() != size * len(images):
         return None
     base = first.data_ptr()
@@ -176,16 +173,23 @@ class ReusedHostBuffers:
         self.allocated = 0
 
     def take(self, shape: torch.Size, memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+        inference = torch.is_inference_mode_enabled()  # an inference tensor cannot serve training, nor back
         for buffer in self._buffers:
-            if buffer.shape == shape and buffer.is_contiguous(memory_format=memory_format) and _unreferenced(buffer):
+            if (buffer.shape == shape and buffer.is_contiguous(memory_format=memory_format)
+                    and buffer.is_inference() == inference and _unreferenced(buffer)):
                 self.reused += 1
-                return buffer.view(shape)
+                return _alias(buffer)
         buffer = torch.empty(shape, dtype=torch.float32, memory_format=memory_format)
         self._buffers.append(buffer)
         if len(self._buffers) > self.keep:
             self._buffers.pop(0)  # still held by the caller, or of an old shape: forget it
         self.allocated += 1
-        return buffer.view(shape)
+        return _alias(buffer)
+
+
+def _alias(buffer: torch.Tensor) -> torch.Tensor:
+    """A new tensor over ``buffer``'s memory that does not keep ``buffer`` itself (no ``_base``)."""
+    return torch.empty(0, dtype=buffer.dtype).set_(buffer.untyped_storage(), 0, buffer.shape, buffer.stride())
 
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
@@ -201,21 +205,28 @@ def _calibrate() -> tuple[int, int] | None:
     """The counts of a buffer nobody else holds, if holding an alias or the storage shows up in them.
 
     Measured rather than assumed, because both counts depend on how this torch build keeps
-    Python objects alive; if either kind of hold is invisible, reuse stays off.
+    Python objects alive; the batch recycling also relies on a storage's finalizer firing only
+    when its memory dies, checked here too. If anything is off, reuse stays off.
     """
     if _storage_use_count is None:
         return None
-    probe = torch.empty(1)
-    alone = _reference_counts(probe)
-    alias = probe.view(1)
-    with_alias = _reference_counts(probe)
-    del alias
-    storage = probe.untyped_storage()
-    with_storage = _reference_counts(probe)
-    del storage
-    if with_alias[0] <= alone[0] or with_storage[1] <= alone[1] or _reference_counts(probe) != alone:
+    try:
+        probe = torch.empty(1)
+        alone = _reference_counts(probe)
+        alias = probe.view(1)
+        with_alias = _reference_counts(probe)
+        del alias
+        storage = probe.untyped_storage()
+        with_storage = _reference_counts(probe)
+        died: list[bool] = []
+        weakref.finalize(storage, died.append, True)
+        del storage
+        if with_alias[0] <= alone[0] or with_storage[1] <= alone[1] or _reference_counts(probe) != alone or died:
+            return None
+        del probe
+        return alone if died == [True] else None
+    except Exception:  # noqa: BLE001 - a private torch API changed: no reuse, no failure
         return None
-    return alone
 
 
 _UNREFERENCED_COUNTS = _calibrate()
