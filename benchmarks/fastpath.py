@@ -12,22 +12,24 @@ It also measures each decoder's single-core full-size decode rate on the same fi
 states each pipeline's images/s per core as a fraction of its decoder's limit.
 
 Usage: python benchmarks/fastpath.py [--files 2000] [--rounds 3] [--seconds 4] [--device cuda]
-(about 8 minutes with the defaults on 2 cores)
+(about 4 minutes with the defaults on 2 cores)
 
 Each measurement is steady state: workers persist across epochs, the batches prefetched during
 start-up are drained before the clock starts, and the clock then runs for --seconds (4) of wall time.
 
 Measured 2026-11-30 on the 2-core development machine (x86_64, Python 3.11, torch 2.14.1 CPU
 build), 2,000 demo JPEGs of ~500x400, batch 64, normalization on the CPU in the main process,
-`python benchmarks/fastpath.py --rounds 5` (median of 5 interleaved rounds):
+`python benchmarks/fastpath.py --rounds 5` (median of 5 interleaved rounds per worker count):
 
-  (a) torchvision recipe             3 workers    718 img/s  1.00x  pillow           40% of limit
-  (b) FastImageFolder                3 workers  2,169 img/s  3.02x  simplejpeg-fast  54%
-  (c) PackedImageDataset, LMDB       3 workers  2,237 img/s  3.11x  simplejpeg-fast  56%
-  (d) PackedImageDataset, shards     3 workers  2,256 img/s  3.14x  simplejpeg-fast  56%
-  single-core decode: simplejpeg-fast 2,001, simplejpeg 1,739, opencv 1,650, pillow 905 img/s
+  (a) torchvision recipe             2 workers    744 img/s  1.00x  pillow           43% of limit
+  (b) FastImageFolder                3 workers  2,236 img/s  3.00x  simplejpeg-fast  55%
+  (c) PackedImageDataset, LMDB       3 workers  2,282 img/s  3.07x  simplejpeg-fast  56%
+  (d) PackedImageDataset, shards     3 workers  2,255 img/s  3.03x  simplejpeg-fast  55%
+  single-core decode: simplejpeg-fast 2,042, simplejpeg 1,823, opencv 1,700, pillow 856 img/s
 
-Other runs the same day (3 rounds): (b) 2.89-3.15x, (c) 3.03-3.26x, (d) 3.01-3.15x; this machine's
+The run before it: (b) 3.01x, (c) 3.16x, (d) 3.13x. (b) sits at the 3x line: it reads one file per
+image where (c) and (d) read from one big file, and a noisy run can land just under.
+Earlier protocols the same day (3 rounds, one worker count): (b) 2.89-3.15x, (c) 3.03-3.26x; this machine's
 speed drifts by 30% over minutes (Pillow's single-core rate ranged 556-936 img/s), which the
 interleaving absorbs but the absolute rates do not. Where the two cores go in (b) (perf, steady
 state): JPEG decoding 51%, OpenCV resize/flip/channel split 12%, the main process's normalization
@@ -177,9 +179,9 @@ def main() -> None:
 
     runs: dict[tuple[str, int], list[float]] = {(name, w): [] for name in pipelines for w in finalists[name]}
     for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits all pipelines alike
-        for (name, workers), rates in runs.items():
+        for (name, workers), series in runs.items():
             dataset, uint8, _ = pipelines[name]
-            rates.append(images_per_second(dataset, workers, args.batch_size, args.seconds, uint8))
+            series.append(images_per_second(dataset, workers, args.batch_size, args.seconds, uint8))
     chosen, measured = {}, {}
     for name in pipelines:  # each pipeline at its best worker count, by median over the rounds
         chosen[name] = max(finalists[name], key=lambda w: statistics.median(runs[(name, w)]))
