@@ -30,8 +30,10 @@ def free_port() -> int:
 
 
 def torchrun(nproc: int, *args: str, port: int | None = None) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(port or free_port()), *args]
+    """torchrun on this machine; without ``port``, ``--standalone`` lets it take a free port itself
+    (a port chosen here could be taken again before torchrun binds it)."""
+    where = ["--master_addr", "127.0.0.1", "--master_port", str(port)] if port else ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), *where, *args]
 
 
 def _ranks(summary: dict) -> dict[int, dict]:
@@ -72,8 +74,9 @@ def test_recorder_does_not_change_training(tmp_path, late_hook):
     plain = tmp_path / "plain"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE")}
     args = ("--samples", "128", "--hidden", "96", "--late-hook", str(late_hook))
-    subprocess.run(torchrun(2, DDP, *args, "--losses", str(plain)),
-                   env=env, check=True, capture_output=True, timeout=180, cwd=tmp_path)
+    proc = subprocess.run(torchrun(2, DDP, *args, "--losses", str(plain)),
+                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     recorded = tmp_path / "recorded"
     result = run_cli(tmp_path, ["--", *torchrun(2, DDP, *args, "--losses", str(recorded))])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -91,6 +94,13 @@ def test_steps_limit_ends_every_rank_at_the_same_step(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.summary["ended_by"] == "steps"
     assert [r["steps"] for r in result.summary["ranks"]] == [5, 5]
+
+
+def test_failure_after_the_steps_limit_keeps_exit_code_1(tmp_path):
+    result = run_cli(tmp_path, ["--steps", "3", "--", *torchrun(2, DDP, "--samples", "256", "--fail-after-exit")],
+                     timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "planted failure while stopping" in result.stderr
 
 
 def test_crashing_rank_keeps_exit_code_and_survivors_data(tmp_path):

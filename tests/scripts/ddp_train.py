@@ -48,6 +48,22 @@ def train(rank, world, args):
     data = Points(args.samples, sleep)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
+    try:
+        losses, times = _epochs(rank, args, model, opt, loader, sampler)
+    except SystemExit:
+        if args.fail_after_exit:  # cleanup code that fails after a stop (stallscope --steps): exit code 1
+            raise RuntimeError("planted failure while stopping") from None
+        raise
+    if args.losses:
+        with open(f"{args.losses}.{rank}", "w") as f:
+            json.dump(losses, f)
+    steady = times[3:] or times
+    print(f"rank {rank}: {len(times)} steps, median step {1000 * statistics.median(steady):.3f} ms", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _epochs(rank, args, model, opt, loader, sampler):
     losses, times = [], []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -70,13 +86,7 @@ def train(rank, world, args):
             t1 = time.perf_counter()
             times.append(t1 - t0)
             t0 = t1
-    if args.losses:
-        with open(f"{args.losses}.{rank}", "w") as f:
-            json.dump(losses, f)
-    steady = times[3:] or times
-    print(f"rank {rank}: {len(times)} steps, median step {1000 * statistics.median(steady):.3f} ms", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    return losses, times
 
 
 def main():
@@ -95,6 +105,7 @@ def main():
     p.add_argument("--barrier", action="store_true", help="dist.barrier() after every step")
     p.add_argument("--late-hook", type=int, default=-1, help="register an fp16 comm hook after this step")
     p.add_argument("--losses", default=None, help="write each rank's losses to PATH.<rank>")
+    p.add_argument("--fail-after-exit", action="store_true", help="turn a SystemExit in the loop into an error")
     p.add_argument("--spawn", type=int, default=0, help="start N ranks with torch.multiprocessing.spawn")
     args = p.parse_args()
     if args.spawn:

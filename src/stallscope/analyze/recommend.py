@@ -173,7 +173,8 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
                 recs.append(Recommendation(
                     "uint8-device-normalize", "transform", "Keep uint8 through the loader and normalize on the device",
                     "replace ToTensor()+Normalize() with PILToTensor() and normalize the batch after .to(device) "
-                    "(stallscope.data has a helper); the loader then moves a quarter of the bytes",
+                    "(stallscope.data: collate_fn=collate_uint8, then DeviceNormalizer); the loader then moves a quarter "
+                    "of the bytes",
                     _gain(model, workers, {"transform": 1 - cut, "loader": 0.5}, halved),
                     f"ToTensor/Normalize take {100 * cut:.0f}% of transform time"))
             top = ", ".join(list(calls)[:3])

@@ -71,7 +71,7 @@ class MapDecodingMixin(DecodingMixin):
     """
 
     #: In DataLoader workers, reuse batch buffers the main process has released (see
-    #: :mod:`stallscope.data._shared_batches`); False for pipelines that forward batches on.
+    #: :mod:`stallscope.data._shared_batches`); False: fresh memory for every batch.
     recycle_batches: bool = True
 
     def _read(self, index: int) -> tuple[bytes, int, str]:

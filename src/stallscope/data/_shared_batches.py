@@ -55,7 +55,7 @@ def new_shared_batch(shape: tuple[int, ...]) -> torch.Tensor:
     return register_batch_buffer(tensor)
 
 
-def _alias(buffer: torch.Tensor) -> torch.Tensor:
+def alias(buffer: torch.Tensor) -> torch.Tensor:
     """A new tensor over ``buffer``'s memory that does not keep ``buffer`` itself (no ``_base``)."""
     return torch.empty(0, dtype=buffer.dtype).set_(buffer.untyped_storage(), 0, buffer.shape, buffer.stride())
 
@@ -87,12 +87,12 @@ class SharedBatchPool:
         for i, buffer in enumerate(self.buffers):
             if buffer is not None and tuple(buffer.shape) == shape and self._free(i):
                 self.reused += 1
-                return _alias(buffer)
+                return alias(buffer)
         self.allocated += 1
         for i, buffer in enumerate(self.buffers):
             if buffer is None or self._free(i):
                 self.buffers[i] = new_shared_batch(shape)
-                return _alias(self.buffers[i])
+                return alias(self.buffers[i])
         return new_shared_batch(shape)  # every slot busy: an ordinary, unpooled batch
 
     def slot_of(self, storage: torch.UntypedStorage) -> int | None:

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from stallscope.data._memory import populate_for_reading
-from stallscope.data._shared_batches import is_batch_buffer
+from stallscope.data._shared_batches import alias, is_batch_buffer
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -163,7 +163,8 @@ class ReusedHostBuffers:
     Safety rests on the storage's reference count, not on the caller's habits: the caller gets
     a new tensor object (an alias) each time, and a buffer is reused only when no tensor, view,
     NumPy array, autograd graph or storage object outside this pool refers to its memory.
-    Anything still held simply gets a new buffer.
+    Anything still held simply gets a new buffer. One pool per normalizer, not shared between
+    threads: use one normalizer per thread.
     """
 
     def __init__(self, keep: int = 4) -> None:
@@ -178,18 +179,14 @@ class ReusedHostBuffers:
             if (buffer.shape == shape and buffer.is_contiguous(memory_format=memory_format)
                     and buffer.is_inference() == inference and _unreferenced(buffer)):
                 self.reused += 1
-                return _alias(buffer)
+                return alias(buffer)
         buffer = torch.empty(shape, dtype=torch.float32, memory_format=memory_format)
         self._buffers.append(buffer)
         if len(self._buffers) > self.keep:
             self._buffers.pop(0)  # still held by the caller, or of an old shape: forget it
         self.allocated += 1
-        return _alias(buffer)
+        return alias(buffer)
 
-
-def _alias(buffer: torch.Tensor) -> torch.Tensor:
-    """A new tensor over ``buffer``'s memory that does not keep ``buffer`` itself (no ``_base``)."""
-    return torch.empty(0, dtype=buffer.dtype).set_(buffer.untyped_storage(), 0, buffer.shape, buffer.stride())
 
 
 _storage_use_count = getattr(torch._C, "_storage_Use_Count", None)

@@ -25,7 +25,8 @@ class FastImageFolder(MapDecodingMixin, Dataset):
     :class:`ResizeCenterCrop` (evaluation) or :class:`FullImage`. ``decoder`` is ``"auto"``
     (fastest installed), ``"simplejpeg"``, ``"opencv"`` or ``"pillow"``. ``recycle_batches``:
     workers reuse a batch's shared memory once the training process has dropped every
-    reference to it (turn off only if batches are passed on to yet another process).
+    reference to it (a batch sent on to another process is never reused); False gives every
+    batch fresh memory, as torch does.
     """
 
     def __init__(

@@ -78,6 +78,7 @@ def _install_exit_recording() -> None:
 
     def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         if not issubclass(exc_type, SystemExit):
+            distributed.uncaught_exception = True
             where = traceback.extract_tb(tb)[-1] if tb is not None else None
             events.emit("exception", time.perf_counter_ns(), exc_type.__name__, str(exc)[:2000],
                         f"{where.filename}:{where.lineno}" if where else None,

@@ -104,6 +104,8 @@ def _group_size(args: Any, kwargs: Any) -> int:
 
 #: Set when ``--steps N`` ends this rank; the process group is then destroyed at exit (see below).
 stopped_by_step_limit = False
+#: Set by the exception hook when an exception other than SystemExit ended the script.
+uncaught_exception = False
 
 
 def _leave_after_step_limit(module: Any) -> None:
@@ -113,7 +115,8 @@ def _leave_after_step_limit(module: Any) -> None:
     gloo group aborts now and then ("terminate called without an active exception", SIGABRT; seen
     without stallscope too, about 1 exit in 15), which would turn our clean stop into a failed job.
     Registered when torch.distributed is imported, so the script's later exit handlers have run by
-    now; what is left of Python's shutdown is flushing, done here, before ``os._exit(0)``.
+    now; what is left of Python's shutdown is flushing, done here, before ``os._exit``: with 0, or 1
+    when an exception escaped the script after the stop (as Python itself would exit).
     """
     if not stopped_by_step_limit:
         return
@@ -133,7 +136,7 @@ def _leave_after_step_limit(module: Any) -> None:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed stream
             pass
-    os._exit(0)
+    os._exit(1 if uncaught_exception else 0)
 
 
 def patch_c10d(module: Any) -> None:
