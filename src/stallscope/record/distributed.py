@@ -115,18 +115,26 @@ def _leave_after_step_limit(module: Any) -> None:
     gloo group aborts now and then ("terminate called without an active exception", SIGABRT; seen
     without stallscope too, about 1 exit in 15), which would turn our clean stop into a failed job.
     Registered when torch.distributed is imported, so the script's later exit handlers have run by
-    now; what is left of Python's shutdown is flushing, done here, before ``os._exit``: with 0, or 1
-    when an exception escaped the script after the stop (as Python itself would exit).
+    now; what is left of Python's shutdown (stopping DataLoader workers, flushing) is done here,
+    before ``os._exit``: with 0, or 1 when an exception escaped the script after the stop, as Python
+    itself would exit. A process without an initialised process group exits normally.
     """
     if not stopped_by_step_limit:
         return
     try:
-        if module.is_initialized():
-            module.destroy_process_group()
+        if not module.is_initialized():
+            return  # not a rank with a live group: Python's own exit is fine
+        module.destroy_process_group()
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass
     import logging
+    import multiprocessing.util
     import sys
+
+    try:
+        multiprocessing.util._exit_function()  # stop DataLoader workers, as Python's own exit would
+    except Exception:  # noqa: BLE001
+        pass
 
     events.emit("process_exit", _perf())
     events.flush()
