@@ -150,19 +150,14 @@ def _flag_pooled_storage(original: Callable[[torch.UntypedStorage], Any], storag
 #: Storages received from a pool in this process, with the finalizers that will release them.
 _ARRIVED: weakref.WeakKeyDictionary[torch.UntypedStorage, list[weakref.finalize]] = weakref.WeakKeyDictionary()
 
-#: Pooled storages received by this process (for tests and diagnostics).
-received = 0
-
 
 def _arrive(rebuild: Callable[..., Any], args: tuple[Any, ...], flags: torch.Tensor, slot: int) -> Any:
     """In the receiving process: rebuild the storage as torch would; release its slot when it dies here."""
-    global received
     storage = rebuild(*args)
     untyped = storage._untyped_storage if isinstance(storage, torch.TypedStorage) else storage
     _wrap_storage_reducer(_cancel_release_when_forwarded)
     release = weakref.finalize(untyped, _release, flags.numpy(), slot, os.getpid())
     _ARRIVED.setdefault(untyped, []).append(release)
-    received += 1
     return storage
 
 
