@@ -238,20 +238,16 @@ def _stand_in_hook(late: list[Any]) -> Any:
     """DDP's built-in all-reduce, timed per bucket, until the script registers a hook of its own after
     the first forward; then that hook, with its state (``late`` is ``[state, hook]`` once set).
 
-    This runs once per bucket per step, so it is kept lean: the process group's own ``allreduce``
-    (not ``dist.all_reduce``, whose Python checks cost more than the rest of the hook), and one
+    This runs once per bucket per step, so it is kept lean: :func:`_scaled_allreduce`, and one
     callback that both stamps the bucket's return and hands DDP its tensor.
     """
 
     def stand_in(process_group, bucket):  # no annotations: DDP checks them
         if late:
-            return _timed_hook(late[1])(late[0], bucket)
+            return late[1](late[0], bucket)  # the script's hook, already wrapped by _timed_hook
         launched = _perf()
         index = bucket.index()
-        tensor = bucket.buffer()
-        tensor.mul_(1.0 / process_group.size())  # the same multiply as DDP's built-in all-reduce
-        return process_group.allreduce([tensor]).get_future().then(
-            lambda fut: _bucket_returned(index, launched, fut))
+        return _scaled_allreduce(process_group, bucket).then(lambda fut: _bucket_returned(index, launched, fut))
 
     return stand_in
 
@@ -276,12 +272,20 @@ def _python_builtin_hook(comm_hook_type: Any) -> Any | None:
 def builtin_allreduce_hook(process_group, bucket):  # no annotations: DDP checks them
     """DDP's built-in gradient all-reduce, in Python: scale by ``1 / world_size`` (the same multiply the
     C++ reducer does), then sum across ranks."""
-    import torch.distributed as dist
+    return _scaled_allreduce(process_group, bucket).then(lambda fut: fut.value()[0])
 
-    group = process_group if process_group is not None else dist.group.WORLD
+
+def _scaled_allreduce(process_group: Any, bucket: Any) -> Any:
+    """Scale the bucket by ``1 / world_size`` (the C++ reducer's multiply), then sum across ranks: a future
+    of ``[tensor]``. The group's own ``allreduce``, not ``dist.all_reduce``, whose Python checks cost more
+    than the rest of a hook run once per bucket per step."""
+    if process_group is None:
+        import torch.distributed as dist
+
+        process_group = dist.group.WORLD
     tensor = bucket.buffer()
-    tensor.mul_(1.0 / group.size())
-    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
+    tensor.mul_(1.0 / process_group.size())
+    return process_group.allreduce([tensor]).get_future()
 
 
 def patch_ddp(module: Any) -> None:
@@ -297,7 +301,7 @@ def patch_ddp(module: Any) -> None:
         if getattr(self, "_stallscope_late_hook", None) is not None:
             # Our stand-in for the built-in all-reduce is already registered (DDP takes one hook, once):
             # from now on it hands every bucket to the script's hook, as DDP itself would have.
-            self._stallscope_late_hook[:] = [state, hook]
+            self._stallscope_late_hook[:] = [state, _timed_hook(hook)]
             return None
         self._stallscope_hooked = True
         return original_register(self, state, _timed_hook(hook))
@@ -306,7 +310,7 @@ def patch_ddp(module: Any) -> None:
         if getattr(self, "_stallscope_late_hook", None) is not None:
             late = _python_builtin_hook(comm_hook_type)
             if late is not None:
-                self._stallscope_late_hook[:] = [self.process_group, late]
+                self._stallscope_late_hook[:] = [self.process_group, _timed_hook(late)]
                 return None
         self._stallscope_hooked = True  # a C++ hook: not timed
         return original_builtin(self, comm_hook_type)
