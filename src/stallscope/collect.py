@@ -47,7 +47,10 @@ def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[A
                 if isinstance(item, dict) and "header" in item:
                     header = header or item["header"]
                 elif isinstance(item, list) and item:
-                    records.append(item)
+                    if isinstance(item[0], list):  # a line of records (a record starts with its kind)
+                        records.extend(r for r in item if isinstance(r, list) and r)
+                    else:
+                        records.append(item)
         if header is not None:
             result.append((header, records))
     return result
@@ -117,7 +120,11 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                 elif kind == "coll":
                     op, seq, group_size, is_async, t0, t1 = fields[:6]
                     lists["collectives"].append(CollectiveRecord(op, seq, t0, t1, pid, group_size, not is_async))
-                elif kind == "ddp":
+                elif kind == "ddp_wait":
+                    started, computed, returned = fields[:3]
+                    lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, computed, returned, pid,
+                                                                 enter_ns=started))
+                elif kind == "ddp":  # one gradient bucket (sessions recorded before ddp_wait)
                     bucket, launched, done = fields[:3]
                     lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, launched, done, pid,
                                                                  blocking=False, bucket=bucket))

@@ -3,7 +3,7 @@
 Each node's launcher only knows its own monotonic clock, so the nodes' timelines are aligned from
 the job's own synchronizations, not assumed. An operation that no rank can leave before every rank
 entered it (``init_process_group``'s rendezvous, a ``barrier``, a blocking ``all_reduce``, a DDP
-gradient bucket from hand-over to completion) bounds the offset ``d`` of node B's clock against
+model's ``backward``, which hands its gradient buckets over and returns once they are reduced) bounds the offset ``d`` of node B's clock against
 node A's: B left after A entered and A left after B entered, so ``start_B - end_A <= d <= end_B -
 start_A``. The bounds of every matched operation are intersected and the middle of what is left is
 the offset; its half-width is the stated uncertainty. Operations are matched by their order in each
@@ -20,7 +20,7 @@ from stallscope.session import Session
 
 #: Record fields that are points on a process's clock (durations such as ``cpu_ns`` are not shifted).
 _TIME_FIELDS = frozenset({"start_ns", "end_ns", "t_ns", "created_ns", "entered_ns", "ready_ns", "mono_ns",
-                          "init_start_ns", "init_end_ns"})
+                          "init_start_ns", "init_end_ns", "enter_ns"})
 _RECORD_LISTS = ("processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
                  "optimizer_steps", "pins", "transfers", "errors", "ranks", "collectives",
                  "gpu_spans")
@@ -51,7 +51,7 @@ def sync_points(session: Session) -> dict[tuple[int, str, int], tuple[int, int]]
             continue
         index = counters.get((rank, stream), 0)
         counters[(rank, stream)] = index + 1
-        points[(rank, stream, index)] = (c.start_ns, c.end_ns)
+        points[(rank, stream, index)] = (c.start_ns if c.enter_ns is None else c.enter_ns, c.end_ns)
     return points
 
 

@@ -180,8 +180,11 @@ class RankRecord:
 
 @dataclass(frozen=True)
 class CollectiveRecord:
-    """Time in a collective. ``blocking``: the caller waited from start to end (a synchronous call);
-    otherwise (DDP gradient buckets, async launches) start is the hand-over and end the completion."""
+    """Time in a collective. ``blocking``: the caller waited from start to end (a synchronous call, or
+    ``ddp.allreduce``: the end of a DDP model's ``backward``, waiting for its gradient all-reduce);
+    otherwise (async launches, and DDP buckets in sessions of earlier versions) start is the
+    hand-over and end the completion. ``enter_ns``: when the rank may first have handed over its
+    part, where that is before ``start_ns`` (DDP hands buckets over while ``backward`` computes)."""
     op: str
     seq: int
     start_ns: int
@@ -190,6 +193,7 @@ class CollectiveRecord:
     group_size: int = -1
     blocking: bool = True
     bucket: int = -1
+    enter_ns: int | None = None
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,8 @@ def test_balanced_job_has_no_straggler(tmp_path):
 
 @pytest.mark.parametrize("late_hook", [-1, 3], ids=["default-allreduce", "hook-registered-after-forward"])
 def test_recorder_does_not_change_training(tmp_path, late_hook):
-    """Losses with and without the recorder (and its DDP comm hook) are identical, bit for bit, also when
-    the script registers its own hook after the recorder's stand-in was installed at the first forward."""
+    """Losses with and without the recorder (which times DDP's backward) are identical, bit for bit, also
+    when the script registers a comm hook of its own after the first forward."""
     plain = tmp_path / "plain"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE")}
     args = ("--samples", "128", "--hidden", "96", "--late-hook", str(late_hook))
@@ -86,6 +86,36 @@ def test_recorder_does_not_change_training(tmp_path, late_hook):
         a = json.loads(Path(f"{plain}.{rank}").read_text())
         b = json.loads(Path(f"{recorded}.{rank}").read_text())
         assert len(a) == 8 and a == b
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static-graph", "last-layer-unused-on-odd-steps"])
+def test_gradient_wait_matches_ddps_own_timer(tmp_path, dynamic):
+    """The sync time of each backward equals what DDP's reducer itself times (last gradient computed to
+    all-reduce done, its runtime statistics read every step), with several buckets and a slow rank; and
+    with a model whose last layer gets no gradient on odd steps (the recorder's parameter hook misses
+    step 1, then it times each graph from its root)."""
+    waits = tmp_path / "reducer"
+    shape = ("--dynamic",) if dynamic else ("--layers", "5", "--hidden", "256", "--bucket-mb", "0.25")
+    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "192", *shape, "--slow-rank", "1",
+                                                "--slow-ms", "1", "--reducer-waits", str(waits))])
+    assert result.returncode == 0, result.stderr[-3000:]
+    session = Session.load(result.summary["session"])
+    for rank in session.ranks:
+        ours = [c.end_ns - c.start_ns for c in sorted(session.collectives, key=lambda c: c.start_ns)
+                if c.pid == rank.pid and c.op == "ddp.allreduce"]
+        theirs = json.loads(Path(f"{waits}.{rank.rank}").read_text())
+        assert len(theirs) == 11  # DDP logs a backward at the next forward: all 12 but the last
+        if dynamic:
+            assert len(ours) == 11  # none for step 1, where the hooked parameter went without a gradient
+            theirs = theirs[:1] + theirs[2:]  # ours: steps 0, 2, 3, ...; theirs: steps 0, 1, 2, ...
+        else:
+            assert len(ours) == 12
+        assert all(c.enter_ns < c.start_ns for c in session.collectives if c.op == "ddp.allreduce")
+        gaps = [a - b for a, b in zip(ours, theirs)]
+        # ours starts a little earlier (our callback runs first) and ends a little later (at the return):
+        # tens of microseconds, against ~1 ms of backward compute that a wrong start would add
+        assert all(0 <= gap < 3_000_000 for gap in gaps) and statistics.median(gaps) < 400_000, (rank.rank, gaps)
+    assert sum(json.loads(Path(f"{waits}.0").read_text())) > 12 * 1_000_000  # rank 0 waited for rank 1
 
 
 def test_steps_limit_ends_every_rank_at_the_same_step(tmp_path):

@@ -33,6 +33,20 @@ class Points(Dataset):
         return x, int(x.sum() > 0)
 
 
+class TwoHeads(torch.nn.Module):
+    """A dynamic graph: the last parameters (``extra``) get a gradient on even steps only."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(32, hidden), torch.nn.ReLU())
+        self.head = torch.nn.Linear(hidden, 2)
+        self.extra = torch.nn.Linear(hidden, 2)
+
+    def forward(self, x, use_extra=True):
+        h = self.body(x)
+        return self.head(h) + self.extra(h) if use_extra else self.head(h)
+
+
 def train(rank, world, args):
     torch.set_num_threads(1)
     if args.spawn:
@@ -41,15 +55,23 @@ def train(rank, world, args):
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(32, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 2)))
+    layers = [torch.nn.Linear(32, args.hidden), torch.nn.ReLU()]
+    for _ in range(args.layers - 2):
+        layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
+    if args.dynamic:
+        model = DistributedDataParallel(TwoHeads(args.hidden), find_unused_parameters=True)
+    else:
+        model = DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(args.hidden, 2)),
+                                        bucket_cap_mb=args.bucket_mb)
+    if args.reducer_waits:
+        model._set_ddp_runtime_logging_sample_rate(1)  # DDP's own timer, every step (computes nothing)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sleep = args.slow_ms if rank == args.slow_rank else args.sleep_ms
     data = Points(args.samples, sleep)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
     try:
-        losses, times = _epochs(rank, args, model, opt, loader, sampler)
+        losses, times, waits = _epochs(rank, args, model, opt, loader, sampler)
     except SystemExit:
         if args.fail_after_exit:  # cleanup code that fails after a stop (stallscope --steps): exit code 1
             raise RuntimeError("planted failure while stopping") from None
@@ -57,6 +79,9 @@ def train(rank, world, args):
     if args.losses:
         with open(f"{args.losses}.{rank}", "w") as f:
             json.dump(losses, f)
+    if args.reducer_waits:
+        with open(f"{args.reducer_waits}.{rank}", "w") as f:
+            json.dump(waits, f)
     steady = times[3:] or times
     print(f"rank {rank}: {len(times)} steps, median step {1000 * statistics.median(steady):.3f} ms", flush=True)
     dist.barrier()
@@ -64,7 +89,8 @@ def train(rank, world, args):
 
 
 def _epochs(rank, args, model, opt, loader, sampler):
-    losses, times = [], []
+    losses, times, waits = [], [], []
+    backwards = 0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         t0 = time.perf_counter()
@@ -72,9 +98,13 @@ def _epochs(rank, args, model, opt, loader, sampler):
             if rank == args.crash_rank and step == args.crash_at:
                 raise RuntimeError(f"planted crash on rank {rank} at step {step}")
             for _ in range(args.repeat):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
+                out = model(x, use_extra=step % 2 == 0) if args.dynamic else model(x)
+                if args.reducer_waits and backwards:
+                    waits.append(_reducer_wait_ns(model))  # DDP logs the previous backward at this forward
+                loss = torch.nn.functional.cross_entropy(out, y)
                 opt.zero_grad()
                 loss.backward()
+                backwards += 1
             opt.step()
             if step == args.late_hook:  # a hook registered after the first forward (rare, but legal)
                 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
@@ -86,7 +116,13 @@ def _epochs(rank, args, model, opt, loader, sampler):
             t1 = time.perf_counter()
             times.append(t1 - t0)
             t0 = t1
-    return losses, times
+    return losses, times, waits
+
+
+def _reducer_wait_ns(model):
+    """DDP's own timing of the previous backward: from its last gradient computed to its reduction done."""
+    data = model._get_ddp_logging_data()
+    return data["backward_comm_time_end"] - data["backward_compute_time_end"]
 
 
 def main():
@@ -96,6 +132,9 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2, help="linear layers (more gradient buckets)")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
+    p.add_argument("--dynamic", action="store_true", help="a model whose last layer is used on even steps only")
     p.add_argument("--repeat", type=int, default=1, help="forward/backward passes per step (more compute)")
     p.add_argument("--sleep-ms", type=float, default=0.0, help="per-sample dataset delay on every rank")
     p.add_argument("--slow-rank", type=int, default=-1)
@@ -105,6 +144,8 @@ def main():
     p.add_argument("--barrier", action="store_true", help="dist.barrier() after every step")
     p.add_argument("--late-hook", type=int, default=-1, help="register an fp16 comm hook after this step")
     p.add_argument("--losses", default=None, help="write each rank's losses to PATH.<rank>")
+    p.add_argument("--reducer-waits", default=None,
+                   help="write each rank's DDP-timed gradient waits (ns, all steps but the last) to PATH.<rank>")
     p.add_argument("--fail-after-exit", action="store_true", help="turn a SystemExit in the loop into an error")
     p.add_argument("--spawn", type=int, default=0, help="start N ranks with torch.multiprocessing.spawn")
     args = p.parse_args()

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from stallscope.collect import read_event_files
 from stallscope.record import events
 
 
@@ -25,8 +26,9 @@ def recorder(tmp_path, monkeypatch):
 
 
 def _records(path):
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    return lines[0]["header"], lines[1:]
+    """(header, records) of one event file, read by the collector's own reader."""
+    [(header, records)] = [(h, r) for h, r in read_event_files(path.parent) if h["pid"] == int(path.stem)]
+    return header, records
 
 
 def test_emit_buffers_until_flush(recorder):
@@ -63,3 +65,27 @@ def test_disabled_recorder_is_a_no_op(monkeypatch):
     events.emit("x")
     events.flush()
     assert not events.enabled()
+
+
+def test_records_are_written_in_lines_and_a_torn_last_line_loses_only_itself(recorder):
+    n = 3 * events.RECORDS_PER_LINE + 5
+    for i in range(n):
+        events.emit("r", i, {"k": [i]})
+    events.flush()
+    path = recorder / "events" / f"{os.getpid()}.jsonl"
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 + 4  # the header, then lines of up to RECORDS_PER_LINE records
+    _, records = _records(path)
+    assert records == [["r", i, {"k": [i]}] for i in range(n)]
+    # a process killed in the middle of writing its last line: the lines before it are intact
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    _, records = _records(path)
+    assert records == [["r", i, {"k": [i]}] for i in range(3 * events.RECORDS_PER_LINE)]
+
+
+def test_files_with_one_record_per_line_are_still_read(recorder):
+    events_dir = recorder / "events"
+    events_dir.mkdir()
+    header = {"pid": 4242, "ppid": 1, "role": "main", "wall_ns": 0, "mono_ns": 0}
+    (events_dir / "4242.jsonl").write_text(json.dumps({"header": header}) + "\n" + '["a",1]\n["b",[1,2]]\n')
+    assert _records(events_dir / "4242.jsonl") == (header, [["a", 1], ["b", [1, 2]]])

@@ -1,10 +1,10 @@
 """When a rank process was waiting for the others: the intervals of the ``sync`` node.
 
 A synchronous collective (``barrier``, ``all_reduce`` without ``async_op``, ``Work.wait``) blocks its
-caller from start to end. DDP's gradient buckets are reduced while ``backward`` still computes; the
-training thread blocks only at the end of ``backward``, from the hand-over of the last bucket until
-the last result is back, so each backward pass counts from its latest hand-over to its latest
-completion.
+caller from start to end, and so does the end of a DDP model's ``backward`` (``ddp.allreduce``, from
+its last gradient computed to its return: the buckets still being all-reduced). Sessions of earlier
+versions timed DDP's buckets one by one; there each backward pass counts from its latest hand-over
+to its latest completion.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def sync_intervals(session: Session, pid: int | None) -> list[tuple[int, int]]:
     """Merged, sorted intervals during which process ``pid`` waited in collectives."""
     own = [c for c in session.collectives if c.pid == pid]
     intervals = [(c.start_ns, c.end_ns) for c in own if c.blocking and c.end_ns > c.start_ns]
-    intervals += _bucket_waits([c for c in own if c.op == "ddp.allreduce"])
+    intervals += _bucket_waits([c for c in own if c.op == "ddp.allreduce" and not c.blocking])
     return merge_intervals(intervals)
 
 

@@ -7,10 +7,8 @@ Records, in every rank process:
   before every rank entered it, which is what ``stallscope merge`` aligns node clocks on;
 - ``coll``: every collective called from Python (``all_reduce``, ``barrier``, ...), numbered per process
   in call order (ranks of one group call collectives in the same order), and ``Work.wait``;
-- ``ddp``: each DDP gradient bucket, from the moment it is handed to the all-reduce to the moment its
-  result is back. DDP reduces gradients in C++, so the script's own communication hook is timed, or,
-  when it registered none, one that does exactly what DDP's built-in all-reduce does (scale by
-  ``1 / world_size`` with the same multiplication, then sum), so training computes identically.
+- ``ddp_wait``: per ``backward`` of a DDP model, when it began, when its last gradient was computed
+  and when it returned: the end is the wait for DDP's gradient all-reduce (see :func:`patch_ddp`).
 """
 
 from __future__ import annotations
@@ -213,138 +211,110 @@ def _patch_work_wait(module: Any) -> None:
         pass
 
 
-def _timed_hook(hook: Any) -> Any:
-    """A DDP comm hook that also records when each bucket was handed over and when its result came back."""
-
-    @functools.wraps(hook)
-    def timed(state: Any, bucket: Any) -> Any:
-        launched = _perf()
-        index = bucket.index()
-        depth = getattr(_local, "depth", 0)
-        _local.depth = 1  # the hook's own all_reduce is this bucket, not a separate collective
-        try:
-            future = hook(state, bucket)
-        finally:
-            _local.depth = depth
-
-        # A done-callback, not ``then``: no chained future for DDP to wait on (cheaper per bucket).
-        future.add_done_callback(lambda _fut: events.emit("ddp", index, launched, _perf()))
-        return future
-
-    return timed
-
-
-def _stand_in_hook(late: list[Any]) -> Any:
-    """DDP's built-in all-reduce, timed per bucket, until the script registers a hook of its own after
-    the first forward; then that hook, with its state (``late`` is ``[state, hook]`` once set).
-
-    This runs once per bucket per step, so it is kept lean: :func:`_scaled_allreduce`, and one
-    callback that both stamps the bucket's return and hands DDP its tensor.
-    """
-
-    def stand_in(process_group, bucket):  # no annotations: DDP checks them
-        if late:
-            return late[1](late[0], bucket)  # the script's hook, already wrapped by _timed_hook
-        launched = _perf()
-        index = bucket.index()
-        return _scaled_allreduce(process_group, bucket).then(lambda fut: _bucket_returned(index, launched, fut))
-
-    return stand_in
-
-
-def _bucket_returned(index: int, launched: int, fut: Any) -> Any:
-    events.emit("ddp", index, launched, _perf())
-    return fut.value()[0]
-
-
-def _python_builtin_hook(comm_hook_type: Any) -> Any | None:
-    """The Python twin of a C++ built-in hook registered too late for the reducer, or None."""
-    name = getattr(comm_hook_type, "name", str(comm_hook_type))
-    if name.endswith("ALLREDUCE"):
-        return builtin_allreduce_hook
-    if name.endswith("FP16_COMPRESS"):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
-
-        return fp16_compress_hook
-    return None
-
-
-def builtin_allreduce_hook(process_group, bucket):  # no annotations: DDP checks them
-    """DDP's built-in gradient all-reduce, in Python: scale by ``1 / world_size`` (the same multiply the
-    C++ reducer does), then sum across ranks."""
-    return _scaled_allreduce(process_group, bucket).then(lambda fut: fut.value()[0])
-
-
-def _scaled_allreduce(process_group: Any, bucket: Any) -> Any:
-    """Scale the bucket by ``1 / world_size`` (the C++ reducer's multiply), then sum across ranks: a future
-    of ``[tensor]``. The group's own ``allreduce``, not ``dist.all_reduce``, whose Python checks cost more
-    than the rest of a hook run once per bucket per step."""
-    if process_group is None:
-        import torch.distributed as dist
-
-        process_group = dist.group.WORLD
-    tensor = bucket.buffer()
-    tensor.mul_(1.0 / process_group.size())
-    return process_group.allreduce([tensor]).get_future()
+_ddp_forwards = 0  # DDP forwards that prepared a gradient reduction since the last backward
+_backward_armed = False  # a timed backward is running and its final callback is not queued yet
+_compute_end_ns = 0
+_hook_missed = False  # a parameter hook did not fire in some backward: arm every graph's root from then on
+_queue_callback: Any = None
 
 
 def patch_ddp(module: Any) -> None:
-    """Time the script's comm hook, or install a timed built-in equivalent before the first forward."""
+    """Time what DDP's gradient reduction makes ``backward`` wait, without touching the reduction.
+
+    DDP all-reduces gradient buckets in C++ while ``backward`` still computes; the training thread
+    waits only once every gradient is computed, for the buckets still in flight (and DDP's copy of
+    the results into ``.grad``). That wait is measured from outside the reduction, with an autograd
+    final callback: it runs when the graph's last node is done and before DDP's own (queued when its
+    last bucket becomes ready), and the wait lasts from there to the return of ``backward``. The
+    callback is queued by a gradient hook on the model's last parameter (registered once; output-side
+    parameters get their gradient early in ``backward``), or, once that parameter went without a
+    gradient in some pass (a dynamic graph), by a pre-hook on each graph's root. A few Python calls per
+    backward whatever the number of buckets (a Python communication hook would cost ~0.1 ms per
+    step), and DDP, the script's own hooks and what training computes stay exactly as they were.
+    """
     DDP = module.DistributedDataParallel
-    if getattr(DDP.register_comm_hook, "__stallscope_wrapped__", False):
+    if getattr(DDP._pre_forward, "__stallscope_wrapped__", False):
         return
-    original_register = DDP.register_comm_hook
-    original_builtin = DDP._register_builtin_comm_hook
+    import torch
+
     original_pre_forward = DDP._pre_forward
-
-    def register_comm_hook(self: Any, state: Any, hook: Any) -> None:
-        if getattr(self, "_stallscope_late_hook", None) is not None:
-            # Our stand-in for the built-in all-reduce is already registered (DDP takes one hook, once):
-            # from now on it hands every bucket to the script's hook, as DDP itself would have.
-            self._stallscope_late_hook[:] = [state, _timed_hook(hook)]
-            return None
-        self._stallscope_hooked = True
-        return original_register(self, state, _timed_hook(hook))
-
-    def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
-        if getattr(self, "_stallscope_late_hook", None) is not None:
-            late = _python_builtin_hook(comm_hook_type)
-            if late is not None:
-                self._stallscope_late_hook[:] = [self.process_group, _timed_hook(late)]
-                return None
-        self._stallscope_hooked = True  # a C++ hook: not timed
-        return original_builtin(self, comm_hook_type)
+    is_grad_enabled = torch.is_grad_enabled
 
     def _pre_forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-        if not getattr(self, "_stallscope_hooked", False):
-            self._stallscope_hooked = True
-            if _default_reduction(self):
-                late: list[Any] = []
-                try:
-                    original_register(self, self.process_group, _stand_in_hook(late))
-                    self._stallscope_late_hook = late
-                except Exception:
-                    pass
+        global _ddp_forwards
+        if self.require_backward_grad_sync and is_grad_enabled():  # DDP prepares a reduction (its own test)
+            _ddp_forwards += 1
+            if "_stallscope_grad_hook" not in self.__dict__:
+                self._stallscope_grad_hook = _hook_last_parameter(self.module)
         return original_pre_forward(self, *inputs, **kwargs)
 
-    register_comm_hook.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
-    DDP.register_comm_hook = functools.wraps(original_register)(register_comm_hook)
-    DDP.register_comm_hook.__stallscope_wrapped__ = True
-    DDP._register_builtin_comm_hook = _register_builtin_comm_hook
+    _pre_forward.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
     DDP._pre_forward = _pre_forward
+    _patch_backward(torch)
 
 
-def _default_reduction(ddp: Any) -> bool:
-    """True when DDP would use its built-in all-reduce: no hook, no mixed precision, the C++ reducer,
-    a dense floating-point model on the CPU or one device, and a process group of the script's world."""
-    if getattr(ddp, "_comm_hooks", None) or getattr(ddp, "_use_python_reducer", False):
+def _hook_last_parameter(model: Any) -> Any:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params or not hasattr(params[-1], "register_post_accumulate_grad_hook"):
+        return None
+    return params[-1].register_post_accumulate_grad_hook(_on_gradient)
+
+
+def _on_gradient(_param: Any) -> None:
+    global _backward_armed
+    if _backward_armed:  # only in a backward we time, once
+        _backward_armed = False
+        _queue_callback(_stamp_compute_end)
+
+
+def _on_graph_start(_grad_outputs: Any) -> None:
+    _on_gradient(None)
+
+
+def _stamp_compute_end() -> None:
+    global _compute_end_ns
+    _compute_end_ns = _perf()
+
+
+def _patch_backward(torch: Any) -> None:
+    global _queue_callback
+    autograd = torch.autograd
+    original = autograd.backward
+    if getattr(original, "__stallscope_wrapped__", False):
+        return
+    _queue_callback = autograd.Variable._execution_engine.queue_callback
+    Tensor = torch.Tensor
+
+    @functools.wraps(original)
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        global _ddp_forwards, _backward_armed, _compute_end_ns, _hook_missed
+        if not _ddp_forwards:
+            return original(tensors, *args, **kwargs)
+        _ddp_forwards = 0
+        if _hook_missed and not _arm_root(tensors, Tensor):
+            return original(tensors, *args, **kwargs)
+        _compute_end_ns = 0
+        _backward_armed = True
+        started = _perf()
+        try:
+            return original(tensors, *args, **kwargs)
+        finally:
+            if _backward_armed:  # the hooked parameter got no gradient in this pass
+                _backward_armed = False
+                _hook_missed = True
+            elif _compute_end_ns:
+                events.emit("ddp_wait", started, _compute_end_ns, _perf())
+
+    backward.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    autograd.backward = backward
+
+
+def _arm_root(tensors: Any, Tensor: type) -> bool:
+    """Queue the callback from the graph's root instead (~10 us more per backward than the parameter hook)."""
+    root = tensors if isinstance(tensors, Tensor) else next(
+        (t for t in tensors if isinstance(t, Tensor) and t.grad_fn is not None), None)
+    grad_fn = root.grad_fn if root is not None else None
+    if grad_fn is None:
         return False
-    if getattr(ddp, "mixed_precision", None) is not None or getattr(ddp, "_delay_all_reduce_all_params", False):
-        return False
-    if getattr(ddp, "reducer", None) is None:
-        return False
-    try:
-        params = [p for p in ddp.module.parameters() if p.requires_grad]
-        return all(not p.is_sparse and p.dtype.is_floating_point for p in params)
-    except Exception:
-        return False
+    grad_fn.register_prehook(_on_graph_start)
+    return True
