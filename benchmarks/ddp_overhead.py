@@ -1,21 +1,18 @@
 """Recorder overhead on a DDP job: a 2-rank gloo job on CPU with and without ``stallscope run``.
 
-Pairs alternate which side runs first, so drifts in machine load hit both alike. Each rank of
-``tests/scripts/ddp_train.py`` reports its own median step time after 3 warm-up steps (identical
-code on both sides); the figure of merit is the median over pairs of (recorded / plain) step time,
-and the absolute added time per step. Under the recorder every step also carries the DDP comm
-hook's timing, the collective wrappers and the optimizer-step hooks.
+Two jobs of ``tests/scripts/ddp_train.py``, both with the dataset read in the training process
+(``num_workers=0``, so the recorder's fetch timing runs there too): ``small``, a 4-layer MLP on
+batches of 64 (about 9 ms per step here, the scale of a small real step), and ``toy``, a 2-layer
+MLP on batches of 8 (about 1.7 ms per step: the recorder's absolute cost per step, magnified).
+Pairs alternate which side runs first, so drifts in machine load hit both alike. Each rank reports
+its median step time after 3 warm-up steps, its process's CPU time per step and its training
+thread's; the figures of merit are the medians over pairs of recorded / plain, and the added time
+per step. Under the recorder each step carries the DataLoader and fetch timing, the optimizer-step
+hooks, DDP's gradient-wait timing (see ``stallscope.record.distributed.patch_ddp``) and events.
 
-Run:  python benchmarks/ddp_overhead.py [--pairs 7] [--samples 512] [--hidden 256] [--batch-size 8]
+Run:  python benchmarks/ddp_overhead.py [--pairs 8] [--jobs small,toy] [--sample-interval 0.1]
 
-Measured on the 2-core development machine (2026-11-30), 2 gloo ranks on 2 cores, 7 pairs:
-- toy steps (1.3-1.5 ms per step), --samples 4096 (256 steps per rank, steadier medians than the default
-  32): median +0.21 ms per step (ratio 1.14); with the sampler off +0.19 ms (1.12). With the default 32
-  steps the medians are too noisy to use (pairs from 0.77 to 2.3);
-- realistic steps (--samples 8192 --hidden 16384 --batch-size 256: 45-50 ms per step): ratio 0.994,
-  -0.28 ms (no measurable cost; pairs spread 0.90-1.09).
-So the absolute cost is about 0.2 ms per step (the Python all-reduce hook that times DDP's buckets, the
-in-process fetch timing, the collective wrappers): within the recorder's 2% budget from ~10 ms steps up.
+Measured on the 2-core development machine: see the docstring's end (updated with each change).
 """
 
 from __future__ import annotations
@@ -39,8 +36,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def measure(prefix: list[str], args: list[str]) -> float:
-    """Median over ranks of each rank's median step time, in ms."""
+def measure(prefix: list[str], args: list[str]) -> tuple[float, float, float]:
+    """(step time, CPU per step, training thread's CPU per step) in ms: medians over ranks of what each
+    rank measured itself."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE")}
     for attempt in range(2):  # a free port can be taken between choosing it and torchrun binding it
         cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
@@ -53,36 +51,58 @@ def measure(prefix: list[str], args: list[str]) -> float:
     else:
         raise SystemExit("the DDP job failed twice")
     out = proc.stdout
-    steps = [float(m) for m in re.findall(r"median step ([0-9.]+) ms", out)]
-    if len(steps) != 2:
+    found = re.findall(r"median step ([0-9.]+) ms, CPU per step ([0-9.]+) ms, training thread ([0-9.]+) ms", out)
+    if len(found) != 2:
         raise RuntimeError(f"expected two ranks' step times in:\n{out[-2000:]}")
-    return statistics.median(steps)
+    return tuple(statistics.median(float(rank[i]) for rank in found) for i in range(3))  # type: ignore[return-value]
+
+
+def _quartiles(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"{q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})"
+
+
+#: name -> (ddp_train.py arguments, what it stands for)
+JOBS: dict[str, list[str]] = {
+    "small": ["--samples", "32768", "--hidden", "512", "--layers", "4", "--batch-size", "64"],
+    "toy": ["--samples", "8192", "--hidden", "256", "--batch-size", "8"],
+}
+METRICS = ("step time", "process CPU per step", "training thread CPU per step")
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--pairs", type=int, default=5)
-    p.add_argument("--samples", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--pairs", type=int, default=8)
+    p.add_argument("--jobs", default="small,toy", help=f"comma-separated, of: {', '.join(JOBS)}")
     p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: system sampler off)")
     a = p.parse_args()
-    args = ["--samples", str(a.samples), "--hidden", str(a.hidden), "--batch-size", str(a.batch_size)]
+    jobs = [j for j in a.jobs.split(",") if j]
+    unknown = [j for j in jobs if j not in JOBS]
+    if unknown:
+        p.error(f"unknown job(s) {', '.join(unknown)}; choose from {', '.join(JOBS)}")
+    ratios = {j: [[], [], []] for j in jobs}
+    added = {j: [[], [], []] for j in jobs}
+    plain_steps: dict[str, list[float]] = {j: [] for j in jobs}
     with tempfile.TemporaryDirectory() as store:
         recorder = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
                     "--sample-interval", a.sample_interval, "--"]
-        ratios, added = [], []
         for pair in range(a.pairs):
-            order = [("plain", []), ("recorded", recorder)]
-            if pair % 2:
-                order.reverse()
-            times = {name: measure(prefix, args) for name, prefix in order}
-            ratios.append(times["recorded"] / times["plain"])
-            added.append(times["recorded"] - times["plain"])
-            print(f"pair {pair}: plain {times['plain']:.3f} ms/step, recorded {times['recorded']:.3f} ms/step, "
-                  f"ratio {ratios[-1]:.3f}", flush=True)
-    print(f"median recorded/plain step time: {statistics.median(ratios):.3f}   "
-          f"median added per step: {statistics.median(added):+.3f} ms")
+            for job in jobs:
+                order = [("plain", []), ("recorded", recorder)]
+                if pair % 2:
+                    order.reverse()
+                times = {name: measure(prefix, JOBS[job]) for name, prefix in order}
+                plain_steps[job].append(times["plain"][0])
+                for i in range(3):
+                    ratios[job][i].append(times["recorded"][i] / times["plain"][i])
+                    added[job][i].append(times["recorded"][i] - times["plain"][i])
+                print(f"pair {pair} {job}: plain {times['plain'][0]:.3f} ms/step, recorded {times['recorded'][0]:.3f}; "
+                      + ", ".join(f"{m} x{r[-1]:.3f}" for m, r in zip(METRICS, ratios[job])), flush=True)
+    for job in jobs:
+        print(f"\n{job} job ({statistics.median(plain_steps[job]):.2f} ms per step plain, {a.pairs} pairs):")
+        for metric, r, d in zip(METRICS, ratios[job], added[job]):
+            print(f"  {metric}, recorded/plain: median {_quartiles(r)}; "
+                  f"added per step {statistics.median(d) * 1000:+.0f} us")
 
 
 if __name__ == "__main__":

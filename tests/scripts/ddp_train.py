@@ -49,6 +49,9 @@ class TwoHeads(torch.nn.Module):
 
 def train(rank, world, args):
     torch.set_num_threads(1)
+    if args.pin:  # one core per rank (local rank), for steadier timings in the overhead benchmark
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ.get("LOCAL_RANK", max(rank, 0))) % len(cores)]})
     if args.spawn:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     else:
@@ -71,7 +74,7 @@ def train(rank, world, args):
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
     try:
-        losses, times, waits = _epochs(rank, args, model, opt, loader, sampler)
+        losses, times, waits, cpu, thread_cpu = _epochs(rank, args, model, opt, loader, sampler)
     except SystemExit:
         if args.fail_after_exit:  # cleanup code that fails after a stop (stallscope --steps): exit code 1
             raise RuntimeError("planted failure while stopping") from None
@@ -83,7 +86,9 @@ def train(rank, world, args):
         with open(f"{args.reducer_waits}.{rank}", "w") as f:
             json.dump(waits, f)
     steady = times[3:] or times
-    print(f"rank {rank}: {len(times)} steps, median step {1000 * statistics.median(steady):.3f} ms", flush=True)
+    print(f"rank {rank}: {len(times)} steps, median step {1000 * statistics.median(steady):.3f} ms, "
+          f"CPU per step {1000 * cpu / len(steady):.3f} ms, training thread {1000 * thread_cpu / len(steady):.3f} ms",
+          flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -91,6 +96,7 @@ def train(rank, world, args):
 def _epochs(rank, args, model, opt, loader, sampler):
     losses, times, waits = [], [], []
     backwards = 0
+    cpu_start = thread_start = 0.0  # CPU time of the process (gloo's threads included) and of this thread
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         t0 = time.perf_counter()
@@ -115,8 +121,10 @@ def _epochs(rank, args, model, opt, loader, sampler):
             losses.append(loss.item())
             t1 = time.perf_counter()
             times.append(t1 - t0)
+            if len(times) == 3:
+                cpu_start, thread_start = time.process_time(), time.thread_time()
             t0 = t1
-    return losses, times, waits
+    return losses, times, waits, time.process_time() - cpu_start, time.thread_time() - thread_start
 
 
 def _reducer_wait_ns(model):
@@ -148,6 +156,7 @@ def main():
                    help="write each rank's DDP-timed gradient waits (ns, all steps but the last) to PATH.<rank>")
     p.add_argument("--fail-after-exit", action="store_true", help="turn a SystemExit in the loop into an error")
     p.add_argument("--spawn", type=int, default=0, help="start N ranks with torch.multiprocessing.spawn")
+    p.add_argument("--pin", action="store_true", help="pin each rank (and the threads it starts) to one core")
     args = p.parse_args()
     if args.spawn:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

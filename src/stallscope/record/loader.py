@@ -98,7 +98,14 @@ def batch_size_of(batch: Any, depth: int = 0) -> int | None:
     return None
 
 
-_ipc = threading.local()
+class _IpcClock(threading.local):
+    """Per thread: (wall, CPU) nanoseconds spent unpickling batches since the current ``__next__`` began."""
+
+    ns = 0
+    cpu_ns = 0
+
+
+_ipc = _IpcClock()
 _ipc_patched = False
 
 
@@ -121,20 +128,10 @@ def _patch_batch_unpickling() -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            _ipc.ns = getattr(_ipc, "ns", 0) + _perf() - t0
-            _ipc.cpu_ns = getattr(_ipc, "cpu_ns", 0) + _thread_cpu() - c0
+            _ipc.ns += _perf() - t0
+            _ipc.cpu_ns += _thread_cpu() - c0
 
     ForkingPickler.loads = staticmethod(loads)
-
-
-def _take_ipc_ns() -> tuple[int, int]:
-    """(wall, CPU) nanoseconds spent unpickling batches in this thread since the last call.
-
-    Wall beyond CPU is waiting: with the file_descriptor strategy each tensor's descriptor is fetched
-    from its worker, whose resource-sharer thread needs that worker's GIL."""
-    value = (getattr(_ipc, "ns", 0), getattr(_ipc, "cpu_ns", 0))
-    _ipc.ns = _ipc.cpu_ns = 0
-    return value
 
 
 def patch_dataloader(module: Any) -> None:
@@ -221,7 +218,8 @@ def patch_dataloader(module: Any) -> None:
     def __next__(self: Any) -> Any:
         steps.before_next()
         self._stallscope_worker = -1
-        _take_ipc_ns()
+        ipc = _ipc
+        ipc.ns = ipc.cpu_ns = 0  # unpickling inside this call (wall beyond CPU: fetching tensors' descriptors)
         t0 = _perf()
         try:
             data = original_next(self)
@@ -229,9 +227,8 @@ def patch_dataloader(module: Any) -> None:
             events.emit("stop", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, _perf())
             raise
         t1 = _perf()
-        unpickle_ns, unpickle_cpu_ns = _take_ipc_ns()
         events.emit("next", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, t1,
-                    self._stallscope_worker, batch_size_of(data), unpickle_ns, unpickle_cpu_ns)
+                    self._stallscope_worker, batch_size_of(data), ipc.ns, ipc.cpu_ns)
         if not getattr(self, "_stallscope_described", False):
             self._stallscope_described = True
             events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, batches.describe_batch(data))

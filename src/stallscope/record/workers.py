@@ -25,7 +25,7 @@ worker_context: tuple[int, int, int] | None = None
 _fetch_seq: dict[tuple[int, int, int], int] = {}
 
 
-_schedstat_fds: dict[tuple[int, int], int] = {}
+_schedstat_fds: dict[int, int] = {}
 
 
 def read_runqueue_wait_ns() -> int:
@@ -33,9 +33,9 @@ def read_runqueue_wait_ns() -> int:
 
     Read twice per batch, so the file stays open and is re-read with ``pread`` (an open per read
     cost ~15 us on sandboxed kernels). The descriptor belongs to the thread that opened it, so it
-    is kept per (process, thread): a forked worker opens its own.
+    is kept per thread, and a forked child (a worker) drops its parent's and opens its own.
     """
-    key = (os.getpid(), threading.get_native_id())
+    key = threading.get_ident()
     try:
         fd = _schedstat_fds.get(key)
         if fd is None:
@@ -43,6 +43,19 @@ def read_runqueue_wait_ns() -> int:
         return int(os.pread(fd, 256, 0).split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def _forget_parent_schedstat() -> None:
+    for fd in _schedstat_fds.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _schedstat_fds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parent_schedstat)
 
 
 class WorkerInit:
@@ -87,15 +100,12 @@ def _thread_settings() -> dict[str, Any]:
     return settings
 
 
-def _count_items(index: Any) -> int:
-    try:
-        return len(index)
-    except TypeError:
-        return 1
-
-
 def timed_fetch(original: Any) -> Any:
-    """Wrap a fetcher's ``fetch`` so that every batch (or StopIteration) is one ``fetch`` event."""
+    """Wrap a fetcher's ``fetch`` so that every batch (or StopIteration) is one ``fetch`` event.
+
+    Runs once per batch, in the training process itself when ``num_workers=0``: kept to a few calls."""
+    local = calls._local
+    FetchAccount = calls.FetchAccount
 
     def fetch(self: Any, possibly_batched_index: Any) -> Any:
         ctx = getattr(self, "_stallscope_ctx", None) or worker_context
@@ -107,7 +117,7 @@ def timed_fetch(original: Any) -> Any:
         seq = _fetch_seq.get(ctx, 0)
         _fetch_seq[ctx] = seq + 1
         rq0 = read_runqueue_wait_ns()
-        account = calls.begin_fetch()
+        local.account = account = FetchAccount()
         t0, c0 = _perf(), _cpu()
         outcome = None
         try:
@@ -123,11 +133,15 @@ def timed_fetch(original: Any) -> Any:
             raise
         finally:
             t1, c1 = _perf(), _cpu()
-            calls.end_fetch()
+            local.account = None
             rq1 = read_runqueue_wait_ns()
-            rq = rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1
-            events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0, rq,
-                        _count_items(possibly_batched_index), account.by_node, account.by_name, outcome)
+            try:
+                items = len(possibly_batched_index)
+            except TypeError:  # one index: an iterable dataset, or batch_size=None
+                items = 1
+            events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
+                        rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, account.by_node, account.by_name,
+                        outcome)
 
     fetch.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
     return fetch
