@@ -75,6 +75,8 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=8)
     p.add_argument("--jobs", default="small,toy", help=f"comma-separated, of: {', '.join(JOBS)}")
     p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: system sampler off)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="plain against plain (no recorder on either side): the machine's own noise floor")
     a = p.parse_args()
     jobs = [j for j in a.jobs.split(",") if j]
     unknown = [j for j in jobs if j not in JOBS]
@@ -84,8 +86,8 @@ def main() -> None:
     added = {j: [[], [], []] for j in jobs}
     plain_steps: dict[str, list[float]] = {j: [] for j in jobs}
     with tempfile.TemporaryDirectory() as store:
-        recorder = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
-                    "--sample-interval", a.sample_interval, "--"]
+        recorder = [] if a.calibrate else [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
+                                           "--sample-interval", a.sample_interval, "--"]
         for pair in range(a.pairs):
             for job in jobs:
                 order = [("plain", []), ("recorded", recorder)]

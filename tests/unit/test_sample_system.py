@@ -87,3 +87,29 @@ def test_gpu_probe_without_nvml_says_why():
 
     probe = GpuProbe(Broken())
     assert probe.handles == [] and "NVML unavailable" in probe.absent
+
+
+def test_torchrun_ranks_are_told_from_their_workers():
+    """A process started with LOCAL_RANK by a parent without it is a rank (no USS reads); its own child,
+    which inherits the variable, is not; nor is a process without it."""
+    import os
+
+    from stallscope.sample.system import _is_rank
+
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)'])\n"
+            "print(child.pid, flush=True)\n"
+            "child.wait()\n")
+    rank = subprocess.Popen([sys.executable, "-c", code], env={**env, "LOCAL_RANK": "0"},
+                            stdout=subprocess.PIPE, text=True)
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"], env=env)
+    try:
+        worker = int(rank.stdout.readline())
+        assert _is_rank(rank.pid, os.getpid())
+        assert not _is_rank(worker, rank.pid)
+        assert not _is_rank(plain.pid, os.getpid())
+    finally:
+        for proc in (rank, plain):
+            proc.kill()
+            proc.wait()

@@ -226,9 +226,10 @@ def patch_ddp(module: Any) -> None:
     the results into ``.grad``). That wait is measured from outside the reduction, with an autograd
     final callback: it runs when the graph's last node is done and before DDP's own (queued when its
     last bucket becomes ready), and the wait lasts from there to the return of ``backward``. The
-    callback is queued by a gradient hook on the model's last parameter (registered once; output-side
-    parameters get their gradient early in ``backward``), or, once that parameter went without a
-    gradient in some pass (a dynamic graph), by a pre-hook on each graph's root. A few Python calls per
+    callback is queued by a gradient hook on one parameter of the model, registered once: it runs
+    just before DDP's own hook on that parameter, so before the last bucket can be ready, whichever
+    parameter it is. Once that parameter went without a gradient in some pass (a dynamic graph), each
+    graph's root queues it instead (a pre-hook registered per backward, ~10 us). A few Python calls per
     backward whatever the number of buckets (a Python communication hook would cost ~0.1 ms per
     step), and DDP, the script's own hooks and what training computes stay exactly as they were.
     """

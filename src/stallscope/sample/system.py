@@ -56,6 +56,7 @@ class SystemSampler:
         self._cost_cpu_s = 0.0
         self._wall_s = 0.0
         self._last_uss_cost: float | None = None
+        self._training: dict[int, bool] = {}  # pid -> a training process (no USS reads), decided once
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="stallscope-sampler", daemon=True)
@@ -132,7 +133,7 @@ class SystemSampler:
                     self.system["disk_read_bytes_per_s"].append(None)
                 self.system["shm_used_bytes"].append(_shm_used(self.shm_path))
                 for proc in tree:
-                    self._process_tick(proc, tick, with_uss=proc.pid != self.root_pid and now >= uss_due.setdefault(
+                    self._process_tick(proc, tick, with_uss=self._may_read_uss(proc) and now >= uss_due.setdefault(
                         proc.pid, now + USS_MIN_PERIOD_S), with_io=tick % IO_EVERY_TICKS == 0)
                     if self._last_uss_cost is not None:
                         uss_due[proc.pid] = now + max(USS_MIN_PERIOD_S,
@@ -145,6 +146,16 @@ class SystemSampler:
             self._files.close()
             self._cost_cpu_s = time.thread_time() - cpu0
             self._wall_s = time.perf_counter() - wall0
+
+    def _may_read_uss(self, proc: psutil.Process) -> bool:
+        """Not for training processes: the root, and torchrun's ranks (each walk of their mappings holds
+        their memory-map lock for milliseconds, and one rank held up holds up all in the next all-reduce)."""
+        if proc.pid == self.root_pid:
+            return False
+        known = self._training.get(proc.pid)
+        if known is None:
+            known = self._training[proc.pid] = _is_rank(proc.pid, _ppid(proc))
+        return not known
 
     def _process_tree(self) -> list[psutil.Process]:
         """The job's processes. Linux lists each thread's children in /proc; that reads only the tree,
@@ -247,6 +258,22 @@ def _proc_stat(pid: int, files: _ProcFiles) -> tuple[float, int] | None:
     # After the command name: state is field 3 of proc(5); utime 14, stime 15, rss 24 (1-based).
     utime, stime, rss_pages = int(fields[11]), int(fields[12]), int(fields[21])
     return (utime + stime) / _CLOCK_TICKS, rss_pages * _PAGE_SIZE
+
+
+def _is_rank(pid: int, ppid: int | None) -> bool:
+    """A torchrun rank: started with ``LOCAL_RANK`` in its environment by a parent without it (a rank's
+    forked DataLoader workers inherit the variable from the rank, so they are not ranks)."""
+
+    def has_local_rank(p: int | None) -> bool:
+        if p is None:
+            return False
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                return b"\0LOCAL_RANK=" in b"\0" + f.read()
+        except OSError:
+            return False
+
+    return has_local_rank(pid) and not has_local_rank(ppid)
 
 
 def _ppid(proc: psutil.Process) -> int | None:
