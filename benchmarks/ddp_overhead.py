@@ -64,6 +64,7 @@ def _quartiles(values: list[float]) -> str:
 
 #: name -> (ddp_train.py arguments, what it stands for)
 JOBS: dict[str, list[str]] = {
+    "large": ["--samples", "16384", "--hidden", "2048", "--layers", "3", "--batch-size", "256"],
     "small": ["--samples", "32768", "--hidden", "512", "--layers", "4", "--batch-size", "64"],
     "toy": ["--samples", "8192", "--hidden", "256", "--batch-size", "8"],
 }
