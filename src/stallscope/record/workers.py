@@ -104,8 +104,6 @@ def timed_fetch(original: Any) -> Any:
     """Wrap a fetcher's ``fetch`` so that every batch (or StopIteration) is one ``fetch`` event.
 
     Runs once per batch, in the training process itself when ``num_workers=0``: kept to a few calls."""
-    local = calls._local
-    FetchAccount = calls.FetchAccount
 
     def fetch(self: Any, possibly_batched_index: Any) -> Any:
         ctx = getattr(self, "_stallscope_ctx", None) or worker_context
@@ -117,7 +115,7 @@ def timed_fetch(original: Any) -> Any:
         seq = _fetch_seq.get(ctx, 0)
         _fetch_seq[ctx] = seq + 1
         rq0 = read_runqueue_wait_ns()
-        local.account = account = FetchAccount()
+        account = calls.begin_fetch()
         t0, c0 = _perf(), _cpu()
         outcome = None
         try:
@@ -133,7 +131,7 @@ def timed_fetch(original: Any) -> Any:
             raise
         finally:
             t1, c1 = _perf(), _cpu()
-            local.account = None
+            calls.end_fetch()
             rq1 = read_runqueue_wait_ns()
             try:
                 items = len(possibly_batched_index)
