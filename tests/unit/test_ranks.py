@@ -26,14 +26,14 @@ CONFIG = {"num_workers": 0, "batch_size": 8, "sampler": "DistributedSampler", "d
 
 def _rank_records(pid: int, rank: int, wait_ms: int, work_ms: int, sync_ms: int, steps: int = 10,
                   t0: int = 0, host: str = "a") -> dict[str, list]:
-    """One rank: per step a data wait, own work, then a DDP all-reduce that blocks ``sync_ms``."""
+    """One rank: per step a data wait, own work (the last 4 ms of it ``backward``), then the end of
+    ``backward`` waits ``sync_ms`` more for DDP's all-reduce (recorded from the last gradient, 2 ms earlier)."""
     nexts, opts, colls = [], [], []
     t = t0
     for i in range(steps):
         nexts.append(NextRecord(0, 0, 0, t, t + wait_ms * MS, -1, 8, pid))
         t += (wait_ms + work_ms) * MS
-        colls.append(CollectiveRecord("ddp.allreduce", -1, t - 2 * MS, t + sync_ms * MS, pid, blocking=False,
-                                      bucket=0))
+        colls.append(CollectiveRecord("ddp.allreduce", -1, t - 2 * MS, t + sync_ms * MS, pid, enter_ns=t - 4 * MS))
         t += sync_ms * MS
         opts.append(OptimizerStepRecord(1, "SGD", t, t + MS, pid))
         t += MS
@@ -57,11 +57,21 @@ def _session(*ranks: dict[str, list], **kw) -> Session:
 def test_ddp_wait_is_sync_and_comes_out_of_compute():
     s = _session(_rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=40))
     stats = step_stats(s, 100)
-    assert [st.sync_ns for st in stats.steps] == [42 * MS] * 10  # from the last hand-over to completion
+    assert [st.sync_ns for st in stats.steps] == [42 * MS] * 10  # from the last gradient to the return
     assert stats.steady[0].compute_ns == (1 + 5 + 40 + 1 - 1 - 42) * MS
 
 
+def test_merge_takes_a_backward_as_entered_at_its_start():
+    """A rank may hand its first buckets over as soon as ``backward`` starts, so that is its entry."""
+    from stallscope.merge import sync_points
+
+    s = _session(_rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=40, steps=2))
+    ddp = sorted((k[2], v) for k, v in sync_points(s).items() if k[1] == "ddp")
+    assert ddp == [(0, (2 * MS, 46 * MS)), (1, (49 * MS, 93 * MS))]
+
+
 def test_bucket_groups_split_at_a_repeated_bucket_index():
+    """Sessions of earlier versions: one record per DDP bucket."""
     colls = [CollectiveRecord("ddp.allreduce", -1, a * MS, b * MS, 7, blocking=False, bucket=k)
              for a, b, k in [(0, 3, 1), (2, 5, 0), (10, 11, 1), (12, 20, 0)]]
     s = _session({"collectives": colls, "nexts": [], "optimizer_steps": []})
