@@ -1,9 +1,11 @@
 """Recorder overhead on a DDP job: a 2-rank gloo job on CPU with and without ``stallscope run``.
 
-Two jobs of ``tests/scripts/ddp_train.py``, both with the dataset read in the training process
-(``num_workers=0``, so the recorder's fetch timing runs there too): ``small``, a 4-layer MLP on
-batches of 64 (about 9 ms per step here, the scale of a small real step), and ``toy``, a 2-layer
-MLP on batches of 8 (about 1.7 ms per step: the recorder's absolute cost per step, magnified).
+Jobs of ``tests/scripts/ddp_train.py``, all with the dataset read in the training process
+(``num_workers=0``, so the recorder's fetch timing runs there too): ``large``, a 3-layer MLP of
+width 2048 on batches of 256 (about 90 ms per step here); ``small``, a 4-layer MLP on batches of 64
+(about 9 ms per step, the scale of a small real step); and ``toy``, a 2-layer MLP on batches of 8
+(about 1.7 ms per step: the recorder's absolute cost per step, magnified). The default runs small
+and toy.
 Pairs alternate which side runs first, so drifts in machine load hit both alike. Each rank reports
 its median step time after 3 warm-up steps, its process's CPU time per step and its training
 thread's; the figures of merit are the medians over pairs of recorded / plain, and the added time
@@ -72,7 +74,7 @@ def _quartiles(values: list[float]) -> str:
     return f"{q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})"
 
 
-#: name -> (ddp_train.py arguments, what it stands for)
+#: job name -> its ddp_train.py arguments
 JOBS: dict[str, list[str]] = {
     "large": ["--samples", "16384", "--hidden", "2048", "--layers", "3", "--batch-size", "256"],
     "small": ["--samples", "32768", "--hidden", "512", "--layers", "4", "--batch-size", "64"],

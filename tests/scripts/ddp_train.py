@@ -49,21 +49,18 @@ class TwoHeads(torch.nn.Module):
 
 def train(rank, world, args):
     torch.set_num_threads(1)
-    if args.pin:  # one core per rank (local rank), for steadier timings in the overhead benchmark
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[int(os.environ.get("LOCAL_RANK", max(rank, 0))) % len(cores)]})
     if args.spawn:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     else:
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    layers = [torch.nn.Linear(32, args.hidden), torch.nn.ReLU()]
-    for _ in range(args.layers - 2):
-        layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
     if args.dynamic:
         model = DistributedDataParallel(TwoHeads(args.hidden), find_unused_parameters=True)
     else:
+        layers = [torch.nn.Linear(32, args.hidden), torch.nn.ReLU()]
+        for _ in range(args.layers - 2):
+            layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
         model = DistributedDataParallel(torch.nn.Sequential(*layers, torch.nn.Linear(args.hidden, 2)),
                                         bucket_cap_mb=args.bucket_mb)
     if args.reducer_waits:
@@ -156,7 +153,6 @@ def main():
                    help="write each rank's DDP-timed gradient waits (ns, all steps but the last) to PATH.<rank>")
     p.add_argument("--fail-after-exit", action="store_true", help="turn a SystemExit in the loop into an error")
     p.add_argument("--spawn", type=int, default=0, help="start N ranks with torch.multiprocessing.spawn")
-    p.add_argument("--pin", action="store_true", help="pin each rank (and the threads it starts) to one core")
     args = p.parse_args()
     if args.spawn:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
