@@ -74,8 +74,9 @@ def _quartiles(values: list[float]) -> str:
     return f"{q[1]:.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})"
 
 
-#: job name -> its ddp_train.py arguments
+#: job name -> its ddp_train.py arguments ("{images}": the demo dataset's folder, made on first use)
 JOBS: dict[str, list[str]] = {
+    "images": ["--images", "{images}", "--workers", "1", "--batch-size", "16", "--image-size", "96"],
     "large": ["--samples", "16384", "--hidden", "2048", "--layers", "3", "--batch-size", "256"],
     "small": ["--samples", "32768", "--hidden", "512", "--layers", "4", "--batch-size", "64"],
     "toy": ["--samples", "8192", "--hidden", "256", "--batch-size", "8"],
@@ -86,7 +87,7 @@ METRICS = ("step time", "process CPU per step", "training thread CPU per step")
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--pairs", type=int, default=8)
-    p.add_argument("--jobs", default="small,toy", help=f"comma-separated, of: {', '.join(JOBS)}")
+    p.add_argument("--jobs", default="images,small,toy", help=f"comma-separated, of: {', '.join(JOBS)}")
     p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: system sampler off)")
     p.add_argument("--calibrate", action="store_true",
                    help="plain against plain (no recorder on either side): the machine's own noise floor")
@@ -95,6 +96,11 @@ def main() -> None:
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:
         p.error(f"unknown job(s) {', '.join(unknown)}; choose from {', '.join(JOBS)}")
+    if "images" in jobs:
+        from stallscope.demo.dataset import demo_dataset
+
+        images = str(demo_dataset(progress=True))
+        JOBS["images"] = [images if arg == "{images}" else arg for arg in JOBS["images"]]
     ratios = {j: [[], [], []] for j in jobs}
     added = {j: [[], [], []] for j in jobs}
     plain_steps: dict[str, list[float]] = {j: [] for j in jobs}

@@ -55,7 +55,14 @@ def train(rank, world, args):
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    if args.dynamic:
+    if args.images:  # the reference workload (JPEGs decoded and augmented in workers, a small CNN), per rank
+        from torchvision import datasets
+
+        from stallscope.demo.reference_train import build_model, build_transform
+
+        data = datasets.ImageFolder(args.images, build_transform(args.image_size, heavy=False))
+        model = DistributedDataParallel(build_model("small", len(data.classes)))
+    elif args.dynamic:
         model = DistributedDataParallel(TwoHeads(args.hidden), find_unused_parameters=True)
     else:
         layers = [torch.nn.Linear(32, args.hidden), torch.nn.ReLU()]
@@ -67,7 +74,8 @@ def train(rank, world, args):
         model._set_ddp_runtime_logging_sample_rate(1)  # DDP's own timer, every step (computes nothing)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sleep = args.slow_ms if rank == args.slow_rank else args.sleep_ms
-    data = Points(args.samples, sleep)
+    if not args.images:
+        data = Points(args.samples, sleep)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
     try:
@@ -135,6 +143,9 @@ def main():
     p.add_argument("--samples", type=int, default=256, help="samples in the dataset (split over ranks)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--images", default=None, metavar="DIR",
+                   help="train the reference workload's small CNN on this ImageFolder instead of --samples points")
+    p.add_argument("--image-size", type=int, default=96, help="crop size with --images")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2, help="linear layers (more gradient buckets)")

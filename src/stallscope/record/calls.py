@@ -33,7 +33,14 @@ class FetchAccount:
         self.by_name: dict[str, list[int]] = {}
 
 
-_local = threading.local()
+class _FetchLocal(threading.local):
+    """Per thread: the account of the fetch in progress. The class default makes a lookup in a
+    thread that never fetched a hit, not a miss (a miss raises and catches inside ``getattr``)."""
+
+    account: FetchAccount | None = None
+
+
+_local = _FetchLocal()
 
 
 def begin_fetch() -> FetchAccount:
@@ -47,7 +54,7 @@ def end_fetch() -> None:
 
 
 def current_account() -> FetchAccount | None:
-    return getattr(_local, "account", None)
+    return _local.account
 
 
 def _add(table: dict[str, list[int]], key: str, wall: int, cpu: int) -> None:
@@ -68,7 +75,7 @@ def timed_call(fn: Callable[..., Any], node: str, name: str | None = None) -> Ca
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        account = getattr(_local, "account", None)
+        account = _local.account
         if account is None or (account.stack and account.stack[-1][0] == node):
             return fn(*args, **kwargs)
         return _timed_invoke(account, node, label, fn, args, kwargs)
@@ -88,7 +95,7 @@ def timed_method(cls: type, method_name: str, node: str, label_from_instance: bo
 
     @functools.wraps(original)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        account = getattr(_local, "account", None)
+        account = _local.account
         if account is None or (account.stack and account.stack[-1][0] == node):
             return original(self, *args, **kwargs)
         return _timed_invoke(account, node, type(self).__name__, original, (self, *args), kwargs)

@@ -80,9 +80,16 @@ def _is_iterable_dataset(dataset: Any) -> bool:
 
 
 def batch_size_of(batch: Any, depth: int = 0) -> int | None:
-    """Samples in a batch, read from its first leaf with a length: cheap and structure-agnostic."""
+    """Samples in a batch, read from its first leaf with a length: cheap and structure-agnostic.
+
+    Runs per batch in the training thread: the common shape, a tuple or list of tensors, is
+    answered before the general walk."""
     if depth > 4:
         return None
+    if type(batch) in (tuple, list) and batch:
+        shape = getattr(batch[0], "shape", None)
+        if shape is not None:  # an array first: its length, as the walk below would find
+            return int(shape[0]) if len(shape) > 0 else len(batch)
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) > 0 else None
@@ -215,11 +222,15 @@ def patch_dataloader(module: Any) -> None:
 
     original_next = base_iter.__next__
 
+    base_iter._stallscope_described = False  # a class default: the per-batch test below is a hit
+
     def __next__(self: Any) -> Any:
-        steps.before_next()
+        if steps.max_steps is not None:
+            steps.before_next()
         self._stallscope_worker = -1
         ipc = _ipc
-        ipc.ns = ipc.cpu_ns = 0  # unpickling inside this call (wall beyond CPU: fetching tensors' descriptors)
+        if _ipc_patched:  # unpickling inside this call (wall beyond CPU: fetching tensors' descriptors)
+            ipc.ns = ipc.cpu_ns = 0
         t0 = _perf()
         try:
             data = original_next(self)
@@ -229,7 +240,7 @@ def patch_dataloader(module: Any) -> None:
         t1 = _perf()
         events.emit("next", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, t1,
                     self._stallscope_worker, batch_size_of(data), ipc.ns, ipc.cpu_ns)
-        if not getattr(self, "_stallscope_described", False):
+        if not self._stallscope_described:
             self._stallscope_described = True
             events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, batches.describe_batch(data))
         steps.after_next(self._stallscope_lid)
@@ -259,6 +270,7 @@ def patch_dataloader(module: Any) -> None:
 
 def patch_fetchers(module: Any) -> None:
     for cls in (module._MapDatasetFetcher, module._IterableDatasetFetcher):
+        cls._stallscope_ctx = None  # set per instance by the main-process iterator (num_workers=0)
         cls.fetch = workers.timed_fetch(cls.fetch)
 
 

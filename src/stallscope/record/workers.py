@@ -103,10 +103,12 @@ def _thread_settings() -> dict[str, Any]:
 def timed_fetch(original: Any) -> Any:
     """Wrap a fetcher's ``fetch`` so that every batch (or StopIteration) is one ``fetch`` event.
 
-    Runs once per batch, in the training process itself when ``num_workers=0``: kept to a few calls."""
+    Runs once per batch, in the training process itself when ``num_workers=0``: kept to a few calls.
+    The fetcher classes carry ``_stallscope_ctx = None`` (see ``loader.patch_fetchers``), so reading
+    it is a hit in workers too."""
 
     def fetch(self: Any, possibly_batched_index: Any) -> Any:
-        ctx = getattr(self, "_stallscope_ctx", None) or worker_context
+        ctx = self._stallscope_ctx or worker_context
         if ctx is None:
             return original(self, possibly_batched_index)
         collate = self.collate_fn
@@ -116,7 +118,8 @@ def timed_fetch(original: Any) -> Any:
         _fetch_seq[ctx] = seq + 1
         rq0 = read_runqueue_wait_ns()
         account = calls.begin_fetch()
-        t0, c0 = _perf(), _cpu()
+        t0 = _perf()
+        c0 = _cpu()
         outcome = None
         try:
             return original(self, possibly_batched_index)
@@ -130,16 +133,22 @@ def timed_fetch(original: Any) -> Any:
             events.flush()  # the worker may be terminated as soon as the main process sees the error
             raise
         finally:
-            t1, c1 = _perf(), _cpu()
+            t1 = _perf()
+            c1 = _cpu()
             calls.end_fetch()
             rq1 = read_runqueue_wait_ns()
-            try:
-                items = len(possibly_batched_index)
-            except TypeError:  # one index: an iterable dataset, or batch_size=None
-                items = 1
+            items = len(possibly_batched_index) if type(possibly_batched_index) is list else _items(
+                possibly_batched_index)
             events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
                         rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, account.by_node, account.by_name,
                         outcome)
 
     fetch.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
     return fetch
+
+
+def _items(possibly_batched_index: Any) -> int:
+    try:
+        return len(possibly_batched_index)
+    except TypeError:  # one index: an iterable dataset, or batch_size=None
+        return 1
