@@ -43,3 +43,20 @@ def test_batch_size_from_first_leaf():
     assert batch_size_of({"ids": torch.zeros(5, 9)}) == 5
     assert batch_size_of(["a", "b", "c"]) == 3
     assert batch_size_of(torch.tensor(3.0)) is None
+    assert batch_size_of([torch.tensor(1.0), torch.tensor(2.0)]) == 2  # scalars per sample: the list's length
+    assert batch_size_of(([torch.zeros(4, 2)], torch.zeros(4))) == 4  # nested: the walk, not the fast path
+    assert batch_size_of(()) == 0 and batch_size_of([]) == 0
+
+
+class _ListSubclass(list):
+    """Not exactly a list: the fast path for tuples and lists skips it, the general walk answers."""
+
+
+def test_batch_size_fast_path_agrees_with_the_walk():
+    """Tuples and lists whose first element is an array take a shortcut; the answer must not change."""
+    np = pytest.importorskip("numpy")
+    cases = [((np.zeros((6, 2)), np.zeros(6)), 6), ([torch.zeros(3, 1, 1)], 3), ((torch.zeros(0, 5),), 0),
+             ([np.float64(1.0), np.float64(2.0)], 2), ([torch.tensor(1.0)] * 5, 5)]
+    for batch, expected in cases:
+        assert batch_size_of(batch) == expected
+        assert batch_size_of(_ListSubclass(batch)) == expected
