@@ -30,6 +30,7 @@ communication hook), medians over pairs with quartiles:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import socket
@@ -40,6 +41,10 @@ import tempfile
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "ddp_train.py"
+#: What each rank prints about itself (tests/scripts/ddp_train.py), in ms.
+RANK_LINE = re.compile(r"median step ([0-9.]+) ms, CPU per step ([0-9.]+) ms, training thread ([0-9.]+) ms, "
+                       r"workers ([0-9.]+) ms")
+METRICS = ("step time", "training thread CPU per step", "rank + its workers' CPU per step")
 
 
 def _port() -> int:
@@ -49,24 +54,25 @@ def _port() -> int:
 
 
 def measure(prefix: list[str], args: list[str]) -> tuple[float, float, float]:
-    """(step time, CPU per step, training thread's CPU per step) in ms: medians over ranks of what each
-    rank measured itself."""
+    """(step time, training thread's CPU per step, the rank's and its workers' CPU per step) in ms:
+    medians over ranks of what each rank measured itself."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE")}
     for attempt in range(2):  # a free port can be taken between choosing it and torchrun binding it
         cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                "127.0.0.1", "--master_port", str(_port()), str(SCRIPT), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
         if proc.returncode == 0:
             break
         print(f"run failed (exit {proc.returncode}){', retrying' if attempt == 0 else ''}:\n{proc.stderr[-1500:]}",
               file=sys.stderr)
     else:
         raise SystemExit("the DDP job failed twice")
-    out = proc.stdout
-    found = re.findall(r"median step ([0-9.]+) ms, CPU per step ([0-9.]+) ms, training thread ([0-9.]+) ms", out)
+    found = RANK_LINE.findall(proc.stdout)
     if len(found) != 2:
-        raise RuntimeError(f"expected two ranks' step times in:\n{out[-2000:]}")
-    return tuple(statistics.median(float(rank[i]) for rank in found) for i in range(3))  # type: ignore[return-value]
+        raise RuntimeError(f"expected two ranks' step times in:\n{proc.stdout[-2000:]}")
+    ranks = [[float(v) for v in rank] for rank in found]
+    return (statistics.median(r[0] for r in ranks), statistics.median(r[2] for r in ranks),
+            statistics.median(r[1] + r[3] for r in ranks))
 
 
 def _quartiles(values: list[float]) -> str:
@@ -76,21 +82,21 @@ def _quartiles(values: list[float]) -> str:
 
 #: job name -> its ddp_train.py arguments ("{images}": the demo dataset's folder, made on first use)
 JOBS: dict[str, list[str]] = {
-    "images": ["--images", "{images}", "--workers", "1", "--batch-size", "16", "--image-size", "96"],
+    "images": ["--images", "{images}", "--workers", "1", "--batch-size", "16", "--image-size", "96", "--epochs", "2"],
     "large": ["--samples", "16384", "--hidden", "2048", "--layers", "3", "--batch-size", "256"],
     "small": ["--samples", "32768", "--hidden", "512", "--layers", "4", "--batch-size", "64"],
     "toy": ["--samples", "8192", "--hidden", "256", "--batch-size", "8"],
 }
-METRICS = ("step time", "process CPU per step", "training thread CPU per step")
+#: Each round runs these three, in an order that cycles through all six: the second plain run is the
+#: control, so the same run shows what two identical jobs differ by on this machine at this time.
+SIDES = ("plain", "control", "recorded")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--pairs", type=int, default=8)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=8, help="rounds of three runs (plain, control, recorded)")
     p.add_argument("--jobs", default="images,small,toy", help=f"comma-separated, of: {', '.join(JOBS)}")
     p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: system sampler off)")
-    p.add_argument("--calibrate", action="store_true",
-                   help="plain against plain (no recorder on either side): the machine's own noise floor")
     a = p.parse_args()
     jobs = [j for j in a.jobs.split(",") if j]
     unknown = [j for j in jobs if j not in JOBS]
@@ -101,29 +107,32 @@ def main() -> None:
 
         images = str(demo_dataset(progress=True))
         JOBS["images"] = [images if arg == "{images}" else arg for arg in JOBS["images"]]
-    ratios = {j: [[], [], []] for j in jobs}
-    added = {j: [[], [], []] for j in jobs}
+    orders = list(itertools.permutations(SIDES))
+    ratios = {j: {side: [[] for _ in METRICS] for side in ("recorded", "control")} for j in jobs}
+    added = {j: [[] for _ in METRICS] for j in jobs}
     plain_steps: dict[str, list[float]] = {j: [] for j in jobs}
     with tempfile.TemporaryDirectory() as store:
-        recorder = [] if a.calibrate else [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
-                                           "--sample-interval", a.sample_interval, "--"]
-        for pair in range(a.pairs):
+        recorder = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
+                    "--sample-interval", a.sample_interval, "--"]
+        for rnd in range(a.rounds):
             for job in jobs:
-                order = [("plain", []), ("recorded", recorder)]
-                if pair % 2:
-                    order.reverse()
-                times = {name: measure(prefix, JOBS[job]) for name, prefix in order}
-                plain_steps[job].append(times["plain"][0])
-                for i in range(3):
-                    ratios[job][i].append(times["recorded"][i] / times["plain"][i])
-                    added[job][i].append(times["recorded"][i] - times["plain"][i])
-                print(f"pair {pair} {job}: plain {times['plain'][0]:.3f} ms/step, recorded {times['recorded'][0]:.3f}; "
-                      + ", ".join(f"{m} x{r[-1]:.3f}" for m, r in zip(METRICS, ratios[job])), flush=True)
+                got = {side: measure(recorder if side == "recorded" else [], JOBS[job])
+                       for side in orders[rnd % len(orders)]}
+                plain_steps[job].append(got["plain"][0])
+                for i in range(len(METRICS)):
+                    for side in ("recorded", "control"):
+                        ratios[job][side][i].append(got[side][i] / got["plain"][i])
+                    added[job][i].append(got["recorded"][i] - got["plain"][i])
+                print(f"round {rnd} {job}: plain {got['plain'][0]:.3f} ms/step, control {got['control'][0]:.3f}, "
+                      f"recorded {got['recorded'][0]:.3f}; "
+                      + ", ".join(f"{m} x{ratios[job]['recorded'][i][-1]:.3f} (control x{ratios[job]['control'][i][-1]:.3f})"
+                                  for i, m in enumerate(METRICS)), flush=True)
     for job in jobs:
-        print(f"\n{job} job ({statistics.median(plain_steps[job]):.2f} ms per step plain, {a.pairs} pairs):")
-        for metric, r, d in zip(METRICS, ratios[job], added[job]):
-            print(f"  {metric}, recorded/plain: median {_quartiles(r)}; "
-                  f"added per step {statistics.median(d) * 1000:+.0f} us")
+        print(f"\n{job} job ({statistics.median(plain_steps[job]):.2f} ms per step plain, {a.rounds} rounds):")
+        for i, metric in enumerate(METRICS):
+            print(f"  {metric}: recorded/plain {_quartiles(ratios[job]['recorded'][i])}, added "
+                  f"{statistics.median(added[job][i]) * 1000:+.0f} us; "
+                  f"control/plain {_quartiles(ratios[job]['control'][i])}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ recorder changes nothing), and each rank prints its median step time (for the ov
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -91,9 +92,10 @@ def train(rank, world, args):
         with open(f"{args.reducer_waits}.{rank}", "w") as f:
             json.dump(waits, f)
     steady = times[3:] or times
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)  # DataLoader workers, reaped at each epoch's end
     print(f"rank {rank}: {len(times)} steps, median step {1000 * statistics.median(steady):.3f} ms, "
-          f"CPU per step {1000 * cpu / len(steady):.3f} ms, training thread {1000 * thread_cpu / len(steady):.3f} ms",
-          flush=True)
+          f"CPU per step {1000 * cpu / len(steady):.3f} ms, training thread {1000 * thread_cpu / len(steady):.3f} ms, "
+          f"workers {1000 * (workers.ru_utime + workers.ru_stime) / len(times):.3f} ms", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -118,8 +118,7 @@ def timed_fetch(original: Any) -> Any:
         _fetch_seq[ctx] = seq + 1
         rq0 = read_runqueue_wait_ns()
         account = calls.begin_fetch()
-        t0 = _perf()
-        c0 = _cpu()
+        t0, c0 = _perf(), _cpu()
         outcome = None
         try:
             return original(self, possibly_batched_index)
@@ -133,12 +132,13 @@ def timed_fetch(original: Any) -> Any:
             events.flush()  # the worker may be terminated as soon as the main process sees the error
             raise
         finally:
-            t1 = _perf()
-            c1 = _cpu()
+            t1, c1 = _perf(), _cpu()
             calls.end_fetch()
             rq1 = read_runqueue_wait_ns()
-            items = len(possibly_batched_index) if type(possibly_batched_index) is list else _items(
-                possibly_batched_index)
+            try:
+                items = len(possibly_batched_index)
+            except TypeError:  # one index: an iterable dataset, or batch_size=None
+                items = 1
             events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
                         rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, account.by_node, account.by_name,
                         outcome)
@@ -146,9 +146,3 @@ def timed_fetch(original: Any) -> Any:
     fetch.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
     return fetch
 
-
-def _items(possibly_batched_index: Any) -> int:
-    try:
-        return len(possibly_batched_index)
-    except TypeError:  # one index: an iterable dataset, or batch_size=None
-        return 1
