@@ -105,3 +105,22 @@ def test_wrapping_is_idempotent_and_keeps_metadata():
     once = calls.timed_call(decode_jpeg, "decode")
     assert calls.timed_call(once, "decode") is once
     assert once.__name__ == "decode_jpeg" and once.__doc__ == "doc"
+
+
+def test_a_call_right_after_another_reuses_its_cpu_reading(clock, monkeypatch):
+    """Chained calls take their CPU start from the previous reading: exact while the thread stayed on
+    the CPU in between; a longer gap reads the clock again, so time blocked there is nobody's."""
+    reads = []
+    monkeypatch.setattr(calls, "_cpu", lambda: reads.append(clock.cpu) or clock.cpu)
+    decode = calls.timed_call(lambda: clock.advance(300, cpu=100), "decode", "load")
+    transform = calls.timed_call(lambda: clock.advance(80), "transform", "resize")
+    account = calls.begin_fetch()
+    decode()  # first call of the fetch: reads the clock at its start and end
+    clock.advance(500)  # 0.5 us of Python in between, on the CPU
+    transform()  # starts from the last reading + 500 ns: one read, at its end
+    clock.advance(2 * calls.CPU_CLOCK_REUSE_NS, cpu=0)  # blocked between calls, longer than the reuse window
+    decode()
+    calls.end_fetch()
+    assert len(reads) == 2 + 1 + 2
+    assert account.by_name == {"load": [600, 200, 2], "resize": [80, 80, 1]}
+    assert account.by_node == {"decode": [600, 200, 2], "transform": [80, 80, 1]}

@@ -119,6 +119,7 @@ def timed_fetch(original: Any) -> Any:
         rq0 = read_runqueue_wait_ns()
         account = calls.begin_fetch()
         t0, c0 = _perf(), _cpu()
+        account.mark_wall, account.mark_cpu = t0, c0  # a call made right away reuses this reading
         outcome = None
         try:
             return original(self, possibly_batched_index)
