@@ -1,30 +1,34 @@
 """Recorder overhead on a DDP job: a 2-rank gloo job on CPU with and without ``stallscope run``.
 
-Jobs of ``tests/scripts/ddp_train.py``, all with the dataset read in the training process
-(``num_workers=0``, so the recorder's fetch timing runs there too): ``large``, a 3-layer MLP of
-width 2048 on batches of 256 (about 90 ms per step here); ``small``, a 4-layer MLP on batches of 64
-(about 9 ms per step, the scale of a small real step); and ``toy``, a 2-layer MLP on batches of 8
-(about 1.7 ms per step: the recorder's absolute cost per step, magnified). The default runs small
-and toy.
-Pairs alternate which side runs first, so drifts in machine load hit both alike. Each rank reports
-its median step time after 3 warm-up steps, its process's CPU time per step and its training
-thread's; the figures of merit are the medians over pairs of recorded / plain, and the added time
-per step. Under the recorder each step carries the DataLoader and fetch timing, the optimizer-step
-hooks, DDP's gradient-wait timing (see ``stallscope.record.distributed.patch_ddp``) and events.
+Jobs of ``tests/scripts/ddp_train.py``:
+- ``images``: the reference workload under DDP: the demo ImageFolder (500x400 JPEGs) decoded and augmented
+  (``RandomResizedCrop`` to 96 px, flip, ``ToTensor``, ``Normalize``) by one DataLoader worker per rank, the
+  reference script's small CNN, batches of 16, 2 epochs (~50 ms per step here, input-bound: the workers'
+  per-call timing is what costs); ``images224``: the same at the reference workload's 224 px (~90 ms per step);
+- ``small``, a 4-layer MLP on batches of 64 (~10 ms per step), ``toy``, a 2-layer MLP on batches of 8 (~2 ms per
+  step: the recorder's absolute cost per step, magnified) and ``large`` (3 x 2048 MLP, ~90 ms), all with the
+  dataset read in the training process (``num_workers=0``, so fetch timing runs in the training thread).
+Each round runs three jobs, plain, a second plain (the control) and recorded, in an order that cycles through all
+six, so that each figure comes with what two identical runs differ by on this machine at that moment. Each rank
+reports its median step time after 3 warm-up steps, its training thread's CPU time per step and its own plus its
+DataLoader workers' CPU per step; the figures are medians over rounds, with quartiles. The default runs images,
+small and toy.
 
-Run:  python benchmarks/ddp_overhead.py [--pairs 8] [--jobs large,small,toy] [--sample-interval 0.1] [--calibrate]
+Run:  python benchmarks/ddp_overhead.py [--rounds 8] [--jobs images,images224,small,toy,large] [--sample-interval 0.1]
 
-Measured on the 2-core development machine (2026-11-30, after DDP's wait stopped going through a Python
-communication hook), medians over pairs with quartiles:
-- large (~90 ms per step, 6 pairs): step x1.013 (0.972-1.076), training thread CPU x0.993: no measurable cost;
-- small (8.6-9.4 ms per step): step x1.043 (1.009-1.084) over 16 pairs, +0.36 ms per step; an earlier run of
-  16 pairs x1.025 (0.981-1.090), one of 12 pairs x1.040; training thread CPU x1.028-1.041 (+0.17-0.24 ms);
-- toy (1.6-1.8 ms per step, 16 pairs): step x1.104 (1.063-1.137), +0.16 ms; training thread CPU x1.104.
-  Before (the Python comm hook timing every bucket): x1.18, +0.22 ms per step.
-- ``--calibrate`` (plain against plain, 12 pairs): small x1.009 (0.957-1.095), toy x1.014 (0.972-1.077):
-  this machine's noise floor. So the recorder's cost is ~0.15-0.3 ms per step of Python work in the training
-  thread (DataLoader and fetch timing, optimizer hooks, DDP's wait, events), i.e. about 2-4% of a 9 ms step
-  and 10% of a 1.7 ms one on this 2-core VM, where both ranks saturate both cores.
+Measured on the 2-core development machine (2026-11-30, its host noisier than earlier that day: the same plain
+job took 45-48 ms per step in the morning and 52-60 ms at the time), 8 rounds each, step time:
+- images (55.4 ms per step): recorded / mean of plain and control 1.024 (quartiles 1.017-1.045), +1.3 ms per
+  step; recorded/plain 1.027 (0.999-1.036) while control/plain was 0.991 (0.957-1.010). Before this session's
+  worker-side changes (CPU clock reuse): 1.040 (1.010-1.077), +2.0 ms.
+- images224 (94.7 ms per step): 1.017 (1.000-1.045), +1.7 ms; recorded/plain 1.031 (0.977-1.047), control/plain
+  0.992 (0.930-1.040).
+- small (10.5 ms per step): 1.027 (0.993-1.079), +0.28 ms; control/plain 1.021 (0.958-1.045).
+- toy (2.1 ms per step): 1.121 (1.054-1.193), +0.26 ms; control/plain 1.040 (1.003-1.055).
+Earlier the same day (benchmark in its pairs form, no control in the run): large x1.013 (noise), small
+x1.036-1.043, toy x1.046-1.104. So the recorder costs about 0.2-0.3 ms per step in the training thread on this
+VM (both ranks saturate both cores and every Python call runs with cold caches), and in an input-bound image job
+about 2-3% of the workers' time (timing ~6 library calls per sample, each needing a thread-CPU clock read).
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ def _quartiles(values: list[float]) -> str:
 #: job name -> its ddp_train.py arguments ("{images}": the demo dataset's folder, made on first use)
 JOBS: dict[str, list[str]] = {
     "images": ["--images", "{images}", "--workers", "1", "--batch-size", "16", "--image-size", "96", "--epochs", "2"],
+    "images224": ["--images", "{images}", "--workers", "1", "--batch-size", "16", "--image-size", "224",
+                  "--epochs", "2"],
     "large": ["--samples", "16384", "--hidden", "2048", "--layers", "3", "--batch-size", "256"],
     "small": ["--samples", "32768", "--hidden", "512", "--layers", "4", "--batch-size", "64"],
     "toy": ["--samples", "8192", "--hidden", "256", "--batch-size", "8"],
@@ -102,15 +108,17 @@ def main() -> None:
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:
         p.error(f"unknown job(s) {', '.join(unknown)}; choose from {', '.join(JOBS)}")
-    if "images" in jobs:
+    if any("{images}" in JOBS[job] for job in jobs):
         from stallscope.demo.dataset import demo_dataset
 
         images = str(demo_dataset(progress=True))
-        JOBS["images"] = [images if arg == "{images}" else arg for arg in JOBS["images"]]
+        for job in jobs:
+            JOBS[job] = [images if arg == "{images}" else arg for arg in JOBS[job]]
     orders = list(itertools.permutations(SIDES))
     ratios = {j: {side: [[] for _ in METRICS] for side in ("recorded", "control")} for j in jobs}
     added = {j: [[] for _ in METRICS] for j in jobs}
     plain_steps: dict[str, list[float]] = {j: [] for j in jobs}
+    against_both: dict[str, list[float]] = {j: [] for j in jobs}  # step time, recorded / mean of the two plain
     with tempfile.TemporaryDirectory() as store:
         recorder = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
                     "--sample-interval", a.sample_interval, "--"]
@@ -119,6 +127,7 @@ def main() -> None:
                 got = {side: measure(recorder if side == "recorded" else [], JOBS[job])
                        for side in orders[rnd % len(orders)]}
                 plain_steps[job].append(got["plain"][0])
+                against_both[job].append(got["recorded"][0] / ((got["plain"][0] + got["control"][0]) / 2))
                 for i in range(len(METRICS)):
                     for side in ("recorded", "control"):
                         ratios[job][side][i].append(got[side][i] / got["plain"][i])
@@ -133,6 +142,7 @@ def main() -> None:
             print(f"  {metric}: recorded/plain {_quartiles(ratios[job]['recorded'][i])}, added "
                   f"{statistics.median(added[job][i]) * 1000:+.0f} us; "
                   f"control/plain {_quartiles(ratios[job]['control'][i])}")
+        print(f"  step time, recorded / mean of plain and control: {_quartiles(against_both[job])}")
 
 
 if __name__ == "__main__":
