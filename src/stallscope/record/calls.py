@@ -31,19 +31,33 @@ _cpu = time.thread_time_ns
 CPU_CLOCK_REUSE_NS = 50_000
 
 
-class FetchAccount:
-    """What one batch fetch spent, per node and per call name. Plain lists keep it cheap."""
+#: The node of every call name seen: each name belongs to one node (see ``record/libraries.py``).
+_node_of_name: dict[str, str] = {}
 
-    __slots__ = ("stack", "by_node", "by_name", "mark_wall", "mark_cpu")
+
+class FetchAccount:
+    """What one batch fetch spent, per call name (and so per node). Plain lists keep it cheap."""
+
+    __slots__ = ("stack", "by_name", "mark_wall", "mark_cpu")
 
     def __init__(self) -> None:
         # Each frame: [node, child_wall, child_cpu] (see _timed_invoke)
         self.stack: list[list[Any]] = []
-        self.by_node: dict[str, list[int]] = {}
         self.by_name: dict[str, list[int]] = {}
         # The last (wall, CPU) clock pair read in this fetch: see CPU_CLOCK_REUSE_NS.
         self.mark_wall = -CPU_CLOCK_REUSE_NS
         self.mark_cpu = 0
+
+    @property
+    def by_node(self) -> dict[str, list[int]]:
+        """``[wall, cpu, calls]`` per node, summed from the names once per fetch rather than kept per call."""
+        totals: dict[str, list[int]] = {}
+        for name, (wall, cpu, count) in self.by_name.items():
+            row = totals.setdefault(_node_of_name[name], [0, 0, 0])
+            row[0] += wall
+            row[1] += cpu
+            row[2] += count
+        return totals
 
 
 class _FetchLocal(threading.local):
@@ -110,8 +124,8 @@ def timed_method(cls: type, method_name: str, node: str, label_from_instance: bo
 
 def _timed_invoke(account: FetchAccount, node: str, label: str, fn: Callable[..., Any],
                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Call ``fn`` charging its exclusive time to ``node`` and ``label``. Runs for every timed call
-    in a fetch (a dozen per image sample), hence the inlined table updates."""
+    """Call ``fn`` charging its exclusive time to ``label`` (of ``node``). Runs for every timed call
+    in a fetch (a dozen per image sample), hence the inlined table update."""
     stack = account.stack
     frame = [node, 0, 0]  # node, then wall and CPU of timed calls nested in this one
     stack.append(frame)
@@ -133,16 +147,10 @@ def _timed_invoke(account: FetchAccount, node: str, label: str, fn: Callable[...
         stack.pop()
         own_wall = wall - frame[1]
         own_cpu = cpu - frame[2]
-        row = account.by_node.get(node)
-        if row is None:
-            account.by_node[node] = [own_wall, own_cpu, 1]
-        else:
-            row[0] += own_wall
-            row[1] += own_cpu
-            row[2] += 1
         row = account.by_name.get(label)
         if row is None:
             account.by_name[label] = [own_wall, own_cpu, 1]
+            _node_of_name[label] = node
         else:
             row[0] += own_wall
             row[1] += own_cpu
