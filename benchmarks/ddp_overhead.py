@@ -118,7 +118,8 @@ def main() -> None:
     ratios = {j: {side: [[] for _ in METRICS] for side in ("recorded", "control")} for j in jobs}
     added = {j: [[] for _ in METRICS] for j in jobs}
     plain_steps: dict[str, list[float]] = {j: [] for j in jobs}
-    against_both: dict[str, list[float]] = {j: [] for j in jobs}  # step time, recorded / mean of the two plain
+    # step time against the mean of the two plain runs of the round: (ratio, added ms)
+    against_both: dict[str, list[tuple[float, float]]] = {j: [] for j in jobs}
     with tempfile.TemporaryDirectory() as store:
         recorder = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
                     "--sample-interval", a.sample_interval, "--"]
@@ -127,22 +128,24 @@ def main() -> None:
                 got = {side: measure(recorder if side == "recorded" else [], JOBS[job])
                        for side in orders[rnd % len(orders)]}
                 plain_steps[job].append(got["plain"][0])
-                against_both[job].append(got["recorded"][0] / ((got["plain"][0] + got["control"][0]) / 2))
+                baseline = (got["plain"][0] + got["control"][0]) / 2
+                against_both[job].append((got["recorded"][0] / baseline, got["recorded"][0] - baseline))
                 for i in range(len(METRICS)):
                     for side in ("recorded", "control"):
                         ratios[job][side][i].append(got[side][i] / got["plain"][i])
                     added[job][i].append(got["recorded"][i] - got["plain"][i])
+                each = [f"{m} x{ratios[job]['recorded'][i][-1]:.3f} (control x{ratios[job]['control'][i][-1]:.3f})"
+                        for i, m in enumerate(METRICS)]
                 print(f"round {rnd} {job}: plain {got['plain'][0]:.3f} ms/step, control {got['control'][0]:.3f}, "
-                      f"recorded {got['recorded'][0]:.3f}; "
-                      + ", ".join(f"{m} x{ratios[job]['recorded'][i][-1]:.3f} (control x{ratios[job]['control'][i][-1]:.3f})"
-                                  for i, m in enumerate(METRICS)), flush=True)
+                      f"recorded {got['recorded'][0]:.3f}; " + ", ".join(each), flush=True)
     for job in jobs:
         print(f"\n{job} job ({statistics.median(plain_steps[job]):.2f} ms per step plain, {a.rounds} rounds):")
         for i, metric in enumerate(METRICS):
             print(f"  {metric}: recorded/plain {_quartiles(ratios[job]['recorded'][i])}, added "
                   f"{statistics.median(added[job][i]) * 1000:+.0f} us; "
                   f"control/plain {_quartiles(ratios[job]['control'][i])}")
-        print(f"  step time, recorded / mean of plain and control: {_quartiles(against_both[job])}")
+        print(f"  step time, recorded / mean of plain and control: {_quartiles([r for r, _ in against_both[job]])}, "
+              f"added {statistics.median(d for _, d in against_both[job]) * 1000:+.0f} us")
 
 
 if __name__ == "__main__":
