@@ -113,3 +113,35 @@ def test_torchrun_ranks_are_told_from_their_workers():
         for proc in (rank, plain):
             proc.kill()
             proc.wait()
+
+
+class _OneStatFile:
+    """Serves one /proc/PID/stat line, as the sampler's descriptor cache would read it."""
+
+    def __init__(self, line: str) -> None:
+        self.line = line.encode()
+
+    def read(self, path: str) -> bytes:
+        return self.line
+
+
+def _stat_line(state: str, flags: int, rss_pages: int) -> str:
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+    # cutime cstime priority nice threads itrealvalue starttime vsize rss ...
+    return (f"42 (py (x) thon) {state} 1 42 42 0 -1 {flags} 10 0 0 0 150 50 0 0 20 0 1 0 99 "
+            f"3133440 {rss_pages} 18446744073709551615 0 0")
+
+
+def test_proc_stat_reads_cpu_and_rss_and_treats_an_exiting_process_as_gone():
+    import pytest
+    import psutil
+
+    from stallscope.sample import system
+
+    cpu_s, rss = system._proc_stat(42, _OneStatFile(_stat_line("R", 0x400000, 388)))
+    assert cpu_s == 200 / system._CLOCK_TICKS
+    assert rss == 388 * system._PAGE_SIZE
+    # Exiting before it turns zombie: the flag is set, or the memory map is already gone (RSS 0).
+    for line in (_stat_line("R", 0x400004, 388), _stat_line("D", 0x400000, 0), _stat_line("Z", 0, 0)):
+        with pytest.raises(psutil.NoSuchProcess):
+            system._proc_stat(42, _OneStatFile(line))

@@ -35,6 +35,7 @@ USS_CORE_BUDGET = 0.002
 IO_EVERY_TICKS = 10
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_PF_EXITING = 0x4  # task flag in /proc/PID/stat: the process has begun exiting (linux/sched.h)
 
 
 class SystemSampler:
@@ -253,10 +254,14 @@ def _proc_stat(pid: int, files: _ProcFiles) -> tuple[float, int] | None:
     if not data:
         raise psutil.NoSuchProcess(pid)
     fields = data[data.rfind(b")") + 2:].split()
-    if fields[0] in (b"Z", b"X"):  # exiting: its counters are gone, not zero
+    if fields[0] in (b"Z", b"X"):  # exited: its counters are gone, not zero
         raise psutil.NoSuchProcess(pid)
-    # After the command name: state is field 3 of proc(5); utime 14, stime 15, rss 24 (1-based).
-    utime, stime, rss_pages = int(fields[11]), int(fields[12]), int(fields[21])
+    # After the command name: state is field 3 of proc(5); flags 9, utime 14, stime 15, rss 24 (1-based).
+    flags, utime, stime, rss_pages = int(fields[6]), int(fields[11]), int(fields[12]), int(fields[21])
+    if flags & _PF_EXITING or rss_pages == 0:
+        # Exiting but not yet a zombie: the kernel has already dropped its memory map, so RSS reads 0.
+        # A user process always maps pages; report it gone rather than record a false zero.
+        raise psutil.NoSuchProcess(pid)
     return (utime + stime) / _CLOCK_TICKS, rss_pages * _PAGE_SIZE
 
 
