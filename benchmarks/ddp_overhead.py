@@ -9,7 +9,7 @@ Jobs of ``tests/scripts/ddp_train.py``:
   step: the recorder's absolute cost per step, magnified) and ``large`` (3 x 2048 MLP, ~90 ms), all with the
   dataset read in the training process (``num_workers=0``, so fetch timing runs in the training thread).
 Each round runs three jobs, plain, a second plain (the control) and recorded, in an order that cycles through all
-six, so that each figure comes with what two identical runs differ by on this machine at that moment. Each rank
+six (``--without-sampler`` adds a fourth: recorded with the system sampler off), so that each figure comes with what two identical runs differ by on this machine at that moment. Each rank
 reports its median step time after 3 warm-up steps, its training thread's CPU time per step and its own plus its
 DataLoader workers' CPU per step; the figures are medians over rounds, with quartiles. The default runs images,
 small and toy.
@@ -34,7 +34,6 @@ about 2-3% of the workers' time (timing ~6 library calls per sample, each needin
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import re
 import socket
@@ -103,6 +102,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8, help="rounds of three runs (plain, control, recorded)")
     p.add_argument("--jobs", default="images,small,toy", help=f"comma-separated, of: {', '.join(JOBS)}")
     p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: system sampler off)")
+    p.add_argument("--without-sampler", action="store_true",
+                   help="a fourth run per round: recorded with the system sampler off (its share of the cost)")
     a = p.parse_args()
     jobs = [j for j in a.jobs.split(",") if j]
     unknown = [j for j in jobs if j not in JOBS]
@@ -114,24 +115,31 @@ def main() -> None:
         images = str(demo_dataset(progress=True))
         for job in jobs:
             JOBS[job] = [images if arg == "{images}" else arg for arg in JOBS[job]]
-    orders = list(itertools.permutations(SIDES))
-    ratios = {j: {side: [[] for _ in METRICS] for side in ("recorded", "control")} for j in jobs}
+    sides = (*SIDES, "no sampler") if a.without_sampler else SIDES
+    # each side in each position equally often: every rotation of the sides, forwards and backwards
+    # (for three sides, all six orders)
+    rotations = [sides[k:] + sides[:k] for k in range(len(sides))]
+    orders = [order for rotation in rotations for order in (rotation, rotation[::-1])]
+    others = [side for side in sides if side != "plain"]
+    ratios = {j: {side: [[] for _ in METRICS] for side in others} for j in jobs}
     added = {j: [[] for _ in METRICS] for j in jobs}
     plain_steps: dict[str, list[float]] = {j: [] for j in jobs}
     # step time against the mean of the two plain runs of the round: (ratio, added ms)
     against_both: dict[str, list[tuple[float, float]]] = {j: [] for j in jobs}
     with tempfile.TemporaryDirectory() as store:
-        recorder = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
-                    "--sample-interval", a.sample_interval, "--"]
+        def recorder(interval: str) -> list[str]:
+            return [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store,
+                    "--sample-interval", interval, "--"]
+
+        prefix = {"plain": [], "control": [], "recorded": recorder(a.sample_interval), "no sampler": recorder("0")}
         for rnd in range(a.rounds):
             for job in jobs:
-                got = {side: measure(recorder if side == "recorded" else [], JOBS[job])
-                       for side in orders[rnd % len(orders)]}
+                got = {side: measure(prefix[side], JOBS[job]) for side in orders[rnd % len(orders)]}
                 plain_steps[job].append(got["plain"][0])
                 baseline = (got["plain"][0] + got["control"][0]) / 2
                 against_both[job].append((got["recorded"][0] / baseline, got["recorded"][0] - baseline))
                 for i in range(len(METRICS)):
-                    for side in ("recorded", "control"):
+                    for side in others:
                         ratios[job][side][i].append(got[side][i] / got["plain"][i])
                     added[job][i].append(got["recorded"][i] - got["plain"][i])
                 each = [f"{m} x{ratios[job]['recorded'][i][-1]:.3f} (control x{ratios[job]['control'][i][-1]:.3f})"
@@ -144,6 +152,8 @@ def main() -> None:
             print(f"  {metric}: recorded/plain {_quartiles(ratios[job]['recorded'][i])}, added "
                   f"{statistics.median(added[job][i]) * 1000:+.0f} us; "
                   f"control/plain {_quartiles(ratios[job]['control'][i])}")
+            if "no sampler" in ratios[job]:
+                print(f"    recorded with the sampler off / plain {_quartiles(ratios[job]['no sampler'][i])}")
         print(f"  step time, recorded / mean of plain and control: {_quartiles([r for r, _ in against_both[job]])}, "
               f"added {statistics.median(d for _, d in against_both[job]) * 1000:+.0f} us")
 

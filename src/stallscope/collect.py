@@ -86,7 +86,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                 elif kind == "send":
                     lists["sends"].append(SendRecord(*fields[:6], pid=pid))
                 elif kind == "fetch":
-                    lists["fetches"].append(FetchRecord(*fields[:12], pid=pid))
+                    lists["fetches"].append(FetchRecord(*fields[:12], pid=pid,
+                                                       timed=bool(fields[12]) if len(fields) > 12 else True))
                 elif kind == "worker_start":
                     lists["worker_starts"].append(WorkerStartRecord(*fields[:8]))
                 elif kind == "opt":

@@ -93,6 +93,9 @@ class FetchRecord:
 
     ``by_node`` and ``by_name`` map to ``[wall_ns, cpu_ns, calls]`` of instrumented calls,
     exclusive of nested calls. ``runqueue_ns`` is -1 when the kernel does not report it.
+    ``timed`` is False for a batch whose library calls were not timed (the recorder times one batch
+    in every few where timing each call would cost more than its budget): its ``by_node`` and
+    ``by_name`` are empty and its per-node split is estimated from the loader's timed batches.
     """
     loader_id: int
     iter_id: int
@@ -107,6 +110,7 @@ class FetchRecord:
     by_name: dict[str, list[int]]
     outcome: str | None
     pid: int
+    timed: bool = True
 
 
 @dataclass(frozen=True)

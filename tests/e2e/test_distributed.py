@@ -59,7 +59,8 @@ def test_slow_rank_is_the_straggler_and_stalls_the_other_in_sync(tmp_path):
 
 
 def test_balanced_job_has_no_straggler(tmp_path):
-    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "256", "--sleep-ms", "1")])
+    # 5 ms per sample, 40 ms steps: the straggler threshold (15% of a step) is far above wake-up jitter
+    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "256", "--sleep-ms", "5")])
     assert result.returncode == 0, result.stderr[-3000:]
     summary = result.summary
     assert summary["distributed"]["straggler"] is None
@@ -103,8 +104,10 @@ def test_gradient_wait_matches_ddps_own_timer(tmp_path, dynamic):
     for rank in session.ranks:
         ours = [c.end_ns - c.start_ns for c in sorted(session.collectives, key=lambda c: c.start_ns)
                 if c.pid == rank.pid and c.op == "ddp.allreduce"]
-        theirs = json.loads(Path(f"{waits}.{rank.rank}").read_text())
-        assert len(theirs) == 11  # DDP logs a backward at the next forward: all 12 but the last
+        logged = json.loads(Path(f"{waits}.{rank.rank}").read_text())
+        assert len(logged) == 11  # DDP logs a backward at the next forward: all 12 but the last
+        theirs = [wait for wait, _ in logged]
+        compute = statistics.median(c for _, c in logged)
         if dynamic:
             assert len(ours) == 11  # none for step 1, where the hooked parameter went without a gradient
             theirs = theirs[:1] + theirs[2:]  # ours: steps 0, 2, 3, ...; theirs: steps 0, 1, 2, ...
@@ -113,9 +116,11 @@ def test_gradient_wait_matches_ddps_own_timer(tmp_path, dynamic):
         assert all(c.enter_ns < c.start_ns for c in session.collectives if c.op == "ddp.allreduce")
         gaps = [a - b for a, b in zip(ours, theirs)]
         # ours starts a little earlier (our callback runs first) and ends a little later (at the return):
-        # tens of microseconds, against ~1 ms of backward compute that a wrong start would add
-        assert all(0 <= gap < 3_000_000 for gap in gaps) and statistics.median(gaps) < 400_000, (rank.rank, gaps)
-    assert sum(json.loads(Path(f"{waits}.0").read_text())) > 12 * 1_000_000  # rank 0 waited for rank 1
+        # tens of microseconds, against the backward compute that a wrong start would add (measured by
+        # DDP in the same steps, so a loaded machine slows both); a preemption can lengthen one gap only
+        assert all(gap >= 0 for gap in gaps), (rank.rank, gaps)
+        assert statistics.median(gaps) < compute / 2, (rank.rank, gaps, compute)
+    assert sum(w for w, _ in json.loads(Path(f"{waits}.0").read_text())) > 12 * 1_000_000  # rank 0 waited
 
 
 def test_steps_limit_ends_every_rank_at_the_same_step(tmp_path):

@@ -135,9 +135,11 @@ def _epochs(rank, args, model, opt, loader, sampler):
 
 
 def _reducer_wait_ns(model):
-    """DDP's own timing of the previous backward: from its last gradient computed to its reduction done."""
+    """DDP's own timing of the previous backward: [from its last gradient computed to its reduction done,
+    its backward compute (first to last gradient)]."""
     data = model._get_ddp_logging_data()
-    return data["backward_comm_time_end"] - data["backward_compute_time_end"]
+    return [data["backward_comm_time_end"] - data["backward_compute_time_end"],
+            data["backward_compute_time_end"] - data["backward_compute_time_start"]]
 
 
 def main():
@@ -163,13 +165,16 @@ def main():
     p.add_argument("--late-hook", type=int, default=-1, help="register an fp16 comm hook after this step")
     p.add_argument("--losses", default=None, help="write each rank's losses to PATH.<rank>")
     p.add_argument("--reducer-waits", default=None,
-                   help="write each rank's DDP-timed gradient waits (ns, all steps but the last) to PATH.<rank>")
+                   help="write each rank's DDP-timed [gradient wait, backward compute] (ns, all steps but the last) "
+                        "to PATH.<rank>")
     p.add_argument("--fail-after-exit", action="store_true", help="turn a SystemExit in the loop into an error")
     p.add_argument("--spawn", type=int, default=0, help="start N ranks with torch.multiprocessing.spawn")
     args = p.parse_args()
     if args.spawn:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", os.environ.get("DDP_PORT", "29511"))
+        if "DDP_PORT" in os.environ:  # the port a test chose wins over one left in the environment
+            os.environ["MASTER_PORT"] = os.environ["DDP_PORT"]
+        os.environ.setdefault("MASTER_PORT", "29511")
         torch.multiprocessing.spawn(train, args=(args.spawn, args), nprocs=args.spawn)
     else:
         train(-1, -1, args)

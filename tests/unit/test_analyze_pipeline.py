@@ -32,3 +32,36 @@ def test_call_cpu_above_thread_cpu_is_scaled_down():
     assert sum(split.values()) == 100
     assert split["storage"] == 20
     assert split["decode"] == 72
+
+
+def test_untimed_batch_takes_its_cpu_split_from_the_loaders_timed_batches():
+    from stallscope.analyze.pipeline import loader_cpu_shares
+
+    timed = [fetch(wall=1000, cpu=800, runqueue=0, by_node={"decode": [600, 600, 8], "loader": [100, 100, 1]}),
+             fetch(wall=1000, cpu=800, runqueue=0, by_node={"decode": [600, 600, 8], "loader": [100, 100, 1]})]
+    untimed = FetchRecord(0, 0, 0, 2, 1000, 3000, 1000, 200, 8, {}, {}, None, 1, timed=False)
+    shares = loader_cpu_shares([*timed, untimed])
+    assert shares == {0: {"decode": 0.75, "loader": 0.125, "transform": 0.125}}
+    split = split_fetch(untimed, shares[0])
+    # CPU 1000 split 750/125/125; run-queue 200 shared in proportion; the remaining 800 off-CPU is blocking.
+    assert split == {"decode": 900, "loader": 150, "transform": 150, "storage": 800}
+    assert sum(split.values()) == 2000
+    # Without shares (no timed batch), an untimed batch is all transform CPU, like an uninstrumented dataset.
+    assert split_fetch(untimed) == {"transform": 1200, "storage": 800}
+
+
+def test_worker_pipeline_scales_call_totals_to_all_batches():
+    from stallscope.analyze.pipeline import worker_pipeline
+    from stallscope.session import LoaderRecord, Session
+
+    by_name = {"PIL.Image.open": [600, 600, 8]}
+    records = [FetchRecord(0, 0, 0, 0, 0, 1000, 800, 0, 8, {"decode": [600, 600, 8]}, by_name, None, 1)]
+    records += [FetchRecord(0, 0, 0, seq, seq * 1000, seq * 1000 + 1000, 800, 0, 8, {}, {}, None, 1, timed=False)
+                for seq in (1, 2, 3)]
+    session = Session("stallscope.session/1", "r", ["x"], "/", 0.0, 0, 10**9, 0, "exit", {}, None, {},
+                      loaders=[LoaderRecord(0, 1, 0, "train.py:1", {"num_workers": 1}, {})], fetches=records)
+    p = worker_pipeline(session, 0)
+    assert p.batches == 4 and p.call_timed_batches == 1
+    assert p.by_call == {"PIL.Image.open": 2400 / 1e9}
+    assert p.direct_s == 2400 / 1e9
+    assert p.node_cpu_s == {"decode": 2400 / 1e9, "transform": 800 / 1e9}

@@ -124,3 +124,67 @@ def test_a_call_right_after_another_reuses_its_cpu_reading(clock, monkeypatch):
     assert len(reads) == 2 + 1 + 2
     assert account.by_name == {"load": [600, 200, 2], "resize": [80, 80, 1]}
     assert account.by_node == {"decode": [600, 200, 2], "transform": [80, 80, 1]}
+
+
+def test_timing_interval_spaces_timed_batches_by_what_their_calls_cost():
+    def account_with(calls_made: int) -> calls.FetchAccount:
+        account = calls.FetchAccount()
+        account.by_name["f"] = [0, 0, calls_made]
+        return account
+
+    cost = calls.TIMED_CALL_COST_NS
+    # A batch of 16 slow decodes (5 ms each): timing is far under budget, every batch is timed.
+    assert calls.timing_interval(account_with(16), 16 * 5_000_000) == 1
+    # Calls that cost twice the budget: every other batch.
+    wall = int(10 * cost / calls.CALL_TIMING_BUDGET)
+    assert calls.timing_interval(account_with(20), wall) == 2
+    # Many cheap calls: capped, so some batches are always timed.
+    assert calls.timing_interval(account_with(1000), 10_000) == calls.MAX_TIMING_INTERVAL
+    assert calls.timing_interval(calls.FetchAccount(), 0) == 1
+
+
+def test_fetches_time_their_calls_in_one_batch_of_every_few_when_calls_are_cheap(clock, monkeypatch):
+    from stallscope.record import events, workers
+
+    emitted = []
+    monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))
+    monkeypatch.setattr(workers, "_perf", lambda: clock.wall)
+    monkeypatch.setattr(workers, "_cpu", lambda: clock.cpu)
+    monkeypatch.setattr(workers, "read_runqueue_wait_ns", lambda: -1)
+    monkeypatch.setattr(workers, "worker_context", (7, 0, 0))
+    monkeypatch.setattr(workers, "_fetch_seq", {})
+    monkeypatch.setattr(workers, "_next_timed_seq", {})
+
+    def sample(cost_ns: int) -> int:
+        clock.advance(cost_ns)
+        return 1
+
+    timed_sample = calls.timed_call(sample, "transform", "sample")
+
+    class Fetcher:
+        _stallscope_ctx = None
+
+        def __init__(self, cost_ns: int) -> None:
+            self.cost_ns = cost_ns
+            self.collate_fn = list
+
+        def fetch(self, indices):
+            return self.collate_fn([timed_sample(self.cost_ns) for _ in indices])
+
+    fetch = workers.timed_fetch(Fetcher.fetch)
+    cheap = Fetcher(cost_ns=2_000)  # 8 calls of 2 us: timing them would cost far more than the budget
+    for _ in range(40):
+        assert fetch(cheap, list(range(8))) == [1] * 8
+    flags = [r[-1] for r in emitted]
+    assert [i for i, timed in enumerate(flags) if timed] == [0, 16, 32]
+    for record in emitted:
+        assert record[0] == "fetch" and record[1:4] == (7, 0, 0)
+        by_node, by_name = record[10], record[11]
+        assert (by_name["sample"][2] == 8 and by_node["transform"][2] == 8) if record[-1] else by_name == by_node == {}
+    emitted.clear()
+    workers._fetch_seq.clear()
+    workers._next_timed_seq.clear()
+    slow = Fetcher(cost_ns=5_000_000)  # 5 ms per sample, as a JPEG decode: every batch is timed
+    for _ in range(5):
+        fetch(slow, list(range(8)))
+    assert [r[-1] for r in emitted] == [True] * 5

@@ -134,7 +134,8 @@ def test_history_failure_is_only_a_warning(tmp_path, capsys):
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_git_commit_of_the_working_directory(tmp_path):
+def test_git_commit_of_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(store, "GIT_TIMEOUT_S", 60.0)  # not what this checks: a loaded machine starts git slowly
     assert store.git_commit(str(tmp_path)) is None
     repo = tmp_path / "repo"
     repo.mkdir()

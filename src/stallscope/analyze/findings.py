@@ -85,6 +85,8 @@ class WorkerPipeline:
     empty_queue_fraction: float | None  # share of consumed batches that were not ready when asked for
     pin_s: float
     errors: int
+    #: Batches whose library calls were timed (the rest had their split estimated from these); None: all.
+    call_timed_batches: int | None = None
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,13 @@ from collections import defaultdict
 from stallscope.analyze.findings import WorkerPipeline
 from stallscope.session import FetchRecord, Session
 
-def split_fetch(fetch: FetchRecord) -> dict[str, int]:
-    """Nanoseconds of one fetch per node; the values add up to its wall time."""
+def split_fetch(fetch: FetchRecord, shares: dict[str, float] | None = None) -> dict[str, int]:
+    """Nanoseconds of one fetch per node; the values add up to its wall time.
+
+    ``shares``: the loader's CPU split (``loader_cpu_shares``), used for a batch whose calls were not timed.
+    """
     wall = max(0, fetch.end_ns - fetch.start_ns)
-    cpu_by_node, runqueue, _ = fetch_parts(fetch)
+    cpu_by_node, runqueue, _ = fetch_parts(fetch, shares)
     cpu = sum(cpu_by_node.values())
     result: dict[str, int] = defaultdict(int)
     for node, value in cpu_by_node.items():
@@ -29,10 +32,18 @@ def split_fetch(fetch: FetchRecord) -> dict[str, int]:
     return dict(result)
 
 
-def fetch_parts(fetch: FetchRecord) -> tuple[dict[str, int], int, int]:
-    """(CPU ns per node, run-queue wait ns, blocked ns) of one fetch; together they make its wall time."""
+def fetch_parts(fetch: FetchRecord, shares: dict[str, float] | None = None) -> tuple[dict[str, int], int, int]:
+    """(CPU ns per node, run-queue wait ns, blocked ns) of one fetch; together they make its wall time.
+
+    A batch whose calls were not timed has its CPU split by ``shares`` (its loader's timed batches);
+    without them, all of its CPU counts as ``transform``, as for a dataset with no instrumented calls.
+    """
     wall = max(0, fetch.end_ns - fetch.start_ns)
     cpu = min(max(0, fetch.cpu_ns), wall)
+    if not fetch.timed and shares:
+        estimated = {node: int(cpu * share) for node, share in shares.items()}
+        estimated["transform"] = estimated.get("transform", 0) + cpu - sum(estimated.values())  # rounding
+        return _with_off_cpu(fetch, estimated, wall, cpu)
     cpu_by_node: dict[str, int] = defaultdict(int)
     for node, (_, node_cpu, _) in fetch.by_node.items():
         cpu_by_node[node] += max(0, node_cpu)
@@ -41,9 +52,33 @@ def fetch_parts(fetch: FetchRecord) -> tuple[dict[str, int], int, int]:
         cpu_by_node = defaultdict(int, {n: v * cpu // known for n, v in cpu_by_node.items()})
         known = sum(cpu_by_node.values())
     cpu_by_node["transform"] += cpu - known
+    return _with_off_cpu(fetch, dict(cpu_by_node), wall, cpu)
+
+
+def _with_off_cpu(fetch: FetchRecord, cpu_by_node: dict[str, int], wall: int,
+                  cpu: int) -> tuple[dict[str, int], int, int]:
     off_cpu = wall - cpu
     runqueue = min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0
-    return dict(cpu_by_node), runqueue, off_cpu - runqueue
+    return cpu_by_node, runqueue, off_cpu - runqueue
+
+
+def loader_cpu_shares(fetches: list[FetchRecord]) -> dict[int, dict[str, float]]:
+    """Per loader, the fraction of its call-timed batches' CPU that went to each node.
+
+    Batches in between timed ones (see ``record.calls.timing_interval``) get their CPU split by
+    these fractions: a ratio estimate over a systematic sample of the loader's batches.
+    """
+    totals: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for f in fetches:
+        if f.timed and f.outcome != "StopIteration":
+            for node, value in fetch_parts(f)[0].items():
+                totals[f.loader_id][node] += value
+    shares: dict[int, dict[str, float]] = {}
+    for loader_id, by_node in totals.items():
+        total = sum(by_node.values())
+        if total > 0:
+            shares[loader_id] = {node: value / total for node, value in by_node.items()}
+    return shares
 
 
 def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
@@ -57,10 +92,11 @@ def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
     by_call: dict[str, int] = defaultdict(int)
     direct = cpu = blocked = runqueue = 0
     runqueue_known = True
+    shares = loader_cpu_shares(fetches).get(loader_id)
     for f in fetches:
-        for node, value in split_fetch(f).items():
+        for node, value in split_fetch(f, shares).items():
             node_ns[node] += value
-        for node, value in fetch_parts(f)[0].items():
+        for node, value in fetch_parts(f, shares)[0].items():
             node_cpu_ns[node] += value
         for name, (wall, _, _) in f.by_name.items():
             by_call[name] += wall
@@ -73,6 +109,12 @@ def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
         runqueue += rq
         blocked += max(0, wall - f.cpu_ns) - rq
     busy = sum(f.end_ns - f.start_ns for f in fetches)
+    timed = [f for f in fetches if f.timed]
+    timed_busy = sum(f.end_ns - f.start_ns for f in timed)
+    if len(timed) < len(fetches) and timed_busy > 0:  # calls timed in some batches: scale to all of them
+        scale = busy / timed_busy
+        by_call = defaultdict(int, {name: int(value * scale) for name, value in by_call.items()})
+        direct = int(direct * scale)
 
     starts = [w for w in session.worker_starts if w.loader_id == loader_id]
     startup = [(w.ready_ns - w.created_ns) / 1e9 for w in starts]
@@ -85,6 +127,7 @@ def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
         loader_id=loader_id,
         num_workers=num_workers,
         batches=len(fetches),
+        call_timed_batches=len(timed),
         busy_s=busy / 1e9,
         node_s={k: v / 1e9 for k, v in sorted(node_ns.items())},
         node_cpu_s={k: v / 1e9 for k, v in sorted(node_cpu_ns.items())},

@@ -31,6 +31,19 @@ _cpu = time.thread_time_ns
 CPU_CLOCK_REUSE_NS = 50_000
 
 
+#: What timing one library call costs in a busy worker (two clock reads, a frame, a table update):
+#: ~10 us on the 2-core development VM (benchmarks/fetch_overhead.py, 1,500 paired batches of 16 demo
+#: images at 96 px, ~97 timed calls each: calls timed in every batch cost 955 us more than in none);
+#: less on a machine without nested virtualization and cache-hungry neighbours.
+TIMED_CALL_COST_NS = 10_000
+#: The share of a worker's fetch time that call timing may cost on average. Where timing every call
+#: would cost more (many cheap calls per batch), only every n-th batch is call-timed: see
+#: ``timing_interval``. Every batch still records its wall, CPU and run-queue time.
+CALL_TIMING_BUDGET = 0.005
+#: At least one batch in this many is call-timed, however cheap its calls.
+MAX_TIMING_INTERVAL = 16
+
+
 #: The node of every call name seen: each name belongs to one node (see ``record/libraries.py``).
 _node_of_name: dict[str, str] = {}
 
@@ -68,6 +81,26 @@ class _FetchLocal(threading.local):
 
 
 _local = _FetchLocal()
+
+
+def timing_interval(account: FetchAccount, fetch_wall_ns: int) -> int:
+    """How many batches until the next call-timed one, given what timing this one's calls cost.
+
+    The estimated cost (calls x ``TIMED_CALL_COST_NS``) against ``CALL_TIMING_BUDGET`` of the
+    batch's wall time: 1 (every batch) where calls are few or slow, as with JPEG decoding; up to
+    ``MAX_TIMING_INTERVAL`` where a batch is many cheap calls. The per-node split of the batches in
+    between is estimated from the timed ones (``analyze.pipeline.loader_cpu_shares``): the split of
+    a batch's CPU between nodes is what varies least from batch to batch, while its wall, CPU and
+    blocked time, measured for every batch, carry the variation.
+    """
+    calls_made = 0
+    for row in account.by_name.values():
+        calls_made += row[2]
+    allowed = CALL_TIMING_BUDGET * max(fetch_wall_ns, 1)
+    cost = calls_made * TIMED_CALL_COST_NS
+    if cost <= allowed:
+        return 1
+    return min(MAX_TIMING_INTERVAL, -int(-cost // allowed))
 
 
 def begin_fetch() -> FetchAccount:

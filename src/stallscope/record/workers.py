@@ -23,6 +23,8 @@ _cpu = time.thread_time_ns
 #: (loader id, iterator id, worker id) of this worker process; None outside workers.
 worker_context: tuple[int, int, int] | None = None
 _fetch_seq: dict[tuple[int, int, int], int] = {}
+#: Per context, the sequence number of the next batch whose library calls are timed (calls.timing_interval).
+_next_timed_seq: dict[tuple[int, int, int], int] = {}
 
 
 _schedstat_fds: dict[int, int] = {}
@@ -104,6 +106,8 @@ def timed_fetch(original: Any) -> Any:
     """Wrap a fetcher's ``fetch`` so that every batch (or StopIteration) is one ``fetch`` event.
 
     Runs once per batch, in the training process itself when ``num_workers=0``: kept to a few calls.
+    Library calls inside are timed in every batch, or in one of every few where that would cost more
+    than ``calls.CALL_TIMING_BUDGET`` (the event's last field says which).
     The fetcher classes carry ``_stallscope_ctx = None`` (see ``loader.patch_fetchers``), so reading
     it is a hit in workers too."""
 
@@ -116,10 +120,12 @@ def timed_fetch(original: Any) -> Any:
             self.collate_fn = calls.timed_call(collate, "loader", "collate")
         seq = _fetch_seq.get(ctx, 0)
         _fetch_seq[ctx] = seq + 1
+        timed = seq >= _next_timed_seq.get(ctx, 0)
         rq0 = read_runqueue_wait_ns()
-        account = calls.begin_fetch()
+        account = calls.begin_fetch() if timed else None
         t0, c0 = _perf(), _cpu()
-        account.mark_wall, account.mark_cpu = t0, c0  # a call made right away reuses this reading
+        if account is not None:
+            account.mark_wall, account.mark_cpu = t0, c0  # a call made right away reuses this reading
         outcome = None
         try:
             return original(self, possibly_batched_index)
@@ -134,15 +140,19 @@ def timed_fetch(original: Any) -> Any:
             raise
         finally:
             t1, c1 = _perf(), _cpu()
-            calls.end_fetch()
+            if account is not None:
+                calls.end_fetch()
+                by_node, by_name = account.by_node, account.by_name
+                _next_timed_seq[ctx] = seq + calls.timing_interval(account, t1 - t0)
+            else:
+                by_node = by_name = {}
             rq1 = read_runqueue_wait_ns()
             try:
                 items = len(possibly_batched_index)
             except TypeError:  # one index: an iterable dataset, or batch_size=None
                 items = 1
             events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
-                        rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, account.by_node, account.by_name,
-                        outcome)
+                        rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, by_node, by_name, outcome, timed)
 
     fetch.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
     return fetch

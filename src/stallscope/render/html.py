@@ -21,7 +21,7 @@ from typing import Any
 import stallscope
 from stallscope.analyze import Analysis
 from stallscope.analyze.gpu_timing import describe as describe_gpu_timing
-from stallscope.analyze.pipeline import split_fetch
+from stallscope.analyze.pipeline import loader_cpu_shares, split_fetch
 from stallscope.constants import NODE_IDS
 from stallscope.session import Session
 from stallscope.store import process_tree_rss
@@ -179,9 +179,11 @@ def worker_figure(session: Session) -> dict[str, Any] | None:
         return f"loader {loader_id} · {who}" if multi_loader else who
 
     segments: dict[str, dict[str, list[Any]]] = defaultdict(lambda: {"y": [], "x": [], "base": [], "text": []})
+    shares = loader_cpu_shares(fetches)
     for f in shown:
         cursor = f.start_ns
-        split = split_fetch(f)
+        split = split_fetch(f, shares.get(f.loader_id))
+        how = "" if f.timed else " (split estimated from the call-timed batches)"
         for node in NODE_IDS:
             value = split.get(node, 0)
             if value <= 0:
@@ -190,7 +192,8 @@ def worker_figure(session: Session) -> dict[str, Any] | None:
             seg["y"].append(row(f.loader_id, f.worker))
             seg["base"].append((cursor - origin) / 1e9)
             seg["x"].append(value / 1e9)
-            seg["text"].append(f"batch {f.seq}: {node} {value / 1e6:.1f} ms of {(f.end_ns - f.start_ns) / 1e6:.1f} ms")
+            seg["text"].append(f"batch {f.seq}: {node} {value / 1e6:.1f} ms of {(f.end_ns - f.start_ns) / 1e6:.1f} ms"
+                               f"{how}")
             cursor += value
     data: list[dict[str, Any]] = []
     starts = [w for w in session.worker_starts]

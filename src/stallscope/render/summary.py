@@ -104,6 +104,7 @@ def _loader_dict(ld) -> dict[str, Any]:
         pipeline = {
             "num_workers": p.num_workers,
             "batches": p.batches,
+            "call_timed_batches": p.call_timed_batches if p.call_timed_batches is not None else p.batches,
             "busy_s": round(p.busy_s, 4),
             "node_seconds": {k: round(v, 4) for k, v in p.node_s.items()},
             "node_seconds_over_busy": round(node_total / p.busy_s, 4) if p.busy_s > 0 else None,

@@ -19,7 +19,7 @@ from typing import Any
 
 import stallscope
 from stallscope.analyze import Analysis
-from stallscope.analyze.pipeline import split_fetch
+from stallscope.analyze.pipeline import loader_cpu_shares, split_fetch
 from stallscope.constants import NODE_IDS
 from stallscope.session import Session
 from stallscope.store import process_tree_rss
@@ -149,12 +149,12 @@ def _other_ranks(ev: _Events, session: Session) -> None:
         _collectives_and_gpu(ev, session, r.pid, tp)
 
 
-def _batch(ev: _Events, pid: int, tid: int, fetch: Any) -> None:
+def _batch(ev: _Events, pid: int, tid: int, fetch: Any, shares: dict[str, float] | None) -> None:
     ev.span(pid, tid, f"batch {fetch.seq}", fetch.start_ns, fetch.end_ns, "batch",
             {"items": fetch.items, "cpu_ms": _ms(fetch.cpu_ns), "os_pid": fetch.pid, "epoch_iter": fetch.iter_id,
-             "outcome": fetch.outcome,
+             "outcome": fetch.outcome, "calls_timed": fetch.timed,
              "calls_ms": {name: _ms(v[0]) for name, v in fetch.by_name.items()}})
-    split = split_fetch(fetch)
+    split = split_fetch(fetch, shares)
     cursor = fetch.start_ns
     for node in NODE_IDS:
         value = split.get(node, 0)
@@ -183,11 +183,12 @@ def _loaders(ev: _Events, session: Session) -> None:
                 ev.span(pid, w.worker + 1, "worker start", w.created_ns, w.ready_ns, "loader",
                         {"os_pid": w.pid, "process_start_ms": _ms(w.entered_ns - w.created_ns),
                          "init_ms": _ms(w.ready_ns - w.entered_ns), "threads": w.threads})
+    shares = loader_cpu_shares(session.fetches)
     for f in session.fetches:
         if f.worker >= 0:
-            _batch(ev, LOADER_PID_BASE + f.loader_id, f.worker + 1, f)
+            _batch(ev, LOADER_PID_BASE + f.loader_id, f.worker + 1, f, shares.get(f.loader_id))
         elif f.pid == main_pid:
-            _batch(ev, MAIN_PID, IN_PROCESS_TID, f)
+            _batch(ev, MAIN_PID, IN_PROCESS_TID, f, shares.get(f.loader_id))
     for e in session.errors:
         if e.where == "worker" and e.loader_id is not None and e.worker is not None:
             ev.instant(LOADER_PID_BASE + e.loader_id, e.worker + 1, e.type, e.t_ns,
