@@ -3,32 +3,33 @@
 Jobs of ``tests/scripts/ddp_train.py``:
 - ``images``: the reference workload under DDP: the demo ImageFolder (500x400 JPEGs) decoded and augmented
   (``RandomResizedCrop`` to 96 px, flip, ``ToTensor``, ``Normalize``) by one DataLoader worker per rank, the
-  reference script's small CNN, batches of 16, 2 epochs (~50 ms per step here, input-bound: the workers'
+  reference script's small CNN, batches of 16, 2 epochs (40-55 ms per step here, input-bound: the workers'
   per-call timing is what costs); ``images224``: the same at the reference workload's 224 px (~90 ms per step);
 - ``small``, a 4-layer MLP on batches of 64 (~10 ms per step), ``toy``, a 2-layer MLP on batches of 8 (~2 ms per
   step: the recorder's absolute cost per step, magnified) and ``large`` (3 x 2048 MLP, ~90 ms), all with the
   dataset read in the training process (``num_workers=0``, so fetch timing runs in the training thread).
 Each round runs three jobs, plain, a second plain (the control) and recorded, in an order that cycles through all
-six (``--without-sampler`` adds a fourth: recorded with the system sampler off), so that each figure comes with what two identical runs differ by on this machine at that moment. Each rank
-reports its median step time after 3 warm-up steps, its training thread's CPU time per step and its own plus its
-DataLoader workers' CPU per step; the figures are medians over rounds, with quartiles. The default runs images,
-small and toy.
+six, so that each figure comes with what two identical runs differ by on this machine at that moment
+(``--without-sampler`` adds a fourth run: recorded with the system sampler off). Each rank reports its median step
+time after 3 warm-up steps, its training thread's CPU time per step and its own plus its DataLoader workers' CPU
+per step; the figures are medians over rounds, with quartiles. The default runs images, small and toy.
 
 Run:  python benchmarks/ddp_overhead.py [--rounds 8] [--jobs images,images224,small,toy,large] [--sample-interval 0.1]
 
-Measured on the 2-core development machine (2026-11-30, its host noisier than earlier that day: the same plain
-job took 45-48 ms per step in the morning and 52-60 ms at the time), 8 rounds each, step time:
-- images (55.4 ms per step): recorded / mean of plain and control 1.024 (quartiles 1.017-1.045), +1.3 ms per
-  step; recorded/plain 1.027 (0.999-1.036) while control/plain was 0.991 (0.957-1.010). Before this session's
-  worker-side changes (CPU clock reuse): 1.040 (1.010-1.077), +2.0 ms.
-- images224 (94.7 ms per step): 1.017 (1.000-1.045), +1.7 ms; recorded/plain 1.031 (0.977-1.047), control/plain
-  0.992 (0.930-1.040).
-- small (10.5 ms per step): 1.027 (0.993-1.079), +0.28 ms; control/plain 1.021 (0.958-1.045).
-- toy (2.1 ms per step): 1.121 (1.054-1.193), +0.26 ms; control/plain 1.040 (1.003-1.055).
-Earlier the same day (benchmark in its pairs form, no control in the run): large x1.013 (noise), small
-x1.036-1.043, toy x1.046-1.104. So the recorder costs about 0.2-0.3 ms per step in the training thread on this
-VM (both ranks saturate both cores and every Python call runs with cold caches), and in an input-bound image job
-about 2-3% of the workers' time (timing ~6 library calls per sample, each needing a thread-CPU clock read).
+Measured on the 2-core development machine, 2026-11-30, after workers time library calls in one batch of every
+few where timing each call would cost more than 0.5% of a fetch (``record.calls.timing_interval``):
+- images, 16 rounds (38.7 ms per step): recorded / mean of plain and control 1.010 (quartiles 0.986-1.022),
+  +0.43 ms per step; recorded/plain 0.999 (0.982-1.021) while control/plain was 0.997 (0.948-1.024); rank plus
+  workers' CPU per step recorded/plain 1.003 (0.996-1.008), control/plain 0.981 (0.963-1.002).
+- 8 rounds an hour earlier: images (41.2 ms) 1.025 (0.993-1.047), +1.1 ms (recorded/plain 1.041, control/plain
+  1.037); small (8.0 ms) 1.014 (0.961-1.032), +111 us; toy (1.47 ms) 1.065 (1.038-1.138), +97 us.
+- The same session before that change, host noisier (48-55 ms per images step): images 1.035 (0.999-1.070) and
+  1.072 (1.009-1.109); with ``--without-sampler`` the recorder without its system sampler cost the same (1.028
+  against 1.034 with it). Earlier still (every call of every batch timed): images 1.024 (1.017-1.045), images224
+  1.017 (1.000-1.045), small 1.027 (+0.28 ms), toy 1.121 (+0.26 ms).
+So the reference workload under DDP loses about 1% (the workers' share is measured more precisely, per batch, by
+benchmarks/fetch_overhead.py: +0.75% of a fetch); what remains in the training thread is ~0.1 ms per step, which
+is under 2% from steps of ~5 ms and not for ~1.5 ms steps (toy: 6.5%).
 """
 
 from __future__ import annotations

@@ -13,11 +13,13 @@ cancels; its noise does not, hence many rounds).
 
 Run:  python benchmarks/fetch_overhead.py [--rounds 1500] [--image-size 96] [--variants every,never,default]
 
-Measured on the 2-core development machine (2026-11-30), 150 rounds at 96 px, plain batch 36.7 ms
-(paired differences against plain: median (quartiles), mean):
-- every: +671 us (-1320..+3117), mean +921 us = +2.5%  (~97 timed calls per batch: 7-9 us each here)
-- never: -264 us (-2288..+1914), mean -167 us = -0.5%  (the per-batch record is lost in the noise)
-- default: +348 us (-1899..+2282), mean +340 us = +0.9% (with a 5 us cost estimate per call; now 8 us)
+Measured on the 2-core development machine (2026-11-30), 1,500 rounds at 96 px (paired differences against
+plain: mean, as a share of a plain batch; one batch's noise here is +-2-3 ms, so the standard error of a mean is
+~70-100 us, 0.2-0.3%):
+- plain batch 34.1 ms: every +688 us (+2.00%), never +158 us (+0.46%), default +260 us (+0.75%), the default rule
+  timing the calls of 246 batches of 1,501 (intervals 5-8, at 10 us estimated per call);
+- earlier, plain batch 42.6 ms, with 8 us estimated per call: every +1,226 us (+2.85%), never +271 us (+0.63%),
+  default +507 us (+1.18%, intervals 3-5); from the two, ~10 us per timed call (~97 calls per batch).
 """
 
 from __future__ import annotations
