@@ -97,10 +97,18 @@ def test_bad_set_is_refused_before_running(tmp_path):
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="POSIX process groups")
 def test_killed_script_reports_signal(tmp_path):
     script = tmp_path / "suicide.py"
-    # Killed outright (like the OOM killer): what was recorded more than ~0.5 s before survives.
+    # Killed outright (like the OOM killer): what was recorded more than ~0.5 s before survives. The script
+    # waits until the recorder's background flusher has written its 4 batches (no flush of its own: the
+    # file is only read), so a slow flusher thread on a loaded machine delays the kill instead of losing them.
     script.write_text("import os, signal, time, torch\nfrom torch.utils.data import DataLoader\n"
                       "for b in DataLoader(list(range(8)), batch_size=2):\n    time.sleep(0.01)\n"
-                      "time.sleep(1.5)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+                      "path = os.path.join(os.environ['STALLSCOPE_RUN_DIR'], 'events', f'{os.getpid()}.jsonl')\n"
+                      "deadline = time.time() + 60\n"
+                      "while time.time() < deadline:\n"
+                      "    if os.path.exists(path) and open(path).read().count('[\"next\",') >= 4:\n"
+                      "        break\n"
+                      "    time.sleep(0.1)\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
     result = run_cli(tmp_path, [str(script)])
     assert result.returncode == 128 + signal.SIGKILL
     assert result.summary["ended_by"] == "signal"

@@ -46,7 +46,8 @@ def test_tune_finds_workers_and_confirms_against_the_original(tmp_path: Path) ->
 
 
 def test_crashing_and_hanging_trials_are_recorded_and_tuning_continues(tmp_path: Path) -> None:
-    proc, result = stallscope(tmp_path, ["tune", "--trials", "6", "--steps", "10", "--trial-timeout", "20", "--",
+    # the timeout applies to every trial: long enough for a whole `stallscope run` on a loaded machine
+    proc, result = stallscope(tmp_path, ["tune", "--trials", "6", "--steps", "10", "--trial-timeout", "45", "--",
                                          sys.executable, FRAGILE, "--sleep-ms", "3", "--crash-workers", "1",
                                          "--hang-from-workers", "2"])
     assert proc.returncode == 0, proc.stderr
@@ -55,7 +56,7 @@ def test_crashing_and_hanging_trials_are_recorded_and_tuning_continues(tmp_path:
     failed = {t["config"]["num_workers"]: t["reason"] for t in trials if not t["ok"]}
     assert failed[1].startswith("crashed in the script: RuntimeError: planted failure with 1 workers")
     hung = [n for n in failed if n >= 2]
-    assert hung and failed[hung[0]] == "timed out after 20 s (killed)"
+    assert hung and failed[hung[0]] == "timed out after 45 s (killed)"
     assert len(trials) >= 3  # a trial ran after the first failure
     assert result["winner_overrides"] == {}  # nothing that worked beat the original
     assert "keep it as it is" in " ".join(result["notes"])
