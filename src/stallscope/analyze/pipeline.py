@@ -20,8 +20,13 @@ def split_fetch(fetch: FetchRecord, shares: dict[str, float] | None = None) -> d
 
     ``shares``: the loader's CPU split (``loader_cpu_shares``), used for a batch whose calls were not timed.
     """
+    return _spread(fetch, fetch_parts(fetch, shares))
+
+
+def _spread(fetch: FetchRecord, parts: tuple[dict[str, int], int, int]) -> dict[str, int]:
+    """``split_fetch`` from the fetch's parts: run-queue wait to the CPU nodes in proportion, the rest to storage."""
     wall = max(0, fetch.end_ns - fetch.start_ns)
-    cpu_by_node, runqueue, _ = fetch_parts(fetch, shares)
+    cpu_by_node, runqueue, _ = parts
     cpu = sum(cpu_by_node.values())
     result: dict[str, int] = defaultdict(int)
     for node, value in cpu_by_node.items():
@@ -94,9 +99,10 @@ def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
     runqueue_known = True
     shares = loader_cpu_shares(fetches).get(loader_id)
     for f in fetches:
-        for node, value in split_fetch(f, shares).items():
+        parts = fetch_parts(f, shares)
+        for node, value in _spread(f, parts).items():
             node_ns[node] += value
-        for node, value in fetch_parts(f, shares)[0].items():
+        for node, value in parts[0].items():
             node_cpu_ns[node] += value
         for name, (wall, _, _) in f.by_name.items():
             by_call[name] += wall

@@ -259,8 +259,9 @@ def _proc_stat(pid: int, files: _ProcFiles) -> tuple[float, int] | None:
     # After the command name: state is field 3 of proc(5); flags 9, utime 14, stime 15, rss 24 (1-based).
     flags, utime, stime, rss_pages = int(fields[6]), int(fields[11]), int(fields[12]), int(fields[21])
     if flags & _PF_EXITING or rss_pages == 0:
-        # Exiting but not yet a zombie: the kernel has already dropped its memory map, so RSS reads 0.
-        # A user process always maps pages; report it gone rather than record a false zero.
+        # Exiting but not yet a zombie (the kernel has already dropped its memory map, so RSS reads 0),
+        # or caught with no map at all: a running user process always maps pages. Skip the reading
+        # rather than record a false zero.
         raise psutil.NoSuchProcess(pid)
     return (utime + stime) / _CLOCK_TICKS, rss_pages * _PAGE_SIZE
 
