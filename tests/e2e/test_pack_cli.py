@@ -119,3 +119,15 @@ def test_kill_9_mid_pack_then_resume_equals_uninterrupted(source, tmp_path, fmt)
         assert all((out / n).read_bytes() == (clean / n).read_bytes() for n in load_index(clean).shards)
     again = stallscope(str(source), str(out), *args)
     assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_force_refuses_to_delete_the_folder_holding_the_source(source, tmp_path):
+    """``stallscope pack dir/src dir --force`` once deleted ``dir`` before reading an image."""
+    folder = tmp_path / "dir"
+    shutil.copytree(source, folder / "src")
+    (folder / "unrelated.txt").write_text("mine")
+    files = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    done = stallscope(str(folder / "src"), str(folder), "--force")
+    assert done.returncode == 2 and "contains the source" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == files

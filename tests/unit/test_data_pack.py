@@ -139,6 +139,50 @@ def test_rerun_of_a_finished_pack_is_a_no_op_and_conflicts_are_refused(source, t
     assert pack(source, out, PackOptions(max_side=64), force=True).records == first.records
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_force_never_deletes_a_folder_holding_the_source(source, tmp_path):
+    """The reported case: ``pack dir/src dir --force`` removed ``dir`` (images and unrelated files)."""
+    folder = tmp_path / "dir"
+    shutil.copytree(source, folder / "src")
+    (folder / "notes.txt").write_text("mine")
+    before = _tree(folder)
+    for out in (folder, tmp_path):  # OUT is the source's parent, or further up
+        with pytest.raises(PackError, match="contains the source"):
+            pack(folder / "src", out, PackOptions(), force=True)
+    work_like = tmp_path / "x.partial"  # OUT's work folder (OUT.partial) holding the source
+    shutil.copytree(source, work_like / "src")
+    with pytest.raises(PackError, match="contains the source"):
+        pack(work_like / "src", tmp_path / "x", PackOptions(), force=True)
+    assert (work_like / "src").is_dir()
+    with pytest.raises(PackError, match="inside the source"):
+        pack(folder / "src", folder / "src" / "packed", PackOptions(), force=True)
+    assert _tree(folder) == before
+
+
+@pytest.mark.parametrize("content", ["foreign-file", "foreign-pack-and-file", "plain-file", "partial"])
+def test_force_replaces_only_what_pack_wrote(source, tmp_path, content):
+    out = tmp_path / "out"
+    if content == "foreign-file":  # a folder of the user's that happens to be named like OUT
+        out.mkdir()
+        (out / "results.csv").write_text("keep me")
+    elif content == "foreign-pack-and-file":  # a real pack, with a file the user added beside it
+        pack(source, out, PackOptions(max_side=64))
+        (out / "README").write_text("keep me")
+    elif content == "plain-file":
+        out.write_text("keep me")
+    else:  # a folder named like the packer's work folder, not made by it
+        work = tmp_path / "out.partial"
+        work.mkdir()
+        (work / "state.txt").write_text("keep me")
+    before = _tree(tmp_path)
+    with pytest.raises(PackError, match="not (a finished|an unfinished) pack made by stallscope pack"):
+        pack(source, out, PackOptions(), force=True)
+    assert _tree(tmp_path) == before
+
+
 def test_max_side_reencodes_large_images(source, tmp_path):
     out = tmp_path / "small"
     pack(source, out, PackOptions(max_side=100, quality=80))

@@ -9,6 +9,7 @@ renamed to ``OUT`` in one step: ``OUT`` either does not exist or is complete.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import multiprocessing
@@ -152,6 +153,39 @@ class _Checkpointer:
         return records, problems
 
 
+#: What ``pack`` writes, and so the only entries ``--force`` may delete: a finished pack holds the index,
+#: ``data.mdb`` (LMDB) or tar shards (WebDataset); its ``.partial`` work folder holds these.
+_PACK_NAMES = (INDEX_NAME, "data.mdb", "lock.mdb", "shard-*.tar")
+_WORK_NAMES = (STATE_NAME, "parts", "db", "final", "shard-*.tar", "shard-*.tar.tmp")
+
+
+def _check_output_location(src: Path, out: Path) -> None:
+    """OUT and SRC must not hold one another: replacing OUT would delete the images being packed, and a
+    pack written inside an image folder becomes part of that folder's next listing."""
+    src, out = src.resolve(), out.resolve()
+    work = out.with_name(out.name + ".partial")
+    for target in (out, work):
+        if src == target or target in src.parents:
+            raise PackError(f"{target} contains the source {src}: choose an OUT outside the source")
+    if src.is_dir() and src in out.parents:
+        raise PackError(f"{out} is inside the source folder {src}: choose an OUT outside the source")
+
+
+def _check_replaceable(path: Path, allowed: tuple[str, ...], what: str, src: str | os.PathLike[str]) -> None:
+    """``--force`` deletes ``path`` only when it is ``what`` this packer wrote: a folder whose entries are all
+    names it writes. Anything else (a file, a folder with other content, a symlink) is refused, never removed."""
+    if path.is_symlink() or not path.is_dir():
+        raise PackError(f"{path} is not {what} made by stallscope pack; --force only replaces those. "
+                        "Move it away or choose another OUT")
+    foreign = sorted(entry.name for entry in path.iterdir()
+                     if not any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in allowed))
+    if foreign or (what == "a finished pack" and not (path / INDEX_NAME).is_file()):
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        reason = f"it holds files stallscope pack did not write ({shown})" if foreign else f"it has no {INDEX_NAME}"
+        raise PackError(f"{path} is not {what} made by stallscope pack: {reason}. --force only replaces a pack; "
+                        "move it away or choose another OUT")
+
+
 def _make_sink(options: PackOptions, work: Path, first_shard: int):
     if options.format == "lmdb":
         try:
@@ -179,6 +213,7 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], options: Pack
     started = time.perf_counter()
     sources = open_source(src)
     out = Path(out)
+    _check_output_location(Path(src), out)
     fingerprint = _fingerprint(sources, options)
     work = out.with_name(out.name + ".partial")
     if out.exists():
@@ -192,13 +227,15 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], options: Pack
         if not force:
             raise PackError(f"{out} already exists and is not this pack (other sources or options); "
                             "choose another OUT or pass --force to replace it")
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
+        _check_replaceable(out, _PACK_NAMES, "a finished pack", src)
+        shutil.rmtree(out)
 
     checkpoint = _Checkpointer(work, fingerprint)
     if work.exists() and not checkpoint.load():
         if not force and (work / STATE_NAME).is_file():
             raise PackError(f"{work} holds an unfinished pack with other sources or options; "
                             "rerun that command, or pass --force to start over")
+        _check_replaceable(work, _WORK_NAMES, "an unfinished pack", src)
         shutil.rmtree(work)
         checkpoint = _Checkpointer(work, fingerprint)
     work.mkdir(parents=True, exist_ok=True)
