@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests import patch_guard
+
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
@@ -32,6 +34,14 @@ def run_cli(tmp_path: Path, args: list[str], json_name: str = "summary.json", ti
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or tmp_path)
     summary = json.loads(out.read_text()) if out.exists() else None
     return CliResult(proc.returncode, proc.stdout, proc.stderr, summary)
+
+
+@pytest.fixture(autouse=True)
+def recorder_left_as_found():
+    """Fail a test that leaves a recorder patch installed or the recorder configured in this process."""
+    yield
+    left = patch_guard.installed()
+    assert not left, f"the test left the recorder's changes in place: {left[:10]}"
 
 
 @pytest.fixture(scope="session")

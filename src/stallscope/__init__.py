@@ -2,6 +2,8 @@
 
 The library twins of the CLI verbs are importable from here; they load their modules on first
 use, so ``import stallscope`` stays cheap (the recorder imports it in every process of a job).
+No public name is also a subpackage's name, so ``stallscope.analyze`` is the function whatever
+was imported before (importing ``stallscope.X`` sets the attribute ``X`` of this package).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ __version__ = "0.1.0"
 #: public name -> (module, attribute)
 _EXPORTS: dict[str, tuple[str, str]] = {
     "Session": ("stallscope.session", "Session"),
-    "analyze": ("stallscope.analyze", "analyze"),
+    "analyze": ("stallscope.analysis", "analyze"),
     "bench": ("stallscope.tuning", "bench"),
-    "doctor": ("stallscope.doctor", "run_doctor"),
+    "doctor": ("stallscope.health", "run_doctor"),
     "load_session": ("stallscope.session", "Session.load"),
     "pack": ("stallscope.data", "pack"),
     "race_decoders": ("stallscope.tuning", "race_decoders"),
-    "run": ("stallscope.launcher", "run"),
+    "RunResult": ("stallscope.api", "RunResult"),
+    "run": ("stallscope.api", "run"),
     "tune": ("stallscope.tuning", "tune"),
 }
 

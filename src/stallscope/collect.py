@@ -1,18 +1,21 @@
 """Turn the per-process event files of a run directory into a Session.
 
-The event kinds and their fields are written by ``stallscope.record``; this is the only place
-that reads them. Unknown kinds are ignored (a newer recorder may add some) and a truncated last
+The event kinds and their fields are written by ``stallscope.record`` and named in
+``record/schema.py``; this is the only place that reads them, by those names. Unknown kinds are ignored (a newer recorder may add some) and a truncated last
 line (a process killed mid-write) is skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from stallscope.constants import SESSION_SCHEMA
+from stallscope.record.schema import fields_of
 from stallscope.session import (
+    RECORD_LISTS,
     CollectiveRecord,
     ErrorRecord,
     FetchRecord,
@@ -29,6 +32,7 @@ from stallscope.session import (
     StopRecord,
     TransferRecord,
     WorkerStartRecord,
+    sort_in_time,
 )
 
 
@@ -57,9 +61,7 @@ def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[A
 
 
 def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
-    lists: dict[str, list[Any]] = {k: [] for k in (
-        "processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
-        "optimizer_steps", "pins", "transfers", "errors", "collectives", "gpu_spans")}
+    lists: dict[str, list[Any]] = {name: [] for name in RECORD_LISTS if name != "ranks"}
     ranks: dict[int, RankRecord] = {}
     notes: list[str] = []
     batch_info: list[dict[str, Any]] = []
@@ -68,82 +70,85 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     for header, records in read_event_files(run_dir / "events"):
         pid = int(header["pid"])
         role = header.get("role", "child")
+        life: dict[str, Any] = {}
         for rec in records:
-            kind, fields = rec[0], rec[1:]
+            kind = rec[0] if isinstance(rec[0], str) else repr(rec[0])
             try:
+                _, f = fields_of(rec)
                 if kind == "role":
-                    role = fields[0]
+                    role = f["role"]
+                elif kind == "process_start":
+                    life["start_ns"] = f["t_ns"]
+                elif kind == "process_exit":
+                    life["exit_ns"] = f["t_ns"]
+                elif kind == "cuda_init":
+                    life["cuda_device"] = f["device"]
                 elif kind == "loader":
-                    lists["loaders"].append(LoaderRecord(fields[0], pid, fields[1], fields[2], fields[3], fields[4]))
+                    lists["loaders"].append(LoaderRecord(f["loader_id"], pid, f["created_ns"], f["site"], f["config"],
+                                                         f["overrides"]))
                 elif kind == "iter":
-                    lists["iters"].append(IterRecord(*fields[:6], pid=pid))
+                    lists["iters"].append(_record(IterRecord, f, pid=pid))
                 elif kind == "next":
-                    lists["nexts"].append(NextRecord(*fields[:7], pid=pid,
-                                                     unpickle_ns=fields[7] if len(fields) > 7 else 0,
-                                                     unpickle_cpu_ns=fields[8] if len(fields) > 8 else 0))
+                    lists["nexts"].append(_record(NextRecord, f, pid=pid))
                 elif kind == "stop":
-                    lists["stops"].append(StopRecord(*fields[:5], pid=pid))
+                    lists["stops"].append(_record(StopRecord, f, pid=pid))
                 elif kind == "send":
-                    lists["sends"].append(SendRecord(*fields[:6], pid=pid))
+                    lists["sends"].append(_record(SendRecord, f, pid=pid))
                 elif kind == "fetch":
-                    lists["fetches"].append(FetchRecord(*fields[:12], pid=pid,
-                                                       timed=bool(fields[12]) if len(fields) > 12 else True))
+                    lists["fetches"].append(_record(FetchRecord, {**f, "timed": bool(f.get("timed", True))}, pid=pid))
                 elif kind == "worker_start":
-                    lists["worker_starts"].append(WorkerStartRecord(*fields[:8]))
+                    lists["worker_starts"].append(_record(WorkerStartRecord, f))
                 elif kind == "opt":
-                    lists["optimizer_steps"].append(OptimizerStepRecord(*fields[:4], pid=pid))
+                    lists["optimizer_steps"].append(_record(OptimizerStepRecord, f, pid=pid))
                 elif kind == "pin":
-                    lists["pins"].append(PinRecord(*fields[:3], pid=pid))
+                    lists["pins"].append(_record(PinRecord, f, pid=pid))
                 elif kind == "h2d":
-                    lists["transfers"].append(TransferRecord(*fields[:6], pid=pid))
+                    lists["transfers"].append(_record(TransferRecord, f, pid=pid))
                 elif kind == "exception":
-                    t, typ, msg, loc, tb = fields[:5]
-                    lists["errors"].append(ErrorRecord("main", pid, t, typ, msg, loc, tb))
+                    lists["errors"].append(ErrorRecord("main", pid, f["t_ns"], f["type"], f["message"], f["location"],
+                                                       f["traceback"]))
                 elif kind == "fetch_error":
-                    lid, _iter, worker, _pid, t, typ, msg, tb = fields[:8]
-                    lists["errors"].append(ErrorRecord("worker", pid, t, typ, msg, _last_frame(tb), tb, lid, worker))
+                    lists["errors"].append(ErrorRecord("worker", pid, f["t_ns"], f["type"], f["message"],
+                                                       _last_frame(f["traceback"]), f["traceback"], f["loader_id"],
+                                                       f["worker"]))
                 elif kind == "batch_info":
-                    batch_info.append({"loader_id": fields[0], "iter_id": fields[1], **fields[2]})
+                    batch_info.append({"loader_id": f["loader_id"], "iter_id": f["iter_id"], **f["info"]})
                 elif kind == "lmdb_open":
-                    lmdb_opens.append({"pid": fields[0], "t_ns": fields[1], "path": fields[2]})
+                    lmdb_opens.append({"pid": f["pid"], "t_ns": f["t_ns"], "path": f["path"]})
                 elif kind == "rank":
-                    rank, local_rank, world, node_rank, host = fields[:5]
                     known = ranks.get(pid)
-                    ranks[pid] = RankRecord(pid, rank, local_rank, world, node_rank, host,
+                    ranks[pid] = RankRecord(pid, f["rank"], f["local_rank"], f["world_size"], f["node_rank"], f["host"],
                                             known.backend if known else None,
                                             known.init_start_ns if known else None,
                                             known.init_end_ns if known else None)
                 elif kind == "pg_init":
-                    backend, rank, world, t0, t1 = fields[:5]
-                    known = ranks.get(pid) or RankRecord(pid, rank, -1, world, -1, str(header.get("host", "?")))
-                    ranks[pid] = RankRecord(pid, rank, known.local_rank, world, known.node_rank, known.host,
-                                            backend, t0, t1)
+                    known = ranks.get(pid) or RankRecord(pid, f["rank"], -1, f["world_size"], -1,
+                                                         str(header.get("host", "?")))
+                    ranks[pid] = RankRecord(pid, f["rank"], known.local_rank, f["world_size"], known.node_rank,
+                                            known.host, f["backend"], f["start_ns"], f["end_ns"])
                 elif kind == "coll":
-                    op, seq, group_size, is_async, t0, t1 = fields[:6]
-                    lists["collectives"].append(CollectiveRecord(op, seq, t0, t1, pid, group_size, not is_async))
+                    lists["collectives"].append(CollectiveRecord(f["op"], f["seq"], f["start_ns"], f["end_ns"], pid,
+                                                                 f["group_size"], not f["is_async"]))
                 elif kind == "ddp_wait":
-                    started, computed, returned = fields[:3]
-                    lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, computed, returned, pid,
-                                                                 enter_ns=started))
+                    lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, f["computed_ns"],
+                                                                 f["returned_ns"], pid, enter_ns=f["started_ns"]))
                 elif kind == "ddp":  # one gradient bucket (sessions recorded before ddp_wait)
-                    bucket, launched, done = fields[:3]
-                    lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, launched, done, pid,
-                                                                 blocking=False, bucket=bucket))
+                    lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, f["launched_ns"], f["done_ns"],
+                                                                 pid, blocking=False, bucket=f["bucket"]))
                 elif kind == "gpu_span":
-                    lists["gpu_spans"].append(GpuSpanRecord(*fields[:6], pid=pid))
+                    lists["gpu_spans"].append(_record(GpuSpanRecord, f, pid=pid))
                 elif kind == "gpu_span_lost":
-                    notes.append(f"{fields[0]} CUDA-event timings of process {pid} were not resolved and are missing")
+                    notes.append(f"{f['count']} CUDA-event timings of process {pid} were not resolved and are missing")
                 elif kind == "step_limit":
                     step_limit_hit = True
                 elif kind == "signal":
-                    notes.append(f"process {pid} received {fields[1]}")
-            except (TypeError, IndexError):
+                    notes.append(f"process {pid} received {f['signal']}")
+            except (TypeError, KeyError):
                 notes.append(f"malformed {kind!r} event from process {pid} skipped")
         lists["processes"].append(ProcessRecord(pid, int(header.get("ppid", -1)), role,
                                                 list(header.get("argv", [])), int(header["wall_ns"]),
-                                                int(header["mono_ns"]), _owner(header, pid)))
-    for key in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives", "gpu_spans"):
-        lists[key].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
+                                                int(header["mono_ns"]), _owner(header, pid), **life))
+    sort_in_time(lists)
     ended_by = meta["ended_by"]
     if step_limit_hit and ended_by == "exit":
         ended_by = "steps"
@@ -161,13 +166,20 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         max_steps=meta.get("max_steps"),
         environment=meta.get("environment", {}),
         checks=meta.get("checks", []),
-        samples=meta.get("samples", {}),
+        system_samples=meta.get("system_samples", {}),
         notes=notes + meta.get("notes", []),
         batch_info=batch_info,
         lmdb_opens=lmdb_opens,
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),
         **lists,
     )
+
+
+def _record(kind: type, values: dict[str, Any], **extra: Any) -> Any:
+    """A record dataclass from an event's named fields: fields it lacks take their defaults, and a
+    missing required one raises TypeError (the event is reported as malformed)."""
+    names = {f.name for f in dataclasses.fields(kind)}
+    return kind(**{k: v for k, v in values.items() if k in names}, **extra)
 
 
 def _owner(header: dict[str, Any], pid: int) -> int | None:

@@ -1,4 +1,6 @@
-"""Names shared by every layer: node ids, schema versions, environment variables."""
+"""Names shared by every layer: node ids, schema versions, the store's folder name.
+
+Environment variables and the ``--set`` vocabulary are ``stallscope.settings``'s."""
 
 from __future__ import annotations
 
@@ -10,12 +12,5 @@ INPUT_NODES: tuple[str, ...] = ("storage", "decode", "transform", "loader", "tra
 
 SESSION_SCHEMA = "stallscope.session/1"
 SUMMARY_SCHEMA = "stallscope.summary/1"
-
-#: Environment variables through which the launcher talks to the instrumented processes.
-ENV_RUN_DIR = "STALLSCOPE_RUN_DIR"
-ENV_OVERRIDES = "STALLSCOPE_OVERRIDES"
-ENV_MAX_STEPS = "STALLSCOPE_MAX_STEPS"
-ENV_HOME = "STALLSCOPE_HOME"
-ENV_DISABLE = "STALLSCOPE_DISABLE"
 
 DEFAULT_STORE_DIRNAME = ".stallscope"

@@ -1,33 +1,38 @@
-"""``stallscope run``: start the unmodified script with the recorder injected, and save what it measured.
+"""Start the unmodified script with the recorder injected, and save what it measured as a Session.
 
 The script runs in a child process with our ``sitecustomize`` on ``PYTHONPATH``, so every
 Python process of the job (the script, spawn/forkserver workers) starts the recorder. The
 launcher forwards Ctrl-C and SIGTERM to the child's process group, waits, and always builds
-and saves the session, whether the script succeeded, crashed, or was interrupted.
+and saves the session, whether the script succeeded, crashed, or was interrupted. Analysis and
+history are ``api.run``'s: this module only runs processes and collects their records.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import stallscope
-from stallscope import paths
+from stallscope import environment, paths
 from stallscope.collect import build_session
-from stallscope.constants import ENV_MAX_STEPS, ENV_OVERRIDES, ENV_RUN_DIR
-from stallscope.record import overrides as overrides_mod
 from stallscope.sample import SystemSampler
 from stallscope.session import Session
+from stallscope.settings import (
+    ENV_LAUNCHER_PID,
+    ENV_MAX_STEPS,
+    ENV_OVERRIDES,
+    ENV_PKG_PARENT,
+    ENV_RUN_DIR,
+    encode_overrides,
+)
 
 INJECT_DIR = Path(__file__).resolve().parent / "record" / "_inject"
 
@@ -66,40 +71,14 @@ def resolve_command(command: list[str], module: str | None = None) -> list[str]:
     return list(command)
 
 
-def _package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def environment_fingerprint() -> dict[str, Any]:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "cpus_affinity": usable,
-        "stallscope": stallscope.__version__,
-        "torch": _package_version("torch"),
-        "torchvision": _package_version("torchvision"),
-        "pillow": _package_version("pillow"),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
-
-
 def _child_env(run_dir: Path, overrides: dict[str, Any], max_steps: int | None) -> dict[str, str]:
     env = dict(os.environ)
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(INJECT_DIR) + (os.pathsep + existing if existing else "")
     env[ENV_RUN_DIR] = str(run_dir)
-    env["STALLSCOPE_LAUNCHER_PID"] = str(os.getpid())
-    env["STALLSCOPE_PKG_PARENT"] = str(Path(stallscope.__file__).resolve().parent.parent)
-    env[ENV_OVERRIDES] = overrides_mod.encode(overrides)
+    env[ENV_LAUNCHER_PID] = str(os.getpid())
+    env[ENV_PKG_PARENT] = str(Path(stallscope.__file__).resolve().parent.parent)
+    env[ENV_OVERRIDES] = encode_overrides(overrides)
     if max_steps is not None:
         env[ENV_MAX_STEPS] = str(max_steps)
     else:
@@ -110,7 +89,7 @@ def _child_env(run_dir: Path, overrides: dict[str, Any], max_steps: int | None) 
 def _quick_checks() -> list[dict[str, Any]]:
     """The doctor's fast machine checks, attached to every session when the doctor is available."""
     try:
-        from stallscope.doctor import quick_checks
+        from stallscope.health import quick_checks
     except ImportError:
         return []
     try:
@@ -145,7 +124,7 @@ class _SignalForwarder:
             pass
 
 
-def run(command: list[str], *, module: str | None = None, store: str | os.PathLike[str] | None = None,
+def launch(command: list[str], *, module: str | None = None, store: str | os.PathLike[str] | None = None,
         overrides: dict[str, Any] | None = None, max_steps: int | None = None,
         stdout: Any = None, stderr: Any = None, sample_interval_s: float = 0.1) -> RunOutcome:
     """Run ``command`` under the recorder and return the saved Session and the script's exit code.
@@ -165,7 +144,7 @@ def run(command: list[str], *, module: str | None = None, store: str | os.PathLi
         "started_wall": time.time(),
         "overrides": overrides,
         "max_steps": max_steps,
-        "environment": environment_fingerprint(),
+        "environment": environment.fingerprint(),
         "checks": _quick_checks(),
     }
     (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
@@ -188,7 +167,7 @@ def run(command: list[str], *, module: str | None = None, store: str | os.PathLi
                 continue
     meta["end_ns"] = time.perf_counter_ns()
     if sampler is not None:
-        meta["samples"] = sampler.stop()
+        meta["system_samples"] = sampler.stop()
     exit_code = 128 - returncode if returncode < 0 else returncode
     if forwarder.received:
         meta["ended_by"] = "interrupt"

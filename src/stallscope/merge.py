@@ -16,15 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from stallscope.session import Session
-
-#: Record fields that are points on a process's clock (durations such as ``cpu_ns`` are not shifted).
-_TIME_FIELDS = frozenset({"start_ns", "end_ns", "t_ns", "created_ns", "entered_ns", "ready_ns", "mono_ns",
-                          "init_start_ns", "init_end_ns", "enter_ns"})
-_RECORD_LISTS = ("processes", "loaders", "iters", "nexts", "stops", "sends", "fetches", "worker_starts",
-                 "optimizer_steps", "pins", "transfers", "errors", "ranks", "collectives",
-                 "gpu_spans")
-_PID_FIELDS = ("pid", "ppid", "owner")
+from stallscope.session import CLOCK_FIELDS, PID_FIELDS, RECORD_LISTS, Session, sort_in_time
 
 
 class MergeError(ValueError):
@@ -86,9 +78,9 @@ def _shift(record: Any, offset: int, pids: dict[int, int]) -> Any:
     changes: dict[str, Any] = {}
     for f in dataclasses.fields(record):
         value = getattr(record, f.name)
-        if f.name in _TIME_FIELDS and isinstance(value, int):
+        if f.name in CLOCK_FIELDS and isinstance(value, int):
             changes[f.name] = value - offset
-        elif f.name in _PID_FIELDS and isinstance(value, int) and value in pids:
+        elif f.name in PID_FIELDS and isinstance(value, int) and value in pids:
             changes[f.name] = pids[value]
     return dataclasses.replace(record, **changes) if changes else record
 
@@ -110,7 +102,7 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
             seen[rank] = s.run_id
     reference = ordered[0]
     used_pids: set[int] = set()
-    lists: dict[str, list[Any]] = {name: [] for name in _RECORD_LISTS}
+    lists: dict[str, list[Any]] = {name: [] for name in RECORD_LISTS}
     alignment: list[dict[str, Any]] = []
     starts, ends, notes = [], [], []
     for node, s in enumerate(ordered):
@@ -124,7 +116,7 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
             pids[pid] = new
             used_pids.add(new)
         pids = {k: v for k, v in pids.items() if k != v}
-        for name in _RECORD_LISTS:
+        for name in RECORD_LISTS:
             lists[name].extend(_shift(r, offset, pids) for r in getattr(s, name))
         starts.append(s.start_ns - offset)
         ends.append(s.end_ns - offset)
@@ -133,9 +125,7 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
                           "uncertainty_ns": (high - low) // 2, "ranks": sorted({r.rank for r in s.ranks}),
                           "pids_renumbered": len(pids)})
         notes += [f"[{s.run_id}] {n}" for n in s.notes]
-    for name in ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives",
-                 "gpu_spans"):
-        lists[name].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
+    sort_in_time(lists)
     lists["ranks"].sort(key=lambda r: (r.rank, r.pid))
     exit_codes = [s.exit_code for s in ordered]
     return dataclasses.replace(

@@ -7,7 +7,8 @@ import secrets
 import time
 from pathlib import Path
 
-from stallscope.constants import DEFAULT_STORE_DIRNAME, ENV_HOME
+from stallscope.constants import DEFAULT_STORE_DIRNAME
+from stallscope.settings import ENV_HOME
 
 
 def store_dir(explicit: str | os.PathLike[str] | None = None) -> Path:

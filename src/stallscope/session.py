@@ -8,6 +8,7 @@ pure function of it, so a session saved today can be re-analysed and re-rendered
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import typing
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.constants import SESSION_SCHEMA
+from stallscope.system_samples import SystemSamples
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,9 @@ class ProcessRecord:
     wall_ns: int
     mono_ns: int
     owner: int | None = None  # the rank process a worker works for (multi-process jobs)
+    start_ns: int | None = None  # when the recorder started in it (main and rank processes)
+    exit_ns: int | None = None  # when it left through Python's exit; None: killed, os._exit, or not recorded
+    cuda_device: str | None = None  # the CUDA device it initialised, if any
 
 
 @dataclass(frozen=True)
@@ -241,7 +246,7 @@ class Session:
     transfers: list[TransferRecord] = field(default_factory=list)
     errors: list[ErrorRecord] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
-    samples: dict[str, Any] = field(default_factory=dict)
+    system_samples: dict[str, Any] = field(default_factory=dict)  # the sampler's ticks: read them through .system
     notes: list[str] = field(default_factory=list)
     batch_info: list[dict[str, Any]] = field(default_factory=list)  # first batch of each iterator: bytes, types
     lmdb_opens: list[dict[str, Any]] = field(default_factory=list)
@@ -249,6 +254,11 @@ class Session:
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds
     gpu_spans: list[GpuSpanRecord] = field(default_factory=list)
+
+    @functools.cached_property
+    def system(self) -> SystemSamples:
+        """The system samples, read (the one reader: ``system_samples.SystemSamples``)."""
+        return SystemSamples.read(self.system_samples)
 
     @property
     def wall_s(self) -> float:
@@ -273,6 +283,8 @@ class Session:
         schema = data.get("schema")
         if schema != SESSION_SCHEMA:
             raise ValueError(f"unsupported session schema {schema!r} (this stallscope reads {SESSION_SCHEMA})")
+        if "samples" in data and "system_samples" not in data:  # sessions saved before the field was renamed
+            data = {**data, "system_samples": data["samples"]}
         return _build(cls, data)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -293,6 +305,34 @@ class Session:
         if not isinstance(data, dict):
             raise ValueError(f"{path} is not a stallscope session")
         return cls.from_dict(data)
+
+
+#: The Session's lists of records, name -> record type, in field order: the one list of record kinds
+#: (collect, merge and the per-rank views all iterate it).
+RECORD_LISTS: dict[str, type] = {
+    f.name: typing.get_args(hint)[0]
+    for f in dataclasses.fields(Session)
+    if typing.get_origin(hint := typing.get_type_hints(Session)[f.name]) is list
+    and dataclasses.is_dataclass(typing.get_args(hint)[0])
+}
+#: Record fields that are points on a process's clock (``merge`` shifts them; durations are not points).
+CLOCK_FIELDS = frozenset({"start_ns", "end_ns", "t_ns", "created_ns", "entered_ns", "ready_ns", "mono_ns",
+                          "init_start_ns", "init_end_ns", "enter_ns", "exit_ns"})
+#: Record fields that hold an os pid (``merge`` renumbers them across nodes).
+PID_FIELDS = ("pid", "ppid", "owner")
+#: Lists kept in time order (by ``start_ns``, or ``t_ns``); the others keep the order they were recorded in.
+TIME_ORDERED = ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives",
+                "gpu_spans")
+#: Lists whose records belong to one process (its ``pid``): a rank's view keeps those of its own processes.
+PER_PROCESS = tuple(name for name, kind in RECORD_LISTS.items()
+                    if name not in ("processes", "ranks") and "pid" in {f.name for f in dataclasses.fields(kind)})
+
+
+def sort_in_time(lists: dict[str, list[Any]]) -> None:
+    """Order the ``TIME_ORDERED`` lists of ``lists`` in place."""
+    for name in TIME_ORDERED:
+        if name in lists:
+            lists[name].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
 
 
 def _build(cls: type, data: dict[str, Any]) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.analyze import analyze
+from stallscope.analysis import analyze
 from stallscope.merge import merge_sessions
 from stallscope.session import Session
 from tests.conftest import SCRIPTS, run_cli

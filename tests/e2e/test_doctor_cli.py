@@ -32,7 +32,7 @@ def test_doctor_writes_the_json_contract(jpeg_folder: Path, tmp_path: Path) -> N
     assert proc.returncode in (0, 1), proc.stderr
     assert "stallscope doctor" in proc.stdout and "dataset.files" in proc.stdout
     report = json.loads(out.read_text())
-    assert report["schema"] == "stallscope.doctor/1"
+    assert report["schema"] == "stallscope.health/1"
     checks = {c["id"]: c for c in report["checks"]}
     for check in report["checks"]:
         assert check["status"] in ("pass", "warn", "fail", "n/a", "unknown")

@@ -14,6 +14,7 @@ import pytest
 
 from stallscope.data import PackedImageDataset, load_index
 from stallscope.demo.dataset import DatasetSpec, make_dataset
+from stallscope.settings import ENV_PACK_THROTTLE
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("lmdb")
@@ -88,7 +89,7 @@ def test_kill_9_mid_pack_then_resume_equals_uninterrupted(source, tmp_path, fmt)
     assert stallscope(str(source), str(clean), *args).returncode == 0
 
     out = tmp_path / "killed"
-    env = {**os.environ, "STALLSCOPE_PACK_THROTTLE_S": "0.1"}
+    env = {**os.environ, ENV_PACK_THROTTLE: "0.1"}
     proc = subprocess.Popen([sys.executable, "-m", "stallscope", "pack", str(source), str(out), *args],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     state = out.with_name("killed.partial") / "state.json"

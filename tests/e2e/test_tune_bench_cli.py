@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.e2e
+
 from tests.conftest import SCRIPTS
 
 TINY = str(SCRIPTS / "tiny_train.py")

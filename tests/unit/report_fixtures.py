@@ -44,8 +44,10 @@ def two_worker_session(steps: int = 10, step_ms: int = 100, wait_ms: int = 40, s
     sample_block = {
         "schema": "stallscope.samples/1", "interval_s": 0.1, "t_ns": ticks,
         "system": {"cpu_percent": [50.0 + i for i in range(12)]},
-        "processes": {str(PID): {"role": "main", "first": 0, "cpu_s": [0.1] * 12, "rss_bytes": [100 * 2**20] * 12},
-                      "200": {"role": "worker", "first": 3, "cpu_s": [0.1] * 9, "rss_bytes": [50 * 2**20] * 9}},
+        "processes": {str(PID): {"first": 0, "ticks": list(range(12)), "cpu_s": [0.1] * 12,
+                                 "rss_bytes": [100 * 2**20] * 12},
+                      "200": {"first": 3, "ticks": list(range(3, 12)), "cpu_s": [0.1] * 9,
+                              "rss_bytes": [50 * 2**20] * 9}},
         "gpu": None,
     } if samples else {}
     return Session(
@@ -60,4 +62,4 @@ def two_worker_session(steps: int = 10, step_ms: int = 100, wait_ms: int = 40, s
         errors=[ErrorRecord("main", PID, base + steps * step_ms * MS, "RuntimeError",
                             f"{HOSTILE_MESSAGE} {HOSTILE}", f"{HOSTILE}/train.py:42",
                             "Traceback ...")],
-        samples=sample_block)
+        system_samples=sample_block)

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from stallscope.compare import MIN_STEPS, compare
+from stallscope.history.compare import MIN_STEPS, compare
 from stallscope.render.markdown import render_compare
-from stallscope.store import RunRow
+from stallscope.history.runs import RunRow
 
 
 def make_row(run_id: str, durations_ms: list[float], wait_share: float = 0.5, command=("python", "train.py"),

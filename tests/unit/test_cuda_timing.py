@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from stallscope.analyze.gpu_timing import gpu_timing
+from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.record import cuda_timing, events
 from stallscope.session import GpuSpanRecord
 from tests.unit.report_fixtures import two_worker_session

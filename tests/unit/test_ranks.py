@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from stallscope.analyze import analyze
-from stallscope.analyze.steps import step_stats
-from stallscope.analyze.sync import sync_intervals
+from stallscope.analysis import analyze
+from stallscope.analysis.steps import step_stats
+from stallscope.analysis.sync import sync_intervals
 from stallscope.merge import MergeError, clock_offset, merge_sessions
 from stallscope.session import (
     CollectiveRecord,
@@ -86,7 +86,7 @@ def test_straggler_named_with_its_stage_and_job_keys_are_its_own():
     assert by_rank[0].verdict == "sync-bound" and by_rank[0].bottleneck_node == "sync"
     assert by_rank[1].verdict == "input-bound"
     assert a.distributed.straggler_rank == 1 and a.distributed.primary_rank == 1
-    assert a.distributed.straggler_node == by_rank[1].bottleneck_node == "loader"
+    assert a.distributed.straggler_stage == by_rank[1].bottleneck_node == "loader"
     assert a.verdict == "input-bound"
     assert a.distributed.skew_median_s == pytest.approx(0.040, abs=0.002)
 
@@ -155,10 +155,10 @@ def test_merge_refuses_overlapping_ranks():
 
 
 def test_reports_show_every_rank():
-    from stallscope.compare import compare
+    from stallscope.history.compare import compare
     from stallscope.render import html, trace
     from stallscope.render.markdown import render_compare
-    from stallscope.store import row_from_session
+    from stallscope.history.runs import row_from_session
 
     session = _session(_rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=40),
                        _rank_records(200, 1, wait_ms=41, work_ms=5, sync_ms=0))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -13,16 +12,10 @@ from stallscope.record import events
 
 
 @pytest.fixture
-def recorder(tmp_path, monkeypatch):
-    monkeypatch.setattr(events, "_run_dir", tmp_path)
-    monkeypatch.setattr(events, "_buffer", [])
-    monkeypatch.setattr(events, "_file", None)
-    monkeypatch.setattr(events, "_pid", -1)
-    monkeypatch.setattr(events, "_last_flush_ns", time.perf_counter_ns())
+def recorder(tmp_path):
+    events.configure(tmp_path)
     yield tmp_path
-    events.flush()
-    if events._file is not None:
-        events._file.close()
+    events.reset()
 
 
 def _records(path):
@@ -43,7 +36,6 @@ def test_emit_buffers_until_flush(recorder):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_child_writes_only_its_own_records(recorder):
-    os.register_at_fork(after_in_child=events._after_fork_in_child)
     events.emit("parent-only", 1)
     pid = os.fork()
     if pid == 0:
@@ -60,8 +52,8 @@ def test_forked_child_writes_only_its_own_records(recorder):
     assert parent_records == [["parent-only", 1]]
 
 
-def test_disabled_recorder_is_a_no_op(monkeypatch):
-    monkeypatch.setattr(events, "_run_dir", None)
+def test_disabled_recorder_is_a_no_op():
+    events.reset()
     events.emit("x")
     events.flush()
     assert not events.enabled()

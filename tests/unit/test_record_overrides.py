@@ -7,7 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from stallscope.record.overrides import OverrideError, apply_overrides, parse_overrides  # noqa: E402
+from stallscope.record.overrides import apply_overrides  # noqa: E402
+from stallscope.settings import OverrideError, parse_overrides  # noqa: E402
 
 
 def test_parse_types_and_errors():

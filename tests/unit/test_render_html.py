@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.analyze import analyze
+from stallscope.analysis import analyze
 from stallscope.render import html
 from tests.unit.report_fixtures import HOSTILE, HOSTILE_MESSAGE, two_worker_session
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from stallscope.analyze import analyze
+from stallscope.analysis import analyze
 from stallscope.render import trace
 from tests.unit.report_fixtures import T0, two_worker_session
 

@@ -10,10 +10,16 @@ import subprocess
 
 import pytest
 
-from stallscope import store
-from stallscope.analyze import analyze
-from stallscope.store import HistoryError, get_run, list_runs, record_run
+from stallscope import environment
+from stallscope.analysis import analyze
+from stallscope.api import record_history
+from stallscope.history import runs, store
+from stallscope.history.store import HistoryError, get_run, list_runs
 from tests.unit.report_fixtures import two_worker_session
+
+
+def record_run(directory, session, analysis, path):
+    store.record_run(directory, runs.row_from_session(session, analysis, path))
 
 
 def test_record_run_stores_the_metrics(tmp_path):
@@ -45,18 +51,9 @@ def test_missing_samples_are_null_never_zero(tmp_path):
     assert row.peak_rss_bytes is None and row.gpu_util_mean is None and row.peak_device_mem_bytes is None
 
 
-def test_gpu_samples_give_mean_utilization_and_peak_memory():
-    samples = {"t_ns": [0, 1, 2], "gpu": {"util_percent": [[10, 30], [50, 70], [None, 90]],
-                                          "mem_used_bytes": [[1, 2], [5, 3], [4, 4]]}}
-    assert store.gpu_util_mean(samples) == pytest.approx((10 + 30 + 50 + 70 + 90) / 5)
-    assert store.peak_device_memory(samples) == 5
-    assert store.gpu_util_mean({"gpu": None}) is None
-    assert store.peak_rss({"t_ns": "garbage", "processes": []}) is None
-
-
 def test_long_runs_keep_a_bounded_step_sample():
     values = list(range(10_000))
-    thinned = store._thin(values, 2000)
+    thinned = runs._thin(values, 2000)
     assert len(thinned) == 2000 and thinned[0] == 0 and thinned[-1] == 9995
 
 
@@ -109,7 +106,7 @@ def test_empty_store_and_newer_schema_are_clear_errors(tmp_path):
 def _writer(args):
     directory, worker = args
     base = two_worker_session()
-    values = store.row_values(base, analyze(base), None, None)
+    values = runs.row_values(base, analyze(base), None, None)
     for i in range(15):
         store.insert_row(directory, {**values, "run_id": f"w{worker}-{i:02d}", "started_wall": worker * 100 + i})
     return worker
@@ -125,18 +122,21 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     conn.close()
 
 
-def test_history_failure_is_only_a_warning(tmp_path, capsys):
+def test_history_failure_is_reported_not_raised(tmp_path):
     blocker = tmp_path / "store"
     blocker.write_text("a file where the store directory should be")
     session = two_worker_session()
-    assert store.record_run_or_warn(str(blocker), session, analyze(session), None) is False
-    assert "warning: the run was not added to the history" in capsys.readouterr().err
+    error = record_history(str(blocker), session, analyze(session), None)
+    assert error and str(blocker) in error
+    assert record_history(str(tmp_path / "ok"), session, analyze(session), None) is None
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_git_commit_of_the_working_directory(tmp_path, monkeypatch):
-    monkeypatch.setattr(store, "GIT_TIMEOUT_S", 60.0)  # not what this checks: a loaded machine starts git slowly
-    assert store.git_commit(str(tmp_path)) is None
+def test_git_commit_of_the_working_directory(tmp_path):
+    def git_commit(cwd):  # a long timeout: not what this checks, and a loaded machine starts git slowly
+        return environment.git_commit(cwd, timeout_s=60.0)
+
+    assert git_commit(str(tmp_path)) is None
     repo = tmp_path / "repo"
     repo.mkdir()
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -145,6 +145,6 @@ def test_git_commit_of_the_working_directory(tmp_path, monkeypatch):
     for cmd in (["init", "-q"], ["add", "f.txt"], ["commit", "-q", "-m", "x"]):
         subprocess.run(["git", "-C", str(repo), *cmd], check=True, env=env, capture_output=True)
     head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert store.git_commit(str(repo)) == head
+    assert git_commit(str(repo)) == head
     (repo / "f.txt").write_text("2")
-    assert store.git_commit(str(repo)) == head + "+dirty"
+    assert git_commit(str(repo)) == head + "+dirty"

@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 from stallscope import paths
-from stallscope.analyze import analyze
-from stallscope.compare import MIN_RELATIVE_EFFECT, compare
+from stallscope.analysis import analyze
+from stallscope.history.compare import MIN_RELATIVE_EFFECT, compare
+from stallscope.history.runs import RunRow, row_from_session
+from stallscope.history.store import HistoryError, get_run
 from stallscope.render.markdown import render_compare
 from stallscope.session import Session
-from stallscope.store import HistoryError, RunRow, get_run, row_from_session
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -7,9 +7,10 @@ import sys
 
 from rich.console import Console
 
-from stallscope.cli.run_cmd import add_run_options, record
+from stallscope.cli.common import add_run_options, record
 from stallscope.demo.scenarios import SCENARIOS, scenario_command
-from stallscope.record.overrides import OverrideError, parse_overrides
+from stallscope.render import words
+from stallscope.settings import OverrideError, parse_overrides
 
 DEFAULT_STEPS = 40
 
@@ -32,17 +33,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle, steps=None)
 
 
-def _set_change(change: str) -> dict[str, object] | None:
-    """The ``--set NAME=VALUE`` pairs of a recommendation's change text, parsed; None if it has none."""
-    words = change.split()
-    items = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set" and "=" in words[i + 1]]
-    items = [item.rstrip(",") for item in items]
-    try:
-        return parse_overrides(items) if items else None
-    except OverrideError:
-        return None
-
-
 def handle(args: argparse.Namespace) -> int:
     extra = list(args.script_args)
     if extra and extra[0] == "--":
@@ -57,20 +47,22 @@ def handle(args: argparse.Namespace) -> int:
                   "(generated once, then cached)")
     command = scenario_command(args.scenario, extra, progress=True)
     steps = args.steps if args.steps is not None else DEFAULT_STEPS
-    code, before = record(command, module=None, store=args.store, overrides=overrides, max_steps=steps,
-                          json_path=args.json, quiet=args.quiet)
-    if code != 0 or before is None or args.no_verify:
+    code, first = record("demo", command, module=None, store=args.store, overrides=overrides, max_steps=steps,
+                         json_path=args.json, quiet=args.quiet)
+    if code != 0 or first is None or args.no_verify:
         return code
-    top = next((r for r in before.recommendations if _set_change(r.change)), None)
+    before = first.analysis
+    top = next((r for r in before.recommendations if r.overrides), None)
     if top is None:
         console.print("[bold]no --set change to verify[/bold]: the top recommendation is a code change "
                       "(see above)." if before.recommendations else "nothing to change.")
         return code
-    change = _set_change(top.change) or {}
-    shown = " ".join(f"--set {k}={v}" for k, v in change.items())
+    change = dict(top.overrides)
+    shown = words.overrides(change)
     console.rule(f"[bold]verifying: {shown}")
-    code, after = record(command, module=None, store=args.store, overrides={**overrides, **change}, max_steps=steps,
-                         json_path=None, quiet=True)
+    code, second = record("demo", command, module=None, store=args.store, overrides={**overrides, **change},
+                          max_steps=steps, json_path=None, quiet=True)
+    after = second.analysis if second is not None else None
     if code != 0 or after is None or not before.samples_per_s or not after.samples_per_s:
         return code
     measured = after.samples_per_s / before.samples_per_s

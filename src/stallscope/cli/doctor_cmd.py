@@ -1,4 +1,4 @@
-"""``stallscope doctor [DATA_DIR] [--json PATH]``: a thin wrapper over ``stallscope.doctor.run_doctor``.
+"""``stallscope doctor [DATA_DIR] [--json PATH]``: a thin wrapper over ``stallscope.health.run_doctor``.
 
 Exit codes: 0 when no check failed, 1 when at least one failed, 2 for bad input (missing or unreadable DATA_DIR).
 """
@@ -11,12 +11,9 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from stallscope.doctor import FAIL, PASS, UNKNOWN, WARN, DoctorReport, LoaderAssumptions, run_doctor
-
-STATUS_STYLE = {PASS: "green", WARN: "yellow", FAIL: "bold red", UNKNOWN: "magenta", "n/a": "dim"}
+from stallscope.health import FAIL, LoaderAssumptions, run_doctor
+from stallscope.render.doctor import render
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,31 +34,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("-v", "--verbose", action="store_true", help="explain every check, not only the problems")
     parser.set_defaults(handler=handle)
     return parser
-
-
-def render(report: DoctorReport, console: Console, verbose: bool = False) -> None:
-    """The checks as a table, then why and fix for each check that did not pass (all of them with ``verbose``)."""
-    table = Table(title="stallscope doctor", title_justify="left", show_lines=False, expand=False)
-    table.add_column("status", no_wrap=True)
-    table.add_column("check", no_wrap=True)
-    table.add_column("value", overflow="fold")
-    table.add_column("threshold", overflow="fold", style="dim")
-    for check in report.checks:
-        table.add_row(Text(check.status, style=STATUS_STYLE.get(check.status, "")), check.id, check.value,
-                      check.threshold)
-    console.print(table)
-    explain = [c for c in report.checks if verbose or c.status in (WARN, FAIL, UNKNOWN)]
-    for check in explain:
-        if not (check.why or check.fix):
-            continue
-        console.print(Text.assemble((f"{check.status} ", STATUS_STYLE.get(check.status, "")), (check.id, "bold"),
-                                    f"  {check.title}"))
-        if check.why:
-            console.print(f"  why: {check.why}", highlight=False)
-        if check.fix:
-            console.print(f"  fix: {check.fix}", highlight=False)
-    counts = ", ".join(f"{report.count(s)} {s}" for s in (PASS, WARN, FAIL, "n/a", UNKNOWN) if report.count(s))
-    console.print(f"{len(report.checks)} checks in {report.elapsed_s:.1f} s: {counts}", highlight=False)
 
 
 def handle(args: argparse.Namespace) -> int:

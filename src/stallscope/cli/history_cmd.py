@@ -6,17 +6,14 @@ import argparse
 import dataclasses
 import json
 import re
-import shlex
 import sys
 import time
-from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from stallscope import paths
-from stallscope.render.markdown import short_commit
-from stallscope.store import HistoryError, RunRow, list_runs
+from stallscope.history.store import HistoryError, list_runs
+from stallscope.render.history import history_table
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -53,42 +50,6 @@ def parse_since(text: str, now: float | None = None) -> float:
     raise ValueError(f"--since {text!r}: use a date (2024-06-01) or an age (90m, 2h, 3d)")
 
 
-def short_command(command: list[str]) -> str:
-    """The script and its arguments: the interpreter and the script's directory are the same in most rows."""
-    parts = list(command)
-    if parts and Path(parts[0]).name.startswith("python"):
-        parts = parts[1:]
-    if parts:
-        parts[0] = Path(parts[0]).name
-    return shlex.join(parts)
-
-
-def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
-    return "–" if value is None else f"{value * scale:.{digits}f}"
-
-
-def _table(rows: list[RunRow]) -> Table:
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for name, justify in (("run", "left"), ("started", "left"), ("command", "left"), ("overrides", "left"),
-                          ("git", "left"), ("verdict", "left"), ("steps", "right"), ("median ms", "right"),
-                          ("p90 ms", "right"), ("steps/s", "right"), ("samples/s", "right"), ("wait %", "right"),
-                          ("GPU %", "right"), ("RSS GiB", "right"), ("exit", "right")):
-        table.add_column(name, justify=justify, no_wrap=True,  # type: ignore[arg-type]
-                         overflow="ellipsis", max_width=40 if name == "command" else None)
-    for r in rows:
-        started = time.strftime("%m-%d %H:%M", time.localtime(r.started_wall)) if r.started_wall else "–"
-        command = short_command(r.command)
-        table.add_row(
-            r.run_id, started, command,
-            " ".join(f"{k}={v}" for k, v in r.overrides.items()), short_commit(r.git_commit),
-            f"{r.verdict or '–'}" + (f" ({r.bottleneck})" if r.bottleneck else ""),
-            str(r.steady_steps if r.steady_steps is not None else "–"),
-            _fmt(r.step_median_s, 1000), _fmt(r.step_p90_s, 1000), _fmt(r.steps_per_s, digits=2),
-            _fmt(r.samples_per_s), _fmt(r.data_wait_fraction, 100), _fmt(r.gpu_util_mean),
-            _fmt(r.peak_rss_bytes, 1 / 1024 ** 3, 2), str(r.exit_code))
-    return table
-
-
 def handle(args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since) if args.since else None
@@ -115,7 +76,7 @@ def handle(args: argparse.Namespace) -> int:
                          indent=1))
         return 0
     console = Console() if Console().is_terminal else Console(width=240)
-    console.print(_table(rows), highlight=False)
+    console.print(history_table(rows), highlight=False)
     console.print(f"[dim]{len(rows)} run(s); compare two with: stallscope compare {rows[0].run_id} "
                   f"{rows[-1].run_id}[/dim]", highlight=False)
     return 0

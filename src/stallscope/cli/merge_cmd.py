@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from stallscope import paths
-from stallscope.analyze import analyze
+from stallscope.analysis import analyze
 from stallscope.merge import merge_sessions
 from stallscope.render import terminal
 from stallscope.render.summary import summary_dict, write_summary

@@ -12,7 +12,7 @@ import sys
 from rich.console import Console
 
 from stallscope import paths
-from stallscope.analyze import analyze
+from stallscope.analysis import analyze
 from stallscope.render import terminal
 from stallscope.render.summary import summary_dict, write_summary
 from stallscope.session import Session

@@ -5,14 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rich.console import Console
-
-from stallscope import store as history
-from stallscope.analyze import Analysis, analyze
-from stallscope.launcher import LaunchError, run
-from stallscope.record.overrides import SETTABLE, OverrideError, parse_overrides
-from stallscope.render import terminal
-from stallscope.render.summary import summary_dict, write_summary
+from stallscope.cli.common import add_run_options, record
+from stallscope.settings import SETTABLE, OverrideError, parse_overrides
 
 EPILOG = f"""examples:
   stallscope run -- python train.py --epochs 1
@@ -36,17 +30,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle)
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", metavar="PATH", help="write the summary JSON (schema stallscope.summary/1) here")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a DataLoader argument at construction, e.g. --set num_workers=4 (repeatable)")
-    p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
-    p.add_argument("--store", metavar="DIR", help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
-    p.add_argument("--quiet", action="store_true", help="do not print the summary")
-    p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
-                   help="period of the system sampler (CPU, memory, GPU); 0 turns it off (default 0.1)")
-
-
 def handle(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -66,30 +49,5 @@ def handle(args: argparse.Namespace) -> int:
     if args.sample_interval < 0:
         print("stallscope run: --sample-interval must be 0 (off) or positive", file=sys.stderr)
         return 2
-    return record(command, module=args.module, store=args.store, overrides=overrides, max_steps=args.steps,
+    return record("run", command, module=args.module, store=args.store, overrides=overrides, max_steps=args.steps,
                   json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval)[0]
-
-
-def record_and_report(command: list[str], *, module: str | None, store: str | None, overrides: dict,
-                      max_steps: int | None, json_path: str | None, quiet: bool) -> int:
-    return record(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
-                  json_path=json_path, quiet=quiet)[0]
-
-
-def record(command: list[str], *, module: str | None, store: str | None, overrides: dict,
-           max_steps: int | None, json_path: str | None, quiet: bool,
-           sample_interval_s: float = 0.1) -> tuple[int, Analysis | None]:
-    """Run, analyse, save to history, write JSON, print: the exit code and the analysis (None if not started)."""
-    try:
-        outcome = run(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
-                      sample_interval_s=sample_interval_s)
-    except LaunchError as exc:
-        print(f"stallscope run: {exc}", file=sys.stderr)
-        return 2, None
-    analysis = analyze(outcome.session)
-    history.record_run_or_warn(store, outcome.session, analysis, outcome.session_path)
-    if json_path:
-        write_summary(json_path, summary_dict(outcome.session, analysis, outcome.session_path))
-    if not quiet:
-        terminal.render(outcome.session, analysis, Console(stderr=True), session_ref=str(outcome.session_path))
-    return outcome.exit_code, analysis

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 
 from rich.console import Console
-from rich.table import Table
 
-from stallscope.tuning.trials import TrialResult, format_value
-from stallscope.tuning.tuning import DEFAULT_STEPS, TuneResult, tune
+from stallscope.render.tune import config_text, rate_text, render
+from stallscope.settings import format_value
+from stallscope.tuning.trials import TrialResult
+from stallscope.tuning.tuning import DEFAULT_STEPS, tune
 
 EPILOG = """examples:
   stallscope tune -- python train.py --epochs 1
@@ -49,18 +49,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle)
 
 
-def _config_text(trial: TrialResult) -> str:
-    if not trial.overrides:
-        return "(original)"
-    return " ".join(f"{k}={format_value(v)}" for k, v in trial.overrides.items())
-
-
-def _rate_text(trial: TrialResult) -> str:
-    if not trial.ok or trial.rate is None:
-        return "-"
-    return f"{trial.rate.value:.1f} ± {trial.rate.se:.1f}"
-
-
 def handle(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -84,8 +72,8 @@ def handle(args: argparse.Namespace) -> int:
 
     def on_done(trial: TrialResult) -> None:
         mark = "[green]ok[/]" if trial.ok else f"[red]failed[/]: {trial.reason}"
-        rate = f"{_rate_text(trial)} {trial.unit}" if trial.ok else ""
-        console.print(f"  trial {trial.index:>2} {trial.label:<20} {_config_text(trial):<48} {rate}  "
+        rate = f"{rate_text(trial)} {trial.unit}" if trial.ok else ""
+        console.print(f"  trial {trial.index:>2} {trial.label:<20} {config_text(trial):<48} {rate}  "
                       f"({trial.wall_s:.0f} s) {mark}", highlight=False)
 
     try:
@@ -100,31 +88,3 @@ def handle(args: argparse.Namespace) -> int:
             json.dump(result.to_dict(), fh, indent=1)
     render(result, console)
     return 0 if result.original is not None and result.original.ok else 1
-
-
-def render(result: TuneResult, console: Console) -> None:
-    table = Table(title=f"stallscope tune: {result.runs} runs, {result.steps} steps each ({result.stopped_by})")
-    for col in ("#", "why", "change (--set)", result.unit, "verdict", "wait", "s", "result"):
-        table.add_column(col, justify="right" if col in ("#", result.unit, "wait", "s") else "left")
-    for trial in [*result.trials, *result.confirmation]:
-        best = " [bold green]<- winner[/]" if trial is result.winner and result.winner_overrides else ""
-        table.add_row(str(trial.index), trial.label, _config_text(trial), _rate_text(trial), trial.verdict or "-",
-                      f"{100 * trial.data_wait_fraction:.0f}%" if trial.data_wait_fraction is not None else "-",
-                      f"{trial.wall_s:.0f}", ("ok" if trial.ok else f"[red]failed: {trial.reason}[/]") + best)
-    console.print(table)
-    if result.original is None or not result.original.ok:
-        reason = result.original.reason if result.original else "not run"
-        console.print(f"[red]The original configuration failed ({reason}); nothing to tune against.[/]")
-        return
-    for note in result.notes:
-        console.print(note)
-    if not result.winner_overrides:
-        return
-    o, w = result.original_confirmed, result.winner_confirmed
-    if o and w:
-        console.print(f"Confirmed: original {o.value:.1f} ± {o.se:.1f} {result.unit}, winner {w.value:.1f} ± "
-                      f"{w.se:.1f} {result.unit}: [bold]{result.speedup:.2f}x[/]"
-                      + ("  (within noise of each other on confirmation)" if result.confirmed_within_noise else ""))
-    console.print(f"The change:  [bold]DataLoader(..., {result.dataloader_kwargs()})[/]")
-    console.print(f"Without editing code:  {shlex.join(result.rerun_command())}")
-    console.print(f"Trial folders: {result.folder}")

@@ -20,8 +20,6 @@ import sys
 import time
 from typing import Any
 
-ENV_BENCH = "STALLSCOPE_BENCH"
-
 _config: dict[str, Any] = {}
 _done = False
 _perf = time.perf_counter

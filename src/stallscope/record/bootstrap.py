@@ -13,11 +13,30 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.constants import ENV_MAX_STEPS, ENV_OVERRIDES, ENV_RUN_DIR
-from stallscope.record import distributed, events, importhook, loader, overrides, steps, transfer
+from stallscope.record import distributed, events, importhook, loader, steps, transfer
 from stallscope.record.libraries import LIBRARY_PATCHES, patch_torch
+from stallscope.settings import (
+    ENV_BENCH,
+    ENV_LAUNCHER_PID,
+    ENV_MAX_STEPS,
+    ENV_OVERRIDES,
+    ENV_RANK_PID,
+    ENV_RUN_DIR,
+    decode_overrides,
+)
 
-ENV_LAUNCHER_PID = "STALLSCOPE_LAUNCHER_PID"
+#: module -> what the recorder does to it once the script imports it: every patch of the job, in one list.
+PATCHES: dict[str, Any] = {
+    "torch": patch_torch,
+    "torch.utils.data.dataloader": loader.patch_dataloader,
+    "torch.utils.data._utils.fetch": loader.patch_fetchers,
+    "torch.utils.data._utils.pin_memory": loader.patch_pin_memory,
+    "torch.optim.optimizer": steps.install_optimizer_hooks,
+    "torch.cuda": transfer.install_after_cuda_init,
+    "torch.distributed.distributed_c10d": distributed.patch_c10d,
+    "torch.nn.parallel.distributed": distributed.patch_ddp,
+    **LIBRARY_PATCHES,
+}
 _installed = False
 
 
@@ -29,26 +48,18 @@ def install() -> None:
     _installed = True
     is_main = str(os.getppid()) == os.environ.get(ENV_LAUNCHER_PID)
     rank = distributed.rank_from_env()  # torchrun's ranks; spawned ranks say so at init_process_group
-    if os.environ.get(distributed.ENV_RANK_PID, str(os.getpid())) != str(os.getpid()):
+    if os.environ.get(ENV_RANK_PID, str(os.getpid())) != str(os.getpid()):
         rank = None  # a rank's DataLoader worker (spawn, forkserver) inherits RANK but is not a rank
     events.configure(run_dir, role="main" if is_main else ("rank" if rank else "child"))
-    loader.overrides.update(overrides.decode(os.environ.get(ENV_OVERRIDES)))
+    loader.overrides.update(decode_overrides(os.environ.get(ENV_OVERRIDES)))
     limit = os.environ.get(ENV_MAX_STEPS)
     steps.max_steps = int(limit) if limit else None
 
-    importhook.when_imported("torch", patch_torch)
-    importhook.when_imported("torch.utils.data.dataloader", loader.patch_dataloader)
-    importhook.when_imported("torch.utils.data._utils.fetch", loader.patch_fetchers)
-    importhook.when_imported("torch.utils.data._utils.pin_memory", loader.patch_pin_memory)
-    importhook.when_imported("torch.optim.optimizer", steps.install_optimizer_hooks)
-    importhook.when_imported("torch.cuda", transfer.install_after_cuda_init)
-    importhook.when_imported("torch.distributed.distributed_c10d", distributed.patch_c10d)
-    importhook.when_imported("torch.nn.parallel.distributed", distributed.patch_ddp)
-    for module_name, patch in LIBRARY_PATCHES.items():
+    for module_name, patch in PATCHES.items():
         importhook.when_imported(module_name, patch)
-    if is_main and os.environ.get("STALLSCOPE_BENCH"):  # stallscope bench: see record/bench_mode.py
+    if is_main and os.environ.get(ENV_BENCH):  # stallscope bench: see record/bench_mode.py
         from stallscope.record import bench_mode
-        bench_mode.install(os.environ["STALLSCOPE_BENCH"])
+        bench_mode.install(os.environ[ENV_BENCH])
 
     if is_main or rank:
         _start_process_recording()

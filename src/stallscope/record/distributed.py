@@ -21,9 +21,9 @@ import time
 from typing import Any
 
 from stallscope.record import events
+from stallscope.settings import ENV_RANK_PID
 
 _perf = time.perf_counter_ns
-ENV_RANK_PID = "STALLSCOPE_RANK_PID"
 
 #: Collectives of ``torch.distributed`` timed when called from Python (only the outermost call counts).
 COLLECTIVES: tuple[str, ...] = (

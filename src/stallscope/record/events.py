@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stallscope.settings import ENV_RANK_PID
+
 #: Small on purpose: buffered records that outlive a young-generation collection make Python's
 #: garbage collector traverse them again (512 doubled the gen-1 collection time of a toy loop).
 FLUSH_EVERY_RECORDS = 64
@@ -36,15 +38,34 @@ _last_flush_ns = 0
 _flush_lock = threading.Lock()
 _role = "main"
 _background_flusher = False  # this process runs start_background_flusher's thread
+_process_hooks = False  # flush at exit and the fork handler are registered (once per process)
 
 
 def configure(run_dir: str | os.PathLike[str], role: str = "main") -> None:
-    """Point this process's events at ``run_dir``; called once by the bootstrap."""
-    global _run_dir, _role
+    """Point this process's events at ``run_dir``; called once by the bootstrap (and by tests, which
+    end with :func:`reset`). The exit flush and the fork handler are registered once per process."""
+    global _run_dir, _role, _process_hooks, _file, _pid, _last_flush_ns
     _run_dir = Path(run_dir)
     _role = role
-    atexit.register(flush)
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    _buffer.clear()
+    _file, _pid, _last_flush_ns = None, -1, time.perf_counter_ns()
+    if not _process_hooks:
+        atexit.register(flush)
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _process_hooks = True
+
+
+def reset() -> None:
+    """Stop recording in this process: unflushed records are dropped and the event file is closed."""
+    global _run_dir, _file, _pid
+    _run_dir = None
+    _buffer.clear()
+    if _file is not None:
+        try:
+            _file.close()
+        except OSError:
+            pass
+    _file, _pid = None, -1
 
 
 def set_role(role: str) -> None:
@@ -83,7 +104,7 @@ def _open_file():
         "argv": sys.argv[:8],
         "wall_ns": time.time_ns(),
         "mono_ns": time.perf_counter_ns(),
-        "owner": os.environ.get("STALLSCOPE_RANK_PID"),  # the rank process this one works for, if any
+        "owner": os.environ.get(ENV_RANK_PID),  # the rank process this one works for, if any
     }
     _file.write(json.dumps({"header": header}) + "\n")
     _last_flush_ns = time.perf_counter_ns()

@@ -181,8 +181,7 @@ def patch_dataloader(module: Any) -> None:
 
     def _reset(self: Any, loader: Any, first_iter: bool = False) -> None:
         if not first_iter:
-            self._stallscope_epoch += 1
-        events.emit("epoch", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, _perf())
+            self._stallscope_epoch += 1  # carried by this iterator's next/stop records
         original_reset(self, loader, first_iter)
 
     base_iter._reset = _reset

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import stallscope
-from stallscope.analyze import Analysis
-from stallscope.analyze.gpu_timing import describe as describe_gpu_timing
-from stallscope.analyze.pipeline import loader_cpu_shares, split_fetch
+from stallscope.analysis import Analysis, shares
 from stallscope.constants import NODE_IDS
+from stallscope.render import words
 from stallscope.session import Session
-from stallscope.store import process_tree_rss
+from stallscope.system_samples import SystemSamples
 
 #: Fixed colours per node, in pipeline order, so every chart of the report agrees.
 NODE_COLORS = {"storage": "#8c564b", "decode": "#d62728", "transform": "#ff7f0e", "loader": "#9467bd",
@@ -150,23 +149,25 @@ def step_figure(analysis: Analysis) -> dict[str, Any] | None:
 
 
 def node_figure(analysis: Analysis) -> dict[str, Any] | None:
-    total = sum(analysis.node_seconds.values())
-    if total <= 0:
+    if sum(analysis.node_seconds.values()) <= 0:
         return None
     nodes = list(NODE_IDS)[::-1]
     seconds = [analysis.node_seconds.get(n, 0.0) for n in nodes]
+    share = analysis.node_shares
     data = [{"type": "bar", "orientation": "h", "y": nodes, "x": seconds,
              "marker": {"color": [NODE_COLORS[n] for n in nodes],
                         "line": {"color": ["#000" if n == analysis.bottleneck_node else "rgba(0,0,0,0)"
                                            for n in nodes], "width": 2}},
-             "text": [f"{100 * s / total:.0f}%" for s in seconds], "textposition": "outside",
+             "text": [f"{100 * share.get(n, 0.0):.0f}%" for n in nodes], "textposition": "outside",
              "hovertemplate": "%{y}: %{x:.3f} s<extra></extra>", "showlegend": False}]
     return {"data": data, "layout": _layout("step time by pipeline stage (s, steady steps)",
                                             xaxis={"title": {"text": "seconds"}}, height=340)}
 
 
-def worker_figure(session: Session) -> dict[str, Any] | None:
+def worker_figure(session: Session, analysis: Analysis) -> dict[str, Any] | None:
     """Gantt chart: one row per worker (and the main process), batches split into their stages."""
+    stages = analysis.fetch_stages
+    split_of = {id(f): stages[i] for i, f in enumerate(session.fetches) if i < len(stages)}
     fetches = sorted((f for f in session.fetches if f.outcome != "StopIteration"), key=lambda f: f.start_ns)
     if not fetches:
         return None
@@ -179,10 +180,9 @@ def worker_figure(session: Session) -> dict[str, Any] | None:
         return f"loader {loader_id} · {who}" if multi_loader else who
 
     segments: dict[str, dict[str, list[Any]]] = defaultdict(lambda: {"y": [], "x": [], "base": [], "text": []})
-    shares = loader_cpu_shares(fetches)
     for f in shown:
         cursor = f.start_ns
-        split = split_fetch(f, shares.get(f.loader_id))
+        split = split_of.get(id(f), {})
         how = "" if f.timed else " (split estimated from the call-timed batches)"
         for node in NODE_IDS:
             value = split.get(node, 0)
@@ -226,48 +226,35 @@ def worker_figure(session: Session) -> dict[str, Any] | None:
         yaxis={"categoryorder": "array", "categoryarray": rows[::-1], "automargin": True})}
 
 
-def _series(samples: dict[str, Any]) -> tuple[list[float], dict[str, list[Any]], dict[str, list[Any]]]:
-    """Sample times (s from the first tick) and two groups of series: percentages, and everything else."""
-    ticks = samples.get("t_ns") if isinstance(samples, dict) else None
-    if not isinstance(ticks, list) or not ticks:
+def _series(samples: SystemSamples) -> tuple[list[int], dict[str, list[Any]], dict[str, list[Any]]]:
+    """Sample times and two groups of series: percentages, and everything else (in GiB where bytes)."""
+    if not samples.present:
         return [], {}, {}
     percent: dict[str, list[Any]] = {}
     other: dict[str, list[Any]] = {}
-    system = samples.get("system")
-    if isinstance(system, dict):
-        for name, values in system.items():
-            if not isinstance(values, list) or not any(isinstance(v, (int, float)) for v in values):
-                continue  # per-core lists and the like: one line per series only
-            if "percent" in name:
-                percent[f"system {name}"] = values
-            elif "bytes" in name:
-                unit = "GiB/s" if "per_s" in name else "GiB"
-                other[f"system {name} ({unit})"] = [v / GIB if isinstance(v, (int, float)) else None for v in values]
-            else:
-                other[f"system {name}"] = values
-    rss = process_tree_rss(samples)
+    for name, values in samples.scalar_series().items():
+        if "percent" in name:
+            percent[f"system {name}"] = values
+        elif "bytes" in name:
+            unit = "GiB/s" if "per_s" in name else "GiB"
+            other[f"system {name} ({unit})"] = [v / GIB if v is not None else None for v in values]
+        else:
+            other[f"system {name}"] = values
+    rss = samples.tree_rss()
     if any(v is not None for v in rss):
         other["process tree RSS (GiB)"] = [v / GIB if v is not None else None for v in rss]
-    gpu = samples.get("gpu")
-    if isinstance(gpu, dict):
-        for key, target, scale, label in (("util_percent", percent, 1.0, "GPU{} utilization %"),
-                                          ("mem_used_bytes", other, 1 / GIB, "GPU{} memory used (GiB)")):
-            values = gpu.get(key)
-            if not isinstance(values, list):
-                continue
-            width = max((len(t) for t in values if isinstance(t, list)), default=0)
-            for k in range(width):
-                target[label.format(k)] = [
-                    t[k] * scale if isinstance(t, list) and k < len(t) and isinstance(t[k], (int, float)) else None
-                    for t in values]
-    return [t for t in ticks], percent, other
+    for key, target, scale, label in (("util_percent", percent, 1.0, "GPU{} utilization %"),
+                                      ("mem_used_bytes", other, 1 / GIB, "GPU{} memory used (GiB)")):
+        for k, values in enumerate(samples.gpu_series(key)):
+            target[label.format(k)] = [v * scale if v is not None else None for v in values]
+    return samples.t_ns, percent, other
 
 
 def system_figure(session: Session) -> dict[str, Any] | None:
-    ticks, percent, other = _series(session.samples)
+    ticks, percent, other = _series(session.system)
     if not ticks or not (percent or other):
         return None
-    x = [(t - session.start_ns) / 1e9 if isinstance(t, (int, float)) else None for t in ticks]
+    x = [(t - session.start_ns) / 1e9 for t in ticks]
     data = []
     for name, values in percent.items():
         data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": values[:len(x)]})
@@ -289,7 +276,7 @@ def _table(rows: list[tuple[str, str]], raw: bool = False) -> str:
 
 def _run_section(session: Session, analysis: Analysis) -> str:
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(session.started_wall)) if session.started_wall else "?"
-    overrides = " ".join(f"--set {k}={v}" for k, v in session.overrides.items()) or "none"
+    overrides = words.overrides(session.overrides) or "none"
     rows = [("command", f"<code>{_e(shlex.join(session.command))}</code>"),
             ("working directory", f"<code>{_e(session.cwd)}</code>"),
             ("started", _e(started)), ("wall time", f"{session.wall_s:.2f} s"),
@@ -318,8 +305,9 @@ def _findings_section(analysis: Analysis) -> str:
     if analysis.bottleneck_node:
         parts.append(f"<p>limiting stage: <b>{_e(analysis.bottleneck_node)}</b> "
                      f"({100 * analysis.bottleneck_share:.0f}% of step time)</p>")
-    if analysis.evidence:
-        parts.append("<p>evidence:</p><ul>" + "".join(f"<li>{_e(line)}</li>" for line in analysis.evidence) + "</ul>")
+    evidence = words.evidence(analysis)
+    if evidence:
+        parts.append("<p>evidence:</p><ul>" + "".join(f"<li>{_e(line)}</li>" for line in evidence) + "</ul>")
     loaders = [ld for ld in analysis.loaders if ld.batches]
     if loaders:
         parts.append("<table><tr><th>loader</th><th>role</th><th>created at</th><th>num_workers</th>"
@@ -332,14 +320,13 @@ def _findings_section(analysis: Analysis) -> str:
         parts.append("</table>")
     if analysis.failure:
         f = analysis.failure
-        where = f"worker {f.worker} of loader {f.loader_id}" if f.where == "worker" else "the main process"
         location = f"<br>at <code>{_e(f.location)}</code>" if f.location else ""
-        parts.append(f"<div class=failure><p><b>the script failed</b> in {_e(where)}: "
-                     f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(f.message)}</pre></div>")
+        parts.append(f"<div class=failure><p><b>the script failed</b> in {_e(words.failure_place(f))}: "
+                     f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(words.failure_message(f))}</pre></div>")
     parts.append(_ranks_table(analysis))
     if analysis.gpu_timing is not None:
-        parts.append(f"<p>{_e(describe_gpu_timing(analysis.gpu_timing))}</p>")
-    for note in analysis.notes:
+        parts.append(f"<p>{_e(words.gpu_timing(analysis.gpu_timing))}</p>")
+    for note in words.notes(analysis):
         parts.append(f"<p class=muted>note: {_e(note)}</p>")
     return "".join(parts)
 
@@ -352,18 +339,18 @@ def _ranks_table(analysis: Analysis) -> str:
     straggler = dist.straggler_rank if dist is not None else None
     rows = []
     for r in analysis.ranks:
-        total = sum(r.node_seconds.values()) or 1.0
+        compute = shares(r.node_seconds).get("compute", 0.0)
         rank = f"<b>{r.rank}</b>" if r.rank == straggler else str(r.rank)
         rows.append(f"<tr><td class=num>{rank}</td><td>{_e(r.host)}</td><td>{_e(r.verdict)}</td>"
                     f"<td>{_e(r.bottleneck_node or '-')}</td>"
                     f"<td class=num>{100 * r.data_wait_fraction:.0f}%</td>"
                     f"<td class=num>{100 * r.sync_fraction:.0f}%</td>"
-                    f"<td class=num>{100 * r.node_seconds.get('compute', 0.0) / total:.0f}%</td>"
+                    f"<td class=num>{100 * compute:.0f}%</td>"
                     f"<td class=num>{r.steps_per_s:.2f}</td><td class=num>{_e(r.num_workers)}</td>"
                     f"<td>{'failed' if r.failed else ''}</td></tr>")
     head = ("<h3>Ranks</h3><table><tr><th>rank</th><th>host</th><th>verdict</th><th>limit</th><th>data wait</th>"
             "<th>sync</th><th>compute</th><th>steps/s</th><th>workers</th><th></th></tr>")
-    note = (f"<p>straggler: <b>rank {straggler}</b> ({_e(dist.straggler_node)}); the job's figures above are "
+    note = (f"<p>straggler: <b>rank {straggler}</b> ({_e(dist.straggler_stage)}); the job's figures above are "
             "this rank's</p>") if straggler is not None else "<p class=muted>no straggler rank</p>"
     return head + "".join(rows) + "</table>" + note
 
@@ -372,24 +359,24 @@ def _recommendations_section(analysis: Analysis) -> str:
     if not analysis.recommendations:
         return "<h2 id=recommendations>Recommendations</h2><p class=muted>none: nothing to change was found.</p>"
     rows = "".join(
-        f"<tr><td>{i + 1}</td><td><b>{_e(r.title)}</b><br><span class=muted>{_e(r.reason)}</span></td>"
-        f"<td>{_e(r.node)}</td><td><code>{_e(r.change)}</code></td>"
+        f"<tr><td>{i + 1}</td><td><b>{_e(said.title)}</b><br><span class=muted>{_e(said.reason)}</span></td>"
+        f"<td>{_e(r.node)}</td><td><code>{_e(said.change)}</code></td>"
         f"<td class=num>{f'{r.predicted_speedup:.2f}x' if r.predicted_speedup else '–'}</td></tr>"
-        for i, r in enumerate(analysis.recommendations))
+        for i, (r, said) in enumerate((r, words.recommendation(r)) for r in analysis.recommendations))
     return ("<h2 id=recommendations>Recommendations</h2><table><tr><th>#</th><th>what and why</th><th>stage</th>"
             f"<th>change</th><th>predicted speedup</th></tr>{rows}</table>")
 
 
 def _nodes_table(analysis: Analysis) -> str:
-    total = sum(analysis.node_seconds.values())
-    if total <= 0:
+    if sum(analysis.node_seconds.values()) <= 0:
         return ""
+    share = analysis.node_shares
     rows = "".join(f"<tr><td>{'<b>' + n + '</b>' if n == analysis.bottleneck_node else n}</td>"
                    f"<td class=num>{analysis.node_seconds.get(n, 0.0):.3f}</td>"
-                   f"<td class=num>{100 * analysis.node_seconds.get(n, 0.0) / total:.1f}%</td></tr>"
+                   f"<td class=num>{100 * share.get(n, 0.0):.1f}%</td></tr>"
                    for n in NODE_IDS)
     table = f"<table><tr><th>stage</th><th>seconds</th><th>share</th></tr>{rows}</table>"
-    train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+    train = analysis.train_loader
     p = train.pipeline if train else None
     if p is not None and p.by_call:
         calls = "".join(f"<tr><td><code>{_e(name)}</code></td><td class=num>{seconds:.3f}</td></tr>"
@@ -428,7 +415,7 @@ def render(session: Session, analysis: Analysis, plotly_js: str | None = None) -
         _chart("chart-nodes", node_figure(analysis), figures, "no steady steps to split"),
         _nodes_table(analysis),
         "<h2 id=workers>Workers</h2>",
-        _chart("chart-workers", worker_figure(session), figures, "no batch fetch was recorded"),
+        _chart("chart-workers", worker_figure(session, analysis), figures, "no batch fetch was recorded"),
         "<h2 id=system>System</h2>",
         _chart("chart-system", system_figure(session), figures,
                "no system samples in this session (recorded by newer stallscope versions)"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 
-from stallscope.compare import (
+from stallscope.history.compare import (
     CONFIDENCE,
     MIN_SHARE_EFFECT,
     RESAMPLES,
@@ -13,7 +13,8 @@ from stallscope.compare import (
     Delta,
     Metric,
 )
-from stallscope.store import RunRow
+from stallscope.history.runs import RunRow
+from stallscope.render import words
 
 GIB = 1024 ** 3
 
@@ -75,7 +76,7 @@ def short_commit(commit: str | None) -> str:
 
 
 def _overrides(run: RunRow) -> str:
-    return " ".join(f"--set {k}={v}" for k, v in run.overrides.items())
+    return words.overrides(run.overrides)
 
 
 def render_compare(comparison: Comparison) -> str:

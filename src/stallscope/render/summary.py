@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from stallscope.analyze import Analysis
+from stallscope.analysis import Analysis, shares
 from stallscope.constants import NODE_IDS, SUMMARY_SCHEMA
+from stallscope.render import words
 from stallscope.session import Session
 
 
 def summary_dict(session: Session, analysis: Analysis, session_path: str | os.PathLike[str] | None) -> dict[str, Any]:
-    total = sum(analysis.node_seconds.values())
     stats = analysis.steps
     return {
         "schema": SUMMARY_SCHEMA,
@@ -37,26 +37,18 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         "bottleneck": {
             "node": analysis.bottleneck_node,
             "share": round(analysis.bottleneck_share, 4),
-            "evidence": analysis.evidence,
+            "evidence": words.evidence(analysis),
         },
-        "nodes": {
-            node: {"seconds": round(analysis.node_seconds.get(node, 0.0), 4),
-                   "share": round(analysis.node_seconds.get(node, 0.0) / total, 4) if total > 0 else 0.0}
-            for node in NODE_IDS
-        },
-        "recommendations": [
-            {"id": r.id, "node": r.node, "title": r.title, "change": r.change,
-             "predicted_speedup": r.predicted_speedup, "reason": r.reason}
-            for r in analysis.recommendations
-        ],
+        "nodes": _nodes_dict(analysis.node_seconds),
+        "recommendations": [_recommendation_dict(r) for r in analysis.recommendations],
         "loaders": [_loader_dict(ld) for ld in analysis.loaders],
         "capacity": _capacity_dict(analysis.capacity),
-        "pitfalls": [dataclasses.asdict(p) for p in analysis.pitfalls],
+        "pitfalls": [_pitfall_dict(p) for p in analysis.pitfalls],
         "system": _system_dict(analysis.system),
         "overrides": session.overrides,
-        "failure": dataclasses.asdict(analysis.failure) if analysis.failure else None,
+        "failure": _failure_dict(analysis.failure),
         "usable_cpus": analysis.usable_cpus,
-        "notes": analysis.notes,
+        "notes": words.notes(analysis),
         "run_id": session.run_id,
         "session": str(session_path) if session_path else None,
         "ranks": [_rank_dict(r) for r in analysis.ranks],
@@ -65,8 +57,41 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
     }
 
 
+def _nodes_dict(seconds: dict[str, float]) -> dict[str, dict[str, float]]:
+    share = shares(seconds)
+    return {node: {"seconds": round(seconds.get(node, 0.0), 4), "share": round(share.get(node, 0.0), 4)}
+            for node in NODE_IDS}
+
+
+def _recommendation_dict(r: Any) -> dict[str, Any]:
+    said = words.recommendation(r)
+    return {"id": r.id, "node": r.node, "title": said.title, "change": said.change,
+            "predicted_speedup": r.predicted_speedup, "reason": said.reason, "overrides": dict(r.overrides),
+            "facts": _plain(r.facts)}
+
+
+def _pitfall_dict(p: Any) -> dict[str, Any]:
+    said = words.pitfall(p)
+    return {"id": p.id, "node": p.node, "title": said.title, "evidence": said.change, "fix": said.reason,
+            "facts": _plain(p.facts)}
+
+
+def _failure_dict(f: Any) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    return {**dataclasses.asdict(f), "message": words.failure_message(f)}
+
+
+def _plain(value: Any) -> Any:
+    """Facts as JSON: mapping keys as strings, floats rounded."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return _rounded(value, 6)
+
+
 def _rank_dict(r: Any) -> dict[str, Any]:
-    total = sum(r.node_seconds.values())
     return {
         "rank": r.rank, "local_rank": r.local_rank, "node_rank": r.node_rank, "host": r.host, "pid": r.pid,
         "verdict": r.verdict,
@@ -75,9 +100,7 @@ def _rank_dict(r: Any) -> dict[str, Any]:
         "steps": r.steps, "steps_per_s": round(r.steps_per_s, 4),
         "samples_per_s": round(r.samples_per_s, 3) if r.samples_per_s is not None else None,
         "median_step_s": r.median_step_s, "own_step_s": r.own_step_s,
-        "nodes": {node: {"seconds": round(r.node_seconds.get(node, 0.0), 4),
-                         "share": round(r.node_seconds.get(node, 0.0) / total, 4) if total > 0 else 0.0}
-                  for node in NODE_IDS},
+        "nodes": _nodes_dict(r.node_seconds),
         "num_workers": r.num_workers, "sampler": r.sampler, "failed": r.failed,
     }
 
@@ -88,7 +111,7 @@ def _distributed_dict(d: Any) -> dict[str, Any] | None:
     return {
         "world_size": d.world_size, "hosts": d.hosts, "primary_rank": d.primary_rank,
         "straggler": None if d.straggler_rank is None else {
-            "rank": d.straggler_rank, "node": d.straggler_node, "verdict": d.straggler_verdict,
+            "rank": d.straggler_rank, "node": d.straggler_stage, "verdict": d.straggler_verdict,
             "extra_s_per_step": round(d.straggler_extra_s, 6)},
         "sync_fraction_by_rank": {str(k): v for k, v in d.waiting.items()},
         "skew_s": {"median": d.skew_median_s, "p90": d.skew_p90_s},
@@ -154,6 +177,8 @@ def _system_dict(system: Any) -> dict[str, Any] | None:
     if system is None:
         return None
     data = dataclasses.asdict(system)
+    if not system.present:
+        data["absent"] = {"samples": words.NO_SAMPLES, **data["absent"]}
     return {k: _rounded(v, 3) if not isinstance(v, list) else v for k, v in data.items()}
 
 

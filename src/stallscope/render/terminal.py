@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stallscope.analyze import Analysis
-from stallscope.analyze.gpu_timing import describe
+from stallscope.analysis import Analysis, shares
 from stallscope.constants import NODE_IDS
+from stallscope.render import words
 from stallscope.session import Session
 
 _VERDICT_STYLE = {"input-bound": "bold red", "compute-bound": "bold green", "balanced": "bold yellow",
@@ -38,6 +38,7 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
                       f"median step {1000 * (stats.median_step_s or 0):.1f} ms; steps end at each "
                       f"{'optimizer step' if stats.boundary == 'optimizer' else 'batch'})")
     total = sum(analysis.node_seconds.values())
+    shares = analysis.node_shares
     if total > 0:
         table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
         table.add_column("node")
@@ -46,7 +47,7 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         table.add_column("")
         for node in NODE_IDS:
             seconds = analysis.node_seconds.get(node, 0.0)
-            share = seconds / total
+            share = shares.get(node, 0.0)
             style = "bold" if node == analysis.bottleneck_node else ""
             table.add_row(Text(node, style=style), f"{seconds:.2f}", f"{100 * share:.0f}%", _bar(share))
         console.print(table)
@@ -55,33 +56,35 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     if analysis.bottleneck_node:
         console.print(f"[bold]limiting stage:[/bold] {analysis.bottleneck_node} "
                       f"({100 * analysis.bottleneck_share:.0f}% of step time)")
-    for line in analysis.evidence:
+    for line in words.evidence(analysis):
         console.print(f"  • {line}", highlight=False)
     if analysis.gpu_timing is not None:
-        console.print(f"  • {describe(analysis.gpu_timing)}", highlight=False)
+        console.print(f"  • {words.gpu_timing(analysis.gpu_timing)}", highlight=False)
     for ld in analysis.loaders:
         if ld.role != "train" and ld.batches:
             console.print(f"  • loader {ld.loader_id} ({ld.role}, {ld.site}): {ld.batches} batches, "
                           f"waited {ld.wait_s:.2f} s", highlight=False)
     for pitfall in analysis.pitfalls:
-        console.print(f"[bold yellow]pitfall[/bold yellow] ({pitfall.node}): {pitfall.title}", highlight=False)
-        console.print(f"    {pitfall.evidence}", highlight=False)
-        console.print(f"    fix: {pitfall.fix}", highlight=False)
+        said = words.pitfall(pitfall)
+        console.print(f"[bold yellow]pitfall[/bold yellow] ({pitfall.node}): {said.title}", highlight=False)
+        console.print(f"    {said.change}", highlight=False)
+        console.print(f"    fix: {said.reason}", highlight=False)
     if analysis.recommendations:
         top = analysis.recommendations[0]
+        said = words.recommendation(top)
         gain = f" (predicted {top.predicted_speedup:.2f}x)" if top.predicted_speedup else ""
-        console.print(f"[bold]next step:[/bold] {top.title}{gain}")
-        console.print(f"  change: {top.change}", highlight=False)
-        console.print(f"  why: {top.reason}", highlight=False)
+        console.print(f"[bold]next step:[/bold] {said.title}{gain}")
+        console.print(f"  change: {said.change}", highlight=False)
+        console.print(f"  why: {said.reason}", highlight=False)
         for rec in analysis.recommendations[1:3]:
             gain = f" ({rec.predicted_speedup:.2f}x)" if rec.predicted_speedup else ""
-            console.print(f"  also: {rec.title}{gain}: {rec.change}", highlight=False)
+            said = words.recommendation(rec)
+            console.print(f"  also: {said.title}{gain}: {said.change}", highlight=False)
     if analysis.failure:
         f = analysis.failure
-        where = f"worker {f.worker} of loader {f.loader_id}" if f.where == "worker" else "the main process"
-        console.print(f"[bold red]the script failed[/bold red] in {where}: {f.type}: {f.message}"
-                      + (f"  at {f.location}" if f.location else ""), highlight=False)
-    for note in analysis.notes:
+        console.print(f"[bold red]the script failed[/bold red] in {words.failure_place(f)}: {f.type}: "
+                      f"{words.failure_message(f)}" + (f"  at {f.location}" if f.location else ""), highlight=False)
+    for note in words.notes(analysis):
         console.print(f"[dim]note: {note}[/dim]", highlight=False)
     if session.overrides:
         console.print(f"[dim]overrides: {session.overrides}[/dim]", highlight=False)
@@ -97,12 +100,12 @@ def _rank_table(console: Console, analysis: Analysis) -> None:
     for name in ("rank", "host", "verdict", "limit", "data wait", "sync", "compute", "steps/s"):
         table.add_column(name, justify="left" if name in ("host", "verdict", "limit") else "right")
     for r in analysis.ranks:
-        total = sum(r.node_seconds.values()) or 1.0
+        compute = shares(r.node_seconds).get("compute", 0.0)
         style = "bold" if dist is not None and r.rank == dist.straggler_rank else ""
         table.add_row(Text(str(r.rank), style=style), r.host, r.verdict, r.bottleneck_node or "-",
                       f"{100 * r.data_wait_fraction:.0f}%", f"{100 * r.sync_fraction:.0f}%",
-                      f"{100 * r.node_seconds.get('compute', 0.0) / total:.0f}%", f"{r.steps_per_s:.2f}")
+                      f"{100 * compute:.0f}%", f"{r.steps_per_s:.2f}")
     console.print(table)
     if dist is not None and dist.straggler_rank is not None:
-        console.print(f"[bold]straggler:[/bold] rank {dist.straggler_rank} ({dist.straggler_node}); the job's "
+        console.print(f"[bold]straggler:[/bold] rank {dist.straggler_rank} ({dist.straggler_stage}); the job's "
                       "figures below are this rank's")

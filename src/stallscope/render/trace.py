@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import stallscope
-from stallscope.analyze import Analysis
-from stallscope.analyze.pipeline import loader_cpu_shares, split_fetch
+from stallscope.analysis import Analysis
 from stallscope.constants import NODE_IDS
 from stallscope.session import Session
-from stallscope.store import process_tree_rss
 
 MAIN_PID = 1
 SYSTEM_PID = 2
@@ -149,12 +147,11 @@ def _other_ranks(ev: _Events, session: Session) -> None:
         _collectives_and_gpu(ev, session, r.pid, tp)
 
 
-def _batch(ev: _Events, pid: int, tid: int, fetch: Any, shares: dict[str, float] | None) -> None:
+def _batch(ev: _Events, pid: int, tid: int, fetch: Any, split: dict[str, int]) -> None:
     ev.span(pid, tid, f"batch {fetch.seq}", fetch.start_ns, fetch.end_ns, "batch",
             {"items": fetch.items, "cpu_ms": _ms(fetch.cpu_ns), "os_pid": fetch.pid, "epoch_iter": fetch.iter_id,
              "outcome": fetch.outcome, "calls_timed": fetch.timed,
              "calls_ms": {name: _ms(v[0]) for name, v in fetch.by_name.items()}})
-    split = split_fetch(fetch, shares)
     cursor = fetch.start_ns
     for node in NODE_IDS:
         value = split.get(node, 0)
@@ -165,7 +162,7 @@ def _batch(ev: _Events, pid: int, tid: int, fetch: Any, shares: dict[str, float]
         cursor = end
 
 
-def _loaders(ev: _Events, session: Session) -> None:
+def _loaders(ev: _Events, session: Session, analysis: Analysis) -> None:
     main_pid = session.main_pid
     for index, loader in enumerate(session.loaders):
         pid = LOADER_PID_BASE + loader.loader_id
@@ -183,12 +180,13 @@ def _loaders(ev: _Events, session: Session) -> None:
                 ev.span(pid, w.worker + 1, "worker start", w.created_ns, w.ready_ns, "loader",
                         {"os_pid": w.pid, "process_start_ms": _ms(w.entered_ns - w.created_ns),
                          "init_ms": _ms(w.ready_ns - w.entered_ns), "threads": w.threads})
-    shares = loader_cpu_shares(session.fetches)
-    for f in session.fetches:
+    stages = analysis.fetch_stages
+    for i, f in enumerate(session.fetches):
+        split = stages[i] if i < len(stages) else {}
         if f.worker >= 0:
-            _batch(ev, LOADER_PID_BASE + f.loader_id, f.worker + 1, f, shares.get(f.loader_id))
+            _batch(ev, LOADER_PID_BASE + f.loader_id, f.worker + 1, f, split)
         elif f.pid == main_pid:
-            _batch(ev, MAIN_PID, IN_PROCESS_TID, f, shares.get(f.loader_id))
+            _batch(ev, MAIN_PID, IN_PROCESS_TID, f, split)
     for e in session.errors:
         if e.where == "worker" and e.loader_id is not None and e.worker is not None:
             ev.instant(LOADER_PID_BASE + e.loader_id, e.worker + 1, e.type, e.t_ns,
@@ -219,35 +217,26 @@ def _number(value: Any) -> bool:
 
 
 def _system_counters(ev: _Events, session: Session) -> None:
-    samples = session.samples if isinstance(session.samples, dict) else {}
-    ticks = samples.get("t_ns")
-    if not isinstance(ticks, list) or not ticks:
+    samples = session.system
+    if not samples.present:
         return
-    ev.meta(SYSTEM_PID, 0, "process_name", f"system (sampled every {samples.get('interval_s', '?')} s)")
+    ev.meta(SYSTEM_PID, 0, "process_name", f"system (sampled every {samples.interval_s} s)")
     ev.meta(SYSTEM_PID, 0, "process_sort_index", 1)
-    series: dict[str, list[Any]] = {}
-    system = samples.get("system")
-    if isinstance(system, dict):
-        series.update({name: values for name, values in system.items() if isinstance(values, list)})
-    rss = process_tree_rss(samples)
+    series: dict[str, list[Any]] = dict(samples.scalar_series())
+    rss = samples.tree_rss()
     if any(v is not None for v in rss):
         series["process tree RSS (MiB)"] = [v / 2 ** 20 if v is not None else None for v in rss]
-    gpu = samples.get("gpu")
-    per_gpu: dict[str, list[Any]] = {}
-    if isinstance(gpu, dict):
-        per_gpu = {name: values for name, values in gpu.items() if isinstance(values, list)}
-    for i, t_ns in enumerate(ticks):
-        if not _number(t_ns) or t_ns < session.start_ns:
+    per_gpu = {name: samples.gpu_series(name) for name in samples.gpu}
+    for i, t_ns in enumerate(samples.t_ns):
+        if t_ns < session.start_ns:
             continue
         for name, values in series.items():
             if i < len(values) and _number(values[i]):
-                ev.counter(SYSTEM_PID, name, int(t_ns), {"value": values[i]})
-        for name, values in per_gpu.items():
-            tick = values[i] if i < len(values) else None
-            if isinstance(tick, list):
-                args = {f"gpu{k}": v for k, v in enumerate(tick) if _number(v)}
-                if args:
-                    ev.counter(SYSTEM_PID, f"gpu {name}", int(t_ns), args)
+                ev.counter(SYSTEM_PID, name, t_ns, {"value": values[i]})
+        for name, devices in per_gpu.items():
+            args = {f"gpu{k}": values[i] for k, values in enumerate(devices) if i < len(values) and _number(values[i])}
+            if args:
+                ev.counter(SYSTEM_PID, f"gpu {name}", t_ns, args)
 
 
 def render(session: Session, analysis: Analysis) -> dict[str, Any]:
@@ -255,7 +244,7 @@ def render(session: Session, analysis: Analysis) -> dict[str, Any]:
     ev = _Events(session.start_ns)
     _main_process(ev, session, analysis)
     _other_ranks(ev, session)
-    _loaders(ev, session)
+    _loaders(ev, session, analysis)
     _queue_counters(ev, session)
     _system_counters(ev, session)
     meta = [e for e in ev.events if e["ph"] == "M"]

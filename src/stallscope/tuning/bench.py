@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope import paths
+from stallscope.environment import usable_cpus
+from stallscope.settings import ENV_BENCH
 from stallscope.tuning.trials import TrialResult, launch, run_trial, trial_command
 
 DEFAULT_SECONDS = 3.0
@@ -83,10 +85,7 @@ class BenchResult:
 
 def default_worker_counts(cpus: int | None = None) -> list[int]:
     if cpus is None:
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
+        cpus = usable_cpus()
     return sorted({0, 1, max(1, cpus // 2), cpus})
 
 
@@ -113,7 +112,7 @@ def bench(command: list[str], *, workers: Sequence[int] | None = None, seconds: 
     config = {"out": str(out), "workers": list(workers if workers is not None else default_worker_counts()),
               "seconds": seconds, "max_batches": max_batches, "ceiling_steps": ceiling_steps,
               "ceiling_batches": ceiling_batches}
-    env = dict(os.environ, STALLSCOPE_BENCH=json.dumps(config))
+    env = dict(os.environ, **{ENV_BENCH: json.dumps(config)})
     cmd = trial_command(command, {}, None, bench_dir / "summary.json", store_dir)
     exit_code, _wall = launch(cmd, bench_dir, timeout_s, env)
     report: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}

@@ -12,13 +12,11 @@ replaces the incumbent only when it is faster by more than ``z`` combined standa
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallscope.record.overrides import parse_overrides
 from stallscope.tuning.noise import DEFAULT_Z, better
 from stallscope.tuning.trials import KNOBS, TrialResult, normalize
 
@@ -27,7 +25,6 @@ WORKER_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 PREFETCH_LADDER = (1, 2, 4, 8)
 DIAGNOSIS_Z = 1.0
 PRACTICAL_GAIN = 1.03  # a final pick must be measured this much faster than the incumbent
-_SET_RE = re.compile(r"--set\s+([a-z_]+=\S+)")
 
 
 class BudgetExhausted(Exception):
@@ -67,22 +64,18 @@ class Budget:
 
 
 def diagnosis_changes(recommendations: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """The ``--set`` arguments the diagnosis prescribes (knobs tuning may change only)."""
+    """The DataLoader arguments the diagnosis prescribes (each recommendation's ``overrides``), limited to
+    the knobs tuning may change (the batch size changes the training, so only when asked, by the search)."""
     changes: dict[str, Any] = {}
     for rec in recommendations:
-        for item in _SET_RE.findall(str(rec.get("change") or "")):
-            try:
-                parsed = parse_overrides([item])
-            except ValueError:
-                continue
-            changes.update({k: v for k, v in parsed.items() if k in KNOBS and k != "batch_size"})
+        overrides = rec.get("overrides") or {}
+        changes.update({k: v for k, v in overrides.items() if k in KNOBS and k != "batch_size"})
     return changes
 
 
 def diagnosis_speedup(recommendations: list[Mapping[str, Any]]) -> float:
-    """The largest predicted speedup among recommendations that come with a ``--set`` change."""
-    speedups = [float(r.get("predicted_speedup") or 1.0) for r in recommendations
-                if _SET_RE.search(str(r.get("change") or ""))]
+    """The largest predicted speedup among recommendations that are a configuration change."""
+    speedups = [float(r.get("predicted_speedup") or 1.0) for r in recommendations if r.get("overrides")]
     return max(speedups, default=1.0)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stallscope import settings
 from stallscope.tuning.noise import Rate, rate_of, warmup_steps
 
 #: The DataLoader arguments tuning may change, in the order the search visits them.
@@ -59,18 +60,9 @@ class TrialResult:
         }
 
 
-def format_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "none" if value is None else str(value)
-
-
 def set_arguments(overrides: Mapping[str, Any]) -> list[str]:
-    """``["--set", "num_workers=2", ...]`` in a stable order."""
-    args: list[str] = []
-    for name in sorted(overrides, key=lambda n: KNOBS.index(n) if n in KNOBS else len(KNOBS)):
-        args += ["--set", f"{name}={format_value(overrides[name])}"]
-    return args
+    """``["--set", "num_workers=2", ...]`` in the order the search visits the knobs."""
+    return settings.set_arguments(overrides, KNOBS)
 
 
 def trial_command(command: list[str], overrides: Mapping[str, Any], steps: int | None, json_path: Path,
@@ -168,7 +160,7 @@ def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def measured_rate(session: Any, config: Mapping[str, Any]) -> tuple[Rate | None, str, list[float]]:
     """Rate over the steady steps, after discarding warm-up and the prefetched start-up batches."""
-    from stallscope.analyze import analyze
+    from stallscope.analysis import analyze
 
     analysis = analyze(session)
     steps = analysis.steps.steps

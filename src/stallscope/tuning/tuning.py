@@ -12,7 +12,7 @@ from typing import Any
 from stallscope import paths
 from stallscope.tuning.noise import DEFAULT_Z, Rate, within_noise
 from stallscope.tuning.search import Budget, SearchOutcome, Tuner, overrides_for
-from stallscope.tuning.trials import TrialResult, format_value, run_trial, set_arguments
+from stallscope.tuning.trials import TrialResult, run_trial, set_arguments
 
 DEFAULT_STEPS = 50
 DEFAULT_TRIALS = 10
@@ -188,4 +188,4 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
     return result
 
 
-__all__ = ["TuneResult", "format_value", "pooled", "tune"]
+__all__ = ["TuneResult", "pooled", "tune"]

@@ -23,10 +23,9 @@ from pathlib import Path
 from stallscope.data.index import FORMATS, INDEX_NAME, PackIndex, Problem, Record, checksum, record_key, write_atomic
 from stallscope.data.packing.prepare import FATAL_KINDS, Prepared, prepare
 from stallscope.data.sources import SourceList, open_source
+from stallscope.settings import ENV_PACK_THROTTLE
 
 STATE_NAME = "state.json"
-#: Test hook: seconds to sleep per record, so a test can kill a pack reliably mid-way.
-THROTTLE_ENV = "STALLSCOPE_PACK_THROTTLE_S"
 
 
 class PackError(RuntimeError):
@@ -242,7 +241,7 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], options: Pack
     state = checkpoint.state
     resumed_at = int(state["next_position"])
     sink = _make_sink(options, work, int(state["shards"]))
-    throttle = float(os.environ.get(THROTTLE_ENV, "0") or 0)
+    throttle = float(os.environ.get(ENV_PACK_THROTTLE, "0") or 0)
     total = len(sources)
     tasks = [(i, str(p), _name(p, sources.root), label, options.max_side, options.quality)
              for i, (p, label) in enumerate(sources.samples)][resumed_at:]

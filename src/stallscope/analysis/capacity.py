@@ -1,0 +1,122 @@
+"""Per-stage capacity and a throughput model that predicts the effect of a change.
+
+Each input stage costs a measured number of worker-seconds per sample: CPU seconds for decode,
+transform and loader (collate), blocked seconds for storage. Within one worker the stages run one
+after another, so W workers sustain ``W / total_cost`` samples/s; blocking I/O overlaps across
+workers for free, CPU work does not. Training runs at the lowest of three rates:
+
+- the workers' rate ``W / (cpu_cost + blocked_cost)``;
+- the training process's rate ``1 / (compute_per_sample + receive_per_sample)``: its own step
+  time plus rebuilding each batch received from the workers, which it does serially;
+- the CPU budget ``usable_cpus / (cpu_cost + training_process_cpu_per_sample + helper_cpu_per_sample)``:
+  every sample's CPU work, in workers, in the training process and in helper processes it started
+  (a local data server, say), shares the same cores.
+
+With ``num_workers=0`` nothing overlaps and the costs add up instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stallscope.analysis.findings import LoaderSummary, StepStats
+
+CPU_STAGES = ("decode", "transform", "loader")
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    cost_s: dict[str, float]  # worker-seconds per sample, per stage
+    compute_per_sample_s: float  # wall time of the training process's own work per sample
+    main_cpu_per_sample_s: float  # CPU the training process burns per sample once loading is moved out
+    workers: int
+    usable_cpus: float
+    measured_samples_per_s: float | None = None
+    receive_per_sample_s: float = 0.0  # unpickling batches from workers, in the training process
+    helper_cpu_per_sample_s: float = 0.0  # the training process's other child processes (not workers)
+
+    def _costs(self, scale: dict[str, float] | None) -> tuple[float, float]:
+        scale = scale or {}
+        cpu = sum(self.cost_s.get(n, 0.0) * scale.get(n, 1.0) for n in CPU_STAGES)
+        blocked = self.cost_s.get("storage", 0.0) * scale.get("storage", 1.0)
+        return cpu, blocked
+
+    def cpu_rate(self, scale: dict[str, float] | None = None) -> float:
+        cpu, _ = self._costs(scale)
+        demand = cpu + self.main_cpu_per_sample_s + self.helper_cpu_per_sample_s
+        return self.usable_cpus / demand if demand > 0 else float("inf")
+
+    def pipeline_rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
+        workers = self.workers if workers is None else workers
+        cpu, blocked = self._costs(scale)
+        if cpu + blocked <= 0:
+            return float("inf")
+        if workers <= 0:
+            return 1.0 / (cpu + blocked)
+        return min(workers / (cpu + blocked), self.cpu_rate(scale))
+
+    def compute_rate(self, workers: int | None = None) -> float:
+        workers = self.workers if workers is None else workers
+        own = self.compute_per_sample_s + (self.receive_per_sample_s if workers > 0 else 0.0)
+        return 1.0 / own if own > 0 else float("inf")
+
+    def rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
+        workers = self.workers if workers is None else workers
+        if workers <= 0:
+            cpu, blocked = self._costs(scale)
+            return 1.0 / (cpu + blocked + self.compute_per_sample_s)
+        return min(self.pipeline_rate(workers, scale), self.compute_rate(workers))
+
+    def speedup(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
+        return self.rate(workers, scale) / self.rate()
+
+    def stage_capacity(self) -> dict[str, float | None]:
+        """Samples/s each stage could sustain alone with the workers and cores it has now."""
+        workers = max(1, self.workers)
+        cores = min(workers, self.usable_cpus) if self.workers > 0 else 1.0
+        out: dict[str, float | None] = {}
+        for stage in (*CPU_STAGES, "storage"):
+            cost = self.cost_s.get(stage, 0.0)
+            parallel = workers if stage == "storage" else cores
+            out[stage] = parallel / cost if cost > 0 else None
+        out["compute"] = self.compute_rate() if self.compute_per_sample_s > 0 else None
+        return out
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    model: ThroughputModel | None
+    stage_samples_per_s: dict[str, float | None] = field(default_factory=dict)
+    pipeline_samples_per_s: float | None = None
+    predicted_samples_per_s: float | None = None
+
+
+def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: float,
+                main_cpu_s: float | None, startup_s: float = 0.0,
+                helper_cpu_s: float | None = None) -> ThroughputModel | None:
+    """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler);
+    ``helper_cpu_s``: those of its child processes that are not DataLoader workers."""
+    pipeline = train.pipeline if train else None
+    steady = stats.steady
+    if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
+        return None
+    cost = {node: seconds / pipeline.samples for node, seconds in pipeline.node_cpu_s.items() if node != "storage"}
+    cost["storage"] = (pipeline.blocked_s + pipeline.node_cpu_s.get("storage", 0.0)) / pipeline.samples
+    workers = pipeline.num_workers
+    compute = (stats.compute_s + stats.transfer_s) / stats.samples
+    if main_cpu_s is None:
+        main_cpu = compute  # one busy core while computing
+    else:
+        main_cpu = main_cpu_s / stats.samples
+        if workers == 0:  # the training process also did the loading: that part moves to workers
+            main_cpu = max(0.0, main_cpu - sum(v for k, v in cost.items() if k in CPU_STAGES))
+    measured = stats.samples / max(stats.wall_s - startup_s, 1e-9)
+    receive = stats.unpickle_cpu_s / stats.samples
+    helper = (helper_cpu_s or 0.0) / stats.samples
+    return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper)
+
+
+def capacity_report(model: ThroughputModel | None) -> CapacityReport:
+    if model is None:
+        return CapacityReport(None)
+    return CapacityReport(model, model.stage_capacity(), model.pipeline_rate(), model.rate())

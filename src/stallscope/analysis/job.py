@@ -1,0 +1,161 @@
+"""The whole analysis of a Session: one training process and its workers, or every rank of a distributed
+job. It puts together what the other modules of ``analysis`` each answer: ``steps`` (where steps begin
+and end), ``pipeline`` (the workers' time per stage), ``attribution`` (the verdict and the stage split),
+``capacity`` (the throughput model), ``recommend``, ``pitfalls``, ``system_metrics``, ``gpu_timing`` and
+``ranks``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from stallscope.analysis import ranks as ranks_mod
+from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_for
+from stallscope.analysis.capacity import build_model, capacity_report
+from stallscope.analysis.gpu_timing import gpu_timing
+from stallscope.analysis.findings import Analysis, Failure, LoaderSummary, StepStats
+from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
+from stallscope.analysis.pitfalls import find_pitfalls
+from stallscope.analysis.recommend import recommend
+from stallscope.analysis.steps import step_stats
+from stallscope.analysis.system_metrics import helper_cpu_between, process_cpu_between, summarize_samples
+from stallscope.environment import recorded_usable_cpus
+from stallscope.session import Session
+
+
+def usable_cpus(session: Session) -> int:
+    """CPUs the recorded job could use (the one rule: ``environment.recorded_usable_cpus``)."""
+    return recorded_usable_cpus(session.environment, session.checks)
+
+
+def _loader_summaries(session: Session, train_id: int | None) -> list[LoaderSummary]:
+    waits: dict[int, float] = defaultdict(float)
+    batches: dict[int, int] = defaultdict(int)
+    epochs: dict[int, set[tuple[int, int]]] = defaultdict(set)
+    for n in session.nexts:
+        waits[n.loader_id] += (n.end_ns - n.start_ns) / 1e9
+        batches[n.loader_id] += 1
+        epochs[n.loader_id].add((n.iter_id, n.epoch))
+    iter_start: dict[int, float] = defaultdict(float)
+    for it in session.iters:
+        iter_start[it.loader_id] += (it.end_ns - it.start_ns) / 1e9
+    summaries = []
+    for ld in session.loaders:
+        role = "train" if ld.loader_id == train_id else ("eval" if batches[ld.loader_id] else "other")
+        summaries.append(LoaderSummary(
+            loader_id=ld.loader_id, role=role, site=ld.site, config=ld.config, overrides=ld.overrides,
+            batches=batches[ld.loader_id], epochs=len(epochs[ld.loader_id]), wait_s=waits[ld.loader_id],
+            iter_start_s=iter_start[ld.loader_id], pipeline=worker_pipeline(session, ld.loader_id)))
+    return summaries
+
+
+def _startup_in_steady(session: Session, stats: StepStats, train: LoaderSummary | None) -> float:
+    """Iterator creation, and first batches of later epochs beyond the usual wait, inside steady steps."""
+    if train is None or not stats.steady:
+        return 0.0
+    t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
+    total = sum(max(0, min(it.end_ns, t1) - max(it.start_ns, t0)) for it in session.iters
+                if it.loader_id == train.loader_id) / 1e9
+    if int(train.config.get("num_workers") or 0) > 0 and stats.median_wait_s is not None:
+        first_of_epoch: dict[tuple[int, int], int] = {}
+        for n in session.nexts:
+            if n.loader_id == train.loader_id:
+                first_of_epoch.setdefault((n.iter_id, n.epoch), n.start_ns)
+        typical = stats.median_wait_s / max(1.0, sum(s.batches for s in stats.steady) / len(stats.steady))
+        for n in session.nexts:
+            if n.loader_id == train.loader_id and first_of_epoch.get((n.iter_id, n.epoch)) == n.start_ns \
+                    and t0 <= n.start_ns < t1 and (n.iter_id, n.epoch) != (0, 0):
+                total += max(0.0, (n.end_ns - n.start_ns) / 1e9 - typical)
+    return total
+
+
+def _failure(session: Session) -> Failure | None:
+    worker_errors = [e for e in session.errors if e.where == "worker"]
+    main_errors = [e for e in session.errors if e.where == "main"]
+    if worker_errors:
+        e = worker_errors[0]
+        return Failure("worker", e.type, e.message, e.location, e.loader_id, e.worker)
+    if main_errors:
+        e = main_errors[0]
+        return Failure("main", e.type, e.message, e.location)
+    if session.exit_code != 0:
+        return Failure("main", "exit", None, None, exit_code=session.exit_code)
+    return None
+
+
+def analyze(session: Session) -> Analysis:
+    """The job's findings. A distributed job is analysed per rank (see ``ranks.py``); its top-level
+    findings are the straggler's, or the lowest rank's when no rank holds the others back."""
+    rank_records = ranks_mod.rank_processes(session)
+    if len(rank_records) < 2:
+        return dataclasses.replace(_analyze_process(session), fetch_stages=fetch_stages(session.fetches))
+    cpus = usable_cpus(session)
+    per_rank = ranks_mod.analyze_ranks(session, _analyze_process, cpus)
+    summaries = [ranks_mod.summarize_rank(record, analysis, session) for record, analysis in per_rank.values()]
+    analyses = {rank: analysis for rank, (_, analysis) in per_rank.items()}
+    findings = ranks_mod.job_findings(summaries, analyses)
+    primary = analyses[findings.primary_rank] if findings.primary_rank is not None else _analyze_process(session)
+    train = next((ld for ld in primary.loaders if ld.role == "train"), None)
+    extra = ranks_mod.rank_recommendations(summaries, findings, cpus,
+                                           train.config.get("dataset_len") if train else None)
+    recs = list(primary.recommendations)
+    recs = recs + extra if findings.straggler_rank is not None else extra + recs
+    return dataclasses.replace(
+        primary, recommendations=recs, failure=_failure(session), notes=list(session.notes), conditions=[],
+        ranks=summaries, distributed=findings, fetch_stages=fetch_stages(session.fetches))
+
+
+def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
+    """One training process (``session.main_pid``) and its workers, on ``cpus`` usable CPUs."""
+    stats = step_stats(session)
+    loaders = _loader_summaries(session, stats.loader_id)
+    train = next((ld for ld in loaders if ld.role == "train"), None)
+    verdict = verdict_for(stats)
+    startup = _startup_in_steady(session, stats, train)
+    seconds = node_seconds(stats, train, startup)
+    seconds["sync"] += stats.sync_s
+    node, share = bottleneck(verdict, seconds)
+    cpus = cpus or usable_cpus(session)
+    system = summarize_samples(session)
+    main_cpu = helper_cpu = None
+    if stats.steady:
+        window = (stats.steady[0].start_ns, stats.steady[-1].end_ns)
+        main_cpu = process_cpu_between(session, session.main_pid, *window)
+        helper_cpu = helper_cpu_between(session, session.main_pid, *window)
+    # CPUs other programs kept busy during the run are not available to this job either.
+    host_cpus = session.environment.get("cpu_count")
+    other = system.other_cores_mean if host_cpus == cpus and system.other_cores_mean else 0.0
+    model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu)
+    pitfalls = find_pitfalls(session, loaders, system, cpus)
+    conditions = []
+    if not session.loaders:
+        conditions.append("no-dataloader")
+    elif not stats.steps:
+        conditions.append("no-training-step")
+    return Analysis(
+        verdict=verdict,
+        data_wait_fraction=stats.data_wait_fraction,
+        steps=stats,
+        node_seconds=seconds,
+        bottleneck_node=node,
+        bottleneck_share=share,
+        loaders=loaders,
+        recommendations=recommend(verdict, stats, train, seconds, cpus, startup, model,
+                                  _unpinned_fraction(session)),
+        failure=_failure(session),
+        usable_cpus=cpus,
+        notes=list(session.notes),
+        conditions=conditions,
+        capacity=capacity_report(model),
+        pitfalls=pitfalls,
+        system=system,
+        gpu_timing=gpu_timing(session),
+    )
+
+
+def _unpinned_fraction(session: Session) -> float | None:
+    total = sum(t.nbytes for t in session.transfers)
+    if not total:
+        return None
+    return sum(t.nbytes for t in session.transfers if not t.pinned) / total

@@ -1,0 +1,218 @@
+"""The workers' side of a loader: where their busy time went, how full the queue was, start-up.
+
+Per fetched batch, wall time is split by node. CPU time inside instrumented calls goes to their
+node; CPU time outside any (the dataset's own Python) goes to ``transform``; time off the CPU
+is split into waiting for a CPU (run-queue, charged to the CPU nodes in proportion, since more
+cores would remove it) and blocking (I/O, sleeps, network), charged to ``storage``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import defaultdict
+
+from stallscope.analysis.findings import WorkerPipeline
+from stallscope.session import FetchRecord, Session
+
+
+def split_fetch(fetch: FetchRecord, shares: dict[str, float] | None = None) -> dict[str, int]:
+    """Nanoseconds of one fetch per node; the values add up to its wall time.
+
+    ``shares``: the loader's CPU split (``loader_cpu_shares``), used for a batch whose calls were not timed.
+    """
+    return _spread(fetch, fetch_parts(fetch, shares))
+
+
+def _spread(fetch: FetchRecord, parts: tuple[dict[str, int], int, int]) -> dict[str, int]:
+    """``split_fetch`` from the fetch's parts: run-queue wait to the CPU nodes in proportion, the rest to storage."""
+    wall = max(0, fetch.end_ns - fetch.start_ns)
+    cpu_by_node, runqueue, _ = parts
+    cpu = sum(cpu_by_node.values())
+    result: dict[str, int] = defaultdict(int)
+    for node, value in cpu_by_node.items():
+        share = runqueue * value // cpu if cpu > 0 else 0
+        result[node] += value + share
+    distributed = sum(result.values())
+    result["storage"] += wall - distributed
+    return dict(result)
+
+
+def fetch_parts(fetch: FetchRecord, shares: dict[str, float] | None = None) -> tuple[dict[str, int], int, int]:
+    """(CPU ns per node, run-queue wait ns, blocked ns) of one fetch; together they make its wall time.
+
+    A batch whose calls were not timed has its CPU split by ``shares`` (its loader's timed batches);
+    without them, all of its CPU counts as ``transform``, as for a dataset with no instrumented calls.
+    """
+    wall = max(0, fetch.end_ns - fetch.start_ns)
+    cpu = min(max(0, fetch.cpu_ns), wall)
+    if not fetch.timed and shares:
+        estimated = {node: int(cpu * share) for node, share in shares.items()}
+        estimated["transform"] = estimated.get("transform", 0) + cpu - sum(estimated.values())  # rounding
+        return _with_off_cpu(fetch, estimated, wall, cpu)
+    cpu_by_node: dict[str, int] = defaultdict(int)
+    for node, (_, node_cpu, _) in fetch.by_node.items():
+        cpu_by_node[node] += max(0, node_cpu)
+    known = sum(cpu_by_node.values())
+    if known > cpu:  # clock granularity: scale down rather than exceed the measured total
+        cpu_by_node = defaultdict(int, {n: v * cpu // known for n, v in cpu_by_node.items()})
+        known = sum(cpu_by_node.values())
+    cpu_by_node["transform"] += cpu - known
+    return _with_off_cpu(fetch, dict(cpu_by_node), wall, cpu)
+
+
+def _with_off_cpu(fetch: FetchRecord, cpu_by_node: dict[str, int], wall: int,
+                  cpu: int) -> tuple[dict[str, int], int, int]:
+    off_cpu = wall - cpu
+    runqueue = min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0
+    return cpu_by_node, runqueue, off_cpu - runqueue
+
+
+def loader_cpu_shares(fetches: list[FetchRecord]) -> dict[int, dict[str, float]]:
+    """Per loader, the fraction of its call-timed batches' CPU that went to each node.
+
+    Batches in between timed ones (see ``record.calls.timing_interval``) get their CPU split by
+    these fractions: a ratio estimate over a systematic sample of the loader's batches.
+    """
+    totals: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for f in fetches:
+        if f.timed and f.outcome != "StopIteration":
+            for node, value in fetch_parts(f)[0].items():
+                totals[f.loader_id][node] += value
+    shares: dict[int, dict[str, float]] = {}
+    for loader_id, by_node in totals.items():
+        total = sum(by_node.values())
+        if total > 0:
+            shares[loader_id] = {node: value / total for node, value in by_node.items()}
+    return shares
+
+
+def fetch_stages(fetches: list[FetchRecord]) -> list[dict[str, int]]:
+    """``split_fetch`` of every fetch, in order, each loader's untimed batches split like its timed ones."""
+    shares = loader_cpu_shares(fetches)
+    return [split_fetch(f, shares.get(f.loader_id)) for f in fetches]
+
+
+def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
+    fetches = [f for f in session.fetches if f.loader_id == loader_id and f.outcome != "StopIteration"]
+    if not fetches:
+        return None
+    loader = next((ld for ld in session.loaders if ld.loader_id == loader_id), None)
+    num_workers = int(loader.config.get("num_workers", 0)) if loader else 0
+    node_ns: dict[str, int] = defaultdict(int)
+    node_cpu_ns: dict[str, int] = defaultdict(int)
+    by_call: dict[str, int] = defaultdict(int)
+    direct = cpu = blocked = runqueue = 0
+    runqueue_known = True
+    shares = loader_cpu_shares(fetches).get(loader_id)
+    for f in fetches:
+        parts = fetch_parts(f, shares)
+        for node, value in _spread(f, parts).items():
+            node_ns[node] += value
+        for node, value in parts[0].items():
+            node_cpu_ns[node] += value
+        for name, (wall, _, _) in f.by_name.items():
+            by_call[name] += wall
+        direct += sum(v[0] for v in f.by_node.values())
+        wall = f.end_ns - f.start_ns
+        cpu += min(f.cpu_ns, wall)
+        if f.runqueue_ns < 0:
+            runqueue_known = False
+        rq = min(max(0, f.runqueue_ns), max(0, wall - f.cpu_ns))
+        runqueue += rq
+        blocked += max(0, wall - f.cpu_ns) - rq
+    busy = sum(f.end_ns - f.start_ns for f in fetches)
+    timed = [f for f in fetches if f.timed]
+    timed_busy = sum(f.end_ns - f.start_ns for f in timed)
+    if len(timed) < len(fetches) and timed_busy > 0:  # calls timed in some batches: scale to all of them
+        scale = busy / timed_busy
+        by_call = defaultdict(int, {name: int(value * scale) for name, value in by_call.items()})
+        direct = int(direct * scale)
+
+    starts = [w for w in session.worker_starts if w.loader_id == loader_id]
+    startup = [(w.ready_ns - w.created_ns) / 1e9 for w in starts]
+    busy_fraction = _busy_fraction(fetches, starts) if num_workers > 0 else None
+    depth, empty = _queue_state(session, loader_id, fetches) if num_workers > 0 else (None, None)
+    pin = sum(p.end_ns - p.start_ns for p in session.pins if not p.main_thread) / 1e9 \
+        if loader and loader.config.get("pin_memory") else 0.0
+    errors = sum(1 for e in session.errors if e.where == "worker" and e.loader_id == loader_id)
+    return WorkerPipeline(
+        loader_id=loader_id,
+        num_workers=num_workers,
+        batches=len(fetches),
+        call_timed_batches=len(timed),
+        busy_s=busy / 1e9,
+        node_s={k: v / 1e9 for k, v in sorted(node_ns.items())},
+        node_cpu_s={k: v / 1e9 for k, v in sorted(node_cpu_ns.items())},
+        samples=sum(f.items for f in fetches),
+        direct_s=direct / 1e9,
+        cpu_s=cpu / 1e9,
+        blocked_s=blocked / 1e9,
+        runqueue_s=runqueue / 1e9 if runqueue_known else None,
+        by_call={k: v / 1e9 for k, v in sorted(by_call.items(), key=lambda kv: -kv[1])},
+        batch_wall_median_s=statistics.median(f.end_ns - f.start_ns for f in fetches) / 1e9,
+        batch_cpu_median_s=statistics.median(f.cpu_ns for f in fetches) / 1e9,
+        startup_s=startup,
+        busy_fraction=busy_fraction,
+        queue_depth_mean=depth,
+        empty_queue_fraction=empty,
+        pin_s=pin,
+        errors=errors,
+    )
+
+
+def _busy_fraction(fetches: list[FetchRecord], starts: list) -> float | None:
+    """Busy time over each worker's life (ready to its last fetch), summed over workers."""
+    by_worker: dict[tuple[int, int], list[FetchRecord]] = defaultdict(list)
+    for f in fetches:
+        by_worker[(f.iter_id, f.worker)].append(f)
+    ready = {(w.iter_id, w.worker): w.ready_ns for w in starts}
+    life = busy = 0
+    for key, items in by_worker.items():
+        begin = ready.get(key, min(f.start_ns for f in items))
+        life += max(f.end_ns for f in items) - begin
+        busy += sum(f.end_ns - f.start_ns for f in items)
+    return busy / life if life > 0 else None
+
+
+def _queue_state(session: Session, loader_id: int, fetches: list[FetchRecord]) -> tuple[float | None, float | None]:
+    """Mean number of batches ready and waiting when the main process asked for one, and how often none was.
+
+    Worker fetches are matched to batches through the order of index sends: a worker serves its
+    queue first-in first-out, so its j-th fetch answers the j-th index sent to it.
+    """
+    sends_by_worker: dict[tuple[int, int], list] = defaultdict(list)
+    for s in session.sends:
+        if s.loader_id == loader_id:
+            sends_by_worker[(s.iter_id, s.worker)].append(s)
+    fetch_by_worker: dict[tuple[int, int], list[FetchRecord]] = defaultdict(list)
+    for f in session.fetches:
+        if f.loader_id == loader_id and f.worker >= 0:
+            fetch_by_worker[(f.iter_id, f.worker)].append(f)
+    ready_at: dict[tuple[int, int, int], int] = {}
+    for key, sends in sends_by_worker.items():
+        done = sorted(fetch_by_worker.get(key, []), key=lambda f: f.seq)
+        for send, fetch in zip(sorted(sends, key=lambda s: s.t_ns), done):
+            ready_at[(send.iter_id, send.epoch, send.send_idx)] = fetch.end_ns
+    nexts = [n for n in session.nexts if n.loader_id == loader_id]
+    if not nexts or not ready_at:
+        return None, None
+    position: dict[tuple[int, int], int] = defaultdict(int)
+    ready_times = sorted(ready_at.values())
+    consumed_ends = sorted(n.end_ns for n in nexts)
+    depths: list[int] = []
+    empty = 0
+    for n in nexts:
+        k = position[(n.iter_id, n.epoch)]
+        position[(n.iter_id, n.epoch)] = k + 1
+        ready = ready_at.get((n.iter_id, n.epoch, k))
+        if ready is None:
+            continue
+        if ready > n.start_ns:
+            empty += 1
+        produced = bisect.bisect_right(ready_times, n.start_ns)
+        consumed = bisect.bisect_right(consumed_ends, n.start_ns)
+        depths.append(max(0, produced - consumed))
+    if not depths:
+        return None, None
+    return statistics.fmean(depths), empty / len(depths)

@@ -1,0 +1,165 @@
+"""Known DataLoader pitfalls, each raised only on evidence from this run.
+
+Every pitfall carries the numbers that triggered it (``facts``; ``render/words.py`` says it in words).
+None fires on configuration alone when the measurement says it did no harm, except those that break
+jobs outright (CUDA in forked workers).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from stallscope.analysis.findings import LoaderSummary
+from stallscope.analysis.system_metrics import SystemSummary
+from stallscope.session import Session
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Pitfall:
+    id: str
+    node: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def find_pitfalls(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                  usable_cpus: int) -> list[Pitfall]:
+    found: list[Pitfall] = []
+    for check in (_rss_growth, _shm_headroom, _workers_above_cores, _thread_oversubscription, _unpinnable_batch,
+                  _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits):
+        found.extend(check(session, loaders, system, usable_cpus))
+    return found
+
+
+def _rss_growth(session, loaders, system, cpus):
+    """Private memory (USS, read every few seconds) shows copy-on-read; resident memory (RSS, read every
+    tick) shows plain growth such as a per-worker cache. Either must still be climbing late in the run."""
+    by_uss = [w for w in system.workers if w.private_start is not None and w.private_end is not None
+              and w.private_end - w.private_start > 64 * MIB and w.private_end > 1.2 * w.private_start
+              and (w.private_late_growth or 0) > 32 * MIB]
+    by_rss = [w for w in system.workers if w.rss_start is not None and w.rss_end is not None
+              and w.rss_end - w.rss_start > 128 * MIB and (w.rss_late_growth or 0) > 64 * MIB]
+    if not by_uss and not by_rss:
+        return []
+    if by_uss:
+        worst = max(by_uss, key=lambda w: w.private_end - w.private_start)
+        facts = {"memory": "private", "pid": worst.pid, "start_bytes": worst.private_start,
+                 "end_bytes": worst.private_end, "growth_bytes_per_min": worst.private_growth_per_min}
+    else:
+        worst = max(by_rss, key=lambda w: w.rss_end - w.rss_start)
+        facts = {"memory": "resident", "pid": worst.pid, "start_bytes": worst.rss_start, "end_bytes": worst.rss_end}
+    grown = {w.pid for w in by_uss} | {w.pid for w in by_rss}
+    return [Pitfall("worker-memory-growth", "loader", {"workers_grown": len(grown), **facts})]
+
+
+def _shm_headroom(session, loaders, system, cpus):
+    free = None
+    for check in session.checks:
+        if check.get("id") == "shm":
+            free = (check.get("data") or {}).get("free_bytes") or (check.get("data") or {}).get("size_bytes")
+    out = []
+    for info in session.batch_info:
+        loader = next((ld for ld in loaders if ld.loader_id == info["loader_id"]), None)
+        if loader is None or not free:
+            continue
+        workers = int(loader.config.get("num_workers") or 0)
+        in_flight = workers * int(loader.config.get("prefetch_factor") or 2) * int(info.get("nbytes") or 0)
+        if workers and in_flight > 0.5 * free:
+            out.append(Pitfall("shm-headroom", "loader", {
+                "loader_id": loader.loader_id, "workers": workers, "prefetch_factor": loader.config.get("prefetch_factor"),
+                "batch_bytes": info["nbytes"], "in_flight_bytes": in_flight, "shm_free_bytes": free}))
+    return out
+
+
+def _workers_above_cores(session, loaders, system, cpus):
+    out = []
+    for ld in loaders:
+        p = ld.pipeline
+        workers = int(ld.config.get("num_workers") or 0)
+        if p is None or workers <= cpus or not p.busy_s:
+            continue
+        waiting = (p.runqueue_s or 0.0) / p.busy_s
+        if waiting > 0.15:
+            out.append(Pitfall("workers-above-cores", "loader",
+                               {"workers": workers, "usable_cpus": cpus, "runqueue_fraction": waiting}))
+    return out
+
+
+def _thread_oversubscription(session, loaders, system, cpus):
+    by_loader: dict[int, list[tuple[int, dict]]] = defaultdict(list)
+    for w in session.worker_starts:
+        by_loader[w.loader_id].append((w.worker, w.threads))
+    out = []
+    for loader_id, starts in by_loader.items():
+        workers = len({worker for worker, _ in starts})
+        threads = [t for _, t in starts]
+        per_worker = max(_threads_of(t) for t in threads)
+        if per_worker > 1 and per_worker * workers > cpus:
+            out.append(Pitfall("thread-oversubscription", "transform", {
+                "loader_id": loader_id, "threads_per_worker": per_worker, "workers": workers, "usable_cpus": cpus,
+                "thread_settings": threads[0]}))
+    return out
+
+
+def _threads_of(settings: dict) -> int:
+    values = [settings.get("torch") or 1, settings.get("cv2") or 1]
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        try:
+            values.append(int(settings.get(key) or 1))
+        except ValueError:
+            pass
+    return max(values)
+
+
+def _unpinnable_batch(session, loaders, system, cpus):
+    out = []
+    for info in session.batch_info:
+        loader = next((ld for ld in loaders if ld.loader_id == info["loader_id"]), None)
+        if loader and loader.config.get("pin_memory") and not info.get("pinnable", True):
+            out.append(Pitfall("unpinnable-batch", "transfer", {
+                "loader_id": loader.loader_id, "types": list(info["unpinnable"]), "tensors": info.get("tensors", 0)}))
+    return out
+
+
+def _cuda_in_forked_worker(session, loaders, system, cpus):
+    hits = [e for e in session.errors if "re-initialize CUDA in forked subprocess" in e.message]
+    if not hits:
+        return []
+    return [Pitfall("cuda-in-forked-worker", "loader", {"type": hits[0].type, "message": hits[0].message[:200]})]
+
+
+def _lmdb_before_fork(session, loaders, system, cpus):
+    main = session.main_pid
+    main_opens = [o for o in session.lmdb_opens if o["pid"] == main]
+    if not main_opens:
+        return []
+    forked = [ld for ld in loaders if int(ld.config.get("num_workers") or 0) > 0
+              and ld.config.get("multiprocessing_context") in ("fork", "default", None)]
+    worker_pids = {w.pid for w in session.worker_starts}
+    reopened = any(o["pid"] in worker_pids for o in session.lmdb_opens)
+    first_iter = min((it.start_ns for it in session.iters if it.num_workers > 0), default=None)
+    if forked and not reopened and first_iter is not None and main_opens[0]["t_ns"] < first_iter:
+        return [Pitfall("lmdb-before-fork", "storage", {"path": main_opens[0]["path"]})]
+    return []
+
+
+def _out_of_order_waits(session, loaders, system, cpus):
+    """Waiting for one slow worker's batch while others' are ready (in-order delivery)."""
+    out = []
+    for ld in loaders:
+        fetches = [f for f in session.fetches if f.loader_id == ld.loader_id and f.worker >= 0]
+        workers = {f.worker for f in fetches}
+        if len(workers) < 2 or not ld.config.get("in_order", True):
+            continue
+        per_worker = {w: statistics.median(f.end_ns - f.start_ns for f in fetches if f.worker == w) for w in workers}
+        slowest, fastest = max(per_worker.values()), min(per_worker.values())
+        if fastest > 0 and slowest / fastest > 2.0 and (ld.pipeline and (ld.pipeline.empty_queue_fraction or 0) > 0.2):
+            slow = max(per_worker, key=per_worker.get)
+            out.append(Pitfall("slow-worker", "loader", {
+                "worker": slow, "slowest_batch_ns": slowest, "fastest_batch_ns": fastest,
+                "empty_queue_fraction": ld.pipeline.empty_queue_fraction}))
+    return out

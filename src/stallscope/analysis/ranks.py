@@ -1,0 +1,203 @@
+"""Across the ranks of a distributed job: per-rank findings, skew per step, and the straggler.
+
+A synchronous data-parallel job is as fast as its slowest rank, and a rank that is slow to produce
+its batch shows up on every other rank as time in the gradient all-reduce. Each rank process is
+analysed on its own (a view of the session holding that process and its DataLoader workers); the
+ranks are then compared step by step on their *own* time, the step minus the wait for the others.
+The rank with the most own time, when it exceeds the fastest rank's by ``STRAGGLER_AT`` of a step
+while the others wait in collectives, is the straggler, and its limiting stage is the job's.
+
+The job's top-level findings are those of the straggler when there is one (it sets the pace), and of
+the lowest rank otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stallscope.analysis.findings import Analysis, Recommendation
+from stallscope.session import PER_PROCESS, RankRecord, Session
+
+STRAGGLER_AT = 0.15  # own-time gap between the slowest and the fastest rank, as a share of the median step
+STRAGGLER_MIN_S = 0.002
+WAITING_AT = 0.10  # the other ranks must spend at least this share of their steps in collectives
+SYNC_BOUND_AT = 0.30
+
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    pid: int
+    world_size: int
+    verdict: str  # input-bound | compute-bound | balanced | sync-bound | unknown
+    bottleneck_node: str | None
+    bottleneck_share: float
+    data_wait_fraction: float
+    sync_fraction: float
+    steps: int
+    steps_per_s: float
+    samples_per_s: float | None
+    median_step_s: float | None
+    own_step_s: float | None  # median step minus the wait for other ranks
+    node_seconds: dict[str, float]
+    num_workers: int | None
+    sampler: str | None
+    batches_per_epoch: float | None
+    failed: str | None  # the exception that ended this rank, if any
+
+
+@dataclass(frozen=True)
+class DistributedFindings:
+    world_size: int
+    hosts: list[str]
+    primary_rank: int | None  # whose analysis the job's top-level findings are
+    straggler_rank: int | None
+    straggler_stage: str | None  # the straggler's limiting pipeline stage
+    straggler_verdict: str | None
+    straggler_extra_s: float  # median own time per step beyond the fastest rank's
+    waiting: dict[int, float]  # rank -> share of its step time spent in collectives
+    skew_median_s: float | None
+    skew_p90_s: float | None
+    step_skew_s: list[float] = field(default_factory=list)  # per aligned steady step: max - min own time
+
+
+def rank_processes(session: Session) -> list[RankRecord]:
+    """One record per rank process (the last one seen for a pid), in rank order."""
+    by_pid = {r.pid: r for r in session.ranks}
+    return sorted(by_pid.values(), key=lambda r: (r.rank, r.pid))
+
+
+def members(session: Session, pid: int) -> set[int]:
+    """The rank process and the processes working for it (its DataLoader workers)."""
+    owned = {pid}
+    for proc in session.processes:
+        if proc.owner == pid or (proc.owner is None and proc.ppid == pid and proc.role != "rank"):
+            owned.add(proc.pid)
+    owned |= {w.pid for w in session.worker_starts if w.pid in owned}
+    return owned
+
+
+def rank_view(session: Session, pid: int) -> Session:
+    """The session as if ``pid`` were the only training process: its records and its workers'."""
+    keep = members(session, pid)
+    changes: dict[str, Any] = {name: [r for r in getattr(session, name) if r.pid in keep] for name in PER_PROCESS}
+    changes["processes"] = [p for p in session.processes if p.pid in keep]
+    changes["ranks"] = [r for r in session.ranks if r.pid == pid]
+    return dataclasses.replace(session, **changes)
+
+
+def analyze_ranks(session: Session, analyze_process: Callable[[Session, int | None], Analysis],
+                  cpus: int) -> dict[int, tuple[RankRecord, Analysis]]:
+    """rank -> (its record, its analysis); each rank gets its share of its host's CPUs."""
+    ranks = rank_processes(session)
+    per_host = Counter(r.host for r in ranks)
+    return {r.rank: (r, analyze_process(rank_view(session, r.pid), max(1, cpus // per_host[r.host])))
+            for r in ranks}
+
+
+def rank_verdict(analysis: Analysis) -> tuple[str, str | None, float]:
+    """The rank's verdict and limiting node: ``sync-bound`` when waiting for the others dominates."""
+    stats = analysis.steps
+    total = sum(analysis.node_seconds.values())
+    if stats.steady and stats.sync_fraction >= SYNC_BOUND_AT and stats.sync_fraction > stats.data_wait_fraction:
+        return "sync-bound", "sync", analysis.node_seconds.get("sync", 0.0) / total if total > 0 else 0.0
+    return analysis.verdict, analysis.bottleneck_node, analysis.bottleneck_share
+
+
+def _own_times(analysis: Analysis) -> dict[int, float]:
+    return {s.index: (s.duration_ns - s.sync_ns) / 1e9 for s in analysis.steps.steady}
+
+
+def summarize_rank(record: RankRecord, analysis: Analysis, session: Session) -> RankSummary:
+    verdict, node, share = rank_verdict(analysis)
+    stats = analysis.steps
+    own = list(_own_times(analysis).values())
+    train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+    errors = [e for e in session.errors if e.pid == record.pid and e.where == "main"]
+    return RankSummary(
+        rank=record.rank, local_rank=record.local_rank, node_rank=record.node_rank, host=record.host,
+        pid=record.pid, world_size=record.world_size, verdict=verdict, bottleneck_node=node, bottleneck_share=share,
+        data_wait_fraction=stats.data_wait_fraction, sync_fraction=stats.sync_fraction, steps=len(stats.steps),
+        steps_per_s=analysis.steps_per_s, samples_per_s=analysis.samples_per_s, median_step_s=stats.median_step_s,
+        own_step_s=statistics.median(own) if own else None, node_seconds=dict(analysis.node_seconds),
+        num_workers=int(train.config.get("num_workers") or 0) if train else None,
+        sampler=train.config.get("sampler") if train else None,
+        batches_per_epoch=train.batches / train.epochs if train and train.epochs else None,
+        failed=f"{errors[0].type}: {errors[0].message}" if errors else None,
+    )
+
+
+def job_findings(summaries: list[RankSummary], analyses: dict[int, Analysis]) -> DistributedFindings:
+    world = max([s.world_size for s in summaries] + [len(summaries)])
+    hosts = sorted({s.host for s in summaries})
+    timed = [s for s in summaries if s.own_step_s is not None]
+    waiting = {s.rank: round(s.sync_fraction, 4) for s in summaries}
+    skews = _step_skews({s.rank: _own_times(analyses[s.rank]) for s in timed})
+    straggler: RankSummary | None = None
+    extra = 0.0
+    if len(timed) >= 2:
+        slowest = max(timed, key=lambda s: s.own_step_s or 0.0)
+        fastest = min(timed, key=lambda s: s.own_step_s or 0.0)
+        job_step = statistics.median(s.median_step_s or 0.0 for s in timed)
+        extra = (slowest.own_step_s or 0.0) - (fastest.own_step_s or 0.0)
+        others_wait = max(s.sync_fraction for s in timed if s.rank != slowest.rank)
+        if extra >= max(STRAGGLER_MIN_S, STRAGGLER_AT * job_step) and others_wait >= WAITING_AT:
+            straggler = slowest
+    primary = straggler.rank if straggler else (timed[0].rank if timed else (summaries[0].rank if summaries else None))
+    stage = None
+    if straggler is not None:
+        stage = straggler.bottleneck_node if straggler.bottleneck_node != "sync" else "compute"
+    return DistributedFindings(
+        world_size=world, hosts=hosts, primary_rank=primary,
+        straggler_rank=straggler.rank if straggler else None, straggler_stage=stage,
+        straggler_verdict=straggler.verdict if straggler else None, straggler_extra_s=max(0.0, extra),
+        waiting=waiting, skew_median_s=statistics.median(skews) if skews else None,
+        skew_p90_s=sorted(skews)[min(len(skews) - 1, int(0.9 * (len(skews) - 1) + 0.5))] if skews else None,
+        step_skew_s=[round(v, 6) for v in skews],
+    )
+
+
+def _step_skews(own: dict[int, dict[int, float]]) -> list[float]:
+    """Per step index present on every rank: the spread of the ranks' own time."""
+    if len(own) < 2:
+        return []
+    common = set.intersection(*(set(times) for times in own.values()))
+    return [max(t[i] for t in own.values()) - min(t[i] for t in own.values()) for i in sorted(common)]
+
+
+def rank_recommendations(summaries: list[RankSummary], findings: DistributedFindings, usable_cpus: int,
+                         dataset_len: int | None) -> list[Recommendation]:
+    """Sharded-input and per-node worker fixes; the straggler's own fixes come from its analysis."""
+    recs: list[Recommendation] = []
+    world = max(findings.world_size, len(summaries))
+    samplers = {s.sampler for s in summaries if s.sampler}
+    if world > 1 and samplers and "DistributedSampler" not in samplers:
+        recs.append(Recommendation("distributed-sampler", "loader", None,
+                                   facts={"samplers": sorted(samplers), "world_size": world}))
+    per_epoch = {s.rank: s.batches_per_epoch for s in summaries if s.batches_per_epoch is not None}
+    if len(set(per_epoch.values())) > 1:
+        recs.append(Recommendation("uneven-shards", "sync", None,
+                                   facts={"batches_per_epoch": {r: v for r, v in sorted(per_epoch.items())}}))
+    elif "DistributedSampler" in samplers and dataset_len and dataset_len % world:
+        recs.append(Recommendation("sampler-drop-last", "loader", None,
+                                   facts={"dataset_len": dataset_len, "world_size": world}))
+    by_host: dict[str, list[RankSummary]] = {}
+    for s in summaries:
+        by_host.setdefault(s.host, []).append(s)
+    for host, ranks in sorted(by_host.items()):
+        workers = sum(s.num_workers or 0 for s in ranks)
+        if workers + len(ranks) > usable_cpus and workers > 0:
+            fit = max(0, (usable_cpus - len(ranks)) // len(ranks))
+            recs.append(Recommendation("workers-per-node", "loader", None, {"num_workers": fit},
+                                       {"host": host, "ranks": len(ranks), "workers": workers,
+                                        "usable_cpus": usable_cpus}))
+    return recs

@@ -1,0 +1,169 @@
+"""Ranked changes, each with the exact edit and a speedup predicted by the throughput model.
+
+Predictions are ratios of the model's rates (new configuration over current), so a constant bias
+of the model cancels. The model is in ``capacity.py``. A recommendation is data: its id, stage,
+predicted speedup, the ``--set`` overrides when it is a configuration change, and the figures behind
+it; ``render/words.py`` says it in words.
+"""
+
+from __future__ import annotations
+
+from stallscope.analysis.capacity import ThroughputModel
+from stallscope.analysis.findings import LoaderSummary, Recommendation, StepStats
+
+MIN_GAIN = 1.05
+#: Code changes are predicted under an assumption (the stage gets twice as cheap); a configuration change
+#: is predicted from measured costs alone. Ranking discounts the former so a comparable measured fix wins.
+SPECULATIVE_DISCOUNT = 0.8
+NORMALIZE_CALLS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "F.to_tensor", "F.normalize")
+
+
+def best_worker_count(model: ThroughputModel, usable_cpus: float) -> tuple[int, float]:
+    """The smallest worker count within 2% of the best predicted rate, and its speedup."""
+    io_heavy = model.cost_s.get("storage", 0.0) > sum(v for k, v in model.cost_s.items() if k != "storage")
+    ceiling = int(min(32, max(4 * usable_cpus, 8) if io_heavy else usable_cpus + 2))
+    rates = {w: model.rate(workers=w) for w in range(1, ceiling + 1)}
+    top = max(rates.values())
+    choice = min(w for w, r in rates.items() if r >= 0.98 * top)
+    return choice, rates[choice] / model.rate()
+
+
+def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, seconds: dict[str, float],
+              usable_cpus: int, startup_s: float = 0.0, model: ThroughputModel | None = None,
+              transfer_unpinned_fraction: float | None = None) -> list[Recommendation]:
+    recs: list[Recommendation] = []
+    if verdict == "compute-bound":
+        recs.append(Recommendation("no-input-fix", "compute", None,
+                                   facts={"data_wait_fraction": stats.data_wait_fraction}))
+    if train is None or verdict == "unknown":
+        return recs
+    config = train.config
+    workers = int(config.get("num_workers") or 0)
+    pipeline = train.pipeline
+    input_side = verdict != "compute-bound"
+    best_workers = workers
+    if model is not None and input_side:
+        best_workers, gain = best_worker_count(model, model.usable_cpus)
+        if best_workers != workers and gain >= MIN_GAIN:
+            recs.append(Recommendation(
+                "num-workers", "loader", round(gain, 2), {"num_workers": best_workers},
+                {"workers": workers, "usable_cpus": usable_cpus, "loader_s_per_sample": sum(model.cost_s.values()),
+                 "blocked_s_per_sample": model.cost_s.get("storage", 0.0),
+                 "compute_s_per_sample": model.compute_per_sample_s}))
+        elif workers > usable_cpus + 1 and best_workers < workers:
+            recs.append(Recommendation(
+                "fewer-workers", "loader", round(max(gain, 1.0), 2), {"num_workers": best_workers},
+                {"workers": workers, "usable_cpus": usable_cpus}))
+    if input_side and pipeline is not None and workers > 0:
+        if not config.get("persistent_workers") and train.epochs > 1 and startup_s / max(stats.wall_s, 1e-9) > 0.03:
+            gain = stats.wall_s / max(stats.wall_s - startup_s, 1e-9)
+            per_start = sum(pipeline.startup_s) / max(1, len(pipeline.startup_s))
+            recs.append(Recommendation(
+                "persistent-workers", "loader", round(gain, 2), {"persistent_workers": True},
+                {"startup_s_per_worker": per_start, "epochs": train.epochs, "restart_wait_s": startup_s}))
+        if model is not None and (pipeline.empty_queue_fraction or 0) > 0.25 \
+                and model.pipeline_rate() > 1.15 * model.compute_rate() and model.measured_samples_per_s:
+            depth = 2 * int(config.get("prefetch_factor") or 2)
+            gain = model.rate() / model.measured_samples_per_s
+            if gain >= MIN_GAIN:
+                recs.append(Recommendation(
+                    "prefetch", "loader", round(gain, 2), {"prefetch_factor": depth},
+                    {"empty_queue_fraction": pipeline.empty_queue_fraction,
+                     "pipeline_samples_per_s": model.pipeline_rate(), "compute_samples_per_s": model.compute_rate()}))
+        discarded = _discarded_prefetch(train, model, workers)
+        if discarded is not None:
+            recs.append(discarded)
+    waiting_for_fds = stats.unpickle_s - stats.unpickle_cpu_s
+    if input_side and workers > 0 and stats.steady and waiting_for_fds > 0.15 * stats.wall_s \
+            and config.get("sharing_strategy", "file_descriptor") != "file_system":
+        recs.append(Recommendation(
+            "sharing-strategy", "loader", None, {"sharing_strategy": "file_system"},
+            {"fd_wait_s": waiting_for_fds, "batches": sum(s.batches for s in stats.steady),
+             "step_time_s": stats.wall_s}))
+    if transfer_unpinned_fraction is not None and transfer_unpinned_fraction > 0.5 and seconds.get("transfer", 0) > 0:
+        step = sum(seconds.values())
+        gain = step / max(step - seconds["transfer"] / 2, 1e-9)
+        if gain >= MIN_GAIN:
+            recs.append(Recommendation("pin-memory", "transfer", round(gain, 2), {"pin_memory": True},
+                                       {"unpinned_fraction": transfer_unpinned_fraction}))
+    if verdict == "input-bound" and pipeline is not None:
+        recs.extend(r for r in _stage_fixes(seconds, train, model, workers)
+                    if r.predicted_speedup is None or r.predicted_speedup >= MIN_GAIN)
+    recs.sort(key=lambda r: (r.id != "no-input-fix", -_rank_value(r)))
+    return recs
+
+
+def _discarded_prefetch(train: LoaderSummary, model: ThroughputModel | None, workers: int) -> Recommendation | None:
+    """Batches the workers loaded that the script never took: a loop that leaves each epoch early
+    (``break`` after N batches) makes the next ``iter(loader)`` drop every batch already in flight,
+    ``num_workers * prefetch_factor`` of them, so that much loading is thrown away at every epoch."""
+    pipeline = train.pipeline
+    prefetch = int(train.config.get("prefetch_factor") or 2)
+    if pipeline is None or model is None or prefetch <= 1 or train.epochs < 2 or not train.batches:
+        return None
+    in_flight = workers * prefetch  # the last epoch's queue, left when the run ended: not a recurring loss
+    wasted = pipeline.batches - train.batches - in_flight
+    if wasted < 0.1 * pipeline.batches:
+        return None
+    old = pipeline.batches / train.batches  # batches loaded per batch used
+    new = (train.batches + (wasted + in_flight) / prefetch) / train.batches  # waste shrinks with the queue
+    stages = ("decode", "transform", "loader", "storage")
+    gain = model.rate(scale=dict.fromkeys(stages, new)) / model.rate(scale=dict.fromkeys(stages, old))
+    if gain < MIN_GAIN:
+        return None
+    return Recommendation(
+        "discarded-prefetch", "loader", round(gain, 2), {"prefetch_factor": 1},
+        {"loaded_batches": pipeline.batches, "used_batches": train.batches, "dropped_batches": wasted,
+         "restarts": train.epochs - 1, "in_flight": in_flight, "workers": workers, "prefetch_factor": prefetch})
+
+
+def _rank_value(rec: Recommendation) -> float:
+    gain = rec.predicted_speedup or 0.0
+    return gain if rec.overrides else gain * SPECULATIVE_DISCOUNT
+
+
+def _gain(model: ThroughputModel | None, workers: int, scale: dict[str, float], fallback: float) -> float:
+    if model is None:
+        return fallback
+    return round(model.rate(workers=workers, scale=scale) / model.rate(), 2)
+
+
+def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: ThroughputModel | None,
+                 workers: int) -> list[Recommendation]:
+    pipeline = train.pipeline
+    total = sum(seconds.values()) or 1.0
+    ranked = sorted(("storage", "decode", "transform", "loader"), key=lambda n: -seconds.get(n, 0.0))
+    recs: list[Recommendation] = []
+    for node in ranked[:2]:
+        share = seconds.get(node, 0.0) / total
+        if share < 0.15:
+            continue
+        halved = round(1.0 / (1.0 - share / 2), 2)
+        if node == "decode":
+            recs.append(Recommendation("reduced-size-decode", "decode",
+                                       _gain(model, workers, {"decode": 0.5}, halved), facts={"share": share}))
+        elif node == "transform":
+            calls = pipeline.by_call
+            transform_s = pipeline.node_s.get("transform", 0.0) or 1e-9
+            normalize_s = sum(v for k, v in calls.items() if k in NORMALIZE_CALLS)
+            cut = min(0.9, normalize_s / transform_s)
+            if cut > 0.1:
+                recs.append(Recommendation("uint8-device-normalize", "transform",
+                                           _gain(model, workers, {"transform": 1 - cut, "loader": 0.5}, halved),
+                                           facts={"normalize_fraction": cut}))
+            by_calls = pipeline.direct_s / pipeline.busy_s if pipeline.busy_s else 0.0
+            if by_calls < 0.5:
+                recs.append(Recommendation("dataset-code", "transform",
+                                           _gain(model, workers, {"transform": 0.5}, halved),
+                                           facts={"share": share, "in_known_calls_fraction": by_calls}))
+            else:
+                recs.append(Recommendation("cheaper-transforms", "transform",
+                                           _gain(model, workers, {"transform": 0.5}, halved),
+                                           facts={"share": share, "costliest_calls": list(calls)[:3]}))
+        elif node == "storage":
+            recs.append(Recommendation("pack-dataset", "storage", _gain(model, workers, {"storage": 0.3}, halved),
+                                       facts={"share": share, "blocked_s": pipeline.blocked_s}))
+        else:
+            recs.append(Recommendation("cheaper-collate", "loader", _gain(model, workers, {"loader": 0.5}, halved),
+                                       facts={"share": share}))
+    return recs

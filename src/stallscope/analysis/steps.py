@@ -1,0 +1,145 @@
+"""Cut the main process's timeline into training steps and measure the data wait in each.
+
+Boundaries come from optimizer steps when the script has any: a step ends at the first
+optimizer step after at least one batch of the training loader (two optimizers on one batch
+are one step; gradient accumulation over several batches is one step). Without an optimizer
+(evaluation, inference) every batch of the busiest loader is a step. Time spent inside other
+loaders' loops (a validation pass between training steps) is excluded from the step it falls in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+
+from stallscope.analysis.findings import Step, StepStats
+from stallscope.analysis.sync import overlap_ns, sync_intervals
+from stallscope.session import NextRecord, Session
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def train_loader_id(session: Session, pid: int | None) -> tuple[int | None, str]:
+    """The loader whose batches precede optimizer steps; without optimizer steps, the busiest one."""
+    nexts = [n for n in session.nexts if n.pid == pid]
+    if not nexts:
+        return None, "none"
+    opts = [o for o in session.optimizer_steps if o.pid == pid]
+    if opts:
+        votes: Counter[int] = Counter()
+        i = 0
+        last: NextRecord | None = None
+        for opt in opts:
+            while i < len(nexts) and nexts[i].end_ns <= opt.start_ns:
+                last = nexts[i]
+                i += 1
+            if last is not None:
+                votes[last.loader_id] += 1
+        if votes:
+            return votes.most_common(1)[0][0], "optimizer"
+    return Counter(n.loader_id for n in nexts).most_common(1)[0][0], "batch"
+
+
+def _other_loader_spans(session: Session, pid: int | None, train_id: int) -> list[tuple[int, int]]:
+    """Spans where the main process was looping over another loader (from its first batch to its stop)."""
+    spans: list[tuple[int, int]] = []
+    events = sorted(
+        [(n.start_ns, n.end_ns, n.loader_id) for n in session.nexts if n.pid == pid]
+        + [(s.start_ns, s.end_ns, s.loader_id) for s in session.stops if s.pid == pid],
+    )
+    current: list[int] | None = None
+    for start, end, loader_id in events:
+        if loader_id == train_id:
+            if current is not None:
+                spans.append((current[0], current[1]))
+                current = None
+            continue
+        if current is None:
+            current = [start, end]
+        else:
+            current[1] = end
+    if current is not None:
+        spans.append((current[0], current[1]))
+    return spans
+
+
+def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
+    return max(0, min(a1, b1) - max(a0, b0))
+
+
+def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> StepStats:
+    pid = session.main_pid if pid is None else pid
+    train_id, boundary = train_loader_id(session, pid)
+    if train_id is None:
+        return StepStats(None, "none", [], 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
+    nexts = [n for n in session.nexts if n.pid == pid and n.loader_id == train_id]
+    iters = [it for it in session.iters if it.pid == pid and it.loader_id == train_id]
+    transfers = [t for t in session.transfers if t.pid == pid]
+    others = _other_loader_spans(session, pid, train_id)
+    waits_for_ranks = sync_intervals(session, pid)
+
+    bounds: list[tuple[int, int]] = []
+    if boundary == "optimizer":
+        start = min([nexts[0].start_ns] + [it.start_ns for it in iters if it.start_ns <= nexts[0].start_ns])
+        i = 0
+        seen_batch = False
+        for opt in (o for o in session.optimizer_steps if o.pid == pid):
+            while i < len(nexts) and nexts[i].end_ns <= opt.start_ns:
+                seen_batch = True
+                i += 1
+            if seen_batch:
+                bounds.append((start, opt.end_ns))
+                start = opt.end_ns
+                seen_batch = False
+    else:
+        stops = sorted(s.start_ns for s in session.stops if s.pid == pid and s.loader_id == train_id)
+        for k, n in enumerate(nexts):
+            following = nexts[k + 1].start_ns if k + 1 < len(nexts) else None
+            later_stop = next((s for s in stops if s >= n.end_ns), None)
+            if following is not None and (later_stop is None or following <= later_stop):
+                bounds.append((n.start_ns, following))
+            elif later_stop is not None:
+                bounds.append((n.start_ns, later_stop))
+
+    steps: list[Step] = []
+    for index, (s0, s1) in enumerate(bounds):
+        inside = [n for n in nexts if n.start_ns >= s0 and n.end_ns <= s1]
+        wait = sum(n.end_ns - n.start_ns for n in inside)
+        wait += sum(_overlap(it.start_ns, it.end_ns, s0, s1) for it in iters)
+        transfer = sum(_overlap(t.start_ns, t.end_ns, s0, s1) for t in transfers)
+        excluded = sum(_overlap(a, b, s0, s1) for a, b in others)
+        sizes = [n.batch_size for n in inside]
+        samples = sum(sizes) if sizes and all(v is not None for v in sizes) else None
+        unpickle = sum(n.unpickle_ns for n in inside)
+        sync = min(overlap_ns(waits_for_ranks, s0, s1), max(0, s1 - s0 - excluded - wait - transfer))
+        steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle_ns=unpickle,
+                          unpickle_cpu_ns=sum(n.unpickle_cpu_ns for n in inside), sync_ns=sync))
+
+    warm = warmup if len(steps) > warmup + 1 else 0
+    steady = steps[warm:]
+    wall = sum(s.duration_ns for s in steady) / 1e9
+    sample_counts = [s.samples for s in steady]
+    return StepStats(
+        loader_id=train_id,
+        boundary=boundary,
+        steps=steps,
+        warmup_steps=warm,
+        wall_s=wall,
+        wait_s=sum(s.wait_ns for s in steady) / 1e9,
+        transfer_s=sum(s.transfer_ns for s in steady) / 1e9,
+        compute_s=sum(s.compute_ns for s in steady) / 1e9,
+        unpickle_s=sum(s.unpickle_ns for s in steady) / 1e9,
+        unpickle_cpu_s=sum(s.unpickle_cpu_ns for s in steady) / 1e9,
+        samples=sum(sample_counts) if sample_counts and all(v is not None for v in sample_counts) else None,
+        median_step_s=statistics.median(s.duration_ns for s in steady) / 1e9 if steady else None,
+        p90_step_s=(_quantile([s.duration_ns for s in steady], 0.9) or 0) / 1e9 if steady else None,
+        median_wait_s=statistics.median(s.wait_ns for s in steady) / 1e9 if steady else None,
+        first_step_s=steps[0].duration_ns / 1e9 if steps else None,
+        sync_s=sum(s.sync_ns for s in steady) / 1e9,
+    )

@@ -1,0 +1,157 @@
+"""Summaries of the launcher's samples: CPU per process role, memory growth, iowait, /dev/shm, GPU.
+
+Everything the sampler could not read stays ``None`` here: absent is never reported as zero.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from stallscope.session import Session
+from stallscope.system_samples import ProcessSeries, SystemSamples
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    pid: int
+    role: str
+    cpu_cores: float | None  # mean cores used over the sampled life
+    rss_start: int | None
+    rss_peak: int | None
+    rss_end: int | None
+    rss_late_growth: int | None  # RSS growth over the second half of the samples
+    private_start: int | None  # USS: pages only this process holds (grows with copy-on-write copies)
+    private_end: int | None
+    private_growth_per_min: float | None
+    private_late_growth: int | None  # growth over the second half of its samples: still growing, or settled?
+    read_bytes: int | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SystemSummary:
+    present: bool
+    ticks: int
+    cpu_percent_mean: float | None
+    iowait_percent_mean: float | None
+    disk_read_bytes_per_s_mean: float | None
+    shm_used_peak: int | None
+    tree_rss_peak: int | None
+    main_cpu_cores: float | None
+    workers: list[ProcessUsage] = field(default_factory=list)
+    gpu_util_mean: list[float] | None = None
+    gpu_mem_peak: list[float] | None = None
+    sampler_core_fraction: float | None = None
+    absent: dict[str, str] = field(default_factory=dict)
+    other_cores_mean: float | None = None  # CPU used by processes outside the job (noisy neighbours)
+
+
+def _roles(session: Session) -> dict[int, str]:
+    roles = {p.pid: p.role for p in session.processes}
+    for w in session.worker_starts:
+        roles[w.pid] = "worker"
+    return roles
+
+
+def process_cpu_between(session: Session, pid: int | None, start_ns: int, end_ns: int) -> float | None:
+    """CPU seconds ``pid`` used between two instants, from the sampled cumulative CPU times."""
+    return session.system.cpu_between(pid, start_ns, end_ns)
+
+
+def helper_cpu_between(session: Session, main_pid: int | None, start_ns: int, end_ns: int) -> float | None:
+    """CPU seconds of the training process's other descendants (not DataLoader workers) in a window.
+
+    Such helpers (a local data server, a decoding service, a cache daemon the script starts) do work
+    for the samples it consumes, so their CPU counts against the cores like the workers' own."""
+    processes = session.system.processes
+    if main_pid is None or not processes:
+        return None
+    roles = _roles(session)
+    ranks = {r.pid for r in session.ranks}
+    parents = {pid: proc.ppid for pid, proc in processes.items()}
+    total = 0.0
+    for pid in parents:
+        if pid == main_pid or roles.get(pid) == "worker" or pid in ranks:
+            continue
+        ancestor, hops = parents.get(pid), 0
+        while ancestor is not None and ancestor != main_pid and hops < 16:
+            ancestor, hops = parents.get(ancestor), hops + 1
+        if ancestor == main_pid:
+            total += session.system.cpu_between(pid, start_ns, end_ns) or 0.0
+    return total
+
+
+def summarize_samples(session: Session) -> SystemSummary:
+    samples = session.system
+    if not samples.present:
+        return SystemSummary(False, 0, None, None, None, None, None, None)
+    roles = _roles(session)
+    usages: list[ProcessUsage] = []
+    main_cores = None
+    main_pid = session.main_pid
+    for pid, proc in samples.processes.items():
+        usage = _usage(proc, roles.get(pid, "child"), samples.t_ns)
+        if pid == main_pid:
+            main_cores = usage.cpu_cores
+        if usage.role == "worker":
+            usages.append(usage)
+    gpu_util = gpu_mem = None
+    if samples.gpu.get("util_percent"):
+        gpu_util = samples.gpu_mean("util_percent")
+        gpu_mem = samples.gpu_peak("mem_used_bytes")
+    shm = samples.peak("shm_used_bytes")
+    return SystemSummary(
+        present=True,
+        ticks=len(samples.t_ns),
+        cpu_percent_mean=samples.mean("cpu_percent"),
+        iowait_percent_mean=samples.mean("iowait_percent"),
+        disk_read_bytes_per_s_mean=samples.mean("disk_read_bytes_per_s"),
+        shm_used_peak=int(shm) if shm is not None else None,
+        tree_rss_peak=samples.tree_rss_peak,
+        main_cpu_cores=main_cores,
+        workers=usages,
+        gpu_util_mean=gpu_util,
+        gpu_mem_peak=gpu_mem,
+        sampler_core_fraction=samples.cost.get("core_fraction"),
+        absent=dict(samples.absent),
+        other_cores_mean=_other_cores(samples),
+    )
+
+
+def _other_cores(samples: SystemSamples) -> float | None:
+    """Mean cores busy outside the job's process tree: system-wide busy cores minus the tree's."""
+    per_core = samples.system.get("per_core_percent") or []
+    t_ns = samples.t_ns
+    if len(t_ns) < 3 or not per_core:
+        return None
+    tree = samples.tree_cores()
+    others = []
+    for tick in range(1, len(t_ns)):
+        dt = (t_ns[tick] - t_ns[tick - 1]) / 1e9
+        if dt <= 0 or tick >= len(per_core):
+            continue
+        busy = sum(per_core[tick]) / 100.0
+        others.append(max(0.0, busy - tree[tick] / dt))
+    return statistics.fmean(others) if others else None
+
+
+def _usage(proc: ProcessSeries, role: str, t_ns: list[int]) -> ProcessUsage:
+    ticks = [t for t in proc.ticks if 0 <= t < len(t_ns)]
+    cpu = [c for c in proc.cpu_s if c is not None]
+    seconds = (t_ns[ticks[-1]] - t_ns[ticks[0]]) / 1e9 if len(ticks) > 1 else 0.0
+    cores = (cpu[-1] - cpu[0]) / seconds if len(cpu) > 1 and seconds > 0 else None
+    rss = [v for v in proc.rss_bytes if v]  # 0 is an exiting process, not a reading
+    uss = [v for v in proc.uss_bytes if v is not None]
+    uss_ticks = [t for t in proc.uss_ticks if 0 <= t < len(t_ns)]
+    growth = None
+    if len(uss) >= 3 and len(uss_ticks) >= 2:
+        span = (t_ns[uss_ticks[-1]] - t_ns[uss_ticks[0]]) / 1e9
+        growth = (uss[-1] - uss[0]) / span * 60 if span > 0 else None
+    reads = [v for v in proc.read_bytes if v is not None]
+    late = uss[-1] - uss[len(uss) // 2] if len(uss) >= 3 else None
+    rss_late = rss[-1] - rss[len(rss) // 2] if len(rss) >= 3 else None
+    return ProcessUsage(proc.pid, role, cores, rss[0] if rss else None, max(rss) if rss else None,
+                        rss[-1] if rss else None, rss_late,
+                        uss[0] if uss else None, uss[-1] if uss else None, growth, late,
+                        reads[-1] - reads[0] if len(reads) > 1 else None, seconds)

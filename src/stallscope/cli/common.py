@@ -1,0 +1,50 @@
+"""What the verbs that record a run share: their options and what they print once it ended."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from stallscope import api
+from stallscope.api import LaunchError, RunResult
+from stallscope.render import terminal
+from stallscope.render.summary import write_summary
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="PATH", help="write the summary JSON (schema stallscope.summary/1) here")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a DataLoader argument at construction, e.g. --set num_workers=4 (repeatable)")
+    p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
+    p.add_argument("--store", metavar="DIR", help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--quiet", action="store_true", help="do not print the summary")
+    p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
+                   help="period of the system sampler (CPU, memory, GPU); 0 turns it off (default 0.1)")
+
+
+def record(verb: str, command: list[str], *, module: str | None, store: str | None, overrides: dict,
+           max_steps: int | None, json_path: str | None, quiet: bool,
+           sample_interval_s: float = 0.1) -> tuple[int, RunResult | None]:
+    """Run through ``stallscope.api.run`` and print what it found: the exit code and the result (None if
+    the command could not start)."""
+    try:
+        result = api.run(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
+                         sample_interval_s=sample_interval_s)
+    except LaunchError as exc:
+        print(f"stallscope {verb}: {exc}", file=sys.stderr)
+        return 2, None
+    report_run(verb, result, json_path=json_path, quiet=quiet)
+    return result.exit_code, result
+
+
+def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bool) -> None:
+    """After a recorded run: the history warning if any, the summary JSON, the terminal summary."""
+    if result.history_error:
+        print(f"stallscope {verb}: warning: the run was not added to the history: {result.history_error}",
+              file=sys.stderr)
+    if json_path:
+        write_summary(json_path, result.summary)
+    if not quiet:
+        terminal.render(result.session, result.analysis, Console(stderr=True), session_ref=str(result.session_path))

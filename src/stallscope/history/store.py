@@ -1,0 +1,212 @@
+"""Run history in SQLite: one ``RunRow`` (``runs.py``) per run.
+
+The database lives in the store directory next to ``runs/``. Several ``stallscope run`` processes may
+finish at the same moment and write the same file, so it runs in WAL mode with a busy timeout and
+every insert is one ``BEGIN IMMEDIATE`` transaction. This module knows SQLite and nothing of sessions
+or analyses: it stores and returns rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from stallscope.history.runs import RunRow
+
+HISTORY_FILENAME = "history.sqlite3"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+
+_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run_id", "TEXT PRIMARY KEY"),
+    ("recorded_at", "REAL NOT NULL"),
+    ("started_wall", "REAL"),
+    ("command", "TEXT NOT NULL"),  # JSON list
+    ("cwd", "TEXT"),
+    ("overrides", "TEXT NOT NULL"),  # JSON object
+    ("environment", "TEXT NOT NULL"),  # JSON object
+    ("env_fingerprint", "TEXT"),
+    ("git_commit", "TEXT"),
+    ("exit_code", "INTEGER"),
+    ("ended_by", "TEXT"),
+    ("verdict", "TEXT"),
+    ("bottleneck", "TEXT"),
+    ("steps", "INTEGER"),
+    ("steady_steps", "INTEGER"),
+    ("wall_s", "REAL"),
+    ("step_median_s", "REAL"),
+    ("step_p90_s", "REAL"),
+    ("steps_per_s", "REAL"),
+    ("samples_per_s", "REAL"),
+    ("data_wait_fraction", "REAL"),
+    ("node_seconds", "TEXT NOT NULL"),  # JSON object
+    ("gpu_util_mean", "REAL"),
+    ("peak_device_mem_bytes", "INTEGER"),
+    ("peak_rss_bytes", "INTEGER"),
+    ("step_detail", "TEXT NOT NULL"),  # JSON: {"duration_us": [...], "wait_us": [...], "samples": [...]}
+    ("session_path", "TEXT"),
+)
+_JSON_COLUMNS = {"command", "overrides", "environment", "node_seconds", "step_detail"}
+
+
+class HistoryError(RuntimeError):
+    """The history cannot be read or written (unknown run, newer schema, unreadable file)."""
+
+
+def history_path(store_dir: str | os.PathLike[str]) -> Path:
+    return Path(store_dir) / HISTORY_FILENAME
+
+
+# --- database ------------------------------------------------------------------------------------
+
+def _open(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:  # switching to WAL takes a lock that the busy handler does not always wait for
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            break
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                conn.close()
+                raise
+            time.sleep(0.05)
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _ensure_schema(conn: sqlite3.Connection) -> None:
+    with _transaction(conn):
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        version = row[0] if row else None
+        if version is None:
+            columns = ", ".join(f"{name} {kind}" for name, kind in _COLUMNS)
+            conn.execute(f"CREATE TABLE IF NOT EXISTS runs ({columns})")
+            conn.execute("CREATE INDEX IF NOT EXISTS runs_started ON runs (started_wall)")
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        elif version > SCHEMA_VERSION:
+            raise HistoryError(f"the history was written by a newer stallscope (schema {version}, "
+                               f"this one reads {SCHEMA_VERSION})")
+
+
+@contextmanager
+def _connect(store_dir: str | os.PathLike[str], create: bool) -> Iterator[sqlite3.Connection]:
+    path = history_path(store_dir)
+    if not create and not path.is_file():
+        raise HistoryError(f"no run history at {path} (record a run with: stallscope run -- python train.py)")
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = _open(path)
+    except sqlite3.Error as exc:
+        raise HistoryError(f"cannot open the run history {path}: {exc}") from None
+    try:
+        _ensure_schema(conn)
+        yield conn
+    except sqlite3.Error as exc:
+        raise HistoryError(f"run history {path}: {exc}") from None
+    finally:
+        conn.close()
+
+
+def insert_row(store_dir: str | os.PathLike[str], values: dict[str, Any]) -> None:
+    names = [name for name, _ in _COLUMNS]
+    params = [json.dumps(values.get(n)) if n in _JSON_COLUMNS else values.get(n) for n in names]
+    sql = f"INSERT OR REPLACE INTO runs ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})"
+    with _connect(store_dir, create=True) as conn, _transaction(conn):
+        conn.execute(sql, params)
+
+
+def record_run(store_dir: str | os.PathLike[str], row: RunRow) -> None:
+    """Add (or replace) the run's row in the store's history."""
+    insert_row(store_dir, dataclasses.asdict(row))
+
+
+def _row(record: sqlite3.Row) -> RunRow:
+    values = {key: record[key] for key in record.keys()}
+    for key in _JSON_COLUMNS:
+        try:
+            values[key] = json.loads(values[key]) if values[key] is not None else None
+        except json.JSONDecodeError:
+            values[key] = None
+    values["command"] = values["command"] or []
+    for key in ("overrides", "environment", "node_seconds", "step_detail"):
+        values[key] = values[key] or {}
+    return RunRow(**values)
+
+
+def list_runs(store_dir: str | os.PathLike[str], *, command: str | None = None, verdict: str | None = None,
+              git_commit_prefix: str | None = None, since: float | None = None, run_id_prefix: str | None = None,
+              limit: int | None = None) -> list[RunRow]:
+    """Runs oldest first; ``limit`` keeps the most recent ones. ``command`` matches a substring."""
+    where: list[str] = []
+    params: list[Any] = []
+    if command:
+        where.append("instr(command, ?) > 0")
+        params.append(json.dumps(command)[1:-1])
+    if verdict:
+        where.append("verdict = ?")
+        params.append(verdict)
+    if git_commit_prefix:
+        where.append("substr(git_commit, 1, ?) = ?")
+        params.extend([len(git_commit_prefix), git_commit_prefix])
+    if since is not None:
+        where.append("started_wall >= ?")
+        params.append(since)
+    if run_id_prefix:
+        where.append("substr(run_id, 1, ?) = ?")
+        params.extend([len(run_id_prefix), run_id_prefix])
+    sql = "SELECT * FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+    sql += " ORDER BY started_wall DESC, run_id DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(int(limit))
+    with _connect(store_dir, create=False) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = [_row(r) for r in conn.execute(sql, params).fetchall()]
+    return rows[::-1]
+
+
+def get_run(store_dir: str | os.PathLike[str], ref: str) -> RunRow:
+    """A run by id, unique id prefix, ``last`` or ``last~N`` (N runs before the last)."""
+    if ref == "last" or ref.startswith("last~"):
+        back = 0
+        if ref != "last":
+            try:
+                back = int(ref[5:])
+            except ValueError:
+                raise HistoryError(f"bad run reference {ref!r}: use last or last~N") from None
+        rows = list_runs(store_dir, limit=back + 1)
+        if len(rows) <= back:
+            raise HistoryError(f"no run {ref!r}: the history holds {len(rows)} run(s)")
+        return rows[0]
+    rows = list_runs(store_dir, run_id_prefix=ref)
+    exact = [r for r in rows if r.run_id == ref]
+    if exact:
+        return exact[0]
+    if len(rows) == 1:
+        return rows[0]
+    if rows:
+        names = ", ".join(r.run_id for r in rows[:5])
+        raise HistoryError(f"run id {ref!r} is ambiguous in the history: {names}")
+    raise HistoryError(f"no run {ref!r} in the history at {history_path(store_dir)}")

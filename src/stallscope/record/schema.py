@@ -1,0 +1,56 @@
+"""The event records of the per-process event files: each kind and the names of its fields, in order.
+
+The hot path writes a record as a plain tuple ``(kind, field, field, ...)`` (``events.emit``); this
+table is what those positions mean. ``collect.py`` reads every record through it, by name, and a test
+writes events with the real emitters and reads them back, so an emitter and the collector cannot drift
+apart. Times are ``perf_counter_ns`` of the writing process; ``pid`` fields are os pids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    # process life
+    "role": ("role",),
+    "process_start": ("t_ns", "argv"),
+    "process_exit": ("t_ns",),
+    "signal": ("t_ns", "signal"),
+    "exception": ("t_ns", "type", "message", "location", "traceback"),
+    "cuda_init": ("t_ns", "device"),
+    # DataLoader, in the training process
+    "loader": ("loader_id", "created_ns", "site", "config", "overrides"),
+    "iter": ("loader_id", "iter_id", "epoch", "start_ns", "end_ns", "num_workers"),
+    "next": ("loader_id", "iter_id", "epoch", "start_ns", "end_ns", "worker", "batch_size", "unpickle_ns",
+             "unpickle_cpu_ns"),
+    "stop": ("loader_id", "iter_id", "epoch", "start_ns", "end_ns"),
+    "send": ("loader_id", "iter_id", "epoch", "send_idx", "worker", "t_ns"),
+    "batch_info": ("loader_id", "iter_id", "info"),
+    "pin": ("main_thread", "start_ns", "end_ns"),
+    "step_limit": ("max_steps", "done", "t_ns"),
+    # DataLoader workers (and the training process for num_workers=0)
+    "worker_start": ("loader_id", "iter_id", "worker", "pid", "created_ns", "entered_ns", "ready_ns", "threads"),
+    "fetch": ("loader_id", "iter_id", "worker", "seq", "start_ns", "end_ns", "cpu_ns", "runqueue_ns", "items",
+              "by_node", "by_name", "outcome", "timed"),
+    "fetch_error": ("loader_id", "iter_id", "worker", "worker_pid", "t_ns", "type", "message", "traceback"),
+    "lmdb_open": ("pid", "t_ns", "path"),
+    # training steps and devices
+    "opt": ("optimizer", "kind", "start_ns", "end_ns"),
+    "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),
+    "gpu_span": ("kind", "step", "start_ns", "end_ns", "gpu_ns", "nbytes"),
+    "gpu_span_lost": ("count",),
+    # torch.distributed
+    "rank": ("rank", "local_rank", "world_size", "node_rank", "host", "t_ns", "wall_ns"),
+    "pg_init": ("backend", "rank", "world_size", "start_ns", "end_ns", "wall_ns"),
+    "coll": ("op", "seq", "group_size", "is_async", "start_ns", "end_ns"),
+    "ddp_wait": ("started_ns", "computed_ns", "returned_ns"),
+    "ddp": ("bucket", "launched_ns", "done_ns"),  # sessions recorded before ddp_wait; no longer written
+}
+
+
+def fields_of(record: list[Any]) -> tuple[str, dict[str, Any]]:
+    """``(kind, {field: value})`` of one record; fields beyond the known ones are dropped, missing
+    trailing ones are absent (the reader supplies defaults). An unknown kind has no named fields."""
+    kind = record[0]
+    names = EVENT_FIELDS.get(kind, ())
+    return kind, dict(zip(names, record[1:]))

@@ -1,0 +1,49 @@
+"""``stallscope history``'s table: one row per recorded run."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from stallscope.history.runs import RunRow
+from stallscope.render.markdown import short_commit
+from stallscope.settings import format_value
+
+
+def short_command(command: list[str]) -> str:
+    """The script and its arguments: the interpreter and the script's directory are the same in most rows."""
+    parts = list(command)
+    if parts and Path(parts[0]).name.startswith("python"):
+        parts = parts[1:]
+    if parts:
+        parts[0] = Path(parts[0]).name
+    return shlex.join(parts)
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "–" if value is None else f"{value * scale:.{digits}f}"
+
+
+def history_table(rows: list[RunRow]) -> Table:
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for name, justify in (("run", "left"), ("started", "left"), ("command", "left"), ("overrides", "left"),
+                          ("git", "left"), ("verdict", "left"), ("steps", "right"), ("median ms", "right"),
+                          ("p90 ms", "right"), ("steps/s", "right"), ("samples/s", "right"), ("wait %", "right"),
+                          ("GPU %", "right"), ("RSS GiB", "right"), ("exit", "right")):
+        table.add_column(name, justify=justify, no_wrap=True,  # type: ignore[arg-type]
+                         overflow="ellipsis", max_width=40 if name == "command" else None)
+    for r in rows:
+        started = time.strftime("%m-%d %H:%M", time.localtime(r.started_wall)) if r.started_wall else "–"
+        command = short_command(r.command)
+        table.add_row(
+            r.run_id, started, command,
+            " ".join(f"{k}={format_value(v)}" for k, v in r.overrides.items()), short_commit(r.git_commit),
+            f"{r.verdict or '–'}" + (f" ({r.bottleneck})" if r.bottleneck else ""),
+            str(r.steady_steps if r.steady_steps is not None else "–"),
+            _fmt(r.step_median_s, 1000), _fmt(r.step_p90_s, 1000), _fmt(r.steps_per_s, digits=2),
+            _fmt(r.samples_per_s), _fmt(r.data_wait_fraction, 100), _fmt(r.gpu_util_mean),
+            _fmt(r.peak_rss_bytes, 1 / 1024 ** 3, 2), str(r.exit_code))
+    return table

@@ -1,0 +1,307 @@
+"""Every sentence stallscope says about a run, made from the findings' data.
+
+The analysis returns ids, numbers and changes (``analysis/findings.py``); this module is where they
+become words, once, for the terminal, the HTML report and the summary JSON alike. A finding id this
+module does not know is shown by its id and facts rather than dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stallscope.analysis import Analysis, Failure, Recommendation
+from stallscope.settings import format_value
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Said:
+    """A finding in words: what it is, the change (or fix), and why."""
+    title: str
+    change: str
+    reason: str
+
+
+# --- recommendations -----------------------------------------------------------------------------------------
+
+def _set(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"--set {name}={format_value(value)}" for name, value in overrides.items())
+
+
+def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
+    f, o = rec.facts, rec.overrides
+    rid = rec.id
+    if rid == "no-input-fix":
+        return ("No input-side fix needed: the model's compute sets the pace",
+                "none: leave the DataLoader as it is; speed up the model (mixed precision, larger batch, "
+                "torch.compile)", f"data wait is {100 * f['data_wait_fraction']:.1f}% of step time")
+    if rid == "num-workers":
+        n = o["num_workers"]
+        return (f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {f['workers']})",
+                f"--set num_workers={n}   (in code: DataLoader(..., num_workers={n}))",
+                f"{f['usable_cpus']} usable CPUs; each sample costs {1000 * f['loader_s_per_sample']:.1f} ms of "
+                f"loader work ({1000 * f['blocked_s_per_sample']:.1f} ms of it blocked) and "
+                f"{1000 * f['compute_s_per_sample']:.1f} ms of compute")
+    if rid == "fewer-workers":
+        n = o["num_workers"]
+        return (f"Use {n} workers instead of {f['workers']}", f"--set num_workers={n}",
+                f"{f['workers']} workers compete for {f['usable_cpus']} CPUs: the extra ones only add memory and "
+                "contention")
+    if rid == "persistent-workers":
+        return ("Keep workers alive between epochs",
+                "--set persistent_workers=true   (in code: DataLoader(..., persistent_workers=True))",
+                f"workers take {f['startup_s_per_worker']:.2f} s to start and are restarted every epoch "
+                f"({f['epochs']} epochs): {f['restart_wait_s']:.2f} s of waiting for restarts")
+    if rid == "prefetch":
+        return ("Prefetch deeper: the queue runs dry in bursts", f"--set prefetch_factor={o['prefetch_factor']}",
+                f"no batch was ready on {100 * f['empty_queue_fraction']:.0f}% of requests although the workers can "
+                f"produce {f['pipeline_samples_per_s']:.0f} samples/s for a model that takes "
+                f"{f['compute_samples_per_s']:.0f}")
+    if rid == "discarded-prefetch":
+        return ("Prefetch less: batches in flight are thrown away at every epoch",
+                f"--set prefetch_factor={o['prefetch_factor']}   (or let the loop finish its epochs instead of "
+                "breaking out early)",
+                f"workers loaded {f['loaded_batches']} batches and the script used {f['used_batches']}: "
+                f"{f['dropped_batches']} were dropped by {f['restarts']} new iter(loader) calls while up to "
+                f"{f['in_flight']} batches were in flight ({f['workers']} workers x prefetch_factor "
+                f"{f['prefetch_factor']})")
+    if rid == "sharing-strategy":
+        per_batch = 1000 * f["fd_wait_s"] / max(1, f["batches"])
+        return ("Pass batches through shared-memory files, not file descriptors",
+                "--set sharing_strategy=file_system   (in code: torch.multiprocessing.set_sharing_strategy("
+                "'file_system') before building the DataLoader)",
+                f"the training process waited {per_batch:.1f} ms per batch "
+                f"({100 * f['fd_wait_s'] / f['step_time_s']:.0f}% of step time) for workers to hand over tensors' "
+                "file descriptors: a worker busy in Python answers only between its own work. Not predicted: "
+                "measure it with the --set above")
+    if rid == "pin-memory":
+        return ("Pin host memory and copy asynchronously",
+                "--set pin_memory=true, and .to(device, non_blocking=True) in the loop",
+                f"{100 * f['unpinned_fraction']:.0f}% of host-to-device bytes came from pageable memory")
+    if rid == "reduced-size-decode":
+        return ("Decode JPEGs at the size you need",
+                "use stallscope.data.FastImageFolder (DCT-scaled decode before the crop) or pack with "
+                "`stallscope pack SRC OUT --max-side 500`",
+                f"decode is {100 * f['share']:.0f}% of step time; predicted for decoding at half the cost")
+    if rid == "uint8-device-normalize":
+        return ("Keep uint8 through the loader and normalize on the device",
+                "replace ToTensor()+Normalize() with PILToTensor() and normalize the batch after .to(device) "
+                "(stallscope.data: collate_fn=collate_uint8, then DeviceNormalizer); the loader then moves a "
+                "quarter of the bytes",
+                f"ToTensor/Normalize take {100 * f['normalize_fraction']:.0f}% of transform time")
+    if rid == "dataset-code":
+        return ("Speed up the dataset's own Python code",
+                "profile __getitem__ (py-spy top --pid WORKER_PID), then precompute, vectorize or move the work "
+                "out of the loop (for example tokenize the corpus once, ahead of training)",
+                f"transform is {100 * f['share']:.0f}% of step time and "
+                f"{100 * (1 - f['in_known_calls_fraction']):.0f}% of the loader's time is in no library call "
+                "stallscope knows: it is the dataset's own code")
+    if rid == "cheaper-transforms":
+        return ("Make the augmentations cheaper or batch them on the device",
+                "replace the costliest transforms (torchvision.transforms.v2 on uint8 tensors, or batched GPU "
+                "augmentation after the copy)",
+                f"transform is {100 * f['share']:.0f}% of step time; costliest calls: "
+                f"{', '.join(f['costliest_calls'])}")
+    if rid == "pack-dataset":
+        return ("Read fewer, larger files",
+                "pack the dataset: `stallscope pack SRC OUT --format lmdb`, or cache it in RAM if it fits",
+                f"workers spent {f['blocked_s']:.1f} s blocked (I/O or waits), {100 * f['share']:.0f}% of step "
+                "time; predicted for a third of the blocking")
+    if rid == "cheaper-collate":
+        return ("Make batches cheaper to assemble",
+                "return one stacked tensor per field instead of many small tensors; avoid per-sample Python objects",
+                f"collate and loader overhead are {100 * f['share']:.0f}% of step time")
+    if rid == "distributed-sampler":
+        return ("Shard the input across ranks with DistributedSampler",
+                "DataLoader(dataset, sampler=DistributedSampler(dataset), ...) and sampler.set_epoch(epoch) each "
+                "epoch",
+                f"every rank uses {', '.join(f['samplers'])}: each reads the whole dataset, {f['world_size']}x the "
+                "input work for the same training")
+    if rid == "uneven-shards":
+        spread = ", ".join(f"rank {r} {v:.0f}" for r, v in f["batches_per_epoch"].items())
+        return ("Give every rank the same number of batches per epoch",
+                "DistributedSampler(dataset, drop_last=True)   (or wrap the loop in model.join() for uneven inputs)",
+                f"batches per epoch differ ({spread}): ranks with fewer finish early and the others wait or hang "
+                "in the all-reduce")
+    if rid == "sampler-drop-last":
+        return ("Drop the uneven tail instead of repeating samples", "DistributedSampler(dataset, drop_last=True)",
+                f"{f['dataset_len']} samples do not split evenly over {f['world_size']} ranks: DistributedSampler "
+                "pads the shards by repeating samples")
+    if rid == "workers-per-node":
+        return (f"Use at most {o['num_workers']} DataLoader workers per rank on {f['host']}",
+                f"--set num_workers={o['num_workers']}",
+                f"{f['ranks']} ranks x their workers ({f['workers']} in all) compete for {f['usable_cpus']} usable "
+                "CPUs on one node")
+    return rid, _set(o) or "see the facts", _facts(f)
+
+
+def recommendation(rec: Recommendation) -> Said:
+    return Said(*_recommendation_words(rec))
+
+
+# --- pitfalls ------------------------------------------------------------------------------------------------
+
+def _pitfall_words(pid: str, f: dict[str, Any]) -> tuple[str, str, str]:
+    if pid == "worker-memory-growth":
+        if f["memory"] == "private":
+            rate = f", {f['growth_bytes_per_min'] / MIB:.0f} MiB/min" if f.get("growth_bytes_per_min") else ""
+            what = (f"pid {f['pid']} from {f['start_bytes'] / MIB:.0f} to {f['end_bytes'] / MIB:.0f} MiB "
+                    f"private{rate}")
+        else:
+            what = (f"pid {f['pid']} resident memory from {f['start_bytes'] / MIB:.0f} to "
+                    f"{f['end_bytes'] / MIB:.0f} MiB")
+        return ("DataLoader workers' memory keeps growing", f"{f['workers_grown']} worker(s) grew; worst: {what}",
+                "a Python list/dict of per-sample objects in the dataset is copied page by page as workers read it "
+                "(copy-on-read, pytorch issue 13246): store paths and labels in numpy arrays or a packed file; "
+                "also check the dataset does not cache samples it loads")
+    if pid == "shm-headroom":
+        return ("/dev/shm is small for the batches in flight",
+                f"loader {f['loader_id']}: {f['workers']} workers x prefetch {f['prefetch_factor']} x "
+                f"{f['batch_bytes'] / MIB:.1f} MiB batches = {f['in_flight_bytes'] / MIB:.0f} MiB vs "
+                f"{f['shm_free_bytes'] / MIB:.0f} MiB free",
+                "enlarge /dev/shm (docker run --shm-size=8g), or lower prefetch_factor/num_workers, or send uint8")
+    if pid == "workers-above-cores":
+        return (f"{f['workers']} workers on {f['usable_cpus']} usable CPUs",
+                f"workers waited for a CPU {100 * f['runqueue_fraction']:.0f}% of their busy time",
+                f"use at most {f['usable_cpus']} workers for CPU-bound loading (more only when they block on I/O)")
+    if pid == "thread-oversubscription":
+        return ("Each worker runs several compute threads",
+                f"loader {f['loader_id']}: up to {f['threads_per_worker']} threads per worker x {f['workers']} "
+                f"workers on {f['usable_cpus']} CPUs ({f['thread_settings']})",
+                "in worker_init_fn: torch.set_num_threads(1); cv2.setNumThreads(0); or OMP_NUM_THREADS=1")
+    if pid == "unpinnable-batch":
+        return ("pin_memory cannot pin this batch type",
+                f"loader {f['loader_id']} yields {', '.join(f['types'])} without a pin_memory() method: its "
+                f"{f['tensors']} tensors stay in pageable memory",
+                "give the batch class a pin_memory(self) method returning a copy with pinned tensors, or return a "
+                "dict/tuple of tensors")
+    if pid == "cuda-in-forked-worker":
+        return ("CUDA used inside a forked DataLoader worker", f"{f['type']}: {f['message']}",
+                "keep datasets on the CPU (move batches to the GPU in the training loop), or use "
+                "multiprocessing_context='spawn'")
+    if pid == "lmdb-before-fork":
+        return ("LMDB environment opened before the workers forked",
+                f"{f['path']} was opened in the main process and never reopened in a worker",
+                "open the environment lazily in __getitem__ (once per worker process), not in __init__")
+    if pid == "slow-worker":
+        return ("Batches wait in order behind one slow worker",
+                f"worker {f['worker']}'s median batch takes {f['slowest_batch_ns'] / 1e6:.0f} ms vs "
+                f"{f['fastest_batch_ns'] / 1e6:.0f} ms for the fastest; no batch was ready on "
+                f"{100 * f['empty_queue_fraction']:.0f}% of requests",
+                "balance per-sample cost (sort or bucket by size), or DataLoader(in_order=False) if order does not "
+                "matter")
+    return pid, _facts(f), ""
+
+
+def pitfall(p: Any) -> Said:
+    """A pitfall as (title, evidence, fix): ``Said.change`` holds the evidence, ``Said.reason`` the fix."""
+    return Said(*_pitfall_words(p.id, p.facts))
+
+
+# --- the diagnosis -------------------------------------------------------------------------------------------
+
+def evidence(analysis: Analysis) -> list[str]:
+    """The numbers behind the verdict and the limiting stage, one line each."""
+    lines = _rank_evidence(analysis)
+    stats = analysis.steps
+    if stats.steady:
+        lines.append(
+            f"data wait is {100 * stats.data_wait_fraction:.1f}% of step time over {len(stats.steady)} steps "
+            f"(median step {1000 * (stats.median_step_s or 0):.1f} ms, median wait "
+            f"{1000 * (stats.median_wait_s or 0):.1f} ms)")
+    seconds = analysis.node_seconds
+    node = analysis.bottleneck_node
+    total = sum(seconds.values())
+    if node and total > 0:
+        lines.append(f"{node} accounts for {100 * seconds[node] / total:.0f}% of step time "
+                     f"({seconds[node]:.2f} s of {total:.2f} s)")
+    train = analysis.train_loader
+    pipeline = train.pipeline if train else None
+    cpus = analysis.usable_cpus
+    if pipeline is not None and pipeline.busy_s > 0:
+        top = ", ".join(f"{name} {100 * s / pipeline.busy_s:.0f}%" for name, s in list(pipeline.by_call.items())[:3])
+        lines.append(f"loader work per batch: {1000 * (pipeline.batch_wall_median_s or 0):.1f} ms wall, "
+                     f"{1000 * (pipeline.batch_cpu_median_s or 0):.1f} ms CPU; costliest calls: {top or 'none'}")
+        if pipeline.num_workers > 0:
+            busy = f", busy {100 * pipeline.busy_fraction:.0f}% of their time" if pipeline.busy_fraction else ""
+            plural = "s" if pipeline.num_workers != 1 else ""
+            lines.append(f"{pipeline.num_workers} worker{plural} on {cpus} usable CPUs{busy}")
+            if pipeline.empty_queue_fraction is not None:
+                lines.append(f"no batch was ready on {100 * pipeline.empty_queue_fraction:.0f}% of requests "
+                             f"(mean {pipeline.queue_depth_mean:.1f} batches queued)")
+        else:
+            lines.append(f"num_workers=0: batches are loaded in the training process, nothing overlaps "
+                         f"({cpus} usable CPUs)")
+        if pipeline.blocked_s > 0.2 * pipeline.busy_s:
+            lines.append(f"workers were blocked (I/O, sleeps, network) "
+                         f"{100 * pipeline.blocked_s / pipeline.busy_s:.0f}% of their busy time")
+    return lines
+
+
+def _rank_evidence(analysis: Analysis) -> list[str]:
+    findings = analysis.distributed
+    summaries = analysis.ranks
+    if findings is None:
+        return []
+    lines: list[str] = []
+    by_rank = {s.rank: s for s in summaries}
+    if findings.straggler_rank is not None:
+        s = by_rank[findings.straggler_rank]
+        others = [o for o in summaries if o.rank != s.rank]
+        waits = ", ".join(f"rank {o.rank} {100 * o.sync_fraction:.0f}%" for o in others[:6])
+        lines.append(f"rank {s.rank} is the straggler: {1000 * findings.straggler_extra_s:.1f} ms more of its own "
+                     f"work per step than the fastest rank; its limiting stage is {findings.straggler_stage} "
+                     f"(data wait {100 * s.data_wait_fraction:.0f}% of its step time)")
+        collective = "all-reduce" if findings.straggler_stage else "collectives"
+        lines.append(f"rank {s.rank}'s {findings.straggler_stage} stalls all ranks in {collective}: "
+                     f"time waiting for the others is {waits} of step time")
+    elif len(summaries) > 1:
+        lines.append(f"no straggler across {len(summaries)} ranks: per-step skew median "
+                     f"{1000 * (findings.skew_median_s or 0):.1f} ms")
+    return lines
+
+
+NO_SAMPLES = "no system samples in this session"
+
+CONDITIONS = {
+    "no-dataloader": "no torch DataLoader was created: stallscope measures DataLoader-fed training",
+    "no-training-step": "no training step completed",
+}
+
+
+def notes(analysis: Analysis) -> list[str]:
+    """The session's own notes, then what limited the analysis."""
+    return list(analysis.notes) + [CONDITIONS.get(c, c) for c in analysis.conditions]
+
+
+def failure_message(failure: Failure) -> str:
+    if failure.type == "exit" and failure.message is None:
+        return f"the script exited with code {failure.exit_code}"
+    return failure.message or ""
+
+
+def failure_place(failure: Failure) -> str:
+    return f"worker {failure.worker} of loader {failure.loader_id}" if failure.where == "worker" else "the main process"
+
+
+def gpu_timing(g: Any) -> str:
+    """The CUDA-event timings in one sentence."""
+    parts = []
+    if g.steps:
+        parts.append(f"GPU (CUDA events, {g.steps} steps): busy {g.busy_ms_median:.1f} ms per step, idle "
+                     f"{g.idle_ms_median:.1f} ms between steps ({100 * g.idle_fraction:.0f}% of its timeline idle)")
+    if g.h2d_copies:
+        rate = f" at {g.h2d_gb_per_s:.1f} GB/s" if g.h2d_gb_per_s else ""
+        parts.append(f"host-to-device: {g.h2d_copies} copies, {g.h2d_bytes / 1e6:.1f} MB in {g.h2d_ms:.1f} ms{rate}")
+    return "; ".join(parts)
+
+
+def overrides(values: dict[str, Any]) -> str:
+    """Overrides as the ``--set`` arguments that give them."""
+    return " ".join(f"--set {k}={format_value(v)}" for k, v in values.items())
+
+
+def _facts(facts: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in facts.items())

@@ -1,0 +1,129 @@
+"""What a user or the launcher sets from outside the script: the ``--set`` vocabulary and every
+``STALLSCOPE_*`` environment variable.
+
+One owner for both, imported by the CLI, the launcher, the tuner and the recorder alike. It is a leaf
+module (standard library only) because the recorder imports it inside every process of the job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+# --- environment variables --------------------------------------------------------------------------------
+#: The run directory the recorder writes its event files into; its presence turns the recorder on.
+ENV_RUN_DIR = "STALLSCOPE_RUN_DIR"
+#: The ``--set`` overrides, JSON-encoded (see :func:`encode_overrides`).
+ENV_OVERRIDES = "STALLSCOPE_OVERRIDES"
+#: ``--steps N``: the job stops cleanly after N training steps.
+ENV_MAX_STEPS = "STALLSCOPE_MAX_STEPS"
+#: The store directory when ``--store`` is not given.
+ENV_HOME = "STALLSCOPE_HOME"
+#: Set to anything to keep the recorder out of a job that inherited the launcher's environment.
+ENV_DISABLE = "STALLSCOPE_DISABLE"
+#: The launcher's pid: the process whose parent it is, is the script's main process.
+ENV_LAUNCHER_PID = "STALLSCOPE_LAUNCHER_PID"
+#: Where the ``stallscope`` package lives, for a job whose Python cannot import it otherwise.
+ENV_PKG_PARENT = "STALLSCOPE_PKG_PARENT"
+#: The rank process a DataLoader worker works for (set by each rank for the workers it starts).
+ENV_RANK_PID = "STALLSCOPE_RANK_PID"
+#: ``stallscope bench``: the bench-mode configuration (JSON) for the job's main process.
+ENV_BENCH = "STALLSCOPE_BENCH"
+#: Tests only: seconds ``pack`` sleeps per record, so a test can kill it mid-way.
+ENV_PACK_THROTTLE = "STALLSCOPE_PACK_THROTTLE_S"
+
+# --- the --set vocabulary -------------------------------------------------------------------------------
+
+#: Arguments one may override, with the type of their value. Object-valued ones (dataset, sampler,
+#: collate_fn...) are not values one can type on a command line, so they are refused with a clear message.
+SETTABLE: dict[str, str] = {
+    "num_workers": "int",
+    "batch_size": "int",
+    "pin_memory": "bool",
+    "prefetch_factor": "int",
+    "persistent_workers": "bool",
+    "drop_last": "bool",
+    "timeout": "float",
+    "in_order": "bool",
+    "multiprocessing_context": "str",
+    "shuffle": "bool",
+    "pin_memory_device": "str",
+    # Not a DataLoader argument: how tensors travel from workers (torch.multiprocessing sharing strategy).
+    "sharing_strategy": "str",
+}
+
+#: Overrides that the recorder applies itself instead of passing them to ``DataLoader.__init__``.
+PROCESS_SETTINGS = ("sharing_strategy",)
+
+
+class OverrideError(ValueError):
+    """A ``--set`` item that cannot be applied; the message says why and what would be accepted."""
+
+
+def _parse_value(name: str, kind: str, text: str) -> Any:
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    if kind == "bool":
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise OverrideError(f"--set {name}={text}: expected true or false")
+    if kind == "int":
+        try:
+            value = int(text)
+        except ValueError:
+            raise OverrideError(f"--set {name}={text}: expected an integer") from None
+        if value < 0:
+            raise OverrideError(f"--set {name}={text}: must not be negative")
+        return value
+    if kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise OverrideError(f"--set {name}={text}: expected a number") from None
+    return text
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """Parse ``["num_workers=4", "pin_memory=true"]``; raise OverrideError with a helpful message."""
+    parsed: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise OverrideError(f"--set {item!r}: expected name=value, for example --set num_workers=4")
+        name, text = item.split("=", 1)
+        name = name.strip()
+        if name not in SETTABLE:
+            known = ", ".join(sorted(SETTABLE))
+            raise OverrideError(f"--set {name}: not a DataLoader argument that can be set; choose from {known}")
+        parsed[name] = _parse_value(name, SETTABLE[name], text)
+    if parsed.get("sharing_strategy") not in (None, "file_system", "file_descriptor"):
+        raise OverrideError("--set sharing_strategy: choose file_system or file_descriptor")
+    if parsed.get("prefetch_factor") == 0:
+        raise OverrideError("--set prefetch_factor=0: must be at least 1")
+    return parsed
+
+
+def format_value(value: Any) -> str:
+    """A value as ``--set`` reads it back: ``true``/``false``, ``none``, numbers and text as they are."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)
+
+
+def set_arguments(overrides: Mapping[str, Any], order: tuple[str, ...] = tuple(SETTABLE)) -> list[str]:
+    """``["--set", "num_workers=2", ...]``, in ``order`` (names outside it last)."""
+    args: list[str] = []
+    for name in sorted(overrides, key=lambda n: order.index(n) if n in order else len(order)):
+        args += ["--set", f"{name}={format_value(overrides[name])}"]
+    return args
+
+
+def encode_overrides(overrides: Mapping[str, Any]) -> str:
+    return json.dumps(dict(overrides))
+
+
+def decode_overrides(text: str | None) -> dict[str, Any]:
+    return json.loads(text) if text else {}

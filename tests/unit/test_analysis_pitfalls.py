@@ -1,0 +1,121 @@
+"""Each pitfall fires on its evidence and stays quiet without it (hand-built sessions)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from stallscope.analysis import analyze
+from stallscope.session import ErrorRecord, FetchRecord, IterRecord, WorkerStartRecord
+from tests.unit.test_analysis_steps import MS, PID, make_session, nxt, opt
+
+MIB = 1 << 20
+
+
+def base(workers=2, **config):
+    nexts = [NextWithWorker(k) for k in range(6)]
+    opts = [opt(100 * k + 90, 100 * k + 100) for k in range(6)]
+    session = make_session(nexts, opts, workers=workers)
+    loader = session.loaders[0]
+    loader = replace(loader, config={**loader.config, "prefetch_factor": 2, "pin_memory": False,
+                                     "multiprocessing_context": "fork", **config})
+    return replace(session, loaders=[loader])
+
+
+def NextWithWorker(k):  # noqa: N802 - reads like a record constructor
+    return replace(nxt(100 * k, 100 * k + 50), worker=k % 2)
+
+
+def ids(session):
+    return {p.id for p in analyze(session).pitfalls}
+
+
+def test_quiet_session_has_no_pitfalls():
+    assert ids(base()) == set()
+
+
+def test_unpinnable_batch_only_matters_with_pin_memory():
+    info = [{"loader_id": 0, "iter_id": 0, "type": "Batch", "tensors": 2, "nbytes": 1024, "dtypes": {},
+             "unpinnable": ["Batch"], "pinnable": False}]
+    assert "unpinnable-batch" not in ids(replace(base(), batch_info=info))
+    assert "unpinnable-batch" in ids(replace(base(pin_memory=True), batch_info=info))
+
+
+def test_shm_headroom_compares_batches_in_flight_with_free_shm():
+    info = [{"loader_id": 0, "iter_id": 0, "type": "list", "tensors": 2, "nbytes": 40 * MIB, "dtypes": {},
+             "unpinnable": [], "pinnable": True}]
+    roomy = [{"id": "shm", "data": {"free_bytes": 8192 * MIB}}]
+    tight = [{"id": "shm", "data": {"free_bytes": 64 * MIB}}]
+    assert "shm-headroom" not in ids(replace(base(), batch_info=info, checks=roomy))
+    assert "shm-headroom" in ids(replace(base(), batch_info=info, checks=tight))
+
+
+def test_cuda_in_forked_worker_is_named():
+    err = ErrorRecord("worker", 7, 0, "RuntimeError", "Cannot re-initialize CUDA in forked subprocess. To use "
+                      "CUDA with multiprocessing, you must use the 'spawn' start method", None, "", 0, 1)
+    assert "cuda-in-forked-worker" in ids(replace(base(), errors=[err]))
+
+
+def test_lmdb_opened_before_fork_and_never_reopened():
+    session = replace(base(), iters=[IterRecord(0, 0, 0, 10 * MS, 12 * MS, 2, PID)],
+                      worker_starts=[WorkerStartRecord(0, 0, 0, 501, 10 * MS, 20 * MS, 21 * MS, {})])
+    early = [{"pid": PID, "t_ns": 1 * MS, "path": "/data/train.lmdb"}]
+    assert "lmdb-before-fork" in ids(replace(session, lmdb_opens=early))
+    reopened = early + [{"pid": 501, "t_ns": 30 * MS, "path": "/data/train.lmdb"}]
+    assert "lmdb-before-fork" not in ids(replace(session, lmdb_opens=reopened))
+
+
+def test_thread_oversubscription_in_workers():
+    starts = [WorkerStartRecord(0, 0, w, 500 + w, 0, 1, 2, {"torch": 1, "cv2": 4}) for w in range(2)]
+    session = replace(base(), worker_starts=starts)
+    session = replace(session, environment={"cpus_affinity": 4})
+    assert "thread-oversubscription" in ids(session)
+    single = [replace(s, threads={"torch": 1, "cv2": 1}) for s in starts]
+    assert "thread-oversubscription" not in ids(replace(session, worker_starts=single))
+
+
+def _fetches(worker_wall_ms, runqueue_ms=0):
+    out = []
+    for k in range(6):
+        w = k % len(worker_wall_ms)
+        start = 100 * k * MS
+        out.append(FetchRecord(0, 0, w, k, start, start + worker_wall_ms[w] * MS, 5 * MS, runqueue_ms * MS, 4,
+                               {}, {}, None, 500 + w))
+    return out
+
+
+def test_workers_above_cores_needs_cpu_waiting():
+    many = base(workers=8)
+    assert "workers-above-cores" in ids(replace(many, fetches=_fetches([20, 20], runqueue_ms=10)))
+    assert "workers-above-cores" not in ids(replace(many, fetches=_fetches([20, 20], runqueue_ms=0)))
+
+
+def test_worker_private_memory_growth_from_samples():
+    starts = [WorkerStartRecord(0, 0, 0, 501, 0, 1, 2, {})]
+    samples = {"t_ns": [k * 100 * MS for k in range(30)], "interval_s": 0.1,
+               "processes": {"501": {"ticks": list(range(30)), "cpu_s": [0.1 * k for k in range(30)],
+                                     "rss_bytes": [400 * MIB] * 30, "read_bytes": [None] * 30,
+                                     "uss_ticks": [0, 10, 20, 29],
+                                     "uss_bytes": [50 * MIB, 120 * MIB, 190 * MIB, 260 * MIB]}}}
+    session = replace(base(), worker_starts=starts, system_samples=samples)
+    assert "worker-memory-growth" in ids(session)
+    flat = {**samples, "processes": {"501": {**samples["processes"]["501"], "uss_bytes": [50 * MIB] * 4}}}
+    assert "worker-memory-growth" not in ids(replace(session, system_samples=flat))
+
+
+def test_one_slow_worker_holds_up_in_order_batches():
+    session = base()
+    # Worker 1 takes 4x longer per batch; most requests find no batch ready.
+    fetches = []
+    for k in range(6):
+        w = k % 2
+        start = 100 * k * MS
+        fetches.append(FetchRecord(0, 0, w, k // 2, start, start + (20 if w == 0 else 80) * MS, 5 * MS, 0, 4,
+                                   {}, {}, None, 500 + w))
+    from stallscope.session import SendRecord
+
+    sends = [SendRecord(0, 0, 0, k, k % 2, (100 * k - 1) * MS) for k in range(6)]
+    nexts = [replace(nxt(100 * k + 10, 100 * k + 90), worker=k % 2) for k in range(6)]
+    slow = replace(session, fetches=fetches, sends=sends, nexts=nexts)
+    assert "slow-worker" in ids(slow)
+    even = [replace(f, end_ns=f.start_ns + 20 * MS) for f in fetches]
+    assert "slow-worker" not in ids(replace(slow, fetches=even))

@@ -1,0 +1,51 @@
+"""Ranking of recommendations: measured configuration changes before assumed code changes."""
+
+from __future__ import annotations
+
+from stallscope.analysis.recommend import SPECULATIVE_DISCOUNT, _rank_value
+from stallscope.analysis.findings import Recommendation
+from stallscope.render import words
+
+
+def rec(id_, overrides, gain):
+    return Recommendation(id_, "loader", gain, overrides)
+
+
+def test_measured_set_change_beats_a_slightly_larger_assumed_gain():
+    measured = rec("num-workers", {"num_workers": 2}, 1.9)
+    assumed = rec("dataset-code", {}, 2.1)
+    assert _rank_value(measured) > _rank_value(assumed)
+    assert _rank_value(assumed) == 2.1 * SPECULATIVE_DISCOUNT
+
+
+def test_much_larger_assumed_gain_still_wins():
+    assert _rank_value(rec("pack", {}, 4.0)) > _rank_value(rec("w", {"num_workers": 3}, 1.5))
+
+
+def test_unpredicted_changes_rank_last():
+    assert _rank_value(rec("sharing-strategy", {"sharing_strategy": "file_system"}, None)) == 0.0
+
+
+def _train(fetched: int, used: int, epochs: int, prefetch: int = 2, workers: int = 2):
+    from stallscope.analysis.findings import LoaderSummary, WorkerPipeline
+
+    pipeline = WorkerPipeline(0, workers, fetched, 1.0, {}, {}, fetched * 16, 1.0, 1.0, 0.0, None, {}, None, None,
+                              [], None, None, None, 0.0, 0)
+    config = {"num_workers": workers, "prefetch_factor": prefetch, "persistent_workers": True}
+    return LoaderSummary(0, "train", "train.py:1", config, {}, used, epochs, 0.0, 0.0, pipeline)
+
+
+def test_batches_dropped_at_every_early_epoch_end_recommend_less_prefetch():
+    from stallscope.analysis.capacity import ThroughputModel
+    from stallscope.analysis.recommend import _discarded_prefetch
+
+    # input-bound: 2 workers at 8 ms per sample loaded, the model needs 2 ms
+    model = ThroughputModel({"decode": 0.008}, 0.002, 0.002, 2, 4.0)
+    # 10 epochs of 10 batches, each leaving 4 batches in flight: 140 loaded for 100 used
+    rec_ = _discarded_prefetch(_train(fetched=140, used=100, epochs=10), model, 2)
+    assert rec_ is not None and rec_.overrides == {"prefetch_factor": 1}
+    assert words.recommendation(rec_).change.startswith("--set prefetch_factor=1")
+    # loaded per used: 1.40 now, 1 + (36 + 4) / 2 / 100 = 1.20 with prefetch 1
+    assert rec_.predicted_speedup == round(1.40 / 1.20, 2)
+    assert _discarded_prefetch(_train(fetched=104, used=100, epochs=10), model, 2) is None  # only the last queue
+    assert _discarded_prefetch(_train(fetched=140, used=100, epochs=10, prefetch=1), model, 2) is None

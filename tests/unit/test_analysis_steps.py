@@ -1,0 +1,124 @@
+"""Step segmentation and verdicts on hand-built sessions (exact numbers, no real time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallscope.analysis import analyze
+from stallscope.analysis.attribution import verdict_for
+from stallscope.analysis.steps import step_stats
+from stallscope.constants import SESSION_SCHEMA
+from stallscope.render import words
+from stallscope.session import (
+    FetchRecord,
+    LoaderRecord,
+    NextRecord,
+    OptimizerStepRecord,
+    ProcessRecord,
+    Session,
+    StopRecord,
+)
+
+MS = 1_000_000
+PID = 100
+
+
+def make_session(nexts, opts=(), stops=(), fetches=(), loaders=(0,), workers=0) -> Session:
+    return Session(
+        schema=SESSION_SCHEMA, run_id="t", command=["x"], cwd="/", started_wall=0.0, start_ns=0,
+        end_ns=10_000 * MS, exit_code=0, ended_by="exit", overrides={}, max_steps=None,
+        environment={"cpus_affinity": 4},
+        processes=[ProcessRecord(PID, 1, "main", [], 0, 0)],
+        loaders=[LoaderRecord(i, PID, 0, f"train.py:{10 + i}", {"num_workers": workers, "batch_size": 4}, {})
+                 for i in loaders],
+        nexts=list(nexts), stops=list(stops), optimizer_steps=list(opts), fetches=list(fetches))
+
+
+def nxt(t0, t1, loader=0, epoch=0):
+    return NextRecord(loader, loader, epoch, t0 * MS, t1 * MS, -1, 4, PID)
+
+
+def opt(t0, t1):
+    return OptimizerStepRecord(1, "SGD", t0 * MS, t1 * MS, PID)
+
+
+def test_optimizer_steps_delimit_steps_and_wait_is_measured():
+    # Each step: 30 ms waiting for data, then 70 ms of compute ending in the optimizer step.
+    nexts = [nxt(100 * k, 100 * k + 30) for k in range(5)]
+    opts = [opt(100 * k + 90, 100 * k + 100) for k in range(5)]
+    stats = step_stats(make_session(nexts, opts))
+    assert stats.boundary == "optimizer"
+    assert len(stats.steps) == 5 and stats.warmup_steps == 1
+    assert [s.duration_ns for s in stats.steps] == [100 * MS] * 5
+    assert stats.wait_s == pytest.approx(0.120)
+    assert stats.data_wait_fraction == pytest.approx(0.3)
+    assert verdict_for(stats) == "input-bound"
+
+
+def test_two_optimizers_on_one_batch_are_one_step():
+    nexts = [nxt(100 * k, 100 * k + 5) for k in range(4)]
+    opts = [o for k in range(4) for o in (opt(100 * k + 50, 100 * k + 60), opt(100 * k + 80, 100 * k + 90))]
+    stats = step_stats(make_session(nexts, opts))
+    assert len(stats.steps) == 4
+    assert stats.steps[1].batches == 1
+
+
+def test_gradient_accumulation_puts_several_batches_in_a_step():
+    nexts = [nxt(50 * k, 50 * k + 10) for k in range(8)]
+    opts = [opt(50 * k + 45, 50 * k + 50) for k in (1, 3, 5, 7)]
+    stats = step_stats(make_session(nexts, opts))
+    assert len(stats.steps) == 4
+    assert all(s.batches == 2 for s in stats.steps)
+    assert stats.steps[1].wait_ns == 20 * MS
+
+
+def test_validation_loop_is_excluded_from_the_training_step():
+    nexts = [nxt(0, 10), nxt(100, 110), nxt(200, 210),
+             nxt(300, 340, loader=1), nxt(350, 390, loader=1), nxt(500, 510)]
+    stops = [StopRecord(1, 1, 0, 400 * MS, 450 * MS, PID)]
+    opts = [opt(90, 100), opt(190, 200), opt(290, 300), opt(590, 600)]
+    session = make_session(nexts, opts, stops, loaders=(0, 1))
+    stats = step_stats(session)
+    assert stats.loader_id == 0
+    last = stats.steps[-1]
+    assert last.excluded_ns == 150 * MS  # 300..450 was the validation loop
+    assert last.duration_ns == 150 * MS
+    roles = {ld.loader_id: ld.role for ld in analyze(session).loaders}
+    assert roles == {0: "train", 1: "eval"}
+
+
+def test_without_optimizer_each_batch_is_a_step():
+    nexts = [nxt(100 * k, 100 * k + 2) for k in range(6)]
+    stops = [StopRecord(0, 0, 0, 600 * MS, 601 * MS, PID)]
+    stats = step_stats(make_session(nexts, stops=stops))
+    assert stats.boundary == "batch"
+    assert len(stats.steps) == 6
+    assert verdict_for(stats) == "compute-bound"
+
+
+def test_no_loader_is_unknown():
+    session = make_session([], loaders=())
+    result = analyze(session)
+    assert result.verdict == "unknown"
+    assert result.bottleneck_node is None
+    assert result.conditions == ["no-dataloader"]
+    assert any("no torch DataLoader" in n for n in words.notes(result))
+
+
+def test_starved_main_process_fetch_is_split_exactly():
+    # num_workers=0: every 100 ms step waits 60 ms, of which the fetch was 50 ms (decode 30, transform 20 CPU).
+    nexts = [nxt(100 * k, 100 * k + 60) for k in range(5)]
+    opts = [opt(100 * k + 95, 100 * k + 100) for k in range(5)]
+    fetches = [FetchRecord(0, 0, -1, k, (100 * k + 5) * MS, (100 * k + 55) * MS, 50 * MS, 0, 4,
+                           {"decode": [30 * MS, 30 * MS, 4]}, {"Image.convert": [30 * MS, 30 * MS, 4]}, None, PID)
+               for k in range(5)]
+    result = analyze(make_session(nexts, opts, fetches=fetches))
+    assert result.verdict == "input-bound"
+    seconds = result.node_seconds
+    assert seconds["decode"] == pytest.approx(0.240 * 30 / 60)
+    assert seconds["transform"] == pytest.approx(0.240 * 20 / 60)
+    assert seconds["loader"] == pytest.approx(0.240 * 10 / 60)
+    assert seconds["compute"] == pytest.approx(0.160)
+    assert result.bottleneck_node == "decode"
+    top = result.recommendations[0]
+    assert top.id == "num-workers" and top.predicted_speedup > 1.5

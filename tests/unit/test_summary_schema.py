@@ -1,0 +1,56 @@
+"""The summary JSON only grows: summaries stored when their sessions were recorded (commit 77341c2, before
+findings became data) must come out again, field for field and value for value, from today's analysis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stallscope.analysis import analyze
+from stallscope.render.summary import summary_dict
+from stallscope.session import Session
+
+DATA = Path(__file__).parent.parent / "data" / "summaries"
+CONTRACT = ("schema", "exit_code", "steps", "samples", "wall_s", "verdict", "data_wait_fraction", "throughput",
+            "bottleneck", "nodes", "recommendations", "distributed", "session")
+
+
+def _missing_or_changed(stored: Any, now: Any, where: str = "") -> list[str]:
+    if isinstance(stored, dict):
+        if not isinstance(now, dict):
+            return [f"{where}: now {type(now).__name__}"]
+        return [problem for key, value in stored.items()
+                for problem in (_missing_or_changed(value, now[key], f"{where}/{key}") if key in now
+                                else [f"{where}/{key}: missing"])]
+    if isinstance(stored, list):
+        if not isinstance(now, list) or len(now) != len(stored):
+            return [f"{where}: list changed"]
+        return [p for i, (a, b) in enumerate(zip(stored, now)) for p in _missing_or_changed(a, b, f"{where}[{i}]")]
+    return [] if stored == now else [f"{where}: {stored!r} -> {now!r}"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in DATA.iterdir()))
+def test_stored_summary_is_a_subset_of_todays(name: str) -> None:
+    folder = DATA / name
+    stored = json.loads((folder / "summary.json").read_text())
+    session = Session.load(folder / "session.json")
+    now = json.loads(json.dumps(summary_dict(session, analyze(session), "session.json")))
+    assert _missing_or_changed(stored, now) == []
+    assert set(CONTRACT) <= set(now)
+
+
+def test_recommendations_carry_their_overrides_as_data() -> None:
+    session = Session.load(DATA / "image-pipeline" / "session.json")
+    recs = summary_dict(session, analyze(session), None)["recommendations"]
+    by_id = {r["id"]: r for r in recs}
+    assert by_id["num-workers"]["overrides"] == {"num_workers": 2}  # the change text says --set num_workers=2
+    assert by_id["reduced-size-decode"]["overrides"] == {}  # a code change: nothing to --set
+
+
+def test_the_checker_sees_a_removed_or_changed_field() -> None:
+    assert _missing_or_changed({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == []
+    assert _missing_or_changed({"a": {"b": 1}}, {"a": {}}) == ["/a/b: missing"]
+    assert _missing_or_changed({"a": [1, 2]}, {"a": [1, 3]}) == ["/a[1]: 2 -> 3"]

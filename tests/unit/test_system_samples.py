@@ -1,0 +1,89 @@
+"""The one reader of system samples, and every consumer agreeing with it when the sampler skipped a tick."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stallscope.analysis import analyze
+from stallscope.history.runs import row_from_session
+from stallscope.render import html, trace
+from stallscope.render.summary import summary_dict
+from stallscope.system_samples import SystemSamples
+from tests.unit.report_fixtures import PID, T0, two_worker_session
+
+MS = 1_000_000
+MIB = 2 ** 20
+GIB = 2 ** 30
+
+
+def _block() -> dict:
+    """Five ticks. The worker (pid 200) was not readable at tick 2: the sampler skips such a tick, so its
+    values are listed at ticks 0, 1, 3, 4. Two GPUs, one of them without a reading at tick 1."""
+    return {
+        "schema": "stallscope.samples/1", "interval_s": 0.1, "t_ns": [T0 + i * 100 * MS for i in range(5)],
+        "system": {"cpu_percent": [10.0, 20.0, 30.0, 40.0, 50.0], "per_core_percent": [[5.0, 15.0]] * 5},
+        "processes": {
+            str(PID): {"first": 0, "ticks": [0, 1, 2, 3, 4], "cpu_s": [0.1, 0.2, 0.3, 0.4, 0.5],
+                       "rss_bytes": [100 * MIB] * 5, "ppid": 1},
+            "200": {"first": 0, "ticks": [0, 1, 3, 4], "cpu_s": [0.0, 0.1, 0.2, 0.3],
+                    "rss_bytes": [10 * MIB, 20 * MIB, 400 * MIB, 30 * MIB], "ppid": PID},
+        },
+        "gpu": {"names": ["A", "B"], "util_percent": [[10, 90], [20, None], [30, 70], [40, 60], [50, 50]],
+                "mem_used_bytes": [[1 * GIB, 2 * GIB], [3 * GIB, 2 * GIB], [1 * GIB, 5 * GIB], [1, 1], [1, 1]]},
+    }
+
+
+def test_values_sit_at_their_own_ticks() -> None:
+    samples = SystemSamples.read(_block())
+    tree = samples.tree_rss()
+    # tick 2 holds the main process only; the worker's 400 MiB belongs to tick 3, not to tick 2
+    assert tree == [110 * MIB, 120 * MIB, 100 * MIB, 500 * MIB, 130 * MIB]
+    assert samples.tree_rss_peak == 500 * MIB
+    assert samples.processes[200].rss_peak == 400 * MIB
+    assert samples.gpu_series("util_percent") == [[10, 20, 30, 40, 50], [90, None, 70, 60, 50]]
+    assert samples.gpu_util_mean() == pytest.approx((10 + 20 + 30 + 40 + 50 + 90 + 70 + 60 + 50) / 9)
+    assert samples.peak_device_memory() == 5 * GIB
+    assert samples.cpu_between(200, T0, T0 + 400 * MS) == pytest.approx(0.3)
+
+
+def test_entries_without_ticks_and_garbage_read_as_absent_not_zero() -> None:
+    old = SystemSamples.read({"t_ns": [0, 1, 2], "processes": {"7": {"first": 1, "rss_bytes": [5, 6]}}})
+    assert old.processes[7].ticks == [1, 2] and old.tree_rss() == [None, 5, 6]
+    for garbage in (None, "x", {"t_ns": "garbage", "processes": []}, {"t_ns": [0], "gpu": None}):
+        samples = SystemSamples.read(garbage)
+        assert samples.tree_rss_peak is None and samples.gpu_util_mean() is None
+        assert samples.peak_device_memory() is None
+
+
+def test_summary_history_report_and_trace_agree_on_a_skipped_tick() -> None:
+    session = dataclasses.replace(two_worker_session(), system_samples=_block())
+    analysis = analyze(session)
+    summary = summary_dict(session, analysis, None)
+    row = row_from_session(session, analysis, None)
+    samples = session.system
+
+    # per-process and process-tree peak RSS
+    worker = next(w for w in summary["system"]["workers"] if w["pid"] == 200)
+    assert worker["rss_peak"] == samples.processes[200].rss_peak == 400 * MIB
+    assert summary["system"]["tree_rss_peak"] == row.peak_rss_bytes == 500 * MIB
+
+    figure = html.system_figure(session)
+    series = {trace_["name"]: trace_["y"] for trace_ in figure["data"]}
+    assert [v * GIB for v in series["process tree RSS (GiB)"]] == samples.tree_rss()
+    assert series["GPU0 utilization %"] == [10, 20, 30, 40, 50]
+    assert series["GPU1 utilization %"] == [90, None, 70, 60, 50]
+    assert [v * GIB if v is not None else None for v in series["GPU1 memory used (GiB)"]] == \
+        samples.gpu_series("mem_used_bytes")[1]
+
+    events = trace.render(session, analysis)["traceEvents"]
+    rss = [e["args"]["value"] * MIB for e in events if e["ph"] == "C" and e["name"] == "process tree RSS (MiB)"]
+    assert rss == samples.tree_rss()
+    gpu1 = [e["args"].get("gpu1") for e in events if e["ph"] == "C" and e["name"] == "gpu util_percent"]
+    assert gpu1 == [90, None, 70, 60, 50]
+
+    # the summary's GPU figures are the same series', and the history's
+    assert summary["system"]["gpu_util_mean"] == [pytest.approx(30.0), pytest.approx(67.5)]
+    assert summary["system"]["gpu_mem_peak"] == [3 * GIB, 5 * GIB] and row.peak_device_mem_bytes == 5 * GIB
+    assert row.gpu_util_mean == pytest.approx(samples.gpu_util_mean())
