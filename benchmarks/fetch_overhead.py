@@ -48,7 +48,9 @@ def main() -> None:
     import torch.utils.data._utils.fetch as fetch_module
 
     plain_fetch = fetch_module._MapDatasetFetcher.fetch
-    os.environ.setdefault("STALLSCOPE_RUN_DIR", tempfile.mkdtemp(prefix="stallscope-fetch-bench-"))
+    from stallscope.settings import ENV_RUN_DIR
+
+    os.environ.setdefault(ENV_RUN_DIR, tempfile.mkdtemp(prefix="stallscope-fetch-bench-"))
     from stallscope.record import bootstrap, calls
 
     bootstrap.install()

@@ -36,6 +36,7 @@ import time
 
 from stallscope.demo.dataset import demo_dataset
 from stallscope.demo.scenarios import REFERENCE_SCRIPT
+from stallscope.session import Session
 
 
 def measure(cmd: list[str]) -> float:
@@ -53,8 +54,7 @@ def sampler_core_fraction(summary_path: str) -> float | None:
     try:
         with open(summary_path) as f:
             session_path = json.load(f)["session"]
-        with open(session_path) as f:
-            return json.load(f)["samples"]["cost"]["core_fraction"]
+        return Session.load(session_path).system.cost["core_fraction"]
     except (OSError, KeyError, TypeError, ValueError):
         return None
 

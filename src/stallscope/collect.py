@@ -60,6 +60,15 @@ def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[A
     return result
 
 
+#: Events whose named fields are their record's fields, one for one: kind -> (Session list, record type).
+_BY_NAME: dict[str, tuple[str, type]] = {
+    "iter": ("iters", IterRecord), "next": ("nexts", NextRecord), "stop": ("stops", StopRecord),
+    "send": ("sends", SendRecord), "worker_start": ("worker_starts", WorkerStartRecord),
+    "opt": ("optimizer_steps", OptimizerStepRecord), "pin": ("pins", PinRecord), "h2d": ("transfers", TransferRecord),
+    "gpu_span": ("gpu_spans", GpuSpanRecord),
+}
+
+
 def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     lists: dict[str, list[Any]] = {name: [] for name in RECORD_LISTS if name != "ranks"}
     ranks: dict[int, RankRecord] = {}
@@ -86,24 +95,12 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                 elif kind == "loader":
                     lists["loaders"].append(LoaderRecord(f["loader_id"], pid, f["created_ns"], f["site"], f["config"],
                                                          f["overrides"]))
-                elif kind == "iter":
-                    lists["iters"].append(_record(IterRecord, f, pid=pid))
-                elif kind == "next":
-                    lists["nexts"].append(_record(NextRecord, f, pid=pid))
-                elif kind == "stop":
-                    lists["stops"].append(_record(StopRecord, f, pid=pid))
-                elif kind == "send":
-                    lists["sends"].append(_record(SendRecord, f, pid=pid))
+                elif kind in _BY_NAME:
+                    name, record_type = _BY_NAME[kind]
+                    extra = {} if record_type is WorkerStartRecord else {"pid": pid}  # a worker names its own pid
+                    lists[name].append(_record(record_type, f, **extra))
                 elif kind == "fetch":
                     lists["fetches"].append(_record(FetchRecord, {**f, "timed": bool(f.get("timed", True))}, pid=pid))
-                elif kind == "worker_start":
-                    lists["worker_starts"].append(_record(WorkerStartRecord, f))
-                elif kind == "opt":
-                    lists["optimizer_steps"].append(_record(OptimizerStepRecord, f, pid=pid))
-                elif kind == "pin":
-                    lists["pins"].append(_record(PinRecord, f, pid=pid))
-                elif kind == "h2d":
-                    lists["transfers"].append(_record(TransferRecord, f, pid=pid))
                 elif kind == "exception":
                     lists["errors"].append(ErrorRecord("main", pid, f["t_ns"], f["type"], f["message"], f["location"],
                                                        f["traceback"]))
@@ -135,8 +132,6 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                 elif kind == "ddp":  # one gradient bucket (sessions recorded before ddp_wait)
                     lists["collectives"].append(CollectiveRecord("ddp.allreduce", -1, f["launched_ns"], f["done_ns"],
                                                                  pid, blocking=False, bucket=f["bucket"]))
-                elif kind == "gpu_span":
-                    lists["gpu_spans"].append(_record(GpuSpanRecord, f, pid=pid))
                 elif kind == "gpu_span_lost":
                     notes.append(f"{f['count']} CUDA-event timings of process {pid} were not resolved and are missing")
                 elif kind == "step_limit":

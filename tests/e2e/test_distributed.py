@@ -208,7 +208,8 @@ def _session_paths(tmp_path: Path) -> list[Path]:
 
 
 def _shift_clock(session: Session, offset: int) -> Session:
-    from stallscope.merge import _RECORD_LISTS, _shift
+    from stallscope.merge import _shift
+    from stallscope.session import RECORD_LISTS
 
-    changes = {name: [_shift(r, -offset, {}) for r in getattr(session, name)] for name in _RECORD_LISTS}
+    changes = {name: [_shift(r, -offset, {}) for r in getattr(session, name)] for name in RECORD_LISTS}
     return dataclasses.replace(session, start_ns=session.start_ns + offset, end_ns=session.end_ns + offset, **changes)

@@ -8,6 +8,7 @@ import sys
 
 from rich.console import Console
 
+from stallscope.cli.common import after_dashes, fail
 from stallscope.render.bench import render, render_race
 from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, bench
 from stallscope.tuning.decoders import race_decoders
@@ -59,13 +60,9 @@ def handle(args: argparse.Namespace) -> int:
                 json.dump(race.to_dict(), fh, indent=1)
         render_race(race, console)
         return 0
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = after_dashes(args.command)
     if not command:
-        print("stallscope bench: no command given; usage: stallscope bench -- python train.py ARGS "
-              "(or --decoders DIR)", file=sys.stderr)
-        return 2
+        return fail("bench", "no command given; usage: stallscope bench -- python train.py ARGS (or --decoders DIR)")
     try:
         workers = [int(w) for w in args.workers.split(",")] if args.workers else None
     except ValueError:

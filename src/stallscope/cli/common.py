@@ -11,6 +11,18 @@ from stallscope import api
 from stallscope.api import LaunchError, RunResult
 from stallscope.render import terminal
 from stallscope.render.summary import write_summary
+from stallscope.settings import OverrideError, parse_overrides
+
+
+def after_dashes(items: list[str]) -> list[str]:
+    """The words after ``--`` (argparse keeps the separator at the head of a REMAINDER)."""
+    return items[1:] if items and items[0] == "--" else list(items)
+
+
+def fail(verb: str, message: str) -> int:
+    """Bad input: one line on stderr, exit code 2."""
+    print(f"stallscope {verb}: {message}", file=sys.stderr)
+    return 2
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -22,6 +34,15 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="do not print the summary")
     p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
                    help="period of the system sampler (CPU, memory, GPU); 0 turns it off (default 0.1)")
+
+
+def parse_set(verb: str, items: list[str]) -> dict | None:
+    """The ``--set`` items parsed, or None after saying what is wrong with them."""
+    try:
+        return parse_overrides(items)
+    except OverrideError as exc:
+        fail(verb, str(exc))
+        return None
 
 
 def record(verb: str, command: list[str], *, module: str | None, store: str | None, overrides: dict,

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.console import Console
 
-from stallscope.cli.common import add_run_options, record
+from stallscope.cli.common import add_run_options, after_dashes, parse_set, record
 from stallscope.demo.scenarios import SCENARIOS, scenario_command
 from stallscope.render import words
-from stallscope.settings import OverrideError, parse_overrides
 
 DEFAULT_STEPS = 40
 
@@ -34,13 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    extra = list(args.script_args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
-    try:
-        overrides = parse_overrides(args.overrides)
-    except OverrideError as exc:
-        print(f"stallscope demo: {exc}", file=sys.stderr)
+    extra = after_dashes(args.script_args)
+    overrides = parse_set("demo", args.overrides)
+    if overrides is None:
         return 2
     console = Console(stderr=True)
     console.print(f"stallscope demo: preparing the dataset for scenario {args.scenario!r} "

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stallscope.cli.common import add_run_options, record
-from stallscope.settings import SETTABLE, OverrideError, parse_overrides
+from stallscope.cli.common import add_run_options, after_dashes, parse_set, record
+from stallscope.settings import SETTABLE
 
 EPILOG = f"""examples:
   stallscope run -- python train.py --epochs 1
@@ -31,13 +31,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    try:
-        overrides = parse_overrides(args.overrides)
-    except OverrideError as exc:
-        print(f"stallscope run: {exc}", file=sys.stderr)
+    command = after_dashes(args.command)
+    overrides = parse_set("run", args.overrides)
+    if overrides is None:
         return 2
     if args.steps is not None and args.steps < 1:
         print("stallscope run: --steps must be at least 1", file=sys.stderr)

@@ -8,6 +8,7 @@ import sys
 
 from rich.console import Console
 
+from stallscope.cli.common import after_dashes, fail
 from stallscope.render.tune import config_text, rate_text, render
 from stallscope.settings import format_value
 from stallscope.tuning.trials import TrialResult
@@ -50,13 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = after_dashes(args.command)
     if not command:
-        print("stallscope tune: no command given; usage: stallscope tune [options] -- python train.py ARGS",
-              file=sys.stderr)
-        return 2
+        return fail("tune", "no command given; usage: stallscope tune [options] -- python train.py ARGS")
     if args.trials is not None and args.trials < 1 or args.steps < 4:
         print("stallscope tune: --trials must be at least 1 and --steps at least 4", file=sys.stderr)
         return 2

@@ -295,10 +295,7 @@ def _findings_section(analysis: Analysis) -> str:
     if analysis.verdict != "unknown":
         parts.append(f"data wait is <b>{100 * analysis.data_wait_fraction:.1f}%</b> of step time; ")
     if stats.steady:
-        rate = f"{analysis.steps_per_s:.2f} steps/s"
-        if analysis.samples_per_s is not None:
-            rate += f", {analysis.samples_per_s:.1f} samples/s"
-        parts.append(f"{rate} over {len(stats.steady)} steps after {stats.warmup_steps} warm-up "
+        parts.append(f"{words.rate(analysis)} over {len(stats.steady)} steps after {stats.warmup_steps} warm-up "
                      f"(median step {1000 * (stats.median_step_s or 0):.1f} ms, "
                      f"p90 {1000 * (stats.p90_step_s or 0):.1f} ms)")
     parts.append("</p>")
@@ -308,6 +305,10 @@ def _findings_section(analysis: Analysis) -> str:
     evidence = words.evidence(analysis)
     if evidence:
         parts.append("<p>evidence:</p><ul>" + "".join(f"<li>{_e(line)}</li>" for line in evidence) + "</ul>")
+    for pitfall in analysis.pitfalls:
+        said = words.pitfall(pitfall)
+        parts.append(f"<p><b>pitfall</b> ({_e(pitfall.node)}): {_e(said.title)}<br>{_e(said.evidence)}"
+                     f"<br><span class=muted>fix: {_e(said.fix)}</span></p>")
     loaders = [ld for ld in analysis.loaders if ld.batches]
     if loaders:
         parts.append("<table><tr><th>loader</th><th>role</th><th>created at</th><th>num_workers</th>"

@@ -72,7 +72,7 @@ def _recommendation_dict(r: Any) -> dict[str, Any]:
 
 def _pitfall_dict(p: Any) -> dict[str, Any]:
     said = words.pitfall(p)
-    return {"id": p.id, "node": p.node, "title": said.title, "evidence": said.change, "fix": said.reason,
+    return {"id": p.id, "node": p.node, "title": said.title, "evidence": said.evidence, "fix": said.fix,
             "facts": _plain(p.facts)}
 
 

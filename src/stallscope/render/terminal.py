@@ -31,10 +31,7 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         head.append(f"   data wait {100 * analysis.data_wait_fraction:.1f}% of step time")
     console.print(head)
     if stats.steady:
-        rate = f"{analysis.steps_per_s:.2f} steps/s"
-        if analysis.samples_per_s is not None:
-            rate += f", {analysis.samples_per_s:.1f} samples/s"
-        console.print(f"throughput: {rate}   ({len(stats.steady)} steps measured after {stats.warmup_steps} warm-up; "
+        console.print(f"throughput: {words.rate(analysis)}   ({len(stats.steady)} steps measured after {stats.warmup_steps} warm-up; "
                       f"median step {1000 * (stats.median_step_s or 0):.1f} ms; steps end at each "
                       f"{'optimizer step' if stats.boundary == 'optimizer' else 'batch'})")
     total = sum(analysis.node_seconds.values())
@@ -67,8 +64,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     for pitfall in analysis.pitfalls:
         said = words.pitfall(pitfall)
         console.print(f"[bold yellow]pitfall[/bold yellow] ({pitfall.node}): {said.title}", highlight=False)
-        console.print(f"    {said.change}", highlight=False)
-        console.print(f"    fix: {said.reason}", highlight=False)
+        console.print(f"    {said.evidence}", highlight=False)
+        console.print(f"    fix: {said.fix}", highlight=False)
     if analysis.recommendations:
         top = analysis.recommendations[0]
         said = words.recommendation(top)

@@ -18,10 +18,18 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class Said:
-    """A finding in words: what it is, the change (or fix), and why."""
+    """A recommendation in words: what it is, the change to make, and why."""
     title: str
     change: str
     reason: str
+
+
+@dataclass(frozen=True)
+class PitfallSaid:
+    """A pitfall in words: what it is, what this run showed, and the fix."""
+    title: str
+    evidence: str
+    fix: str
 
 
 # --- recommendations -----------------------------------------------------------------------------------------
@@ -195,9 +203,8 @@ def _pitfall_words(pid: str, f: dict[str, Any]) -> tuple[str, str, str]:
     return pid, _facts(f), ""
 
 
-def pitfall(p: Any) -> Said:
-    """A pitfall as (title, evidence, fix): ``Said.change`` holds the evidence, ``Said.reason`` the fix."""
-    return Said(*_pitfall_words(p.id, p.facts))
+def pitfall(p: Any) -> PitfallSaid:
+    return PitfallSaid(*_pitfall_words(p.id, p.facts))
 
 
 # --- the diagnosis -------------------------------------------------------------------------------------------
@@ -296,6 +303,14 @@ def gpu_timing(g: Any) -> str:
         rate = f" at {g.h2d_gb_per_s:.1f} GB/s" if g.h2d_gb_per_s else ""
         parts.append(f"host-to-device: {g.h2d_copies} copies, {g.h2d_bytes / 1e6:.1f} MB in {g.h2d_ms:.1f} ms{rate}")
     return "; ".join(parts)
+
+
+def rate(analysis: Analysis) -> str:
+    """The steady throughput: steps/s, and samples/s where batches have a size."""
+    text = f"{analysis.steps_per_s:.2f} steps/s"
+    if analysis.samples_per_s is not None:
+        text += f", {analysis.samples_per_s:.1f} samples/s"
+    return text
 
 
 def overrides(values: dict[str, Any]) -> str:

@@ -9,6 +9,8 @@ import sys
 
 
 def _stallscope_start() -> None:
+    # The names are stallscope.settings' (ENV_RUN_DIR, ENV_DISABLE, ENV_PKG_PARENT), written out: this runs in
+    # every Python process of the job, before stallscope can be imported (a test checks they agree).
     if not os.environ.get("STALLSCOPE_RUN_DIR") or os.environ.get("STALLSCOPE_DISABLE"):
         return
     try:

@@ -1,0 +1,37 @@
+"""settings.py owns the --set vocabulary and every STALLSCOPE_* name: nothing else spells one out."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from stallscope import settings
+from stallscope.settings import OverrideError, format_value, parse_overrides, set_arguments
+
+SRC = Path(settings.__file__).parent
+NAMES = {value for key, value in vars(settings).items() if key.startswith("ENV_")}
+
+
+def test_no_module_but_settings_spells_an_environment_variable() -> None:
+    inject = SRC / "record" / "_inject" / "sitecustomize.py"
+    for path in SRC.rglob("*.py"):
+        if path in (SRC / "settings.py", inject):
+            continue
+        code = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+        literals = set(re.findall(r"[\"'](STALLSCOPE_[A-Z_]+)[\"']", code))
+        assert not literals, f"{path.relative_to(SRC)} spells {literals}: import them from stallscope.settings"
+    # the start-up hook runs before stallscope can be imported, so it spells them: they must be settings' own
+    assert set(re.findall(r"\"(STALLSCOPE_[A-Z_]+)\"", inject.read_text())) <= NAMES
+
+
+def test_set_values_round_trip_through_their_arguments() -> None:
+    values = {"num_workers": 4, "pin_memory": True, "prefetch_factor": None, "timeout": 1.5,
+              "multiprocessing_context": "spawn"}
+    args = set_arguments(values)
+    assert args[:2] == ["--set", "num_workers=4"]
+    assert parse_overrides(args[1::2]) == values
+    assert format_value(False) == "false"
+    with pytest.raises(OverrideError, match="expected true or false"):
+        parse_overrides(["pin_memory=maybe"])
