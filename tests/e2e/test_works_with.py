@@ -114,3 +114,17 @@ def test_module_form_runs(tmp_path):
     result = run_cli(tmp_path, ["-m", "pkg.trainmod"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.summary["steps"] == 4
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_new_dataloader_every_epoch_counts_every_step(tmp_path, workers):
+    """``for epoch ...: for x, y in DataLoader(...)``: 4 loaders from one line are one training loader."""
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "loader_per_epoch.py"), "--workers", str(workers)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    assert summary["steps"] == 40
+    roles = {ld["role"]: ld for ld in summary["loaders"]}
+    assert sorted(roles) == ["eval", "train"] and len(summary["loaders"]) == 2
+    assert (len(roles["train"]["loader_ids"]), roles["train"]["batches"], roles["train"]["epochs"]) == (4, 40, 4)
+    assert (len(roles["eval"]["loader_ids"]), roles["eval"]["batches"]) == (4, 8)
+    assert "persistent-workers" not in {r["id"] for r in summary["recommendations"]}

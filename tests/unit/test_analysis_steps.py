@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stallscope.analysis import analyze
@@ -122,3 +124,39 @@ def test_starved_main_process_fetch_is_split_exactly():
     assert result.bottleneck_node == "decode"
     top = result.recommendations[0]
     assert top.id == "num-workers" and top.predicted_speedup > 1.5
+
+
+def _per_epoch_session(helper_eval: bool):
+    """4 epochs, each a new training DataLoader (ids 0, 2, 4, 6) built at one line, 3 batches and optimizer
+    steps each, then an evaluation loader (ids 1, 3, 5, 7) with 2 batches and no optimizer step. With
+    ``helper_eval`` the evaluation loaders are built at the same line (one helper makes both)."""
+    nexts, opts, stops, loaders = [], [], [], []
+    t = 0
+    for epoch in range(4):
+        train, evaluation = 2 * epoch, 2 * epoch + 1
+        loaders.append(LoaderRecord(train, PID, t * MS, "train.py:10", {"num_workers": 0, "batch_size": 4}, {}))
+        for _ in range(3):
+            nexts.append(nxt(t, t + 20, loader=train))
+            opts.append(opt(t + 90, t + 100))
+            t += 100
+        stops.append(StopRecord(train, train, 0, t * MS, (t + 1) * MS, PID))
+        site = "train.py:10" if helper_eval else "train.py:20"
+        loaders.append(LoaderRecord(evaluation, PID, t * MS, site, {"num_workers": 0, "batch_size": 4}, {}))
+        nexts += [nxt(t + 10, t + 50, loader=evaluation), nxt(t + 60, t + 100, loader=evaluation)]
+        stops.append(StopRecord(evaluation, evaluation, 0, (t + 110) * MS, (t + 120) * MS, PID))
+        t += 200
+    session = make_session(nexts, opts, stops)
+    return dataclasses.replace(session, loaders=loaders)
+
+
+@pytest.mark.parametrize("helper_eval", [False, True])
+def test_a_dataloader_built_every_epoch_is_one_training_loader(helper_eval):
+    analysis = analyze(_per_epoch_session(helper_eval))
+    stats = analysis.steps
+    assert stats.loader_ids == (0, 2, 4, 6) and len(stats.steps) == 12  # every epoch's steps, not the first's
+    # the evaluation loops between epochs are left out of the steps that span them
+    assert all(s.wait_ns == 20 * MS for s in stats.steps)
+    train = analysis.train_loader
+    assert (train.ids, train.batches, train.epochs) == ((0, 2, 4, 6), 12, 4)
+    [evaluation] = [ld for ld in analysis.loaders if ld.role == "eval"]
+    assert (evaluation.ids, evaluation.batches) == ((1, 3, 5, 7), 8)

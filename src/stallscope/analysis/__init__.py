@@ -18,5 +18,5 @@ from stallscope.analysis.findings import (
 )
 from stallscope.analysis.job import analyze, usable_cpus
 
-__all__ = sorted(["Analysis", "Failure", "LoaderSummary", "Recommendation", "Step", "StepStats", "WorkerPipeline",
-                  "analyze", "shares", "usable_cpus"])
+__all__ = ["Analysis", "Failure", "LoaderSummary", "Recommendation", "Step", "StepStats", "WorkerPipeline",
+           "analyze", "shares", "usable_cpus"]

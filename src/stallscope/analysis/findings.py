@@ -49,6 +49,7 @@ class StepStats:
     median_wait_s: float | None
     first_step_s: float | None
     sync_s: float = 0.0  # steady-state seconds waiting in collectives
+    loader_ids: tuple[int, ...] = ()  # the training loader's ids: one per DataLoader built at its line
 
     @property
     def sync_fraction(self) -> float:
@@ -92,6 +93,8 @@ class WorkerPipeline:
 
 @dataclass(frozen=True)
 class LoaderSummary:
+    """One loader of the script: the DataLoaders built at one line of it (``loader_ids``, one per epoch
+    when the script builds a new one each epoch), with their batches, epochs and waits together."""
     loader_id: int
     role: str  # "train" | "eval" | "other"
     site: str
@@ -102,6 +105,11 @@ class LoaderSummary:
     wait_s: float
     iter_start_s: float
     pipeline: WorkerPipeline | None
+    loader_ids: tuple[int, ...] = ()
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return self.loader_ids or (self.loader_id,)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from stallscope.analysis.recommend import recommend
 from stallscope.analysis.steps import step_stats
 from stallscope.analysis.system_metrics import helper_cpu_between, process_cpu_between, summarize_samples
 from stallscope.environment import recorded_usable_cpus
-from stallscope.session import Session
+from stallscope.session import LoaderRecord, Session
 
 
 def usable_cpus(session: Session) -> int:
@@ -29,7 +29,18 @@ def usable_cpus(session: Session) -> int:
     return recorded_usable_cpus(session.environment, session.checks)
 
 
-def _loader_summaries(session: Session, train_id: int | None) -> list[LoaderSummary]:
+def _loader_groups(session: Session, train_ids: tuple[int, ...]) -> list[list[LoaderRecord]]:
+    """The script's loaders, in the order they were created: the training loader's DataLoaders as one
+    (``train_ids``, of the training process), the others one per process and line."""
+    main = session.main_pid
+    groups: dict[tuple[int, str], list[LoaderRecord]] = {}
+    for ld in session.loaders:
+        key = (main, "train") if ld.pid == main and ld.loader_id in train_ids else (ld.pid, ld.site)
+        groups.setdefault(key, []).append(ld)
+    return list(groups.values())
+
+
+def _loader_summaries(session: Session, train_ids: tuple[int, ...]) -> list[LoaderSummary]:
     waits: dict[int, float] = defaultdict(float)
     batches: dict[int, int] = defaultdict(int)
     epochs: dict[int, set[tuple[int, int]]] = defaultdict(set)
@@ -41,12 +52,17 @@ def _loader_summaries(session: Session, train_id: int | None) -> list[LoaderSumm
     for it in session.iters:
         iter_start[it.loader_id] += (it.end_ns - it.start_ns) / 1e9
     summaries = []
-    for ld in session.loaders:
-        role = "train" if ld.loader_id == train_id else ("eval" if batches[ld.loader_id] else "other")
+    for group in _loader_groups(session, train_ids):
+        ld = group[0]
+        ids = tuple(g.loader_id for g in group)
+        used = sum(batches[i] for i in ids)
+        role = "train" if train_ids and ld.pid == session.main_pid and ids == tuple(train_ids) \
+            else ("eval" if used else "other")
         summaries.append(LoaderSummary(
             loader_id=ld.loader_id, role=role, site=ld.site, config=ld.config, overrides=ld.overrides,
-            batches=batches[ld.loader_id], epochs=len(epochs[ld.loader_id]), wait_s=waits[ld.loader_id],
-            iter_start_s=iter_start[ld.loader_id], pipeline=worker_pipeline(session, ld.loader_id)))
+            batches=used, epochs=len(set().union(*(epochs[i] for i in ids))), wait_s=sum(waits[i] for i in ids),
+            iter_start_s=sum(iter_start[i] for i in ids), pipeline=worker_pipeline(session, ids),
+            loader_ids=ids if len(ids) > 1 else ()))
     return summaries
 
 
@@ -55,17 +71,20 @@ def _startup_in_steady(session: Session, stats: StepStats, train: LoaderSummary 
     if train is None or not stats.steady:
         return 0.0
     t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
+    ids = train.ids
     total = sum(max(0, min(it.end_ns, t1) - max(it.start_ns, t0)) for it in session.iters
-                if it.loader_id == train.loader_id) / 1e9
+                if it.loader_id in ids) / 1e9
     if int(train.config.get("num_workers") or 0) > 0 and stats.median_wait_s is not None:
         first_of_epoch: dict[tuple[int, int], int] = {}
         for n in session.nexts:
-            if n.loader_id == train.loader_id:
+            if n.loader_id in ids:
                 first_of_epoch.setdefault((n.iter_id, n.epoch), n.start_ns)
+        very_first = min(first_of_epoch, key=first_of_epoch.get) if first_of_epoch else None
         typical = stats.median_wait_s / max(1.0, sum(s.batches for s in stats.steady) / len(stats.steady))
         for n in session.nexts:
-            if n.loader_id == train.loader_id and first_of_epoch.get((n.iter_id, n.epoch)) == n.start_ns \
-                    and t0 <= n.start_ns < t1 and (n.iter_id, n.epoch) != (0, 0):
+            key = (n.iter_id, n.epoch)
+            if n.loader_id in ids and first_of_epoch.get(key) == n.start_ns and t0 <= n.start_ns < t1 \
+                    and key != very_first:
                 total += max(0.0, (n.end_ns - n.start_ns) / 1e9 - typical)
     return total
 
@@ -109,7 +128,7 @@ def analyze(session: Session) -> Analysis:
 def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     """One training process (``session.main_pid``) and its workers, on ``cpus`` usable CPUs."""
     stats = step_stats(session)
-    loaders = _loader_summaries(session, stats.loader_id)
+    loaders = _loader_summaries(session, stats.loader_ids)
     train = next((ld for ld in loaders if ld.role == "train"), None)
     verdict = verdict_for(stats)
     startup = _startup_in_steady(session, stats, train)

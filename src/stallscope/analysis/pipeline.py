@@ -68,23 +68,27 @@ def _with_off_cpu(fetch: FetchRecord, cpu_by_node: dict[str, int], wall: int,
     return cpu_by_node, runqueue, off_cpu - runqueue
 
 
-def loader_cpu_shares(fetches: list[FetchRecord]) -> dict[int, dict[str, float]]:
-    """Per loader, the fraction of its call-timed batches' CPU that went to each node.
+def cpu_shares(fetches: list[FetchRecord]) -> dict[str, float] | None:
+    """The fraction of the call-timed batches' CPU that went to each node, over ``fetches`` taken together.
 
     Batches in between timed ones (see ``record.calls.timing_interval``) get their CPU split by
     these fractions: a ratio estimate over a systematic sample of the loader's batches.
     """
-    totals: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    totals: dict[str, int] = defaultdict(int)
     for f in fetches:
         if f.timed and f.outcome != "StopIteration":
             for node, value in fetch_parts(f)[0].items():
-                totals[f.loader_id][node] += value
-    shares: dict[int, dict[str, float]] = {}
-    for loader_id, by_node in totals.items():
-        total = sum(by_node.values())
-        if total > 0:
-            shares[loader_id] = {node: value / total for node, value in by_node.items()}
-    return shares
+                totals[node] += value
+    total = sum(totals.values())
+    return {node: value / total for node, value in totals.items()} if total > 0 else None
+
+
+def loader_cpu_shares(fetches: list[FetchRecord]) -> dict[int, dict[str, float]]:
+    """``cpu_shares`` per loader."""
+    by_loader: dict[int, list[FetchRecord]] = defaultdict(list)
+    for f in fetches:
+        by_loader[f.loader_id].append(f)
+    return {loader_id: shares for loader_id, group in by_loader.items() if (shares := cpu_shares(group))}
 
 
 def fetch_stages(fetches: list[FetchRecord]) -> list[dict[str, int]]:
@@ -93,8 +97,12 @@ def fetch_stages(fetches: list[FetchRecord]) -> list[dict[str, int]]:
     return [split_fetch(f, shares.get(f.loader_id)) for f in fetches]
 
 
-def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
-    fetches = [f for f in session.fetches if f.loader_id == loader_id and f.outcome != "StopIteration"]
+def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...]) -> WorkerPipeline | None:
+    """The workers' side of a loader: one DataLoader, or the several a script built at one line (a new one
+    every epoch), taken together."""
+    ids = (loader_ids,) if isinstance(loader_ids, int) else tuple(loader_ids)
+    loader_id = ids[0]
+    fetches = [f for f in session.fetches if f.loader_id in ids and f.outcome != "StopIteration"]
     if not fetches:
         return None
     loader = next((ld for ld in session.loaders if ld.loader_id == loader_id), None)
@@ -104,7 +112,7 @@ def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
     by_call: dict[str, int] = defaultdict(int)
     direct = cpu = blocked = runqueue = 0
     runqueue_known = True
-    shares = loader_cpu_shares(fetches).get(loader_id)
+    shares = cpu_shares(fetches)
     for f in fetches:
         parts = fetch_parts(f, shares)
         for node, value in _spread(f, parts).items():
@@ -129,13 +137,13 @@ def worker_pipeline(session: Session, loader_id: int) -> WorkerPipeline | None:
         by_call = defaultdict(int, {name: int(value * scale) for name, value in by_call.items()})
         direct = int(direct * scale)
 
-    starts = [w for w in session.worker_starts if w.loader_id == loader_id]
+    starts = [w for w in session.worker_starts if w.loader_id in ids]
     startup = [(w.ready_ns - w.created_ns) / 1e9 for w in starts]
     busy_fraction = _busy_fraction(fetches, starts) if num_workers > 0 else None
-    depth, empty = _queue_state(session, loader_id, fetches) if num_workers > 0 else (None, None)
+    depth, empty = _queue_state(session, ids) if num_workers > 0 else (None, None)
     pin = sum(p.end_ns - p.start_ns for p in session.pins if not p.main_thread) / 1e9 \
         if loader and loader.config.get("pin_memory") else 0.0
-    errors = sum(1 for e in session.errors if e.where == "worker" and e.loader_id == loader_id)
+    errors = sum(1 for e in session.errors if e.where == "worker" and e.loader_id in ids)
     return WorkerPipeline(
         loader_id=loader_id,
         num_workers=num_workers,
@@ -175,7 +183,7 @@ def _busy_fraction(fetches: list[FetchRecord], starts: list) -> float | None:
     return busy / life if life > 0 else None
 
 
-def _queue_state(session: Session, loader_id: int, fetches: list[FetchRecord]) -> tuple[float | None, float | None]:
+def _queue_state(session: Session, ids: tuple[int, ...]) -> tuple[float | None, float | None]:
     """Mean number of batches ready and waiting when the main process asked for one, and how often none was.
 
     Worker fetches are matched to batches through the order of index sends: a worker serves its
@@ -183,18 +191,18 @@ def _queue_state(session: Session, loader_id: int, fetches: list[FetchRecord]) -
     """
     sends_by_worker: dict[tuple[int, int], list] = defaultdict(list)
     for s in session.sends:
-        if s.loader_id == loader_id:
+        if s.loader_id in ids:
             sends_by_worker[(s.iter_id, s.worker)].append(s)
     fetch_by_worker: dict[tuple[int, int], list[FetchRecord]] = defaultdict(list)
     for f in session.fetches:
-        if f.loader_id == loader_id and f.worker >= 0:
+        if f.loader_id in ids and f.worker >= 0:
             fetch_by_worker[(f.iter_id, f.worker)].append(f)
     ready_at: dict[tuple[int, int, int], int] = {}
     for key, sends in sends_by_worker.items():
         done = sorted(fetch_by_worker.get(key, []), key=lambda f: f.seq)
         for send, fetch in zip(sorted(sends, key=lambda s: s.t_ns), done):
             ready_at[(send.iter_id, send.epoch, send.send_idx)] = fetch.end_ns
-    nexts = [n for n in session.nexts if n.loader_id == loader_id]
+    nexts = [n for n in session.nexts if n.loader_id in ids]
     if not nexts or not ready_at:
         return None, None
     position: dict[tuple[int, int], int] = defaultdict(int)

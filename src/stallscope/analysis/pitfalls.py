@@ -151,7 +151,7 @@ def _out_of_order_waits(session, loaders, system, cpus):
     """Waiting for one slow worker's batch while others' are ready (in-order delivery)."""
     out = []
     for ld in loaders:
-        fetches = [f for f in session.fetches if f.loader_id == ld.loader_id and f.worker >= 0]
+        fetches = [f for f in session.fetches if f.loader_id in ld.ids and f.worker >= 0]
         workers = {f.worker for f in fetches}
         if len(workers) < 2 or not ld.config.get("in_order", True):
             continue

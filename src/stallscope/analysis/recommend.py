@@ -55,12 +55,18 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                 "fewer-workers", "loader", round(max(gain, 1.0), 2), {"num_workers": best_workers},
                 {"workers": workers, "usable_cpus": usable_cpus}))
     if input_side and pipeline is not None and workers > 0:
-        if not config.get("persistent_workers") and train.epochs > 1 and startup_s / max(stats.wall_s, 1e-9) > 0.03:
+        rebuilt = len(train.ids) > 1  # a new DataLoader every epoch: persistent_workers cannot keep its workers
+        if (rebuilt or not config.get("persistent_workers")) and train.epochs > 1 \
+                and startup_s / max(stats.wall_s, 1e-9) > 0.03:
             gain = stats.wall_s / max(stats.wall_s - startup_s, 1e-9)
             per_start = sum(pipeline.startup_s) / max(1, len(pipeline.startup_s))
-            recs.append(Recommendation(
-                "persistent-workers", "loader", round(gain, 2), {"persistent_workers": True},
-                {"startup_s_per_worker": per_start, "epochs": train.epochs, "restart_wait_s": startup_s}))
+            facts = {"startup_s_per_worker": per_start, "epochs": train.epochs, "restart_wait_s": startup_s}
+            if rebuilt:
+                recs.append(Recommendation("build-loader-once", "loader", round(gain, 2),
+                                           facts={**facts, "loaders": len(train.ids), "site": train.site}))
+            else:
+                recs.append(Recommendation("persistent-workers", "loader", round(gain, 2),
+                                           {"persistent_workers": True}, facts))
         if model is not None and (pipeline.empty_queue_fraction or 0) > 0.25 \
                 and model.pipeline_rate() > 1.15 * model.compute_rate() and model.measured_samples_per_s:
             depth = 2 * int(config.get("prefetch_factor") or 2)

@@ -25,11 +25,24 @@ def _quantile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
 
-def train_loader_id(session: Session, pid: int | None) -> tuple[int | None, str]:
-    """The loader whose batches precede optimizer steps; without optimizer steps, the busiest one."""
+def same_site(session: Session, loader_id: int) -> list[int]:
+    """The loaders the same process created at the same line as ``loader_id``: a loop that builds a new
+    DataLoader every epoch makes one such loader per epoch."""
+    by_id = {ld.loader_id: ld for ld in session.loaders}
+    first = by_id.get(loader_id)
+    if first is None:
+        return [loader_id]
+    return [ld.loader_id for ld in session.loaders if ld.pid == first.pid and ld.site == first.site]
+
+
+def train_loader_ids(session: Session, pid: int | None) -> tuple[tuple[int, ...], str]:
+    """The training loader(s) and how steps end. Its batches precede optimizer steps (without optimizer
+    steps: the busiest loader). Every loader built at its line whose batches also feed optimizer steps is
+    the same training loader in a later epoch; one built there that feeds none (an evaluation loader made
+    by the same helper) is not."""
     nexts = [n for n in session.nexts if n.pid == pid]
     if not nexts:
-        return None, "none"
+        return (), "none"
     opts = [o for o in session.optimizer_steps if o.pid == pid]
     if opts:
         votes: Counter[int] = Counter()
@@ -42,11 +55,14 @@ def train_loader_id(session: Session, pid: int | None) -> tuple[int | None, str]
             if last is not None:
                 votes[last.loader_id] += 1
         if votes:
-            return votes.most_common(1)[0][0], "optimizer"
-    return Counter(n.loader_id for n in nexts).most_common(1)[0][0], "batch"
+            winner = votes.most_common(1)[0][0]
+            return tuple(sorted(i for i in same_site(session, winner) if votes[i] > 0 or i == winner)), "optimizer"
+    busiest = Counter(n.loader_id for n in nexts).most_common(1)[0][0]
+    used = {n.loader_id for n in nexts}
+    return tuple(sorted(i for i in same_site(session, busiest) if i in used)), "batch"
 
 
-def _other_loader_spans(session: Session, pid: int | None, train_id: int) -> list[tuple[int, int]]:
+def _other_loader_spans(session: Session, pid: int | None, train_ids: tuple[int, ...]) -> list[tuple[int, int]]:
     """Spans where the main process was looping over another loader (from its first batch to its stop)."""
     spans: list[tuple[int, int]] = []
     events = sorted(
@@ -55,7 +71,7 @@ def _other_loader_spans(session: Session, pid: int | None, train_id: int) -> lis
     )
     current: list[int] | None = None
     for start, end, loader_id in events:
-        if loader_id == train_id:
+        if loader_id in train_ids:
             if current is not None:
                 spans.append((current[0], current[1]))
                 current = None
@@ -75,13 +91,13 @@ def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
 
 def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> StepStats:
     pid = session.main_pid if pid is None else pid
-    train_id, boundary = train_loader_id(session, pid)
-    if train_id is None:
+    train_ids, boundary = train_loader_ids(session, pid)
+    if not train_ids:
         return StepStats(None, "none", [], 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
-    nexts = [n for n in session.nexts if n.pid == pid and n.loader_id == train_id]
-    iters = [it for it in session.iters if it.pid == pid and it.loader_id == train_id]
+    nexts = [n for n in session.nexts if n.pid == pid and n.loader_id in train_ids]
+    iters = [it for it in session.iters if it.pid == pid and it.loader_id in train_ids]
     transfers = [t for t in session.transfers if t.pid == pid]
-    others = _other_loader_spans(session, pid, train_id)
+    others = _other_loader_spans(session, pid, train_ids)
     waits_for_ranks = sync_intervals(session, pid)
 
     bounds: list[tuple[int, int]] = []
@@ -98,7 +114,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
                 start = opt.end_ns
                 seen_batch = False
     else:
-        stops = sorted(s.start_ns for s in session.stops if s.pid == pid and s.loader_id == train_id)
+        stops = sorted(s.start_ns for s in session.stops if s.pid == pid and s.loader_id in train_ids)
         for k, n in enumerate(nexts):
             following = nexts[k + 1].start_ns if k + 1 < len(nexts) else None
             later_stop = next((s for s in stops if s >= n.end_ns), None)
@@ -126,7 +142,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     wall = sum(s.duration_ns for s in steady) / 1e9
     sample_counts = [s.samples for s in steady]
     return StepStats(
-        loader_id=train_id,
+        loader_id=train_ids[0],
+        loader_ids=train_ids,
         boundary=boundary,
         steps=steps,
         warmup_steps=warm,

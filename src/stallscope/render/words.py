@@ -62,6 +62,12 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 "--set persistent_workers=true   (in code: DataLoader(..., persistent_workers=True))",
                 f"workers take {f['startup_s_per_worker']:.2f} s to start and are restarted every epoch "
                 f"({f['epochs']} epochs): {f['restart_wait_s']:.2f} s of waiting for restarts")
+    if rid == "build-loader-once":
+        return ("Build the DataLoader once, before the epoch loop",
+                f"create it once (at {f['site']}) and iterate it every epoch, with persistent_workers=True",
+                f"the script built {f['loaders']} DataLoaders at that line, one per epoch, and each started its "
+                f"workers again ({f['startup_s_per_worker']:.2f} s per worker): {f['restart_wait_s']:.2f} s of "
+                "waiting for them; --set persistent_workers=true cannot keep workers of a new loader")
     if rid == "prefetch":
         return ("Prefetch deeper: the queue runs dry in bursts", f"--set prefetch_factor={o['prefetch_factor']}",
                 f"no batch was ready on {100 * f['empty_queue_fraction']:.0f}% of requests although the workers can "
