@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
+from rich.markup import escape
 
 from stallscope.cli.common import add_run_options, after_dashes, parse_set, record
 from stallscope.demo.scenarios import SCENARIOS, scenario_command
@@ -53,7 +54,7 @@ def handle(args: argparse.Namespace) -> int:
         return code
     change = dict(top.overrides)
     shown = words.overrides(change)
-    console.rule(f"[bold]verifying: {shown}")
+    console.rule(f"[bold]verifying: {escape(shown)}")
     code, second = record("demo", command, module=None, store=args.store, overrides={**overrides, **change},
                           max_steps=steps, json_path=None, quiet=True)
     after = second.analysis if second is not None else None

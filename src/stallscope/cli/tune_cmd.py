@@ -7,6 +7,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from stallscope.cli.common import after_dashes, fail
 from stallscope.render.tune import config_text, rate_text, render
@@ -65,12 +66,12 @@ def handle(args: argparse.Namespace) -> int:
 
     def on_start(index: int, label: str, overrides: dict) -> None:
         text = " ".join(f"{k}={format_value(v)}" for k, v in overrides.items()) or "original configuration"
-        status.update(f"trial {index} ({label}): {text} ...")
+        status.update(f"trial {index} ({label}): {escape(text)} ...")
 
     def on_done(trial: TrialResult) -> None:
-        mark = "[green]ok[/]" if trial.ok else f"[red]failed[/]: {trial.reason}"
+        mark = "[green]ok[/]" if trial.ok else f"[red]failed[/]: {escape(str(trial.reason))}"
         rate = f"{rate_text(trial)} {trial.unit}" if trial.ok else ""
-        console.print(f"  trial {trial.index:>2} {trial.label:<20} {config_text(trial):<48} {rate}  "
+        console.print(f"  trial {trial.index:>2} {trial.label:<20} {escape(config_text(trial)):<48} {rate}  "
                       f"({trial.wall_s:.0f} s) {mark}", highlight=False)
 
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from stallscope.tuning.bench import BenchResult
@@ -21,7 +22,7 @@ def render(result: BenchResult, console: Console) -> None:
     for c in result.capacity:
         rate = c.get("samples_per_s") if unit == "samples/s" else c.get("batches_per_s")
         mark = " (script's own)" if c.get("num_workers") == result.script_num_workers else ""
-        table.add_row(f"{c.get('num_workers')}{mark}", _fmt(rate) if not c.get("error") else f"[red]{c['error']}[/]",
+        table.add_row(f"{c.get('num_workers')}{mark}", _fmt(rate) if not c.get("error") else f"[red]{escape(str(c['error']))}[/]",
                       _fmt(c.get("first_batch_s")), str(c.get("batches", "-")))
     console.print(table)
     best = result.best_capacity
@@ -34,8 +35,8 @@ def render(result: BenchResult, console: Console) -> None:
         console.print(f"[bold]Any input-side fix can gain at most {result.max_input_gain:.2f}x[/] "
                       f"(ceiling / current).")
     for err in result.errors:
-        console.print(f"[yellow]{err}[/]")
-    console.print(f"Details: {result.folder}")
+        console.print(f"[yellow]{escape(err)}[/]")
+    console.print(f"Details: {result.folder}", markup=False)
 
 
 def render_race(race: DecoderRace, console: Console) -> None:
@@ -47,6 +48,6 @@ def render_race(race: DecoderRace, console: Console) -> None:
     for r in race.ranked() + [r for r in race.results if not r.get("images_per_s")]:
         rate = r.get("images_per_s")
         table.add_row(r["decoder"], "1" if r["scale"] == 1 else f"1/{r['scale']}",
-                      _fmt(rate) if rate else f"[red]{r.get('error')}[/]",
+                      _fmt(rate) if rate else f"[red]{escape(str(r.get('error')))}[/]",
                       f"{rate / base:.2f}x" if rate and base else "-")
     console.print(table)

@@ -19,7 +19,7 @@ def render(report: DoctorReport, console: Console, verbose: bool = False) -> Non
     table.add_column("value", overflow="fold")
     table.add_column("threshold", overflow="fold", style="dim")
     for check in report.checks:
-        table.add_row(Text(check.status, style=STATUS_STYLE.get(check.status, "")), check.id, check.value,
+        table.add_row(Text(check.status, style=STATUS_STYLE.get(check.status, "")), check.id, Text(check.value),
                       check.threshold)
     console.print(table)
     explain = [c for c in report.checks if verbose or c.status in (WARN, FAIL, UNKNOWN)]
@@ -29,8 +29,8 @@ def render(report: DoctorReport, console: Console, verbose: bool = False) -> Non
         console.print(Text.assemble((f"{check.status} ", STATUS_STYLE.get(check.status, "")), (check.id, "bold"),
                                     f"  {check.title}"))
         if check.why:
-            console.print(f"  why: {check.why}", highlight=False)
+            console.print(f"  why: {check.why}", markup=False, highlight=False)
         if check.fix:
-            console.print(f"  fix: {check.fix}", highlight=False)
+            console.print(f"  fix: {check.fix}", markup=False, highlight=False)
     counts = ", ".join(f"{report.count(s)} {s}" for s in (PASS, WARN, FAIL, "n/a", UNKNOWN) if report.count(s))
     console.print(f"{len(report.checks)} checks in {report.elapsed_s:.1f} s: {counts}", highlight=False)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from stallscope.history.runs import RunRow
 from stallscope.render.markdown import short_commit
@@ -39,8 +40,8 @@ def history_table(rows: list[RunRow]) -> Table:
         started = time.strftime("%m-%d %H:%M", time.localtime(r.started_wall)) if r.started_wall else "–"
         command = short_command(r.command)
         table.add_row(
-            r.run_id, started, command,
-            " ".join(f"{k}={format_value(v)}" for k, v in r.overrides.items()), short_commit(r.git_commit),
+            Text(r.run_id), started, Text(command),
+            Text(" ".join(f"{k}={format_value(v)}" for k, v in r.overrides.items())), Text(short_commit(r.git_commit)),
             f"{r.verdict or '–'}" + (f" ({r.bottleneck})" if r.bottleneck else ""),
             str(r.steady_steps if r.steady_steps is not None else "–"),
             _fmt(r.step_median_s, 1000), _fmt(r.step_p90_s, 1000), _fmt(r.steps_per_s, digits=2),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -54,39 +55,40 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         console.print(f"[bold]limiting stage:[/bold] {analysis.bottleneck_node} "
                       f"({100 * analysis.bottleneck_share:.0f}% of step time)")
     for line in words.evidence(analysis):
-        console.print(f"  • {line}", highlight=False)
+        console.print(f"  • {line}", markup=False, highlight=False)
     if analysis.gpu_timing is not None:
-        console.print(f"  • {words.gpu_timing(analysis.gpu_timing)}", highlight=False)
+        console.print(f"  • {words.gpu_timing(analysis.gpu_timing)}", markup=False, highlight=False)
     for ld in analysis.loaders:
         if ld.role != "train" and ld.batches:
-            console.print(f"  • loader {ld.loader_id} ({ld.role}, {ld.site}): {ld.batches} batches, "
+            console.print(f"  • loader {ld.loader_id} ({ld.role}, {escape(ld.site)}): {ld.batches} batches, "
                           f"waited {ld.wait_s:.2f} s", highlight=False)
     for pitfall in analysis.pitfalls:
         said = words.pitfall(pitfall)
-        console.print(f"[bold yellow]pitfall[/bold yellow] ({pitfall.node}): {said.title}", highlight=False)
-        console.print(f"    {said.evidence}", highlight=False)
-        console.print(f"    fix: {said.fix}", highlight=False)
+        console.print(f"[bold yellow]pitfall[/bold yellow] ({pitfall.node}): {escape(said.title)}", highlight=False)
+        console.print(f"    {said.evidence}", markup=False, highlight=False)
+        console.print(f"    fix: {said.fix}", markup=False, highlight=False)
     if analysis.recommendations:
         top = analysis.recommendations[0]
         said = words.recommendation(top)
         gain = f" (predicted {top.predicted_speedup:.2f}x)" if top.predicted_speedup else ""
-        console.print(f"[bold]next step:[/bold] {said.title}{gain}")
-        console.print(f"  change: {said.change}", highlight=False)
-        console.print(f"  why: {said.reason}", highlight=False)
+        console.print(f"[bold]next step:[/bold] {escape(said.title)}{gain}")
+        console.print(f"  change: {said.change}", markup=False, highlight=False)
+        console.print(f"  why: {said.reason}", markup=False, highlight=False)
         for rec in analysis.recommendations[1:3]:
             gain = f" ({rec.predicted_speedup:.2f}x)" if rec.predicted_speedup else ""
             said = words.recommendation(rec)
-            console.print(f"  also: {said.title}{gain}: {said.change}", highlight=False)
+            console.print(f"  also: {said.title}{gain}: {said.change}", markup=False, highlight=False)
     if analysis.failure:
         f = analysis.failure
-        console.print(f"[bold red]the script failed[/bold red] in {words.failure_place(f)}: {f.type}: "
-                      f"{words.failure_message(f)}" + (f"  at {f.location}" if f.location else ""), highlight=False)
+        detail = f"{f.type}: {words.failure_message(f)}" + (f"  at {f.location}" if f.location else "")
+        console.print(f"[bold red]the script failed[/bold red] in {words.failure_place(f)}: {escape(detail)}",
+                      highlight=False)
     for note in words.notes(analysis):
-        console.print(f"[dim]note: {note}[/dim]", highlight=False)
+        console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
     if session.overrides:
-        console.print(f"[dim]overrides: {session.overrides}[/dim]", highlight=False)
+        console.print(f"[dim]overrides: {escape(str(session.overrides))}[/dim]", highlight=False)
     if session_ref:
-        console.print(f"[dim]saved: {session_ref}   re-render: stallscope report {session.run_id}[/dim]",
+        console.print(f"[dim]saved: {escape(session_ref)}   re-render: stallscope report {session.run_id}[/dim]",
                       highlight=False)
 
 
@@ -99,7 +101,7 @@ def _rank_table(console: Console, analysis: Analysis) -> None:
     for r in analysis.ranks:
         compute = shares(r.node_seconds).get("compute", 0.0)
         style = "bold" if dist is not None and r.rank == dist.straggler_rank else ""
-        table.add_row(Text(str(r.rank), style=style), r.host, r.verdict, r.bottleneck_node or "-",
+        table.add_row(Text(str(r.rank), style=style), Text(r.host), r.verdict, r.bottleneck_node or "-",
                       f"{100 * r.data_wait_fraction:.0f}%", f"{100 * r.sync_fraction:.0f}%",
                       f"{100 * compute:.0f}%", f"{r.steps_per_s:.2f}")
     console.print(table)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import shlex
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from stallscope.settings import format_value
 from stallscope.tuning.trials import TrialResult
@@ -30,16 +32,16 @@ def render(result: TuneResult, console: Console) -> None:
         table.add_column(col, justify="right" if col in ("#", result.unit, "wait", "s") else "left")
     for trial in [*result.trials, *result.confirmation]:
         best = " [bold green]<- winner[/]" if trial is result.winner and result.winner_overrides else ""
-        table.add_row(str(trial.index), trial.label, config_text(trial), rate_text(trial), trial.verdict or "-",
+        table.add_row(str(trial.index), trial.label, Text(config_text(trial)), rate_text(trial), trial.verdict or "-",
                       f"{100 * trial.data_wait_fraction:.0f}%" if trial.data_wait_fraction is not None else "-",
-                      f"{trial.wall_s:.0f}", ("ok" if trial.ok else f"[red]failed: {trial.reason}[/]") + best)
+                      f"{trial.wall_s:.0f}", ("ok" if trial.ok else f"[red]failed: {escape(str(trial.reason))}[/]") + best)
     console.print(table)
     if result.original is None or not result.original.ok:
         reason = result.original.reason if result.original else "not run"
-        console.print(f"[red]The original configuration failed ({reason}); nothing to tune against.[/]")
+        console.print(f"[red]The original configuration failed ({escape(str(reason))}); nothing to tune against.[/]")
         return
     for note in result.notes:
-        console.print(note)
+        console.print(note, markup=False)
     if not result.winner_overrides:
         return
     o, w = result.original_confirmed, result.winner_confirmed
@@ -47,6 +49,6 @@ def render(result: TuneResult, console: Console) -> None:
         console.print(f"Confirmed: original {o.value:.1f} ± {o.se:.1f} {result.unit}, winner {w.value:.1f} ± "
                       f"{w.se:.1f} {result.unit}: [bold]{result.speedup:.2f}x[/]"
                       + ("  (within noise of each other on confirmation)" if result.confirmed_within_noise else ""))
-    console.print(f"The change:  [bold]DataLoader(..., {result.dataloader_kwargs()})[/]")
-    console.print(f"Without editing code:  {shlex.join(result.rerun_command())}")
-    console.print(f"Trial folders: {result.folder}")
+    console.print(f"The change:  [bold]DataLoader(..., {escape(result.dataloader_kwargs())})[/]")
+    console.print(f"Without editing code:  {shlex.join(result.rerun_command())}", markup=False)
+    console.print(f"Trial folders: {result.folder}", markup=False)
