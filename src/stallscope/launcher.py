@@ -136,7 +136,11 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
     store_dir = paths.store_dir(store)
     run_id = paths.new_run_id()
     run_dir = paths.runs_dir(store_dir) / run_id
-    (run_dir / "events").mkdir(parents=True, exist_ok=True)
+    try:
+        (run_dir / "events").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # nowhere to save what is measured: say so before the script runs, not after
+        raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; choose another place "
+                          "with --store DIR or $STALLSCOPE_HOME") from None
     meta: dict[str, Any] = {
         "run_id": run_id,
         "command": argv,
@@ -147,7 +151,11 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
         "environment": environment.fingerprint(),
         "checks": _quick_checks(),
     }
-    (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
+    try:
+        (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
+    except OSError as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}") from None
 
     meta["start_ns"] = time.perf_counter_ns()
     try:

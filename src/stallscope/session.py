@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import os
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -280,12 +281,16 @@ class Session:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Session:
+        """Rebuild a saved session; a ``SessionFormatError`` says what is wrong when it is not one."""
+        if not isinstance(data, dict):
+            raise SessionFormatError(f"not a stallscope session (a JSON {type(data).__name__}, not an object)")
         schema = data.get("schema")
         if schema != SESSION_SCHEMA:
-            raise ValueError(f"unsupported session schema {schema!r} (this stallscope reads {SESSION_SCHEMA})")
+            raise SessionFormatError(f"unsupported session schema {schema!r} (this stallscope reads "
+                                     f"{SESSION_SCHEMA})")
         if "samples" in data and "system_samples" not in data:  # sessions saved before the field was renamed
             data = {**data, "system_samples": data["samples"]}
-        return _build(cls, data)
+        return _build(cls, data, "session")
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a crash mid-save never leaves a truncated session behind."""
@@ -298,13 +303,22 @@ class Session:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Session:
+        """The session saved at ``path``. Anything that is not one (binary garbage, JSON of another shape,
+        missing or mistyped fields, nesting too deep to parse) raises ``SessionFormatError`` (a
+        ``ValueError``) naming the file and what is wrong; an unreadable file raises ``OSError``."""
+        raw = Path(path).read_bytes()
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise SessionFormatError(f"{path} is not a stallscope session (not UTF-8 text)") from None
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not a stallscope session (invalid JSON: {exc})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path} is not a stallscope session")
-        return cls.from_dict(data)
+            raise SessionFormatError(f"{path} is not a stallscope session (invalid JSON: {exc})") from None
+        except RecursionError:
+            raise SessionFormatError(f"{path} is not a stallscope session (JSON nested too deep)") from None
+        try:
+            return cls.from_dict(data)
+        except SessionFormatError as exc:
+            raise SessionFormatError(f"{path}: {exc}") from None
 
 
 #: The Session's lists of records, name -> record type, in field order: the one list of record kinds
@@ -335,18 +349,50 @@ def sort_in_time(lists: dict[str, list[Any]]) -> None:
             lists[name].sort(key=lambda r: getattr(r, "start_ns", getattr(r, "t_ns", 0)))
 
 
-def _build(cls: type, data: dict[str, Any]) -> Any:
-    """Rebuild a dataclass (and lists of dataclasses) from plain JSON values."""
+class SessionFormatError(ValueError):
+    """A file or document that is not a session this stallscope can read; the message says what is wrong."""
+
+
+@functools.lru_cache(maxsize=None)
+def _shape(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+    """(field, expected JSON type(s) or a record type or ``list`` of one, required) per field of ``cls``."""
     hints = typing.get_type_hints(cls)
-    values = {}
+    shape = []
     for f in dataclasses.fields(cls):
-        if f.name not in data:
-            continue
-        value = data[f.name]
         hint = hints[f.name]
-        if typing.get_origin(hint) is list:
-            (item_type,) = typing.get_args(hint)
-            if dataclasses.is_dataclass(item_type):
-                value = [_build(item_type, item) for item in value]
-        values[f.name] = value
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        origin = typing.get_origin(hint)
+        if origin is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
+            expected: Any = [typing.get_args(hint)[0]]
+        else:
+            options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+            kinds = {typing.get_origin(o) or o for o in options}
+            expected = tuple(k for k in kinds if k is not Any) if Any not in kinds else None
+            if expected and float in expected:
+                expected = (*expected, int)
+        shape.append((f.name, expected, required))
+    return tuple(shape)
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Rebuild a dataclass (and lists of dataclasses) from plain JSON values, checking each field's type."""
+    if not isinstance(data, dict):
+        raise SessionFormatError(f"{where} is a {type(data).__name__}, not an object")
+    values = {}
+    for name, expected, required in _shape(cls):
+        if name not in data:
+            if required:
+                raise SessionFormatError(f"{where} has no field {name!r}")
+            continue
+        value = data[name]
+        if isinstance(expected, list):
+            if not isinstance(value, list):
+                raise SessionFormatError(f"{where}.{name} is a {type(value).__name__}, not a list")
+            value = [_build(expected[0], item, f"{where}.{name}[{i}]") for i, item in enumerate(value)]
+        elif expected and value is not None and not isinstance(value, expected) or \
+                (isinstance(value, bool) and expected and bool not in expected) or \
+                (value is None and expected and type(None) not in expected):
+            raise SessionFormatError(f"{where}.{name} is {type(value).__name__} {str(value)[:40]!r}, "
+                                     f"not {' or '.join(sorted(t.__name__ for t in expected))}")
+        values[name] = value
     return cls(**values)

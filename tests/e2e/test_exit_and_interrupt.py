@@ -113,3 +113,21 @@ def test_killed_script_reports_signal(tmp_path):
     assert result.returncode == 128 + signal.SIGKILL
     assert result.summary["ended_by"] == "signal"
     assert result.summary["steps"] == 4
+
+
+@pytest.mark.parametrize("where", ["a-file", "under-a-file"])
+def test_a_store_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, where):
+    """Chosen behaviour: nothing would be saved, so the script is not started (documented in the README)."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    store = blocker if where == "a-file" else blocker / "store"
+    marker = tmp_path / "ran"
+    script = tmp_path / "t.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    for verb in ("run", "tune"):
+        done = subprocess.run([sys.executable, "-m", "stallscope", verb, "--store", str(store), "--",
+                               sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert str(blocker) in done.stderr
+    assert not marker.exists()

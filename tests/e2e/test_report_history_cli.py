@@ -137,3 +137,16 @@ def test_report_unwritable_output_is_a_clear_error(runs):
     result = cli(runs["tmp"], "report", runs["workers"], "--store", str(runs["store"]),
                  "--html", str(runs["tmp"] / "no-such-dir" / "r.html"))
     assert result.returncode == 2 and "cannot write" in result.stderr
+
+
+@pytest.mark.parametrize("content", [b"[1]", b'{"schema": "stallscope.session/1"}', b"[" * 100_000, b"\xff\xfe\x00",
+                                     b'{"schema": "stallscope.session/1", "run_id": 3}'])
+def test_report_of_a_malformed_session_is_one_line_and_exit_2(tmp_path, content):
+    bad = tmp_path / "session.json"
+    bad.write_bytes(content)
+    for verb in (["report", str(bad)], ["compare", str(bad), str(bad)], ["merge", str(bad), str(bad), "-o",
+                                                                        str(tmp_path / "m.json")]):
+        done = subprocess.run([sys.executable, "-m", "stallscope", *verb, "--store", str(tmp_path / "store")],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (verb, done.stderr[-2000:])
+        assert str(bad) in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

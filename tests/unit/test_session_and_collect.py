@@ -9,7 +9,7 @@ import pytest
 
 from stallscope.collect import build_session
 from stallscope.constants import SESSION_SCHEMA
-from stallscope.session import FetchRecord, NextRecord, Session
+from stallscope.session import FetchRecord, NextRecord, Session, SessionFormatError
 
 
 def _meta(**extra):
@@ -63,6 +63,43 @@ def test_load_rejects_other_schemas_and_garbage(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not a stallscope session"):
         Session.load(bad)
+
+
+def _valid() -> dict:
+    return Session(schema=SESSION_SCHEMA, run_id="r", command=["python", "t.py"], cwd="/", started_wall=0.0,
+                   start_ns=0, end_ns=1, exit_code=0, ended_by="exit", overrides={}, max_steps=None,
+                   environment={}, nexts=[NextRecord(0, 0, 0, 1, 2, -1, 4, 10)]).to_dict()
+
+
+MALFORMED = {
+    "a list": (b"[1, 2]", "a JSON list, not an object"),
+    "missing field": (json.dumps({k: v for k, v in _valid().items() if k != "start_ns"}).encode(),
+                      "has no field 'start_ns'"),
+    "mistyped field": (json.dumps({**_valid(), "end_ns": "soon"}).encode(), "session.end_ns is str"),
+    "records not a list": (json.dumps({**_valid(), "nexts": {"a": 1}}).encode(), "session.nexts is a dict"),
+    "mistyped record": (json.dumps({**_valid(), "nexts": [{**_valid()["nexts"][0], "start_ns": None}]}).encode(),
+                        "session.nexts[0].start_ns is NoneType"),
+    "record not an object": (json.dumps({**_valid(), "nexts": [7]}).encode(), "session.nexts[0] is a int"),
+    "deep nesting": (b"[" * 200_000 + b"]" * 200_000, "nested too deep"),
+    "binary garbage": (bytes(range(256)) * 4, "not UTF-8"),
+    "empty": (b"", "invalid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_session_files_are_one_clear_error_naming_the_file(tmp_path, case):
+    content, reason = MALFORMED[case]
+    path = tmp_path / "session.json"
+    path.write_bytes(content)
+    with pytest.raises(SessionFormatError) as caught:
+        Session.load(path)
+    assert str(path) in str(caught.value) and reason in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_the_valid_document_loads():
+    assert Session.from_dict(_valid()).nexts[0].end_ns == 2
 
 
 def test_save_is_atomic(tmp_path):

@@ -7,6 +7,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from stallscope.cli.common import after_dashes, fail
 from stallscope.render.bench import render, render_race
@@ -68,10 +69,13 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError:
         print("stallscope bench: --workers takes comma-separated integers, e.g. 0,2,4", file=sys.stderr)
         return 2
-    with console.status("bench") as status:
-        result = bench(command, workers=workers, seconds=args.seconds, ceiling_steps=args.ceiling_steps,
-                       normal_steps=args.steps, normal=not args.no_normal, timeout_s=args.timeout, store=args.store,
-                       progress=lambda text: status.update(text))
+    try:
+        with console.status("bench") as status:
+            result = bench(command, workers=workers, seconds=args.seconds, ceiling_steps=args.ceiling_steps,
+                           normal_steps=args.steps, normal=not args.no_normal, timeout_s=args.timeout,
+                           store=args.store, progress=lambda text: status.update(escape(text)))
+    except OSError as exc:  # the store cannot take the bench folders
+        return fail("bench", f"cannot write {exc.filename or 'the store'}: {exc.strerror or exc}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result.to_dict(), fh, indent=1, default=str)

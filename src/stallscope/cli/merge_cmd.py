@@ -37,7 +37,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         sessions = [Session.load(paths.resolve_run(ref, store)) for ref in args.runs]
         merged = merge_sessions(sessions)
-    except (FileNotFoundError, ValueError) as exc:  # MergeError is a ValueError
+    except (OSError, ValueError) as exc:  # MergeError is a ValueError
         print(f"stallscope merge: {exc}", file=sys.stderr)
         return 2
     out = merged.save(Path(args.output))

@@ -43,7 +43,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         path = paths.resolve_run(args.run, paths.store_dir(args.store))
         session = Session.load(path)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         return _fail(str(exc))
     analysis = analyze(session)
     written: list[str] = []

@@ -79,6 +79,9 @@ def handle(args: argparse.Namespace) -> int:
                       tune_batch_size=args.tune_batch_size, max_workers=args.max_workers,
                       trial_timeout_s=args.trial_timeout, confirm_rounds=args.confirm_rounds,
                       store=args.store, on_start=on_start, on_done=on_done)
+    except OSError as exc:  # the store cannot take the trial folders
+        status.stop()
+        return fail("tune", f"cannot write {exc.filename or 'the store'}: {exc.strerror or exc}")
     finally:
         status.stop()
     if args.json:
