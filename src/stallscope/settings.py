@@ -8,6 +8,8 @@ module (standard library only) because the recorder imports it inside every proc
 from __future__ import annotations
 
 import json
+import math
+import multiprocessing
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,6 +105,15 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         raise OverrideError("--set sharing_strategy: choose file_system or file_descriptor")
     if parsed.get("prefetch_factor") == 0:
         raise OverrideError("--set prefetch_factor=0: must be at least 1")
+    if parsed.get("batch_size") == 0:
+        raise OverrideError("--set batch_size=0: must be at least 1 (or none: no batching)")
+    timeout = parsed.get("timeout")
+    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+        raise OverrideError(f"--set timeout={timeout}: seconds, 0 (wait forever) or more")
+    context = parsed.get("multiprocessing_context")
+    methods = multiprocessing.get_all_start_methods()
+    if context is not None and context not in methods:
+        raise OverrideError(f"--set multiprocessing_context={context}: choose one of {', '.join(methods)}")
     return parsed
 
 

@@ -132,3 +132,14 @@ def test_force_refuses_to_delete_the_folder_holding_the_source(source, tmp_path)
     assert done.returncode == 2 and "contains the source" in done.stderr
     assert "Traceback" not in done.stderr
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == files
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_named_like_an_image_is_not_read(source, tmp_path):
+    """Reading a FIFO blocks forever: pack once hung on one named *.jpg."""
+    src = tmp_path / "src"
+    shutil.copytree(source / "class_00", src / "a")
+    os.mkfifo(src / "a" / "pipe.jpg")
+    done = stallscope(str(src), str(tmp_path / "out"), "--workers", "0")
+    assert done.returncode == 0, done.stderr
+    assert load_index(tmp_path / "out").records and "pipe.jpg" not in done.stdout

@@ -35,3 +35,14 @@ def test_set_values_round_trip_through_their_arguments() -> None:
     assert format_value(False) == "false"
     with pytest.raises(OverrideError, match="expected true or false"):
         parse_overrides(["pin_memory=maybe"])
+
+
+@pytest.mark.parametrize("item,reason", [("timeout=-1", "0 (wait forever) or more"), ("timeout=nan", "or more"),
+                                         ("batch_size=0", "at least 1"), ("prefetch_factor=0", "at least 1"),
+                                         ("multiprocessing_context=bogus", "choose one of"),
+                                         ("num_workers=-2", "must not be negative")])
+def test_values_torch_would_crash_on_are_refused_here(item, reason):
+    with pytest.raises(OverrideError, match=re.escape(reason)):
+        parse_overrides([item])
+    assert parse_overrides(["batch_size=none", "timeout=0", "multiprocessing_context=spawn"]) == {
+        "batch_size": None, "timeout": 0.0, "multiprocessing_context": "spawn"}

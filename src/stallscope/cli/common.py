@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from rich.console import Console
@@ -34,6 +35,15 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="do not print the summary")
     p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
                    help="period of the system sampler (CPU, memory, GPU); 0 turns it off (default 0.1)")
+
+
+def run_options_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options ``add_run_options`` defines, if anything."""
+    if args.steps is not None and args.steps < 1:
+        return "--steps must be at least 1"
+    if not math.isfinite(args.sample_interval) or args.sample_interval < 0:
+        return "--sample-interval must be 0 (off) or a positive number of seconds"
+    return None
 
 
 def parse_set(verb: str, items: list[str]) -> dict | None:

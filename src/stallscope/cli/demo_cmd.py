@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 from rich.markup import escape
 
-from stallscope.cli.common import add_run_options, after_dashes, parse_set, record
+from stallscope.cli.common import add_run_options, after_dashes, fail, parse_set, record, run_options_error
 from stallscope.demo.scenarios import SCENARIOS, scenario_command
 from stallscope.render import words
 
@@ -37,13 +37,15 @@ def handle(args: argparse.Namespace) -> int:
     overrides = parse_set("demo", args.overrides)
     if overrides is None:
         return 2
+    if (problem := run_options_error(args)) is not None:
+        return fail("demo", problem)
     console = Console(stderr=True)
     console.print(f"stallscope demo: preparing the dataset for scenario {args.scenario!r} "
                   "(generated once, then cached)")
     command = scenario_command(args.scenario, extra, progress=True)
     steps = args.steps if args.steps is not None else DEFAULT_STEPS
     code, first = record("demo", command, module=None, store=args.store, overrides=overrides, max_steps=steps,
-                         json_path=args.json, quiet=args.quiet)
+                         json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval)
     if code != 0 or first is None or args.no_verify:
         return code
     before = first.analysis
@@ -56,7 +58,7 @@ def handle(args: argparse.Namespace) -> int:
     shown = words.overrides(change)
     console.rule(f"[bold]verifying: {escape(shown)}")
     code, second = record("demo", command, module=None, store=args.store, overrides={**overrides, **change},
-                          max_steps=steps, json_path=None, quiet=True)
+                          max_steps=steps, json_path=None, quiet=True, sample_interval_s=args.sample_interval)
     after = second.analysis if second is not None else None
     if code != 0 or after is None or not before.samples_per_s or not after.samples_per_s:
         return code

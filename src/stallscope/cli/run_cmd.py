@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from stallscope.cli.common import add_run_options, after_dashes, parse_set, record
+from stallscope.cli.common import add_run_options, after_dashes, fail, parse_set, record, run_options_error
 from stallscope.settings import SETTABLE
 
 EPILOG = f"""examples:
@@ -35,15 +34,9 @@ def handle(args: argparse.Namespace) -> int:
     overrides = parse_set("run", args.overrides)
     if overrides is None:
         return 2
-    if args.steps is not None and args.steps < 1:
-        print("stallscope run: --steps must be at least 1", file=sys.stderr)
-        return 2
+    if (problem := run_options_error(args)) is not None:
+        return fail("run", problem)
     if not command and not args.module:
-        print("stallscope run: no command given; usage: stallscope run [options] -- python train.py ARGS",
-              file=sys.stderr)
-        return 2
-    if args.sample_interval < 0:
-        print("stallscope run: --sample-interval must be 0 (off) or positive", file=sys.stderr)
-        return 2
+        return fail("run", "no command given; usage: stallscope run [options] -- python train.py ARGS")
     return record("run", command, module=args.module, store=args.store, overrides=overrides, max_steps=args.steps,
                   json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval)[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +55,20 @@ def list_image_folder(root: str | os.PathLike[str], extensions: tuple[str, ...] 
         for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
             dirnames.sort()
             for filename in sorted(filenames):
-                if filename.lower().endswith(exts):
+                if filename.lower().endswith(exts) and not _special(Path(dirpath) / filename):
                     samples.append((Path(dirpath) / filename, label))
     if not samples:
         raise SourceError(f"{root}: class folders hold no images with extensions {', '.join(exts)}")
     return SourceList(root, tuple(samples), classes)
+
+
+def _special(path: Path) -> bool:
+    """A FIFO, socket or device named like an image: reading one would block or never end, so it is not
+    listed (a dangling link is listed, and reported as unreadable when read)."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def read_file_list(list_path: str | os.PathLike[str]) -> SourceList:
