@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 from collections.abc import Mapping
 from typing import Any
 
@@ -111,7 +110,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
         raise OverrideError(f"--set timeout={timeout}: seconds, 0 (wait forever) or more")
     context = parsed.get("multiprocessing_context")
-    methods = multiprocessing.get_all_start_methods()
+    if context is not None:
+        import multiprocessing  # here, not at the top: the recorder imports this module in every process
+
+        methods = multiprocessing.get_all_start_methods()
     if context is not None and context not in methods:
         raise OverrideError(f"--set multiprocessing_context={context}: choose one of {', '.join(methods)}")
     return parsed
