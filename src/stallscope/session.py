@@ -374,6 +374,13 @@ def _shape(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     return tuple(shape)
 
 
+def _is_one_of(value: Any, expected: tuple[type, ...]) -> bool:
+    """``isinstance`` for JSON values, where ``True`` is no integer and ``None`` only fits an optional field."""
+    if isinstance(value, bool):
+        return bool in expected
+    return isinstance(value, expected)
+
+
 def _build(cls: type, data: Any, where: str) -> Any:
     """Rebuild a dataclass (and lists of dataclasses) from plain JSON values, checking each field's type."""
     if not isinstance(data, dict):
@@ -389,9 +396,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
             if not isinstance(value, list):
                 raise SessionFormatError(f"{where}.{name} is a {type(value).__name__}, not a list")
             value = [_build(expected[0], item, f"{where}.{name}[{i}]") for i, item in enumerate(value)]
-        elif expected and value is not None and not isinstance(value, expected) or \
-                (isinstance(value, bool) and expected and bool not in expected) or \
-                (value is None and expected and type(None) not in expected):
+        elif expected and not _is_one_of(value, expected):
             raise SessionFormatError(f"{where}.{name} is {type(value).__name__} {str(value)[:40]!r}, "
                                      f"not {' or '.join(sorted(t.__name__ for t in expected))}")
         values[name] = value

@@ -19,7 +19,7 @@ from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
 from stallscope.analysis.steps import step_stats
-from stallscope.analysis.system_metrics import helper_cpu_between, process_cpu_between, summarize_samples
+from stallscope.analysis.system_metrics import helper_cpu_between, summarize_samples
 from stallscope.environment import recorded_usable_cpus
 from stallscope.session import LoaderRecord, Session
 
@@ -140,7 +140,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     main_cpu = helper_cpu = None
     if stats.steady:
         window = (stats.steady[0].start_ns, stats.steady[-1].end_ns)
-        main_cpu = process_cpu_between(session, session.main_pid, *window)
+        main_cpu = session.system.cpu_between(session.main_pid, *window)
         helper_cpu = helper_cpu_between(session, session.main_pid, *window)
     # CPUs other programs kept busy during the run are not available to this job either.
     host_cpus = session.environment.get("cpu_count")

@@ -54,11 +54,6 @@ def _roles(session: Session) -> dict[int, str]:
     return roles
 
 
-def process_cpu_between(session: Session, pid: int | None, start_ns: int, end_ns: int) -> float | None:
-    """CPU seconds ``pid`` used between two instants, from the sampled cumulative CPU times."""
-    return session.system.cpu_between(pid, start_ns, end_ns)
-
-
 def helper_cpu_between(session: Session, main_pid: int | None, start_ns: int, end_ns: int) -> float | None:
     """CPU seconds of the training process's other descendants (not DataLoader workers) in a window.
 

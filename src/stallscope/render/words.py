@@ -34,10 +34,6 @@ class PitfallSaid:
 
 # --- recommendations -----------------------------------------------------------------------------------------
 
-def _set(overrides: dict[str, Any]) -> str:
-    return ", ".join(f"--set {name}={format_value(value)}" for name, value in overrides.items())
-
-
 def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
     f, o = rec.facts, rec.overrides
     rid = rec.id
@@ -148,7 +144,7 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 f"--set num_workers={o['num_workers']}",
                 f"{f['ranks']} ranks x their workers ({f['workers']} in all) compete for {f['usable_cpus']} usable "
                 "CPUs on one node")
-    return rid, _set(o) or "see the facts", _facts(f)
+    return rid, overrides(o) or "see the facts", _facts(f)
 
 
 def recommendation(rec: Recommendation) -> Said:
