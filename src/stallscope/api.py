@@ -28,7 +28,7 @@ class RunResult:
     """What one recorded run gives: the script's exit code, what was measured, and what it means."""
     exit_code: int
     session: Session
-    session_path: Path
+    session_path: Path | None  # None when the session could not be saved (the reason is in history_error)
     analysis: Analysis
     summary: dict[str, Any]  # the summary JSON (schema stallscope.summary/1), as ``run --json`` writes it
     history_error: str | None = None  # why the run is not in the history, when it could not be added
@@ -62,6 +62,9 @@ def run(command: list[str], *, module: str | None = None, store: str | os.PathLi
     outcome = launch(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
                      stdout=stdout, stderr=stderr, sample_interval_s=sample_interval_s)
     analysis = analyze(outcome.session)
-    error = record_history(store, outcome.session, analysis, outcome.session_path) if history else None
+    if outcome.save_error:  # nothing saved to point a history row at (and the disk is likely full)
+        error = outcome.save_error if history else None
+    else:
+        error = record_history(store, outcome.session, analysis, outcome.session_path) if history else None
     return RunResult(outcome.exit_code, outcome.session, outcome.session_path, analysis,
                      summary_dict(outcome.session, analysis, outcome.session_path), error)

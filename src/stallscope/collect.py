@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import platform
+import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from stallscope.constants import SESSION_SCHEMA
 from stallscope.record.schema import fields_of
@@ -29,6 +32,7 @@ from stallscope.session import (
     RankRecord,
     SendRecord,
     Session,
+    StallRecord,
     StopRecord,
     TransferRecord,
     WorkerStartRecord,
@@ -38,15 +42,35 @@ from stallscope.session import (
 
 def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[Any]]]]:
     """[(header, records)] for every process that wrote events."""
+    return [(f.header, f.records) for f in _read_events(events_dir)]
+
+
+class EventFile(NamedTuple):
+    path: Path
+    header: dict[str, Any]
+    records: list[list[Any]]
+    damaged: int  # lines that could not be read: cut short by a kill or a full disk
+
+    @property
+    def last_write_ns(self) -> int:
+        """When the process last wrote, on its monotonic clock (the header maps wall to monotonic)."""
+        return int(self.header["mono_ns"]) + self.path.stat().st_mtime_ns - int(self.header["wall_ns"])
+
+
+def _read_events(events_dir: Path) -> list[EventFile]:
+    """Every process's event file; a line cut short by a kill or a full disk is skipped and counted, so
+    the session can say that process's last events are missing."""
     result = []
     for path in sorted(events_dir.glob("*.jsonl")):
         header: dict[str, Any] | None = None
         records: list[list[Any]] = []
-        with open(path, encoding="utf-8") as f:
+        damaged = 0
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     item = json.loads(line)
                 except json.JSONDecodeError:
+                    damaged += 1
                     continue
                 if isinstance(item, dict) and "header" in item:
                     header = header or item["header"]
@@ -56,13 +80,14 @@ def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[A
                     else:
                         records.append(item)
         if header is not None:
-            result.append((header, records))
+            result.append(EventFile(path, header, records, damaged))
     return result
 
 
 #: Events whose named fields are their record's fields, one for one: kind -> (Session list, record type).
 _BY_NAME: dict[str, tuple[str, type]] = {
     "iter": ("iters", IterRecord), "next": ("nexts", NextRecord), "stop": ("stops", StopRecord),
+    "next_stall": ("stalls", StallRecord),
     "send": ("sends", SendRecord), "worker_start": ("worker_starts", WorkerStartRecord),
     "opt": ("optimizer_steps", OptimizerStepRecord), "pin": ("pins", PinRecord), "h2d": ("transfers", TransferRecord),
     "gpu_span": ("gpu_spans", GpuSpanRecord),
@@ -76,8 +101,11 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     batch_info: list[dict[str, Any]] = []
     lmdb_opens: list[dict[str, Any]] = []
     step_limit_hit = False
-    for header, records in read_event_files(run_dir / "events"):
+    for _, header, records, damaged in _read_events(run_dir / "events"):
         pid = int(header["pid"])
+        if damaged:
+            notes.append(f"{damaged} line(s) of process {pid}'s events were cut short (killed mid-write, or the "
+                         "disk was full): its last events may be missing")
         role = header.get("role", "child")
         life: dict[str, Any] = {}
         for rec in records:
@@ -140,6 +168,9 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     notes.append(f"process {pid} received {f['signal']}")
             except (TypeError, KeyError):
                 notes.append(f"malformed {kind!r} event from process {pid} skipped")
+        if role == "main" and "exit_ns" not in life and not any(r[0] == "signal" for r in records):
+            notes.append(f"the script's process {pid} ended without writing out its last events (killed "
+                         "outright, like SIGKILL or the OOM killer): up to its last 0.5 s may be missing")
         lists["processes"].append(ProcessRecord(pid, int(header.get("ppid", -1)), role,
                                                 list(header.get("argv", [])), int(header["wall_ns"]),
                                                 int(header["mono_ns"]), _owner(header, pid), **life))
@@ -197,3 +228,71 @@ def _last_frame(tb: str) -> str | None:
             except IndexError:
                 return None
     return None
+
+
+class RecoveryError(ValueError):
+    """A run directory that cannot be rebuilt into a session (no run.json, or its run still in progress)."""
+
+
+def recover_session(run_dir: Path) -> Session:
+    """Rebuild the session of a run whose launcher ended before saving it (killed, or the disk was full),
+    from its ``run.json`` and raw event files. What only the launcher knew is inferred and said so: the
+    exit code from the main process's last events, the end from the event files' last writes; the
+    system samples are lost."""
+    try:
+        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RecoveryError(f"{run_dir} cannot be rebuilt: no readable run.json ({exc})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("run_id"), str):
+        raise RecoveryError(f"{run_dir} cannot be rebuilt: run.json is not a stallscope run description")
+    launcher = meta.get("launcher_pid")
+    if isinstance(launcher, int) and launcher != os.getpid() and _alive(launcher) and _same_host(meta):
+        raise RecoveryError(f"{run_dir} is a run still in progress (stallscope process {launcher}); "
+                            "report it once it has ended")
+    processes = _read_events(run_dir / "events") if (run_dir / "events").is_dir() else []
+    main = next((f for f in processes if f.header.get("role") == "main"), None)
+    ends = [f.last_write_ns for f in processes]
+    start_ns = meta.get("start_ns")
+    if not isinstance(start_ns, int):
+        start_ns = min((int(f.header["mono_ns"]) for f in processes), default=0)
+    exit_code, how = _inferred_exit(main.records if main else [])
+    meta = {**meta, "start_ns": start_ns, "end_ns": max([start_ns, *ends]), "exit_code": exit_code,
+            "ended_by": "recovered",
+            "notes": [*meta.get("notes", []),
+                      (f"rebuilt from raw events: stallscope ended before the script did (killed, or the session "
+                       f"could not be saved); the exit code {exit_code} is inferred ({how}); no system samples")]}
+    return build_session(run_dir, meta)
+
+
+def _inferred_exit(records: list[list[Any]]) -> tuple[int, str]:
+    kinds = {r[0]: r for r in records if r and isinstance(r[0], str)}
+    if "signal" in kinds:
+        name = str(kinds["signal"][-1])
+        number = getattr(signal.Signals, name, None) if name in signal.Signals.__members__ else None
+        if number is not None:
+            return 128 + int(number), f"the script received {name}"
+    if "exception" in kinds:
+        return 1, "the script raised an uncaught exception"
+    if "process_exit" in kinds:
+        return 0, "the script reached its normal exit; a code set by sys.exit is not recorded"
+    return 128 + signal.SIGKILL, "no exit was recorded: killed outright, like SIGKILL"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live stallscope launcher (a reused pid of another program is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        return b"stallscope" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc to ask: assume it is
+
+
+def _same_host(meta: dict[str, Any]) -> bool:
+    environment = meta.get("environment")
+    host = environment.get("hostname") if isinstance(environment, dict) else None
+    return host is None or host == platform.node()

@@ -2,19 +2,26 @@
 
 The script runs in a child process with our ``sitecustomize`` on ``PYTHONPATH``, so every
 Python process of the job (the script, spawn/forkserver workers) starts the recorder. The
-launcher forwards Ctrl-C and SIGTERM to the child's process group, waits, and always builds
-and saves the session, whether the script succeeded, crashed, or was interrupted. Analysis and
-history are ``api.run``'s: this module only runs processes and collects their records.
+launcher forwards Ctrl-C, SIGTERM, SIGHUP and SIGQUIT to the child's process group, stops and
+continues it with the launcher (Ctrl-Z, ``fg``), waits, and always builds the session, whether the
+script succeeded, crashed, or was interrupted. The child gets SIGTERM when the launcher dies, even
+by SIGKILL (Linux), so training never outlives it; what such a run recorded stays in its run
+directory and ``stallscope report RUNDIR`` rebuilds it (``collect.recover_session``). When the
+session cannot be saved (disk full), it is still returned, with the reason, and the raw events are
+kept. Analysis and history are ``api.run``'s: this module only runs processes and collects records.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +51,9 @@ class LaunchError(RuntimeError):
 @dataclass(frozen=True)
 class RunOutcome:
     session: Session
-    session_path: Path
+    session_path: Path | None  # None when the session could not be saved (see save_error)
     exit_code: int
+    save_error: str | None = None
 
 
 def resolve_command(command: list[str], module: str | None = None) -> list[str]:
@@ -98,30 +106,112 @@ def _quick_checks() -> list[dict[str, Any]]:
         return [{"id": "doctor", "status": "unknown", "value": None, "why": f"quick checks failed: {exc!r}"}]
 
 
+#: Signals that end the job: forwarded to the script's process group like a terminal would deliver them.
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_PR_SET_PDEATHSIG = 1
+
+
 class _SignalForwarder:
-    """Forward Ctrl-C / SIGTERM to the child's process group, escalating on repeats."""
+    """Forward ending signals to the child's process group (escalating to SIGTERM, then SIGKILL, on
+    repeats), and stop and continue it with the launcher.
+
+    The child runs in its own session, so a terminal's Ctrl-Z reaches only the launcher; and SIGTSTP
+    sent to that orphaned group would be discarded by the kernel, so the child is stopped with SIGSTOP.
+    """
 
     def __init__(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child
         self.received: list[int] = []
+        self.paused_ns = 0
+        self.pauses = 0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _SignalForwarder:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
+        for sig in FORWARDED_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._forward)
+        self._previous[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, self._suspend)
+        self._previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._resume)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received.append(signum)
-        escalation = {1: signum, 2: signal.SIGTERM}.get(len(self.received), signal.SIGKILL)
+    def _signal_group(self, signum: int) -> None:
         try:
-            os.killpg(self.child.pid, escalation)
+            os.killpg(self.child.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        self._signal_group({1: signum, 2: signal.SIGTERM}.get(len(self.received), signal.SIGKILL))
+
+    def _suspend(self, signum: int, frame: Any) -> None:
+        self._signal_group(signal.SIGSTOP)
+        stopped = time.perf_counter_ns()
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stops here until continued (discarded where nobody could)
+        signal.signal(signal.SIGTSTP, self._suspend)
+        self._signal_group(signal.SIGCONT)
+        self.pauses += 1
+        self.paused_ns += time.perf_counter_ns() - stopped
+
+    def _resume(self, signum: int, frame: Any) -> None:
+        self._signal_group(signal.SIGCONT)
+
+
+def _die_with_parent() -> Any:
+    """A ``preexec_fn`` that makes the child get SIGTERM when the launcher dies, whatever killed it
+    (Linux's parent-death signal); None where that does not exist. libc is loaded before the fork.
+
+    Only in a single-threaded launcher (the CLI): between fork and exec another thread's locks could be
+    held. Elsewhere the recorder arms the same signal in the script's process (``record/bootstrap``)."""
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str]]:
+    """How the run ended (``ended_by``) and what to say about it."""
+    notes = []
+    if forwarder.pauses:
+        notes.append(f"the job was stopped (Ctrl-Z / SIGTSTP) {forwarder.pauses} time(s), "
+                     f"{forwarder.paused_ns / 1e9:.1f} s in all; a step that spans a stop includes it")
+    if forwarder.received:
+        sent = signal.Signals(forwarder.received[0]).name
+        if returncode < 0 or returncode == 128 + forwarder.received[0]:
+            return "interrupt", [*notes, f"stopped by {sent} sent to stallscope"]
+        return "exit", [*notes, f"{sent} was forwarded to the script, which went on and exited with code {returncode}"]
+    if returncode < 0:
+        return "signal", [*notes, f"the script was killed by {signal.Signals(-returncode).name}"]
+    return "exit", notes
+
+
+def save_session(session: Session, run_dir: Path) -> tuple[Path | None, str | None]:
+    """Save the session and fold the raw events into it: (path, None), or (None, why) when it cannot be
+    written, in which case no partial file stays behind and the raw events are kept to rebuild it."""
+    target = run_dir / "session.json"
+    try:
+        path = session.save(target)
+    except OSError as exc:
+        target.with_name(target.name + ".tmp").unlink(missing_ok=True)
+        reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
+        return None, f"the session could not be saved in {run_dir}: {reason}"
+    shutil.rmtree(run_dir / "events", ignore_errors=True)
+    return path, None
 
 
 def launch(command: list[str], *, module: str | None = None, store: str | os.PathLike[str] | None = None,
@@ -150,18 +240,21 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
         "max_steps": max_steps,
         "environment": environment.fingerprint(),
         "checks": _quick_checks(),
+        "launcher_pid": os.getpid(),  # a run directory without session.json is in progress while it lives
+        "start_ns": time.perf_counter_ns(),
     }
     try:
         (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
     except OSError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
-        raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}") from None
+        raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; free some space or "
+                          "choose another place with --store DIR or $STALLSCOPE_HOME") from None
 
-    meta["start_ns"] = time.perf_counter_ns()
     try:
         child = subprocess.Popen(argv, env=_child_env(run_dir, overrides, max_steps), start_new_session=True,
-                                 stdout=stdout, stderr=stderr)
+                                 stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent())  # noqa: PLW1509
     except OSError as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"could not start {argv[0]}: {exc}") from None
     sampler = SystemSampler(child.pid, sample_interval_s) if sample_interval_s > 0 else None
     if sampler is not None:
@@ -176,17 +269,11 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
     meta["end_ns"] = time.perf_counter_ns()
     if sampler is not None:
         meta["system_samples"] = sampler.stop()
-    exit_code = 128 - returncode if returncode < 0 else returncode
-    if forwarder.received:
-        meta["ended_by"] = "interrupt"
-        meta["notes"] = [f"stopped by {signal.Signals(forwarder.received[0]).name} sent to stallscope"]
-    elif returncode < 0:
-        meta["ended_by"] = "signal"
-        meta["notes"] = [f"the script was killed by {signal.Signals(-returncode).name}"]
-    else:
-        meta["ended_by"] = "exit"
-    meta["exit_code"] = exit_code
+    meta["exit_code"] = 128 - returncode if returncode < 0 else returncode
+    meta["ended_by"], meta["notes"] = _ending(forwarder, returncode)
     session = build_session(run_dir, meta)
-    session_path = session.save(run_dir / "session.json")
-    shutil.rmtree(run_dir / "events", ignore_errors=True)
-    return RunOutcome(session, session_path, exit_code)
+    session_path, save_error = save_session(session, run_dir)
+    if save_error:
+        session.notes.append(f"{save_error}; its raw events stay in {run_dir / 'events'} "
+                             f"(stallscope report {run_dir} rebuilds it once there is room)")
+    return RunOutcome(session, session_path, meta["exit_code"], save_error)

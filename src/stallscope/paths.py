@@ -34,6 +34,8 @@ def new_run_id(now: float | None = None) -> str:
 def resolve_run(ref: str, store: Path) -> Path:
     """Find a saved run from a path, a run id, a unique id prefix, or ``last``.
 
+    A run whose session was never saved (its launcher was killed, or the disk was full) resolves to its
+    run directory, for ``collect.recover_session``; ``last`` is the last saved session.
     Raises ``FileNotFoundError`` with the places it looked, so the CLI can say them.
     """
     candidate = Path(ref).expanduser()
@@ -41,15 +43,19 @@ def resolve_run(ref: str, store: Path) -> Path:
         return candidate
     if candidate.is_dir() and (candidate / "session.json").is_file():
         return candidate / "session.json"
+    if candidate.is_dir() and (candidate / "run.json").is_file():
+        return candidate
     base = runs_dir(store)
     runs = sorted(p for p in base.glob("*") if (p / "session.json").is_file()) if base.is_dir() else []
     if ref == "last":
         if not runs:
             raise FileNotFoundError(f"no saved runs under {base}")
         return runs[-1] / "session.json"
-    matches = [p for p in runs if p.name.startswith(ref)]
+    unsaved = sorted(p for p in base.glob("*") if (p / "run.json").is_file() and not (p / "session.json").is_file()
+                     ) if base.is_dir() else []
+    matches = [p for p in runs + unsaved if p.name.startswith(ref)]
     if len(matches) == 1:
-        return matches[0] / "session.json"
+        return matches[0] / "session.json" if matches[0] in runs else matches[0]
     if len(matches) > 1:
         names = ", ".join(p.name for p in matches[:5])
         raise FileNotFoundError(f"run id {ref!r} is ambiguous under {base}: {names}")

@@ -83,6 +83,25 @@ class StopRecord:
 
 
 @dataclass(frozen=True)
+class StallRecord:
+    """A ``__next__`` that never returned a batch: still blocked when the process ended (``how`` is how
+    it ended: ``exit``, ``SIGTERM``...), or ended by an exception (``how`` is its type, such as the
+    ``RuntimeError`` of a DataLoader ``timeout``). ``pending``: workers that owed batches then;
+    ``awaited``: the one owing the batch the loader waited for; ``dead``: workers no longer alive."""
+    loader_id: int
+    iter_id: int
+    epoch: int
+    start_ns: int
+    end_ns: int
+    how: str
+    message: str | None
+    pending: list[int]
+    awaited: int | None
+    dead: list[int]
+    pid: int
+
+
+@dataclass(frozen=True)
 class SendRecord:
     loader_id: int
     iter_id: int
@@ -239,6 +258,7 @@ class Session:
     iters: list[IterRecord] = field(default_factory=list)
     nexts: list[NextRecord] = field(default_factory=list)
     stops: list[StopRecord] = field(default_factory=list)
+    stalls: list[StallRecord] = field(default_factory=list)
     sends: list[SendRecord] = field(default_factory=list)
     fetches: list[FetchRecord] = field(default_factory=list)
     worker_starts: list[WorkerStartRecord] = field(default_factory=list)
@@ -297,8 +317,12 @@ class Session:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+            os.replace(tmp, path)
+        except OSError:  # a full disk: no half-written file stays behind
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod

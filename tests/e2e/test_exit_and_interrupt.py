@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,191 @@ def test_a_store_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, where):
         assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert str(blocker) in done.stderr
     assert not marker.exists()
+
+
+def _start_forever(tmp_path: Path, **popen: object) -> tuple[subprocess.Popen[str], Path, Path]:
+    """The tiny script training forever under ``stallscope run``, once it printed 20 losses."""
+    store, out = tmp_path / "store", tmp_path / "summary.json"
+    cmd = [sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store", str(store), "--",
+           sys.executable, TINY, "--workers", "2", "--forever", "--sleep-ms", "2", "--print-loss"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, **popen)
+    lines = 0
+    while lines < 20:
+        line = proc.stdout.readline()
+        if not line:
+            proc.kill()
+            raise AssertionError(proc.stderr.read()[-3000:])
+        lines += line.startswith("loss")
+    return proc, store, out
+
+
+def _job_pids(store: Path) -> list[int]:
+    """The script's processes (main and workers), from the event files they write."""
+    return [int(p.stem) for p in store.glob("runs/*/events/*.jsonl")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_for(condition, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT])
+def test_hangup_and_quit_end_the_job_like_plain_python_and_save_it(tmp_path, sig):
+    proc, store, out = _start_forever(tmp_path)
+    try:
+        pids = _job_pids(store)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig, stderr[-3000:]  # plain Python dies of SIGHUP with 129
+    summary = json.loads(out.read_text())
+    assert summary["ended_by"] == "interrupt" and summary["steps"] >= 19
+    assert f"stopped by {signal.Signals(sig).name}" in " ".join(summary["notes"])
+    assert _wait_for(lambda: not any(_alive(p) for p in pids)), "the script or a worker outlived the run"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_killed_launcher_takes_the_job_with_it_and_report_rebuilds_the_run(tmp_path):
+    proc, store, _ = _start_forever(tmp_path)
+    try:
+        pids = _job_pids(store)
+        assert pids
+        proc.kill()  # SIGKILL: no handler runs in stallscope
+        proc.communicate(timeout=60)
+        assert _wait_for(lambda: not any(_alive(p) for p in pids)), "training outlived a killed stallscope"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    [run_dir] = [p.parent for p in store.glob("runs/*/run.json")]
+    assert not (run_dir / "session.json").exists()
+    rebuilt = tmp_path / "rebuilt.json"
+    done = subprocess.run([sys.executable, "-m", "stallscope", "report", str(run_dir), "--json", str(rebuilt)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "rebuilt it from its raw events" in done.stderr
+    summary = json.loads(rebuilt.read_text())
+    assert summary["ended_by"] == "recovered"
+    assert summary["exit_code"] == 128 + signal.SIGTERM  # the parent-death signal, recorded by the script
+    assert summary["steps"] >= 19 and summary["verdict"]
+    assert any("rebuilt from raw events" in n for n in summary["notes"])
+    assert (run_dir / "session.json").is_file() and not (run_dir / "events").exists()
+    history = subprocess.run([sys.executable, "-m", "stallscope", "history", "--store", str(store)],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert history.returncode == 0 and run_dir.name[:15] in history.stdout, history.stdout + history.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process states from /proc")
+def test_ctrl_z_stops_the_job_and_fg_continues_it(tmp_path):
+    # In a process group of its own whose parent (pytest) is in another group of the session, the launcher
+    # is stopped by SIGTSTP as under a job-control shell.
+    proc, store, out = _start_forever(tmp_path, process_group=0)
+    try:
+        main = next(int(p.stem) for p in store.glob("runs/*/events/*.jsonl")
+                    if '"role": "main"' in p.read_text().splitlines()[0])
+        proc.send_signal(signal.SIGTSTP)
+        assert _wait_for(lambda: _state(proc.pid) == "T" and _state(main) == "T"), (_state(proc.pid), _state(main))
+        time.sleep(0.5)
+        assert _state(main) == "T"
+        proc.send_signal(signal.SIGCONT)  # what fg does
+        assert _wait_for(lambda: _state(main) != "T" and _state(proc.pid) != "T")
+        losses = 0
+        while losses < 5:  # training goes on
+            losses += proc.stdout.readline().startswith("loss")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    notes = " ".join(json.loads(out.read_text())["notes"])
+    assert "stopped (Ctrl-Z / SIGTSTP) 1 time(s)" in notes
+
+
+def test_a_script_that_handles_sigint_and_finishes_is_not_reported_as_interrupted(tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text("import signal, sys, time\nfrom torch.utils.data import DataLoader\n"
+                      "signal.signal(signal.SIGINT, lambda *a: print('ignoring Ctrl-C', flush=True))\n"
+                      "for i, b in enumerate(DataLoader(list(range(400)), batch_size=2)):\n"
+                      "    time.sleep(0.01)\n"
+                      "    if i == 20: print('training', flush=True)\n"
+                      "print('done', flush=True)\n")
+    out = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
+                             str(tmp_path / "store"), "--", sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        while "training" not in proc.stdout.readline():
+            pass
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "ignoring Ctrl-C" in stdout and "done" in stdout
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["ended_by"] == "exit" and summary["exit_code"] == 0 and summary["steps"] == 200
+    assert any("SIGINT was forwarded to the script, which went on and exited with code 0" in n
+               for n in summary["notes"])
+
+
+HUNG = str(SCRIPTS / "hung_loader.py")
+
+
+def test_a_dataloader_timeout_is_a_stall_counted_in_the_data_wait(tmp_path):
+    result = run_cli(tmp_path, ["--", sys.executable, HUNG, "--timeout", "2"])
+    assert result.returncode == 1
+    summary = result.summary
+    assert summary["steps"] == 10
+    [stall] = [p for p in summary["pitfalls"] if p["id"] == "loader-stalled"]
+    facts = stall["facts"]
+    assert facts["how"] == "RuntimeError" and "timed out" in facts["message"]
+    assert facts["seconds"] >= 2.0 and facts["batches_before"] == 10
+    assert facts["pending_workers"] == [0, 1] and facts["awaited_worker"] == 0
+    assert "2.0 s" in stall["evidence"] or "2.1 s" in stall["evidence"]
+    # The 2 s blocked are data wait: more than the 9 steady steps' own time, so most of the run's.
+    assert summary["data_wait_fraction"] > 0.5 and summary["bottleneck"]["node"] == "loader"
+    assert "blocked in a next() that never returned" in " ".join(summary["bottleneck"]["evidence"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_hung_dataloader_interrupted_is_named_with_the_workers_that_owed_batches(tmp_path, sig):
+    out = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
+                             str(tmp_path / "store"), "--", sys.executable, HUNG, "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        while "batch 9" not in proc.stdout.readline():  # the last batch before the workers hang
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+        time.sleep(2.5)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + sig, stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["steps"] == 10
+    [stall] = [p for p in summary["pitfalls"] if p["id"] == "loader-stalled"]
+    facts = stall["facts"]
+    assert facts["how"] == ("KeyboardInterrupt" if sig == signal.SIGINT else "SIGTERM")
+    assert facts["seconds"] >= 2.0 and facts["pending_workers"] == [0, 1]
+    assert summary["data_wait_fraction"] > 0.5 and summary["verdict"] == "input-bound"

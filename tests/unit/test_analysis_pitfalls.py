@@ -119,3 +119,32 @@ def test_one_slow_worker_holds_up_in_order_batches():
     assert "slow-worker" in ids(slow)
     even = [replace(f, end_ns=f.start_ns + 20 * MS) for f in fetches]
     assert "slow-worker" not in ids(replace(slow, fetches=even))
+
+
+def _stall(start_ms, end_ms, how="KeyboardInterrupt", message=""):
+    from stallscope.session import StallRecord
+
+    return StallRecord(0, 0, 0, start_ms * MS, end_ms * MS, how, message, [0, 1], 0, [], PID)
+
+
+def test_a_long_blocked_next_is_a_stall_and_a_short_one_cut_by_ctrl_c_is_not():
+    steps_ms = 100  # the base session's steps: one every 100 ms, 50 ms of it waiting
+    long = analyze(replace(base(), stalls=[_stall(600, 600 + 11 * steps_ms)]))
+    [stall] = [p for p in long.pitfalls if p.id == "loader-stalled"]
+    assert stall.facts["seconds"] == 1.1 and stall.facts["pending_workers"] == [0, 1]
+    quiet = analyze(replace(base(), stalls=[_stall(600, 640)]))
+    assert "loader-stalled" not in {p.id for p in quiet.pitfalls}
+    # Either way the blocked time is data wait of the run, charged to the loader stage.
+    plain = analyze(base())
+    assert long.steps.stalled_s == 1.1 and quiet.steps.stalled_s == 0.04
+    assert abs(long.steps.wait_s - plain.steps.wait_s - 1.1) < 1e-9
+    assert abs(long.node_seconds["loader"] - plain.node_seconds["loader"] - 1.1) < 1e-9
+    assert long.data_wait_fraction > plain.data_wait_fraction
+
+
+def test_a_timeout_is_a_stall_however_short_and_a_worker_error_re_raised_is_not():
+    timed_out = _stall(600, 650, "RuntimeError", "DataLoader timed out after 0.05 seconds")
+    assert "loader-stalled" in ids(replace(base(), stalls=[timed_out]))
+    err = ErrorRecord("worker", 7, 0, "ValueError", "bad sample", None, "", 0, 1)
+    re_raised = _stall(600, 3000, "ValueError", "bad sample")
+    assert "loader-stalled" not in ids(replace(base(), stalls=[re_raised], errors=[err]))

@@ -81,3 +81,33 @@ def test_files_with_one_record_per_line_are_still_read(recorder):
     header = {"pid": 4242, "ppid": 1, "role": "main", "wall_ns": 0, "mono_ns": 0}
     (events_dir / "4242.jsonl").write_text(json.dumps({"header": header}) + "\n" + '["a",1]\n["b",[1,2]]\n')
     assert _records(events_dir / "4242.jsonl") == (header, [["a", 1], ["b", [1, 2]]])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (ENOSPC on every write)")
+def test_events_that_cannot_be_written_are_said_once_and_never_raise(recorder, capsys, monkeypatch):
+    events.emit("a", 1)
+    events.flush()  # the file is open
+    monkeypatch.setattr(events, "_warned_write", False)
+    full = open("/dev/full", "w", encoding="utf-8")  # noqa: SIM115 - closed by events.reset
+    monkeypatch.setattr(events, "_file", full)
+    for k in range(3):
+        events.emit("b", k)
+        events.flush()  # the script must never see the recorder's write errors
+    err = capsys.readouterr().err
+    assert err.count("could not be written (No space left on device)") == 1
+    assert f"events of process {os.getpid()}" in err
+
+
+def test_a_line_cut_short_is_skipped_and_counted(tmp_path):
+    from stallscope.collect import build_session
+
+    events_dir = tmp_path / "events"
+    events_dir.mkdir()
+    header = {"pid": 4242, "ppid": 1, "role": "main", "argv": [], "wall_ns": 0, "mono_ns": 0}
+    (events_dir / "4242.jsonl").write_text(json.dumps({"header": header}) + "\n"
+                                           + json.dumps([["process_start", 1, []]]) + "\n" + '[["next", 0, 0')
+    meta = {"run_id": "r", "command": [], "cwd": ".", "started_wall": 0.0, "start_ns": 0, "end_ns": 10,
+            "exit_code": 137, "ended_by": "signal"}
+    notes = build_session(tmp_path, meta).notes
+    assert any("1 line(s) of process 4242's events were cut short" in n for n in notes)
+    assert any("ended without writing out its last events" in n for n in notes)

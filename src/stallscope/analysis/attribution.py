@@ -30,7 +30,9 @@ def node_seconds(stats: StepStats, train: LoaderSummary | None, iter_start_in_st
     seconds = {node: 0.0 for node in NODE_IDS}
     seconds["compute"] = stats.compute_s
     seconds["transfer"] = stats.transfer_s
-    wait = stats.wait_s
+    # Blocked in a next() that never returned: workers that stopped delivering, whatever their stage was.
+    seconds["loader"] += stats.stalled_s
+    wait = stats.wait_s - stats.stalled_s
     startup = min(wait, iter_start_in_steady_s)
     seconds["loader"] += startup
     wait -= startup

@@ -50,6 +50,7 @@ class StepStats:
     first_step_s: float | None
     sync_s: float = 0.0  # steady-state seconds waiting in collectives
     loader_ids: tuple[int, ...] = ()  # the training loader's ids: one per DataLoader built at its line
+    stalled_s: float = 0.0  # in wall_s and wait_s: blocked in next() calls that never returned a batch
 
     @property
     def sync_fraction(self) -> float:

@@ -90,7 +90,8 @@ def _startup_in_steady(session: Session, stats: StepStats, train: LoaderSummary 
 
 
 def _failure(session: Session) -> Failure | None:
-    worker_errors = [e for e in session.errors if e.where == "worker"]
+    # Ctrl-C reaches the workers too (one process group): their KeyboardInterrupt is not a failure of theirs.
+    worker_errors = [e for e in session.errors if e.where == "worker" and e.type != "KeyboardInterrupt"]
     main_errors = [e for e in session.errors if e.where == "main"]
     if worker_errors:
         e = worker_errors[0]

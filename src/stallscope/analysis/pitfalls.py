@@ -30,7 +30,7 @@ def find_pitfalls(session: Session, loaders: list[LoaderSummary], system: System
                   usable_cpus: int) -> list[Pitfall]:
     found: list[Pitfall] = []
     for check in (_rss_growth, _shm_headroom, _workers_above_cores, _thread_oversubscription, _unpinnable_batch,
-                  _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits):
+                  _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits, _loader_stalled):
         found.extend(check(session, loaders, system, usable_cpus))
     return found
 
@@ -162,4 +162,36 @@ def _out_of_order_waits(session, loaders, system, cpus):
             out.append(Pitfall("slow-worker", "loader", {
                 "worker": slow, "slowest_batch_ns": slowest, "fastest_batch_ns": fastest,
                 "empty_queue_fraction": ld.pipeline.empty_queue_fraction}))
+    return out
+
+
+#: A blocked next() is a stall when it lasted this long, and this many times the median step.
+STALL_MIN_S = 1.0
+STALL_STEPS = 10
+
+
+def _loader_stalled(session, loaders, system, cpus):
+    """A ``next()`` that never returned: workers hung (a deadlock, a blocked read) or a ``timeout`` fired.
+    A short wait cut by Ctrl-C is not one; a worker's exception re-raised in ``next()`` is the failure."""
+    out = []
+    for ld in loaders:
+        stalls = [s for s in session.stalls if s.loader_id in ld.ids]
+        if not stalls:
+            continue
+        steps = [n for n in session.nexts if n.loader_id in ld.ids and n.pid == stalls[0].pid]
+        gaps = [b.start_ns - a.start_ns for a, b in zip(steps, steps[1:], strict=False)]
+        typical = statistics.median(gaps) / 1e9 if gaps else 0.0
+        worker_errors = {e.type for e in session.errors if e.where == "worker" and e.loader_id in ld.ids}
+        for stall in stalls:
+            seconds = (stall.end_ns - stall.start_ns) / 1e9
+            timed_out = "timed out" in (stall.message or "")
+            if stall.how in worker_errors and stall.how != "KeyboardInterrupt":  # a worker's error, re-raised
+                continue
+            if timed_out or seconds >= max(STALL_MIN_S, STALL_STEPS * typical):
+                out.append(Pitfall("loader-stalled", "loader", {
+                    "loader_id": stall.loader_id, "role": ld.role, "site": ld.site, "seconds": seconds,
+                    "batches_before": sum(1 for n in steps if n.iter_id == stall.iter_id),
+                    "how": stall.how, "message": stall.message, "pending_workers": stall.pending,
+                    "awaited_worker": stall.awaited, "dead_workers": stall.dead,
+                    "num_workers": ld.config.get("num_workers"), "timeout": ld.config.get("timeout")}))
     return out

@@ -114,7 +114,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
                 start = opt.end_ns
                 seen_batch = False
     else:
-        stops = sorted(s.start_ns for s in session.stops if s.pid == pid and s.loader_id in train_ids)
+        stops = sorted([s.start_ns for s in session.stops if s.pid == pid and s.loader_id in train_ids]
+                       + [s.start_ns for s in session.stalls if s.pid == pid and s.loader_id in train_ids])
         for k, n in enumerate(nexts):
             following = nexts[k + 1].start_ns if k + 1 < len(nexts) else None
             later_stop = next((s for s in stops if s >= n.end_ns), None)
@@ -139,7 +140,10 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
 
     warm = warmup if len(steps) > warmup + 1 else 0
     steady = steps[warm:]
-    wall = sum(s.duration_ns for s in steady) / 1e9
+    # A next() that never returned (hung workers, a timeout) is data wait no step shows: count it.
+    stalled = sum(s.end_ns - s.start_ns for s in session.stalls if s.pid == pid and s.loader_id in train_ids) / 1e9
+    stalled = stalled if steady else 0.0
+    wall = sum(s.duration_ns for s in steady) / 1e9 + stalled
     sample_counts = [s.samples for s in steady]
     return StepStats(
         loader_id=train_ids[0],
@@ -148,7 +152,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         steps=steps,
         warmup_steps=warm,
         wall_s=wall,
-        wait_s=sum(s.wait_ns for s in steady) / 1e9,
+        wait_s=sum(s.wait_ns for s in steady) / 1e9 + stalled,
         transfer_s=sum(s.transfer_ns for s in steady) / 1e9,
         compute_s=sum(s.compute_ns for s in steady) / 1e9,
         unpickle_s=sum(s.unpickle_ns for s in steady) / 1e9,
@@ -159,4 +163,5 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         median_wait_s=statistics.median(s.wait_ns for s in steady) / 1e9 if steady else None,
         first_step_s=steps[0].duration_ns / 1e9 if steps else None,
         sync_s=sum(s.sync_ns for s in steady) / 1e9,
+        stalled_s=stalled,
     )

@@ -71,11 +71,20 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
 
 
 def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bool) -> None:
-    """After a recorded run: the history warning if any, the summary JSON, the terminal summary."""
-    if result.history_error:
-        print(f"stallscope {verb}: warning: the run was not added to the history: {result.history_error}",
-              file=sys.stderr)
-    if json_path:
-        write_summary(json_path, result.summary)
-    if not quiet:
-        terminal.render(result.session, result.analysis, Console(stderr=True), session_ref=str(result.session_path))
+    """After a recorded run: the history warning if any, the summary JSON, the terminal summary. Nothing
+    here may change the exit code: a full disk or a closed terminal (SIGHUP) costs the output, not the
+    script's code."""
+    try:
+        if result.history_error:
+            print(f"stallscope {verb}: warning: the run was not added to the history: {result.history_error}",
+                  file=sys.stderr)
+        if json_path:
+            try:
+                write_summary(json_path, result.summary)
+            except OSError as exc:
+                print(f"stallscope {verb}: warning: cannot write {json_path}: {exc.strerror or exc}", file=sys.stderr)
+        if not quiet:
+            terminal.render(result.session, result.analysis, Console(stderr=True),
+                            session_ref=str(result.session_path) if result.session_path else None)
+    except OSError:  # stderr is gone (terminal hung up, pipe closed): the session is saved all the same
+        pass

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
 from stallscope import paths
 from stallscope.analysis import analyze
+from stallscope.api import record_history
+from stallscope.collect import recover_session
+from stallscope.launcher import save_session
 from stallscope.render import terminal
 from stallscope.render.summary import summary_dict, write_summary
 from stallscope.session import Session
@@ -26,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                      "  stallscope report last --trace trace.json   (open in ui.perfetto.dev)",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", default="last",
-                   help="run id (or a unique prefix), a session.json path, a run directory, or 'last' (default)")
+                   help="run id (or a unique prefix), a session.json path, a run directory, or 'last' (default); a run "
+                        "whose session was never saved (stallscope killed, disk full) is rebuilt from its raw events")
     p.add_argument("--json", metavar="PATH", help="write the summary JSON here")
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML report here")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace-event JSON (for ui.perfetto.dev) here")
@@ -39,10 +44,25 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _recover(run_dir: Path) -> tuple[Session, Path]:
+    """Rebuild a run that was never saved from its raw events, save it, and add it to the history."""
+    session = recover_session(run_dir)
+    saved, error = save_session(session, run_dir)
+    if error:
+        raise OSError(error)
+    assert saved is not None
+    print(f"stallscope report: {run_dir} had no saved session; rebuilt it from its raw events into {saved}",
+          file=sys.stderr)
+    history_error = record_history(run_dir.parent.parent, session, analyze(session), saved)
+    if history_error:
+        print(f"stallscope report: warning: the run was not added to the history: {history_error}", file=sys.stderr)
+    return session, saved
+
+
 def handle(args: argparse.Namespace) -> int:
     try:
         path = paths.resolve_run(args.run, paths.store_dir(args.store))
-        session = Session.load(path)
+        session, path = _recover(path) if path.is_dir() else (Session.load(path), path)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
     analysis = analyze(session)

@@ -61,12 +61,29 @@ def install() -> None:
         from stallscope.record import bench_mode
         bench_mode.install(os.environ[ENV_BENCH])
 
+    if is_main:
+        _die_with_launcher()
     if is_main or rank:
         _start_process_recording()
     else:
         distributed._became_rank_hook = _start_rank_recording
     if rank:
         distributed.mark_rank(rank["rank"], rank["local_rank"], rank["world_size"], rank["node_rank"])
+
+
+def _die_with_launcher() -> None:
+    """Get SIGTERM when the launcher dies, even by SIGKILL (Linux's parent-death signal), so training
+    never outlives stallscope. The launcher's CLI arms it before exec already; this covers library use."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != os.environ.get(ENV_LAUNCHER_PID):  # the launcher died before it was armed
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _start_process_recording() -> None:
@@ -91,6 +108,7 @@ def _install_exit_recording() -> None:
         if not issubclass(exc_type, SystemExit):
             distributed.uncaught_exception = True
             where = traceback.extract_tb(tb)[-1] if tb is not None else None
+            loader.record_open_next(exc_type.__name__)
             events.emit("exception", time.perf_counter_ns(), exc_type.__name__, str(exc)[:2000],
                         f"{where.filename}:{where.lineno}" if where else None,
                         "".join(traceback.format_exception(exc_type, exc, tb))[-6000:])
@@ -99,15 +117,45 @@ def _install_exit_recording() -> None:
 
     sys.excepthook = excepthook
 
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        def on_sigterm(signum: int, frame: Any) -> None:
-            events.emit("signal", time.perf_counter_ns(), "SIGTERM")
-            events.flush()
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_sigterm)
+    for ending in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        if signal.getsignal(ending) == signal.SIG_DFL:
+            signal.signal(ending, _flush_then_default)
 
     import atexit
 
-    atexit.register(lambda: events.emit("process_exit", time.perf_counter_ns()))
+    def at_exit() -> None:
+        loader.record_open_next("exit")  # a daemon thread still blocked in next() when the script ended
+        events.emit("process_exit", time.perf_counter_ns())
+
+    atexit.register(at_exit)
+    _flush_before_os_exit()
+
+
+def _flush_then_default(signum: int, frame: Any) -> None:
+    """A signal that ends the process by default (SIGTERM, SIGHUP, SIGQUIT): record it, write out what is
+    buffered, then die of it as the script would have (same exit status)."""
+    loader.record_open_next(signal.Signals(signum).name)
+    events.emit("signal", time.perf_counter_ns(), signal.Signals(signum).name)
+    events.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _flush_before_os_exit() -> None:
+    """``os._exit`` skips ``atexit``: write out the last events first (only the recorded process's own
+    call; a child it forks clears the buffer and records nothing of its parent's)."""
+    real_exit = os._exit
+    me = os.getpid()
+
+    def _exit(status: int) -> None:
+        if os.getpid() == me:
+            try:
+                loader.record_open_next("os._exit")
+                events.emit("process_exit", time.perf_counter_ns())
+                events.flush()
+            except Exception:  # noqa: BLE001 - exiting must never fail because of the recorder
+                pass
+        real_exit(status)
+
+    _exit.__wrapped__ = real_exit  # type: ignore[attr-defined]
+    os._exit = _exit

@@ -12,6 +12,7 @@ loses at most the unflushed tail.
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import sys
@@ -116,18 +117,36 @@ def flush() -> None:
     if _run_dir is None or not _buffer:
         return
     with _flush_lock:
-        if _file is None or _pid != os.getpid():
-            _open_file()
         records = _buffer[:]
         del _buffer[: len(records)]
         try:
+            if _file is None or _pid != os.getpid():
+                _open_file()
             _file.write("".join(_encode(records[i:i + RECORDS_PER_LINE]) + "\n"
                                 for i in range(0, len(records), RECORDS_PER_LINE)))
             _file.flush()
-        except (OSError, ValueError):
-            # A run directory removed under us, or interpreter teardown: losing the tail is the contract.
+        except OSError as exc:
+            _write_failed(exc)
+        except ValueError:  # interpreter teardown closed the file: losing the tail is the contract
             pass
         _last_flush_ns = time.perf_counter_ns()
+
+
+_warned_write = False
+
+
+def _write_failed(exc: OSError) -> None:
+    """Events that cannot be written are lost; say so once per process (a full disk must not pass
+    silently), except when the run directory was removed under us (the run is over)."""
+    global _warned_write
+    if _warned_write or exc.errno == errno.ENOENT:
+        return
+    _warned_write = True
+    try:
+        sys.stderr.write(f"stallscope: events of process {os.getpid()} could not be written "
+                         f"({exc.strerror or exc}); the session will miss them\n")
+    except (OSError, ValueError):
+        pass
 
 
 def start_background_flusher(period_s: float = FLUSH_EVERY_NS / 1e9) -> None:

@@ -53,6 +53,7 @@ def _describe(loader: Any) -> dict[str, Any]:
         "sampler": type(loader.sampler).__name__,
         "collate_fn": getattr(loader.collate_fn, "__name__", type(loader.collate_fn).__name__),
         "in_order": getattr(loader, "in_order", True),
+        "timeout": loader.timeout,
     }
     context = loader.multiprocessing_context
     config["multiprocessing_context"] = context.get_start_method() if context is not None else None
@@ -224,6 +225,7 @@ def patch_dataloader(module: Any) -> None:
     base_iter._stallscope_described = False  # a class default: the per-batch test below is a hit
 
     def __next__(self: Any) -> Any:
+        global _waiting
         if steps.max_steps is not None:
             steps.before_next()
         self._stallscope_worker = -1
@@ -231,11 +233,18 @@ def patch_dataloader(module: Any) -> None:
         if _ipc_patched:  # unpickling inside this call (wall beyond CPU: fetching tensors' descriptors)
             ipc.ns = ipc.cpu_ns = 0
         t0 = _perf()
+        _waiting = (self, t0)
         try:
             data = original_next(self)
         except StopIteration:
+            _waiting = None
             events.emit("stop", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, _perf())
             raise
+        except BaseException as exc:  # a timeout, Ctrl-C, a worker's error re-raised: no batch came
+            _waiting = None
+            _record_stall(self, t0, type(exc).__name__, str(exc)[:500])
+            raise
+        _waiting = None
         t1 = _perf()
         events.emit("next", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, t1,
                     self._stallscope_worker, batch_size_of(data), ipc.ns, ipc.cpu_ns)
@@ -265,6 +274,36 @@ def patch_dataloader(module: Any) -> None:
                         self._task_info[before][0], _perf())
 
     mp_iter._try_put_index = _try_put_index
+
+
+#: The iterator whose ``__next__`` is blocked right now and since when: written at process end if set.
+_waiting: tuple[Any, int] | None = None
+
+
+def _record_stall(iterator: Any, t0: int, how: str, message: str | None) -> None:
+    """A ``__next__`` that returned no batch, with the workers that owed batches at that moment."""
+    pending: list[int] = []
+    awaited = None
+    dead: list[int] = []
+    try:
+        task_info = getattr(iterator, "_task_info", None)
+        if task_info is not None:  # multi-process: idx -> (worker,) until the batch arrives
+            pending = sorted({info[0] for info in task_info.values() if len(info) == 1})
+            owed = task_info.get(getattr(iterator, "_rcvd_idx", None))
+            awaited = owed[0] if owed is not None and len(owed) == 1 else None
+            dead = [i for i, w in enumerate(getattr(iterator, "_workers", ())) if not w.is_alive()]
+    except Exception:  # noqa: BLE001, S110 - a torch without these attributes: the stall is still recorded
+        pass
+    events.emit("next_stall", iterator._stallscope_lid, iterator._stallscope_iter, iterator._stallscope_epoch, t0,
+                _perf(), how, message, pending, awaited, dead)
+
+
+def record_open_next(how: str) -> None:
+    """At process end (exit, a fatal signal, ``os._exit``): a ``__next__`` still blocked is a stall."""
+    global _waiting
+    waiting, _waiting = _waiting, None
+    if waiting is not None:
+        _record_stall(waiting[0], waiting[1], how, None)
 
 
 def patch_fetchers(module: Any) -> None:

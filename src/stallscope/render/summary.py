@@ -186,6 +186,10 @@ def write_summary(path: str | os.PathLike[str], summary: dict[str, Any]) -> Path
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, path)
+    except OSError:  # a full disk: no half-written file stays behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path

@@ -202,7 +202,28 @@ def _pitfall_words(pid: str, f: dict[str, Any]) -> tuple[str, str, str]:
                 f"{100 * f['empty_queue_fraction']:.0f}% of requests",
                 "balance per-sample cost (sort or bucket by size), or DataLoader(in_order=False) if order does not "
                 "matter")
+    if pid == "loader-stalled":
+        return ("The DataLoader stopped delivering batches", _stall_evidence(f),
+                "find where the workers block: py-spy dump --pid WORKER_PID shows each one's stack (a lock taken "
+                "before fork, a read that never returns, a queue nobody fills)"
+                + ("" if f.get("timeout") else "; DataLoader(timeout=SECONDS) turns a silent hang into an error"))
     return pid, _facts(f), ""
+
+
+def _stall_evidence(f: dict[str, Any]) -> str:
+    ended = {"exit": "when the script ended", "os._exit": "when the script called os._exit"}.get(
+        f["how"], f"until {f['how']} ended it")
+    if f.get("message") and "timed out" in f["message"]:
+        ended = f"until the DataLoader timeout fired ({f['message']})"
+    text = (f"the {f['role']} loader waited {f['seconds']:.1f} s for its next batch {ended}, "
+            f"after {f['batches_before']} batch(es) of that epoch")
+    if f.get("awaited_worker") is not None:
+        text += f"; it waited for worker {f['awaited_worker']}"
+    if f.get("pending_workers"):
+        text += f"; workers {', '.join(map(str, f['pending_workers']))} had not returned their batches"
+    if f.get("dead_workers"):
+        text += f"; workers {', '.join(map(str, f['dead_workers']))} were no longer alive"
+    return text
 
 
 def pitfall(p: Any) -> PitfallSaid:
@@ -219,7 +240,9 @@ def evidence(analysis: Analysis) -> list[str]:
         lines.append(
             f"data wait is {100 * stats.data_wait_fraction:.1f}% of step time over {len(stats.steady)} steps "
             f"(median step {1000 * (stats.median_step_s or 0):.1f} ms, median wait "
-            f"{1000 * (stats.median_wait_s or 0):.1f} ms)")
+            f"{1000 * (stats.median_wait_s or 0):.1f} ms)"
+            + (f", including {stats.stalled_s:.1f} s blocked in a next() that never returned a batch"
+               if stats.stalled_s > 0 else ""))
     seconds = analysis.node_seconds
     node = analysis.bottleneck_node
     total = sum(seconds.values())
