@@ -320,3 +320,23 @@ def test_a_hung_dataloader_interrupted_is_named_with_the_workers_that_owed_batch
     assert facts["how"] == ("KeyboardInterrupt" if sig == signal.SIGINT else "SIGTERM")
     assert facts["seconds"] >= 2.0 and facts["pending_workers"] == [0, 1]
     assert summary["data_wait_fraction"] > 0.5 and summary["verdict"] == "input-bound"
+
+
+@pytest.mark.parametrize("death", ["os._exit", "SIGTERM", "SIGKILL"])
+def test_a_script_that_dies_right_after_its_steps_keeps_them_or_says_they_may_be_missing(tmp_path, death):
+    ending = {"os._exit": "os._exit(4)", "SIGTERM": "os.kill(os.getpid(), signal.SIGTERM)",
+              "SIGKILL": "os.kill(os.getpid(), signal.SIGKILL)"}[death]
+    script = tmp_path / "quick.py"
+    script.write_text("import os, signal, torch\nfrom torch.utils.data import DataLoader\n"
+                      "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for x in DataLoader(torch.randn(22, 2), batch_size=2):\n"
+                      "    opt.zero_grad(); model(x).sum().backward(); opt.step()\n"
+                      f"{ending}\n")
+    result = run_cli(tmp_path, [str(script)])
+    assert result.returncode == {"os._exit": 4, "SIGTERM": 143, "SIGKILL": 137}[death], result.stderr[-2000:]
+    summary = result.summary
+    if death == "SIGKILL":  # nothing can flush: the summary says the last events may be missing
+        assert any("ended without writing out its last events" in n for n in summary["notes"])
+    else:  # flushed before dying: all 11 steps are there
+        assert summary["steps"] == 11
+        assert not any("ended without writing out its last events" in n for n in summary["notes"])

@@ -143,3 +143,39 @@ def test_a_fifo_named_like_an_image_is_not_read(source, tmp_path):
     done = stallscope(str(src), str(tmp_path / "out"), "--workers", "0")
     assert done.returncode == 0, done.stderr
     assert load_index(tmp_path / "out").records and "pipe.jpg" not in done.stdout
+
+
+@pytest.fixture(scope="module")
+def lmdb_pack(source, tmp_path_factory):
+    out = tmp_path_factory.mktemp("structural") / "pack"
+    assert stallscope(str(source), str(out), "--format", "lmdb").returncode == 0
+    return out
+
+
+@pytest.mark.parametrize("damage", ["meta-magic", "meta-last-page", "truncated-early", "truncated-by-one-byte"])
+def test_verify_reports_structural_lmdb_damage_in_one_line(lmdb_pack, tmp_path, damage):
+    out = tmp_path / "pack"
+    shutil.copytree(lmdb_pack, out)
+    blob = bytearray((out / "data.mdb").read_bytes())
+    if damage == "meta-magic":
+        blob[16] ^= 0xFF  # page 0's magic
+        blob[4096 + 16] ^= 0xFF  # and page 1's: no valid meta page is left
+    elif damage == "meta-last-page":
+        for page in (0, 4096):
+            blob[page + 136 + 3] ^= 0x10  # both meta pages claim far more pages than the file holds
+    elif damage == "truncated-early":
+        blob = blob[:10_000]
+    else:
+        blob = blob[:-1]
+    (out / "data.mdb").write_bytes(bytes(blob))
+    bad = stallscope("--verify", str(out))
+    assert bad.returncode == 1, (bad.returncode, bad.stdout, bad.stderr)  # not 135 (SIGBUS), not a traceback
+    assert "Traceback" not in bad.stderr and not bad.stderr.strip(), bad.stderr
+    [line] = bad.stdout.strip().splitlines()
+    assert line.startswith(f"FAILED: {out} (lmdb") and "data.mdb" in line
+    # Reading it as a dataset is a clear error too, not a bus error that kills the training process.
+    read = subprocess.run([sys.executable, "-c", "import sys\nfrom stallscope.data import PackedImageDataset\n"
+                           "try:\n    PackedImageDataset(sys.argv[1]).raw(0)\nexcept Exception as e:\n"
+                           "    print(type(e).__name__, e)\n", str(out)], capture_output=True, text=True, timeout=120)
+    assert read.returncode == 0, read.stderr[-2000:]
+    assert read.stdout.strip(), "the damaged pack was read without complaint"

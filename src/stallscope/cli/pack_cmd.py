@@ -61,6 +61,9 @@ def _run_verify(path: str) -> int:
     if result.ok:
         print(f"ok: {result.checked} records in {path} ({result.format}) match their checksums and labels")
         return 0
+    if len(result.errors) == 1:
+        print(f"FAILED: {path} ({result.format}, {result.checked} records checked): {result.errors[0]}")
+        return 1
     print(f"FAILED: {len(result.errors)} problem(s) in {path} ({result.checked} records checked)")
     for line in result.errors[:50]:
         print(f"  {line}")

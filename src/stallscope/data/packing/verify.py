@@ -1,13 +1,23 @@
-"""``verify()``: recompute every record's checksum against the index, and check labels and counts."""
+"""``verify()``: recompute every record's checksum against the index, and check labels and counts.
+
+A damaged LMDB file must be reported, never crash the checker: LMDB maps the file and trusts its
+structure, so a truncated ``data.mdb`` faults (SIGBUS) on the first page past its end and a damaged
+page can point anywhere. So the meta pages and the file's size are checked with plain reads first,
+and the records are read in a child process whose crash is itself the finding.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stallscope.data._lmdb import lmdb_env
+from stallscope.data._lmdb import lmdb_env, lmdb_structure_problem
 from stallscope.data.index import PackFormatError, PackIndex, checksum, load_index
 
 
@@ -24,6 +34,43 @@ class VerifyResult:
 
 
 def _verify_lmdb(path: Path, index: PackIndex, result: VerifyResult) -> None:
+    """Check the file's structure, then read and checksum every record in a child process."""
+    problem = lmdb_structure_problem(path / "data.mdb")
+    if problem:
+        result.errors.append(problem)
+        return
+    env = dict(os.environ)
+    package_parent = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    done = subprocess.run([sys.executable, "-c", "from stallscope.data.packing.verify import _lmdb_child; "
+                           "_lmdb_child()", str(path)], capture_output=True, text=True, env=env)
+    if done.returncode < 0:
+        result.errors.append(f"data.mdb is damaged: reading it crashed ({signal.Signals(-done.returncode).name})")
+        return
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        result.errors.append(f"data.mdb could not be checked: {tail}")
+        return
+    result.checked += found["checked"]
+    result.errors.extend(found["errors"])
+
+
+def _lmdb_child() -> None:
+    """In the child: every record's checksum, printed as one JSON line; LMDB's own errors are findings."""
+    import lmdb
+
+    path = Path(sys.argv[1])
+    result = VerifyResult(path, "lmdb")
+    try:
+        _read_lmdb(path, load_index(path), result)
+    except lmdb.Error as exc:
+        result.errors.append(f"data.mdb is damaged: {type(exc).__name__}: {exc}")
+    print(json.dumps({"checked": result.checked, "errors": result.errors}))
+
+
+def _read_lmdb(path: Path, index: PackIndex, result: VerifyResult) -> None:
     env = lmdb_env(path)
     with env.begin(buffers=False) as txn:
         stored = env.stat()["entries"]
