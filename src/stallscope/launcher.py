@@ -37,6 +37,7 @@ from stallscope.settings import (
     ENV_MAX_STEPS,
     ENV_OVERRIDES,
     ENV_PKG_PARENT,
+    ENV_PYTHON_VERSION,
     ENV_RUN_DIR,
     encode_overrides,
 )
@@ -79,6 +80,34 @@ def resolve_command(command: list[str], module: str | None = None) -> list[str]:
     return list(command)
 
 
+#: Python options that keep the recorder out: -I and -E ignore PYTHONPATH, -S skips the site module.
+_UNRECORDABLE = {"I": "-I ignores PYTHONPATH", "E": "-E ignores PYTHONPATH", "S": "-S skips sitecustomize"}
+#: Python options that take a value (possibly as the next word).
+_OPTIONS_WITH_VALUE = set("WXQ")
+
+
+def unrecordable_python_option(argv: list[str]) -> str | None:
+    """Why ``argv`` (a Python command) cannot be recorded, when one of its options keeps our start-up hook
+    out; None otherwise. Only the interpreter's own options count (those before the script, -m or -c)."""
+    if not argv or not Path(argv[0]).name.startswith("python"):
+        return None
+    words = iter(argv[1:])
+    for word in words:
+        if not word.startswith("-") or word in ("-", "--") or word.startswith("--"):
+            return None
+        letters = word[1:]
+        for k, letter in enumerate(letters):
+            if letter in _UNRECORDABLE:
+                return f"python {_UNRECORDABLE[letter]}, through which the recorder starts"
+            if letter in "cm":
+                return None
+            if letter in _OPTIONS_WITH_VALUE:
+                if k == len(letters) - 1:
+                    next(words, None)
+                break
+    return None
+
+
 def _child_env(run_dir: Path, overrides: dict[str, Any], max_steps: int | None) -> dict[str, str]:
     env = dict(os.environ)
     existing = env.get("PYTHONPATH")
@@ -86,6 +115,7 @@ def _child_env(run_dir: Path, overrides: dict[str, Any], max_steps: int | None) 
     env[ENV_RUN_DIR] = str(run_dir)
     env[ENV_LAUNCHER_PID] = str(os.getpid())
     env[ENV_PKG_PARENT] = str(Path(stallscope.__file__).resolve().parent.parent)
+    env[ENV_PYTHON_VERSION] = f"{sys.version_info[0]}.{sys.version_info[1]}"
     env[ENV_OVERRIDES] = encode_overrides(overrides)
     if max_steps is not None:
         env[ENV_MAX_STEPS] = str(max_steps)
@@ -223,6 +253,8 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
     """
     overrides = dict(overrides or {})
     argv = resolve_command(list(command), module)
+    if (reason := unrecordable_python_option(argv)) is not None:
+        raise LaunchError(f"cannot record this command: {reason}; run it without that option")
     store_dir = paths.store_dir(store)
     run_id = paths.new_run_id()
     run_dir = paths.runs_dir(store_dir) / run_id

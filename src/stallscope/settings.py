@@ -27,6 +27,8 @@ ENV_DISABLE = "STALLSCOPE_DISABLE"
 ENV_LAUNCHER_PID = "STALLSCOPE_LAUNCHER_PID"
 #: Where the ``stallscope`` package lives, for a job whose Python cannot import it otherwise.
 ENV_PKG_PARENT = "STALLSCOPE_PKG_PARENT"
+#: The launcher's Python version ("3.11"): only an interpreter of that version may borrow its packages.
+ENV_PYTHON_VERSION = "STALLSCOPE_PYTHON_VERSION"
 #: The rank process a DataLoader worker works for (set by each rank for the workers it starts).
 ENV_RANK_PID = "STALLSCOPE_RANK_PID"
 #: ``stallscope bench``: the bench-mode configuration (JSON) for the job's main process.

@@ -149,7 +149,9 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu)
     pitfalls = find_pitfalls(session, loaders, system, cpus)
     conditions = []
-    if not session.loaders:
+    if not session.processes:
+        conditions.append("recorder-not-started")
+    elif not session.loaders:
         conditions.append("no-dataloader")
     elif not stats.steps:
         conditions.append("no-training-step")

@@ -298,6 +298,9 @@ def _rank_evidence(analysis: Analysis) -> list[str]:
 NO_SAMPLES = "no system samples in this session"
 
 CONDITIONS = {
+    "recorder-not-started": "the recorder started in no process of the command: it starts through the "
+                            "sitecustomize that stallscope puts on PYTHONPATH, which python -I, -E and -S ignore, "
+                            "as do Pythons older than 3.10 and those of another version without stallscope installed",
     "no-dataloader": "no torch DataLoader was created: stallscope measures DataLoader-fed training",
     "no-training-step": "no training step completed",
 }
