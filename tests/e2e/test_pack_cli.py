@@ -179,3 +179,27 @@ def test_verify_reports_structural_lmdb_damage_in_one_line(lmdb_pack, tmp_path, 
                            "    print(type(e).__name__, e)\n", str(out)], capture_output=True, text=True, timeout=120)
     assert read.returncode == 0, read.stderr[-2000:]
     assert read.stdout.strip(), "the damaged pack was read without complaint"
+
+
+def test_a_second_pack_into_the_same_out_is_refused_while_the_first_runs(source, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, ENV_PACK_THROTTLE: "0.05"}
+    first = subprocess.Popen([sys.executable, "-m", "stallscope", "pack", str(source), str(out), "--workers", "1",
+                              "--commit-every", "5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    state = out.with_name("out.partial") / "state.json"
+    deadline = time.monotonic() + 120  # a guard against hanging, not a timing assertion
+    while time.monotonic() < deadline and first.poll() is None and not state.is_file():
+        time.sleep(0.05)
+    try:
+        assert first.poll() is None, "the first pack finished before the second could start"
+        second = stallscope(str(source), str(out), "--workers", "1", "--force")
+        assert second.returncode != 0 and "Traceback" not in second.stderr
+        assert "another stallscope pack" in second.stderr and f"pid {first.pid}" in second.stderr, second.stderr
+        stdout, stderr = first.communicate(timeout=180)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, stderr
+    assert stallscope("--verify", str(out)).returncode == 0
+    assert not list(tmp_path.glob(".*lock")), "the lock is removed when the pack ends"

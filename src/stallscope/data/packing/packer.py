@@ -9,6 +9,7 @@ renamed to ``OUT`` in one step: ``OUT`` either does not exist or is complete.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -200,19 +201,61 @@ def _make_sink(options: PackOptions, work: Path, first_shard: int):
     return ShardSink(work, options.shard_size, first_shard)
 
 
+@contextlib.contextmanager
+def _only_writer(out: Path) -> Iterator[None]:
+    """Hold ``out``'s lock for the whole pack: two packs into one OUT would interleave their shards and
+    checkpoints. The lock is a hidden file beside OUT, removed on release (and re-taken if another
+    process removed it between our open and our lock)."""
+    import fcntl
+
+    path = out.with_name(f".{out.name}.stallscope-lock")
+    while True:
+        handle = open(path, "a+")  # noqa: SIM115 - held for the whole pack, closed below
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise PackError(f"another stallscope pack ({holder}) is writing {out}; wait for it to finish, "
+                            "or choose another OUT") from None
+        try:
+            same = os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()  # removed by its previous holder as we opened it: take the new one
+    try:
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()}")
+        handle.flush()
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        handle.close()
+
+
 def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions = PackOptions(),
          progress: ProgressFn | None = None, force: bool = False) -> PackResult:
     """Pack ``src`` (ImageFolder tree or ``path,label`` list) into ``out``; see the module docstring.
 
     Rerunning the same command after a crash resumes; rerunning it after success returns at
     once with ``already_complete``. ``force`` discards an existing ``out`` or an unfinished
-    pack made with other options.
+    pack made with other options. A second pack into the same ``out`` while one runs is refused.
     """
     options.validate()
     started = time.perf_counter()
     sources = open_source(src)
     out = Path(out)
     _check_output_location(Path(src), out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _only_writer(out):
+        return _pack_locked(src, sources, out, options, progress, force, started)
+
+
+def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, options: PackOptions,
+                 progress: ProgressFn | None, force: bool, started: float) -> PackResult:
     fingerprint = _fingerprint(sources, options)
     work = out.with_name(out.name + ".partial")
     if out.exists():
