@@ -260,3 +260,55 @@ def test_unreadable_folder_is_a_clear_error_and_exit_2(tmp_path: Path, monkeypat
     args = parser.parse_args(["doctor", str(tmp_path)])
     assert args.handler(args) == 2
     assert "cannot be listed" in capsys.readouterr().err
+
+
+def test_decode_sample_finds_truncated_and_corrupt_jpegs_whose_headers_are_fine(tmp_path: Path) -> None:
+    pytest.importorskip("simplejpeg")  # Pillow alone decodes a zeroed scan into garbage without a word
+    from stallscope.demo.dataset import DatasetSpec, make_dataset
+    from stallscope.health.dataset import check_decode
+    from stallscope.health.dataset_scan import decode_sample
+
+    root = make_dataset(tmp_path / "photos", DatasetSpec(n_files=30, width=200, height=160, seed=3))
+    files = sorted(root.rglob("*.jpg"))
+    truncated, corrupt = files[3], files[7]
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    blob = bytearray(corrupt.read_bytes())
+    blob[len(blob) // 2: len(blob) // 2 + 2000] = b"\0" * 2000  # zeroed mid-file, as a bad sector reads
+    corrupt.write_bytes(bytes(blob))
+    facts = walk(str(root))
+    read_headers(facts)
+    assert check_image_sizes(facts).status == "pass" and facts.image_errors == 0  # the headers hide them
+    decode_sample(facts)
+    assert facts.decoded == 30
+    assert sorted(Path(p).name for p, _ in facts.decode_failures) == sorted([truncated.name, corrupt.name])
+    check = check_decode(facts)
+    assert check.status == "warn" and check.value.startswith("28 of 30 sampled images decode in full")
+    assert check.data["failed"] == 2 and "stallscope pack" in check.fix
+
+
+def test_decode_sample_is_bounded_by_time() -> None:
+    from stallscope.health.dataset_scan import decode_sample
+
+    ticks = iter(range(100))
+    facts = DatasetFacts(root="x", image_sampled=["/nonexistent/a.jpg"] * 10)
+    decode_sample(facts, seconds=2.5, clock=lambda: float(next(ticks)))
+    assert facts.decoded == 2  # started at 0, decoded at 1 and 2 s of the injected clock; 3 s is past the budget
+    assert all("No such file" in why for _, why in facts.decode_failures)
+
+
+def test_storage_bench_names_unreadable_files_instead_of_saying_none_could_be_read(tmp_path: Path) -> None:
+    from stallscope.health.dataset import check_storage
+    from stallscope.health.storage_bench import run_bench
+
+    files = []
+    for k in range(40):
+        path = tmp_path / f"f{k}.bin"
+        path.write_bytes(b"x" * 4096)
+        files.append((str(path), 4096))
+    gone = tmp_path / "removed-after-listing.jpg"
+    one_bad = run_bench([(str(gone), 4096), *files], cap_bytes=1 << 20, seconds=5)
+    check = check_storage(one_bad)
+    assert "none of" not in check.value and "1 file(s) could not be read" in check.value
+    assert "removed-after-listing.jpg" in check.value
+    all_bad = check_storage(run_bench([(str(gone), 4096)], cap_bytes=1 << 20, seconds=5))
+    assert all_bad.status == "unknown" and "none of the 1 files tried could be read" in all_bad.value

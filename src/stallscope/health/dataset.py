@@ -9,7 +9,14 @@ import os
 from dataclasses import dataclass
 
 from stallscope.health.checks import FAIL, NA, PASS, WARN, Check, fmt_bytes, fmt_rate, not_applicable, unknown
-from stallscope.health.dataset_scan import DatasetFacts, measure_residency, percentile, read_headers, walk
+from stallscope.health.dataset_scan import (
+    DatasetFacts,
+    decode_sample,
+    measure_residency,
+    percentile,
+    read_headers,
+    walk,
+)
 from stallscope.health.host import Host, SourceError, mount_for, parse_mounts
 from stallscope.health.storage_bench import BenchResult, default_cap, run_bench
 
@@ -127,6 +134,27 @@ def check_image_sizes(facts: DatasetFacts) -> Check:
     return Check("dataset.image_sizes", title, PASS, value, threshold, why, "", data)
 
 
+def check_decode(facts: DatasetFacts) -> Check:
+    title = "images decode (sample)"
+    why = ("A truncated or corrupt file keeps an intact header: only a full decode finds it, and in training it "
+           "stops the run (or feeds garbage pixels) when its turn comes, hours in.")
+    if not facts.decoded:
+        if facts.image_error:
+            return unknown("dataset.decode", title, facts.image_error, why=why)
+        return not_applicable("dataset.decode", title, "no images among the sampled files")
+    bad = facts.decode_failures
+    value = f"{facts.decoded - len(bad)} of {facts.decoded} sampled images decode in full"
+    data = {"decoded": facts.decoded, "failed": len(bad), "examples": [{"path": p, "why": w} for p, w in bad[:5]]}
+    if bad:
+        path, reason = bad[0]
+        share = len(bad) / facts.decoded
+        return Check("dataset.decode", title, FAIL if share >= 0.5 else WARN,
+                     f"{value}; e.g. {os.path.basename(path)}: {reason}", "all decode", why,
+                     "Find every bad file before training: stallscope pack SRC OUT decodes each image once and names "
+                     "the ones that fail (and skips them); or re-download / re-encode them.", data)
+    return Check("dataset.decode", title, PASS, value, "all decode", why, "", data)
+
+
 def check_filesystem(host: Host, facts: DatasetFacts) -> Check:
     title = "dataset file system"
     why = ("On network and FUSE file systems every file open is a round trip; small files turn a 10 GB/s link into "
@@ -189,10 +217,17 @@ def check_storage(bench: BenchResult | None, reason: str = "") -> Check:
     value = (f"random {cold_desc}; cached re-read {fmt_rate(c.rate)} ({c.files_per_s or 0:,.0f} files/s); "
              f"sequential {fmt_rate(s.rate)} ({bench.sequential_kind}); read {fmt_bytes(bench.bytes_read)} "
              f"of a {fmt_bytes(bench.cap_bytes)} cap")
+    unreadable = max(r.errors, s.errors)  # a file both passes tried counts once
+    if unreadable:
+        value += f"; {unreadable} file(s) could not be read (e.g. {r.first_error or s.first_error})"
     data = bench.to_dict()
     threshold = f"cold random >= {MIN_COLD_FILES_PER_S:,} files/s"
     if r.files == 0:
-        return unknown("storage.bench", title, "no file could be read within the cap", why=why, **data)
+        if r.errors:
+            return unknown("storage.bench", title, f"none of the {r.errors} files tried could be read "
+                           f"(e.g. {r.first_error})", why=why, **data)
+        return unknown("storage.bench", title, f"no file was read within the {fmt_bytes(bench.cap_bytes)} cap",
+                       why=why, **data)
     if not bench.cold_is_cold:
         return Check("storage.bench", title, NA, value + "; cold rate not measurable: files already cached "
                      "(drop caches to measure storage: sync; echo 1 > /proc/sys/vm/drop_caches)", threshold, why, "", data)
@@ -242,6 +277,7 @@ def dataset_checks(host: Host, data_dir: str, memory_bytes: int | None,
     facts = walk(data_dir)
     measure_residency(facts)
     read_headers(facts)
+    decode_sample(facts)
     result: BenchResult | None = None
     reason = ""
     if bench.seconds <= 0:
@@ -252,7 +288,7 @@ def dataset_checks(host: Host, data_dir: str, memory_bytes: int | None,
         cap = default_cap(facts.total_bytes, bench.fraction, bench.max_bytes)
         result = run_bench(facts.files, cap, bench.seconds, avoid=set(facts.header_sampled))
     fs_check = check_filesystem(host, facts)
-    checks = [check_files(facts), check_formats(facts), check_image_sizes(facts), fs_check, check_page_cache(facts),
+    checks = [check_files(facts), check_formats(facts), check_image_sizes(facts), check_decode(facts), fs_check, check_page_cache(facts),
               check_vs_ram(facts, memory_bytes), check_storage(result, reason),
               check_layout(facts, fs_check.data.get("kind"), result)]
     return checks, facts, result

@@ -96,6 +96,9 @@ class DatasetFacts:
     image_sizes: list[tuple[int, int]] = field(default_factory=list)
     image_errors: int = 0
     image_error: str | None = None
+    image_sampled: list[str] = field(default_factory=list)  # sampled files whose bytes are an image
+    decoded: int = 0  # sampled images decoded in full
+    decode_failures: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of those that did not
 
     @property
     def total_bytes(self) -> int:
@@ -190,6 +193,7 @@ def read_headers(facts: DatasetFacts, max_files: int = 256, max_images: int = 20
         facts.header_sampled.append(path)
         if fmt in IMAGE_FORMATS and len(images) < max_images:
             images.append(path)
+            facts.image_sampled.append(path)
         expected = SUFFIX_FORMAT.get(os.path.splitext(path)[1].lower())
         if expected is not None and expected != fmt:
             facts.suffix_mismatches.append((path, fmt))
@@ -206,3 +210,51 @@ def read_headers(facts: DatasetFacts, max_files: int = 256, max_images: int = 20
                 facts.image_sizes.append(im.size)
         except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError):
             facts.image_errors += 1
+
+
+def decode_sample(facts: DatasetFacts, max_images: int = 48, seconds: float = 2.0,
+                  clock: Callable[[], float] = time.perf_counter) -> None:
+    """Decode sampled images in full, as pack does: a header can be intact in a truncated or corrupt file,
+    which then fails (or yields garbage) in a training run hours later. Bounded by count and time."""
+    try:
+        from stallscope.data.headers import HeaderError, read_header
+        from stallscope.data.packing.prepare import full_decode_check
+    except ImportError as exc:  # Pillow missing: the image checks say so already
+        facts.image_error = facts.image_error or f"cannot decode images: {exc}"
+        return
+    started = clock()
+    for path in facts.image_sampled[:max_images]:
+        if clock() - started > seconds:
+            break
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+            problem = _decode_problem(data, read_header(data).is_jpeg, full_decode_check)
+        except OSError as exc:
+            problem = f"{exc.__class__.__name__}: {exc.strerror or exc}"
+        except HeaderError as exc:
+            problem = str(exc)
+        if problem:
+            facts.decode_failures.append((path, problem))
+        facts.decoded += 1
+
+
+def _decode_problem(data: bytes, is_jpeg: bool, full_decode_check: Callable[[bytes, bool], None]) -> str | None:
+    """Why the image does not decode cleanly, or None. Stricter than pack: libjpeg's data errors (zeroed or
+    garbled scans, which Pillow decodes into garbage pixels without a word) count as problems here."""
+    data_error = None
+    if is_jpeg:
+        try:
+            import simplejpeg
+
+            simplejpeg.decode_jpeg(data, strict=True)
+            return None
+        except ImportError:
+            pass
+        except ValueError as exc:
+            data_error = str(exc)
+    try:
+        full_decode_check(data, is_jpeg)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure means the file is unusable
+        return f"does not decode: {exc}"
+    return f"decodes with data errors ({data_error})" if data_error else None

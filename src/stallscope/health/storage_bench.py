@@ -9,6 +9,7 @@ random rate is the gain the benchmark can vouch for.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,8 @@ class Phase:
     bytes: int
     seconds: float
     resident_before: float | None
+    errors: int = 0  # files that could not be read (permissions, I/O errors); not in the figures
+    first_error: str | None = None
 
     @property
     def rate(self) -> float | None:
@@ -116,6 +119,7 @@ def _pass(files: Sequence[tuple[str, int]], cap: int, seconds: float, clock: Cal
     elapsed = 0.0
     resident = known = 0
     skipped: list[tuple[str, int]] = []
+    errors: list[str] = []
     for path, size in files:
         remaining = cap - total
         if remaining <= 0 or clock() - started >= seconds:
@@ -132,14 +136,18 @@ def _pass(files: Sequence[tuple[str, int]], cap: int, seconds: float, clock: Cal
             known += limit
         try:
             n, dt = _read(path, limit, buf, clock)
-        except OSError:
+        except OSError as exc:
+            errors.append(f"{os.path.basename(path)}: {exc.strerror or exc}")
             continue
         total += n
         elapsed += dt
         read_files.append((path, n))
     if prefer_cold and not read_files and skipped:
-        return _pass(skipped, cap, max(0.0, seconds - (clock() - started)), clock, buf, prefer_cold=False)
-    return Phase(len(read_files), total, elapsed, resident / known if known else None), read_files
+        phase, read_files = _pass(skipped, cap, max(0.0, seconds - (clock() - started)), clock, buf, prefer_cold=False)
+        return Phase(phase.files, phase.bytes, phase.seconds, phase.resident_before, phase.errors + len(errors),
+                     phase.first_error or (errors[0] if errors else None)), read_files
+    return Phase(len(read_files), total, elapsed, resident / known if known else None, len(errors),
+                 errors[0] if errors else None), read_files
 
 
 def run_bench(files: Sequence[tuple[str, int]], cap_bytes: int, seconds: float = 3.0, *, seed: int = 0,

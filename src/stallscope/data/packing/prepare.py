@@ -35,7 +35,7 @@ class Prepared:
     problem_detail: str = ""
 
 
-def _full_decode_check(data: bytes, is_jpeg: bool) -> None:
+def full_decode_check(data: bytes, is_jpeg: bool) -> None:
     """Raise if the image does not decode completely (truncation included)."""
     if is_jpeg:
         try:
@@ -85,7 +85,7 @@ def prepare(task: tuple[int, str, str, int, int, int]) -> Prepared:
     except HeaderError as exc:
         return Prepared(position, name, label, None, problem_kind="not-an-image", problem_detail=str(exc))
     try:
-        _full_decode_check(data, header.is_jpeg)
+        full_decode_check(data, header.is_jpeg)
     except Exception as exc:  # noqa: BLE001 - any decoder failure means the file is unusable
         return Prepared(position, name, label, None, problem_kind="corrupt",
                         problem_detail=f"does not decode: {exc}")
