@@ -9,11 +9,18 @@ import re
 import sys
 import time
 
+from collections.abc import Iterator
+from pathlib import Path
+
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from stallscope import paths
-from stallscope.history.store import HistoryError, list_runs
+from stallscope.analysis import analyze
+from stallscope.history.runs import RunRow, row_from_session
+from stallscope.history.store import HistoryError, list_runs, rebuild_history
 from stallscope.render.history import history_table
+from stallscope.session import Session
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -35,7 +42,51 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--since", metavar="WHEN", help="only runs started since WHEN: YYYY-MM-DD, or an age like 2h, 3d")
     p.add_argument("--limit", type=int, default=30, metavar="N", help="the N most recent runs (default 30; 0: all)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    p.add_argument("--rebuild", action="store_true",
+                   help="make the history again from the store's saved sessions (after it was damaged or deleted); "
+                        "the old file is kept beside it")
     p.set_defaults(handler=handle)
+
+
+def _rows_from_sessions(store: Path, skipped: list[str]) -> Iterator[RunRow]:
+    """Each saved session of the store as a history row, oldest first; unreadable ones are named in ``skipped``."""
+    files = sorted(paths.runs_dir(store).glob("*/session.json"))
+    with Progress(TextColumn("rebuilding the history"), BarColumn(), MofNCompleteColumn(),
+                  console=Console(stderr=True), disable=not sys.stderr.isatty() or len(files) < 5) as progress:
+        task = progress.add_task("sessions", total=len(files))
+        for path in files:
+            try:
+                session = Session.load(path)
+                yield row_from_session(session, analyze(session), path)
+            except (OSError, ValueError) as exc:
+                skipped.append(f"{path.parent.name}: {exc}")
+            progress.advance(task)
+
+
+def rebuild(store: Path) -> int:
+    skipped: list[str] = []
+    try:
+        written, kept = rebuild_history(store, _rows_from_sessions(store, skipped))
+    except (HistoryError, OSError) as exc:
+        print(f"stallscope history: cannot rebuild the history in {store}: {exc}", file=sys.stderr)
+        return 2
+    print(f"rebuilt the history of {store} from {written} saved session(s)"
+          + (f"; the old file is kept as {kept}" if kept else ""), file=sys.stderr)
+    for line in skipped[:10]:
+        print(f"  skipped {line}", file=sys.stderr)
+    return 0
+
+
+def _offer_rebuild(store: Path) -> bool:
+    """On a terminal, ask whether to rebuild a damaged history now."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return False
+    count = len(list(paths.runs_dir(store).glob("*/session.json")))
+    try:
+        answer = input(f"Rebuild it now from the {count} saved session(s)? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def parse_since(text: str, now: float | None = None) -> float:
@@ -57,12 +108,18 @@ def handle(args: argparse.Namespace) -> int:
         print(f"stallscope history: {exc}", file=sys.stderr)
         return 2
     store = paths.store_dir(args.store)
+    if args.rebuild:
+        status = rebuild(store)
+        if status:
+            return status
     try:
         rows = list_runs(store, command=args.command, verdict=args.verdict, git_commit_prefix=args.git,
                          since=since, limit=args.limit or None)
         everything = rows or list_runs(store, limit=1)
     except HistoryError as exc:
         print(f"stallscope history: {exc}", file=sys.stderr)
+        if exc.damaged and _offer_rebuild(store):
+            return rebuild(store) or handle(args)
         return 2
     if not everything:
         print(f"stallscope history: the history in {store} is empty (record a run with: stallscope run -- "

@@ -57,7 +57,28 @@ _JSON_COLUMNS = {"command", "overrides", "environment", "node_seconds", "step_de
 
 
 class HistoryError(RuntimeError):
-    """The history cannot be read or written (unknown run, newer schema, unreadable file)."""
+    """The history cannot be read or written (unknown run, newer schema, unreadable file). ``damaged``: the
+    file is not a readable database, and ``rebuild_history`` can make it again from the saved sessions."""
+
+    def __init__(self, message: str, damaged: bool = False) -> None:
+        super().__init__(message)
+        self.damaged = damaged
+
+
+_DAMAGED = ("file is not a database", "malformed", "corrupt")
+_READ_ONLY = ("readonly", "read-only", "unable to open", "access permission")
+
+
+def _explained(path: Path, exc: sqlite3.Error) -> HistoryError:
+    """The error in words, with what to do about it."""
+    text = str(exc)
+    if any(word in text for word in _DAMAGED):
+        return HistoryError(f"the run history {path} is damaged ({text}); rebuild it from the saved sessions "
+                            f"with: stallscope history --rebuild --store {path.parent}", damaged=True)
+    if any(word in text for word in _READ_ONLY):
+        return HistoryError(f"the run history {path} cannot be written ({text}): make it and its folder writable "
+                            f"(chmod u+w {path} {path.parent}), or choose another store with --store DIR")
+    return HistoryError(f"run history {path}: {text}")
 
 
 def history_path(store_dir: str | os.PathLike[str]) -> Path:
@@ -117,16 +138,37 @@ def _connect(store_dir: str | os.PathLike[str], create: bool) -> Iterator[sqlite
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        conn = _open(path)
+        conn = _open(path) if create or os.access(path, os.W_OK) else _open_read_only(path)
     except sqlite3.Error as exc:
-        raise HistoryError(f"cannot open the run history {path}: {exc}") from None
+        if create:
+            raise _explained(path, exc) from None
+        try:  # a history we may read but not write (a shared, read-only store) is still readable
+            conn = _open_read_only(path)
+        except sqlite3.Error:
+            raise _explained(path, exc) from None
     try:
-        _ensure_schema(conn)
+        if create:
+            _ensure_schema(conn)
+        else:
+            _check_schema(conn)
         yield conn
     except sqlite3.Error as exc:
-        raise HistoryError(f"run history {path}: {exc}") from None
+        raise _explained(path, exc) from None
     finally:
         conn.close()
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """Read without writing anything (no WAL switch, no -shm file): for a file or folder we may not write."""
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, timeout=BUSY_TIMEOUT_S)
+
+
+def _check_schema(conn: sqlite3.Connection) -> None:
+    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    version = row[0] if row else None
+    if version is not None and version > SCHEMA_VERSION:
+        raise HistoryError(f"the history was written by a newer stallscope (schema {version}, "
+                           f"this one reads {SCHEMA_VERSION})")
 
 
 def insert_row(store_dir: str | os.PathLike[str], values: dict[str, Any]) -> None:
@@ -210,3 +252,23 @@ def get_run(store_dir: str | os.PathLike[str], ref: str) -> RunRow:
         names = ", ".join(r.run_id for r in rows[:5])
         raise HistoryError(f"run id {ref!r} is ambiguous in the history: {names}")
     raise HistoryError(f"no run {ref!r} in the history at {history_path(store_dir)}")
+
+
+def rebuild_history(store_dir: str | os.PathLike[str], rows: Iterator[RunRow]) -> tuple[int, Path | None]:
+    """Make the history again from ``rows`` (read from the saved sessions by the caller): the old file, if
+    any, is kept beside it as ``history.sqlite3.damaged-STAMP``. Returns (rows written, where the old went)."""
+    path = history_path(store_dir)
+    kept = None
+    if path.exists():
+        kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(path, kept)
+    for suffix in ("-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    written = 0
+    for row in rows:
+        record_run(store_dir, row)
+        written += 1
+    if not written:
+        with _connect(store_dir, create=True):
+            pass
+    return written, kept
