@@ -340,3 +340,18 @@ def test_a_script_that_dies_right_after_its_steps_keeps_them_or_says_they_may_be
     else:  # flushed before dying: all 11 steps are there
         assert summary["steps"] == 11
         assert not any("ended without writing out its last events" in n for n in summary["notes"])
+
+
+@pytest.mark.parametrize("stderr_too", [False, True])
+def test_output_piped_into_head_keeps_the_scripts_exit_code(tmp_path, stderr_too):
+    """``stallscope run ... [2>&1] | head -1``: the reader goes away; the summary is lost, the exit code is not."""
+    script = tmp_path / "s.py"
+    script.write_text("print('one', flush=True)\nimport time\nfrom torch.utils.data import DataLoader\n"
+                      "for b in DataLoader(list(range(40)), batch_size=2):\n    time.sleep(0.01)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--store", str(tmp_path / "store"), "--",
+                             sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if stderr_too else subprocess.DEVNULL, cwd=tmp_path)
+    assert proc.stdout.readline() == b"one\n"
+    proc.stdout.close()  # what head does after its line
+    assert proc.wait(timeout=120) == 0
+    assert list((tmp_path / "store").glob("runs/*/session.json")), "the session is saved all the same"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 
 from rich.console import Console
@@ -86,5 +87,16 @@ def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bo
         if not quiet:
             terminal.render(result.session, result.analysis, Console(stderr=True),
                             session_ref=str(result.session_path) if result.session_path else None)
-    except OSError:  # stderr is gone (terminal hung up, pipe closed): the session is saved all the same
+    except (OSError, SystemExit):
+        # stderr is gone (terminal hung up, a closed pipe; rich turns a broken pipe into SystemExit(1)): the
+        # session is saved all the same, and the exit code stays the script's. Later writes go nowhere.
+        _silence_stderr()
+
+
+def _silence_stderr() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
         pass
