@@ -54,7 +54,8 @@ def test_another_python_started_by_the_script_sees_only_its_own_sitecustomize(tm
         "    done = subprocess.run([exe, '-c', 'import sys; print(repr(sys.path))'], capture_output=True, text=True)\n"
         "    results[exe] = [done.returncode, done.stdout, done.stderr]\n"
         f"json.dump(results, open({str(report)!r}, 'w'))\n")
-    env = {**os.environ, "PYTHONPATH": str(usersite)}
+    existing = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": str(usersite) + (os.pathsep + existing if existing else "")}
     done = subprocess.run([sys.executable, "-m", "stallscope", "run", "--store", str(tmp_path / "store"), "--",
                            sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
