@@ -100,6 +100,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     notes: list[str] = []
     batch_info: list[dict[str, Any]] = []
     lmdb_opens: list[dict[str, Any]] = []
+    framework_args: list[dict[str, Any]] = []
     step_limit_hit = False
     for _, header, records, damaged in _read_events(run_dir / "events"):
         pid = int(header["pid"])
@@ -122,7 +123,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     life["cuda_device"] = f["device"]
                 elif kind == "loader":
                     lists["loaders"].append(LoaderRecord(f["loader_id"], pid, f["created_ns"], f["site"], f["config"],
-                                                         f["overrides"]))
+                                                         f["overrides"], list(f.get("stack") or [])))
                 elif kind in _BY_NAME:
                     name, record_type = _BY_NAME[kind]
                     extra = {} if record_type is WorkerStartRecord else {"pid": pid}  # a worker names its own pid
@@ -138,6 +139,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                                                        f["worker"]))
                 elif kind == "batch_info":
                     batch_info.append({"loader_id": f["loader_id"], "iter_id": f["iter_id"], **f["info"]})
+                elif kind == "framework_args":
+                    framework_args.append({"pid": pid, **f})
                 elif kind == "lmdb_open":
                     lmdb_opens.append({"pid": f["pid"], "t_ns": f["t_ns"], "path": f["path"]})
                 elif kind == "rank":
@@ -196,6 +199,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         notes=notes + meta.get("notes", []),
         batch_info=batch_info,
         lmdb_opens=lmdb_opens,
+        framework_args=framework_args,
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),
         **lists,
     )

@@ -40,9 +40,10 @@ class LoaderRecord:
     loader_id: int
     pid: int
     created_ns: int
-    site: str
+    site: str  # file:line of the first frame outside torch (a framework's, or the script's)
     config: dict[str, Any]
     overrides: dict[str, Any]
+    stack: list[str] = field(default_factory=list)  # file:line:function from ``site`` outward (to the user's code)
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,7 @@ class Session:
     notes: list[str] = field(default_factory=list)
     batch_info: list[dict[str, Any]] = field(default_factory=list)  # first batch of each iterator: bytes, types
     lmdb_opens: list[dict[str, Any]] = field(default_factory=list)
+    framework_args: list[dict[str, Any]] = field(default_factory=list)  # e.g. where TrainingArguments was built
     ranks: list[RankRecord] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds

@@ -19,6 +19,10 @@ CONTRACT = ("schema", "exit_code", "steps", "samples", "wall_s", "verdict", "dat
 
 
 def _missing_or_changed(stored: Any, now: Any, where: str = "") -> list[str]:
+    if where.endswith("/change") and isinstance(stored, str) and isinstance(now, str):
+        # A change's words may say more (where it goes in the user's code); the --set part is the contract.
+        command = stored.split("(in code:")[0].rstrip()
+        return [] if now.startswith(command) else [f"{where}: {stored!r} -> {now!r}"]
     if isinstance(stored, dict):
         if not isinstance(now, dict):
             return [f"{where}: now {type(now).__name__}"]
@@ -54,3 +58,5 @@ def test_the_checker_sees_a_removed_or_changed_field() -> None:
     assert _missing_or_changed({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}}) == []
     assert _missing_or_changed({"a": {"b": 1}}, {"a": {}}) == ["/a/b: missing"]
     assert _missing_or_changed({"a": [1, 2]}, {"a": [1, 3]}) == ["/a[1]: 2 -> 3"]
+    assert _missing_or_changed({"change": "--set a=1   (in code: x)"}, {"change": "--set a=1   (in code: x at y)"}) == []
+    assert _missing_or_changed({"change": "--set a=1"}, {"change": "--set a=2"}) != []

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallscope.analysis.frameworks import CodeSite
+
 
 @dataclass(frozen=True)
 class Step:
@@ -107,6 +109,7 @@ class LoaderSummary:
     iter_start_s: float
     pipeline: WorkerPipeline | None
     loader_ids: tuple[int, ...] = ()
+    code: CodeSite | None = None  # where the user changes its settings, in their framework's words
 
     @property
     def ids(self) -> tuple[int, ...]:

@@ -14,7 +14,8 @@ from stallscope.analysis import ranks as ranks_mod
 from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_for
 from stallscope.analysis.capacity import build_model, capacity_report
 from stallscope.analysis.gpu_timing import gpu_timing
-from stallscope.analysis.findings import Analysis, Failure, LoaderSummary, StepStats
+from stallscope.analysis.findings import Analysis, Failure, LoaderSummary, Recommendation, StepStats
+from stallscope.analysis.frameworks import code_site
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
@@ -62,7 +63,8 @@ def _loader_summaries(session: Session, train_ids: tuple[int, ...]) -> list[Load
             loader_id=ld.loader_id, role=role, site=ld.site, config=ld.config, overrides=ld.overrides,
             batches=used, epochs=len(set().union(*(epochs[i] for i in ids))), wait_s=sum(waits[i] for i in ids),
             iter_start_s=sum(iter_start[i] for i in ids), pipeline=worker_pipeline(session, ids),
-            loader_ids=ids if len(ids) > 1 else ()))
+            loader_ids=ids if len(ids) > 1 else (),
+            code=code_site(ld.site, ld.stack or [ld.site], ld.created_ns, ld.pid, session.framework_args)))
     return summaries
 
 
@@ -163,8 +165,8 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         bottleneck_node=node,
         bottleneck_share=share,
         loaders=loaders,
-        recommendations=recommend(verdict, stats, train, seconds, cpus, startup, model,
-                                  _unpinned_fraction(session)),
+        recommendations=_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
+                                           _unpinned_fraction(session)), train),
         failure=_failure(session),
         usable_cpus=cpus,
         notes=list(session.notes),
@@ -174,6 +176,15 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         system=system,
         gpu_timing=gpu_timing(session),
     )
+
+
+def _in_code(recommendations: list[Recommendation], train: LoaderSummary | None) -> list[Recommendation]:
+    """Each ``--set`` recommendation also says where that change goes in the user's code (``in_code``)."""
+    if train is None or train.code is None:
+        return recommendations
+    where = train.code.to_dict()
+    return [dataclasses.replace(r, facts={**r.facts, "in_code": where}) if r.overrides else r
+            for r in recommendations]
 
 
 def _unpinned_fraction(session: Session) -> float | None:

@@ -13,7 +13,7 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.record import distributed, events, importhook, loader, steps, transfer
+from stallscope.record import distributed, events, frameworks, importhook, loader, steps, transfer
 from stallscope.record.libraries import LIBRARY_PATCHES, patch_torch
 from stallscope.settings import (
     ENV_BENCH,
@@ -35,6 +35,7 @@ PATCHES: dict[str, Any] = {
     "torch.cuda": transfer.install_after_cuda_init,
     "torch.distributed.distributed_c10d": distributed.patch_c10d,
     "torch.nn.parallel.distributed": distributed.patch_ddp,
+    "transformers.training_args": frameworks.patch_training_args,
     **LIBRARY_PATCHES,
 }
 _installed = False

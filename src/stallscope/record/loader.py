@@ -27,15 +27,24 @@ _iter_ids = itertools.count()
 overrides: dict[str, Any] = {}
 
 
-def _creation_site() -> str:
-    """The first frame outside torch and stallscope: where the script built its DataLoader."""
+#: Frames kept of a DataLoader's creation stack: enough to reach the user's code through a framework.
+STACK_FRAMES = 24
+
+
+def _creation_stack() -> list[str]:
+    """``file:line:function`` frames from the first one outside torch and stallscope outward: the first is
+    where the DataLoader was built (a framework's line, or the script's), the rest lead to the user's code."""
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if f"{os.sep}torch{os.sep}" not in filename and f"{os.sep}stallscope{os.sep}record" not in filename:
-            return f"{filename}:{frame.f_lineno}"
+            break
         frame = frame.f_back
-    return "?"
+    stack = []
+    while frame is not None and len(stack) < STACK_FRAMES:
+        stack.append(f"{frame.f_code.co_filename}:{frame.f_lineno}:{frame.f_code.co_name}")
+        frame = frame.f_back
+    return stack
 
 
 def _describe(loader: Any) -> dict[str, Any]:
@@ -163,7 +172,9 @@ def patch_dataloader(module: Any) -> None:
             applied.update(changed)
         original_init(self, *args, **kwargs)
         self._stallscope_id = next(_loader_ids)
-        events.emit("loader", self._stallscope_id, _perf(), _creation_site(), _describe(self), applied)
+        stack = _creation_stack()
+        site = stack[0].rsplit(":", 1)[0] if stack else "?"
+        events.emit("loader", self._stallscope_id, _perf(), site, _describe(self), applied, stack)
 
     DataLoader.__init__ = __init__
 

@@ -19,7 +19,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "exception": ("t_ns", "type", "message", "location", "traceback"),
     "cuda_init": ("t_ns", "device"),
     # DataLoader, in the training process
-    "loader": ("loader_id", "created_ns", "site", "config", "overrides"),
+    "loader": ("loader_id", "created_ns", "site", "config", "overrides", "stack"),
     "iter": ("loader_id", "iter_id", "epoch", "start_ns", "end_ns", "num_workers"),
     "next": ("loader_id", "iter_id", "epoch", "start_ns", "end_ns", "worker", "batch_size", "unpickle_ns",
              "unpickle_cpu_ns"),
@@ -36,6 +36,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
               "by_node", "by_name", "outcome", "timed"),
     "fetch_error": ("loader_id", "iter_id", "worker", "worker_pid", "t_ns", "type", "message", "traceback"),
     "lmdb_open": ("pid", "t_ns", "path"),
+    # training frameworks, in the training process
+    "framework_args": ("framework", "t_ns", "site", "values"),
     # training steps and devices
     "opt": ("optimizer", "kind", "start_ns", "end_ns"),
     "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),

@@ -314,7 +314,7 @@ def _findings_section(analysis: Analysis) -> str:
         parts.append("<table><tr><th>loader</th><th>role</th><th>created at</th><th>num_workers</th>"
                      "<th>batches</th><th>epochs</th><th>waited</th></tr>")
         for ld in loaders:
-            parts.append(f"<tr><td>{ld.loader_id}</td><td>{_e(ld.role)}</td><td><code>{_e(ld.site)}</code></td>"
+            parts.append(f"<tr><td>{ld.loader_id}</td><td>{_e(ld.role)}</td><td><code>{_e(words.created_at(ld))}</code></td>"
                          f"<td class=num>{_e(ld.config.get('num_workers', '?'))}</td>"
                          f"<td class=num>{ld.batches}</td><td class=num>{ld.epochs}</td>"
                          f"<td class=num>{ld.wait_s:.2f} s</td></tr>")

@@ -144,7 +144,8 @@ def _loader_dict(ld) -> dict[str, Any]:
             "pin_memory_thread_s": round(p.pin_s, 4),
             "worker_errors": p.errors,
         }
-    return {"id": ld.loader_id, "loader_ids": list(ld.ids), "role": ld.role, "site": ld.site, "config": ld.config, "overrides": ld.overrides,
+    return {"id": ld.loader_id, "loader_ids": list(ld.ids), "role": ld.role, "site": ld.site,
+            "code": ld.code.to_dict() if ld.code else None, "config": ld.config, "overrides": ld.overrides,
             "batches": ld.batches, "epochs": ld.epochs, "wait_s": round(ld.wait_s, 4),
             "iter_start_s": round(ld.iter_start_s, 4), "pipeline": pipeline}
 

@@ -60,7 +60,7 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         console.print(f"  • {words.gpu_timing(analysis.gpu_timing)}", markup=False, highlight=False)
     for ld in analysis.loaders:
         if ld.role != "train" and ld.batches:
-            console.print(f"  • loader {ld.loader_id} ({ld.role}, {escape(ld.site)}): {ld.batches} batches, "
+            console.print(f"  • loader {ld.loader_id} ({ld.role}, {escape(words.created_at(ld))}): {ld.batches} batches, "
                           f"waited {ld.wait_s:.2f} s", highlight=False)
     for pitfall in analysis.pitfalls:
         said = words.pitfall(pitfall)

@@ -49,6 +49,6 @@ def render(result: TuneResult, console: Console) -> None:
         console.print(f"Confirmed: original {o.value:.1f} ± {o.se:.1f} {result.unit}, winner {w.value:.1f} ± "
                       f"{w.se:.1f} {result.unit}: [bold]{result.speedup:.2f}x[/]"
                       + ("  (within noise of each other on confirmation)" if result.confirmed_within_noise else ""))
-    console.print(f"The change:  [bold]DataLoader(..., {escape(result.dataloader_kwargs())})[/]")
+    console.print(f"The change:  [bold]{escape(result.in_code())}[/]")
     console.print(f"Without editing code:  {shlex.join(result.rerun_command())}", markup=False)
     console.print(f"Trial folders: {result.folder}", markup=False)

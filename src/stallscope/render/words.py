@@ -34,6 +34,42 @@ class PitfallSaid:
 
 # --- recommendations -----------------------------------------------------------------------------------------
 
+#: DataLoader arguments as the Hugging Face Trainer's TrainingArguments spell them.
+TRAINER_ARGUMENTS = {"num_workers": "dataloader_num_workers", "persistent_workers": "dataloader_persistent_workers",
+                     "prefetch_factor": "dataloader_prefetch_factor", "pin_memory": "dataloader_pin_memory"}
+
+
+def in_code(values: dict[str, Any], where: dict[str, Any] | None) -> str:
+    """The change as the user writes it in their framework, and where: ``TrainingArguments(...)`` for the
+    Hugging Face Trainer, the ``DataLoader(...)`` of the ``train_dataloader`` hook for Lightning, the
+    ``DataLoader(...)`` call otherwise."""
+    where = where or {}
+    site, function = where.get("site"), where.get("function")
+    if where.get("framework") == "transformers" and all(k in TRAINER_ARGUMENTS for k in values):
+        args = ", ".join(f"{TRAINER_ARGUMENTS[k]}={v!r}" for k, v in values.items())
+        return f"TrainingArguments(..., {args})" + (f" at {site}" if site else "")
+    text = f"DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in values.items())})"
+    if site and function and function != "<module>":
+        return f"{text} in {function}() at {site}"
+    return f"{text} at {site}" if site else text
+
+
+def created_at(loader: Any) -> str:
+    """Where a loader was built: the user's frame, with the library's beside it when a framework built it."""
+    code = loader.code
+    if code is None or not code.site or code.site == loader.site:
+        return loader.site
+    library = f" (via {code.library_site})" if code.library_site and code.framework != "transformers" else ""
+    if code.framework == "transformers":
+        return f"{loader.site} (the Trainer's; TrainingArguments at {code.site})"
+    return f"{code.site}{library}"
+
+
+def _set_change(o: dict[str, Any], f: dict[str, Any], extra: str = "") -> str:
+    """A ``--set`` change and the same change in the user's code."""
+    return f"{overrides(o)}   (in code: {in_code(o, f.get('in_code'))}){extra}"
+
+
 def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
     f, o = rec.facts, rec.overrides
     rid = rec.id
@@ -44,18 +80,18 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
     if rid == "num-workers":
         n = o["num_workers"]
         return (f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {f['workers']})",
-                f"--set num_workers={n}   (in code: DataLoader(..., num_workers={n}))",
+                _set_change(o, f),
                 f"{f['usable_cpus']} usable CPUs; each sample costs {1000 * f['loader_s_per_sample']:.1f} ms of "
                 f"loader work ({1000 * f['blocked_s_per_sample']:.1f} ms of it blocked) and "
                 f"{1000 * f['compute_s_per_sample']:.1f} ms of compute")
     if rid == "fewer-workers":
         n = o["num_workers"]
-        return (f"Use {n} workers instead of {f['workers']}", f"--set num_workers={n}",
+        return (f"Use {n} workers instead of {f['workers']}", _set_change(o, f),
                 f"{f['workers']} workers compete for {f['usable_cpus']} CPUs: the extra ones only add memory and "
                 "contention")
     if rid == "persistent-workers":
         return ("Keep workers alive between epochs",
-                "--set persistent_workers=true   (in code: DataLoader(..., persistent_workers=True))",
+                _set_change(o, f),
                 f"workers take {f['startup_s_per_worker']:.2f} s to start and are restarted every epoch "
                 f"({f['epochs']} epochs): {f['restart_wait_s']:.2f} s of waiting for restarts")
     if rid == "build-loader-once":
@@ -65,14 +101,13 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 f"workers again ({f['startup_s_per_worker']:.2f} s per worker): {f['restart_wait_s']:.2f} s of "
                 "waiting for them; --set persistent_workers=true cannot keep workers of a new loader")
     if rid == "prefetch":
-        return ("Prefetch deeper: the queue runs dry in bursts", f"--set prefetch_factor={o['prefetch_factor']}",
+        return ("Prefetch deeper: the queue runs dry in bursts", _set_change(o, f),
                 f"no batch was ready on {100 * f['empty_queue_fraction']:.0f}% of requests although the workers can "
                 f"produce {f['pipeline_samples_per_s']:.0f} samples/s for a model that takes "
                 f"{f['compute_samples_per_s']:.0f}")
     if rid == "discarded-prefetch":
         return ("Prefetch less: batches in flight are thrown away at every epoch",
-                f"--set prefetch_factor={o['prefetch_factor']}   (or let the loop finish its epochs instead of "
-                "breaking out early)",
+                _set_change(o, f, "; or let the loop finish its epochs instead of breaking out early"),
                 f"workers loaded {f['loaded_batches']} batches and the script used {f['used_batches']}: "
                 f"{f['dropped_batches']} were dropped by {f['restarts']} new iter(loader) calls while up to "
                 f"{f['in_flight']} batches were in flight ({f['workers']} workers x prefetch_factor "
@@ -88,7 +123,7 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 "measure it with the --set above")
     if rid == "pin-memory":
         return ("Pin host memory and copy asynchronously",
-                "--set pin_memory=true, and .to(device, non_blocking=True) in the loop",
+                _set_change(o, f, ", and .to(device, non_blocking=True) in the loop"),
                 f"{100 * f['unpinned_fraction']:.0f}% of host-to-device bytes came from pageable memory")
     if rid == "reduced-size-decode":
         return ("Decode JPEGs at the size you need",

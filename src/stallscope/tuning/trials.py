@@ -47,6 +47,7 @@ class TrialResult:
     uses_device: bool = False
     trial_dir: str | None = None
     session: str | None = None
+    code: dict[str, Any] | None = None  # where the training loader's settings go in the user's code (summary)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,4 +230,4 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
                        verdict=summary.get("verdict"), data_wait_fraction=summary.get("data_wait_fraction"),
                        step_times_s=durations, recommendations=list(summary.get("recommendations") or []),
                        usable_cpus=summary.get("usable_cpus"), uses_device=uses_device,
-                       session=summary.get("session"))
+                       session=summary.get("session"), code=train.get("code") if train else None)

@@ -68,8 +68,17 @@ class TuneResult:
         """The change as DataLoader keyword arguments, ready to paste."""
         return ", ".join(f"{k}={_python_literal(v)}" for k, v in _ordered(self.winner_overrides))
 
+    def in_code(self) -> str:
+        """The change in the user's framework and where it goes (``TrainingArguments(...)`` at the script's
+        line for the Hugging Face Trainer, the ``DataLoader(...)`` call otherwise)."""
+        from stallscope.render.words import in_code
+
+        return in_code(dict(_ordered(self.winner_overrides)), self.original.code if self.original else None)
+
     def rerun_command(self) -> list[str]:
-        return ["stallscope", "run", "--steps", str(self.steps), *self.set_args(), "--", *self.command]
+        """The whole training with the change, recorded, without editing code: no ``--steps``, which only
+        bounded the trials."""
+        return ["stallscope", "run", *self.set_args(), "--", *self.command]
 
     def to_dict(self) -> dict[str, Any]:
         def rate(r: Rate | None) -> dict[str, Any] | None:
@@ -84,7 +93,7 @@ class TuneResult:
             "original_confirmed": rate(self.original_confirmed), "winner_confirmed": rate(self.winner_confirmed),
             "speedup": round(self.speedup, 3) if self.speedup else None,
             "winner_overrides": self.winner_overrides, "set_args": self.set_args(),
-            "dataloader_kwargs": self.dataloader_kwargs(), "rerun": self.rerun_command(),
+            "dataloader_kwargs": self.dataloader_kwargs(), "in_code": self.in_code(), "rerun": self.rerun_command(),
             "folder": self.folder, "notes": self.notes,
         }
 
