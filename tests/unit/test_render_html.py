@@ -116,3 +116,19 @@ def test_report_in_headless_chromium(tmp_path):
         keep.mkdir(parents=True, exist_ok=True)
         shutil.copy(shot, keep / "report.png")
         shutil.copy(page, keep / "report.html")
+
+
+def test_report_html_without_plotly_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    session = next((Path(__file__).parent.parent / "data" / "summaries").glob("*/session.json"))
+    blocked = ("import sys\nsys.modules['plotly'] = None  # as if the report extra were not installed\n"
+               "from stallscope.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", blocked, "report", str(session), "--html", str(tmp_path / "r.html")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "stallscope report: --html needs plotly (plotly.offline); install it with: pip install 'stallscope[report]'"]
+    assert not (tmp_path / "r.html").exists()

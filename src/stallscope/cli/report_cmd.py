@@ -81,10 +81,13 @@ def handle(args: argparse.Namespace) -> int:
         if args.html:
             try:
                 from stallscope.render import html
-            except ImportError as exc:
-                return _fail(f"--html needs plotly ({exc}); install it with: pip install 'stallscope[report]'")
+
+                page = html.render(session, analysis)
+            except ImportError as exc:  # plotly (the charts) is the `report` extra
+                return _fail(f"--html needs plotly ({exc.name or exc}); install it with: "
+                             "pip install 'stallscope[report]'")
             target = args.html
-            written.append(f"HTML report: {html.write_html(args.html, html.render(session, analysis))}")
+            written.append(f"HTML report: {html.write_html(args.html, page)}")
     except OSError as exc:
         return _fail(f"cannot write {target}: {exc.strerror or exc}")
     terminal.render(session, analysis, Console(), session_ref=str(path))
