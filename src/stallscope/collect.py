@@ -250,7 +250,8 @@ def recover_session(run_dir: Path) -> Session:
     if not isinstance(meta, dict) or not isinstance(meta.get("run_id"), str):
         raise RecoveryError(f"{run_dir} cannot be rebuilt: run.json is not a stallscope run description")
     launcher = meta.get("launcher_pid")
-    if isinstance(launcher, int) and launcher != os.getpid() and _alive(launcher) and _same_host(meta):
+    if _locked(run_dir / "run.json") or (
+            isinstance(launcher, int) and launcher != os.getpid() and _alive(launcher) and _same_host(meta)):
         raise RecoveryError(f"{run_dir} is a run still in progress (stallscope process {launcher}); "
                             "report it once it has ended")
     processes = _read_events(run_dir / "events") if (run_dir / "events").is_dir() else []
@@ -278,8 +279,25 @@ def _inferred_exit(records: list[list[Any]]) -> tuple[int, str]:
     if "exception" in kinds:
         return 1, "the script raised an uncaught exception"
     if "process_exit" in kinds:
+        status = kinds["process_exit"][2] if len(kinds["process_exit"]) > 2 else None
+        if isinstance(status, int):
+            return status, "the script called os._exit"
         return 0, "the script reached its normal exit; a code set by sys.exit is not recorded"
     return 128 + signal.SIGKILL, "no exit was recorded: killed outright, like SIGKILL"
+
+
+def _locked(run_json: Path) -> bool:
+    """Whether a launcher holds the run's lock (``launcher._in_progress``)."""
+    try:
+        import fcntl
+
+        with open(run_json, "rb") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except (ImportError, OSError):
+        return False
+    return False
 
 
 def _alive(pid: int) -> bool:

@@ -13,6 +13,7 @@ kept. Analysis and history are ``api.run``'s: this module only runs processes an
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -214,6 +215,14 @@ def _die_with_parent() -> Any:
     return preexec
 
 
+def signal_name(number: int) -> str:
+    """SIGTERM for 15; ``signal 35`` for a number Python has no name for (real-time signals)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str]]:
     """How the run ended (``ended_by``) and what to say about it."""
     notes = []
@@ -221,12 +230,12 @@ def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str
         notes.append(f"the job was stopped (Ctrl-Z / SIGTSTP) {forwarder.pauses} time(s), "
                      f"{forwarder.paused_ns / 1e9:.1f} s in all; a step that spans a stop includes it")
     if forwarder.received:
-        sent = signal.Signals(forwarder.received[0]).name
+        sent = signal_name(forwarder.received[0])
         if returncode < 0 or returncode == 128 + forwarder.received[0]:
             return "interrupt", [*notes, f"stopped by {sent} sent to stallscope"]
         return "exit", [*notes, f"{sent} was forwarded to the script, which went on and exited with code {returncode}"]
     if returncode < 0:
-        return "signal", [*notes, f"the script was killed by {signal.Signals(-returncode).name}"]
+        return "signal", [*notes, f"the script was killed by {signal_name(-returncode)}"]
     return "exit", notes
 
 
@@ -282,6 +291,29 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
         raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; free some space or "
                           "choose another place with --store DIR or $STALLSCOPE_HOME") from None
 
+    with _in_progress(run_dir):
+        return _run_child(argv, run_dir, meta, overrides, max_steps, stdout, stderr, sample_interval_s)
+
+
+@contextlib.contextmanager
+def _in_progress(run_dir: Path) -> Any:
+    """Hold a lock on ``run.json`` while the run lasts: ``recover_session`` refuses a locked run, whoever
+    started it (the CLI, a notebook calling ``stallscope.run``). The kernel drops it when we die."""
+    handle = open(run_dir / "run.json", "rb")  # noqa: SIM115 - held for the run
+    try:
+        try:
+            import fcntl
+
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            pass
+        yield
+    finally:
+        handle.close()
+
+
+def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: dict[str, Any],
+               max_steps: int | None, stdout: Any, stderr: Any, sample_interval_s: float) -> RunOutcome:
     try:
         child = subprocess.Popen(argv, env=_child_env(run_dir, overrides, max_steps), start_new_session=True,
                                  stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent())  # noqa: PLW1509

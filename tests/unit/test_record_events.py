@@ -111,3 +111,36 @@ def test_a_line_cut_short_is_skipped_and_counted(tmp_path):
     notes = build_session(tmp_path, meta).notes
     assert any("1 line(s) of process 4242's events were cut short" in n for n in notes)
     assert any("ended without writing out its last events" in n for n in notes)
+
+
+def test_an_ending_flush_never_waits_forever_for_a_flush_in_progress(recorder):
+    """A fatal signal's handler runs in the main thread, possibly while it is inside flush() (the lock is not
+    re-entrant): the handler's flush gives up after its wait instead of deadlocking the process."""
+    events.emit("a", 1)
+    assert events._flush_lock.acquire()  # as if this thread were inside flush()
+    try:
+        events.flush(wait_s=0.01)  # returns: skipped
+    finally:
+        events._flush_lock.release()
+    events.flush()
+    _, records = _records(recorder / "events" / f"{os.getpid()}.jsonl")
+    assert records == [["a", 1]]  # nothing lost, nothing written twice
+
+
+def test_a_run_whose_launcher_holds_its_lock_is_not_rebuilt(tmp_path):
+    import fcntl
+    import subprocess
+    import sys
+
+    from stallscope.collect import recover_session
+
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "command": [], "cwd": ".", "started_wall": 0.0}))
+    with open(tmp_path / "run.json", "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        child = subprocess.run(
+            [sys.executable, "-c", "import sys, pathlib\nfrom stallscope.collect import "
+             "recover_session, RecoveryError\ntry:\n    recover_session(pathlib.Path(sys.argv[1]))\n"
+             "except RecoveryError as e:\n    print('refused:', e)\n", str(tmp_path)],
+            capture_output=True, text=True, timeout=60)
+    assert "refused:" in child.stdout and "still in progress" in child.stdout, child.stdout + child.stderr
+    assert recover_session(tmp_path).ended_by == "recovered"  # once released, it is rebuilt

@@ -53,6 +53,8 @@ def _recover(run_dir: Path) -> tuple[Session, Path]:
     assert saved is not None
     print(f"stallscope report: {run_dir} had no saved session; rebuilt it from its raw events into {saved}",
           file=sys.stderr)
+    if run_dir.parent.name != "runs":  # not in a store (a copied run folder): no history to add it to
+        return session, saved
     history_error = record_history(run_dir.parent.parent, session, analyze(session), saved)
     if history_error:
         print(f"stallscope report: warning: the run was not added to the history: {history_error}", file=sys.stderr)

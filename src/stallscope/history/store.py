@@ -159,8 +159,15 @@ def _connect(store_dir: str | os.PathLike[str], create: bool) -> Iterator[sqlite
 
 
 def _open_read_only(path: Path) -> sqlite3.Connection:
-    """Read without writing anything (no WAL switch, no -shm file): for a file or folder we may not write."""
-    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True, timeout=BUSY_TIMEOUT_S)
+    """Read without writing the database: ``mode=ro`` still sees the write-ahead log (recent runs); where
+    even its -shm index cannot be made (a read-only folder or mount), the file is read as it stands."""
+    uri = path.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:
+        return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=BUSY_TIMEOUT_S)
 
 
 def _check_schema(conn: sqlite3.Connection) -> None:
@@ -262,8 +269,9 @@ def rebuild_history(store_dir: str | os.PathLike[str], rows: Iterator[RunRow]) -
     if path.exists():
         kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(path, kept)
-    for suffix in ("-wal", "-shm"):
-        Path(str(path) + suffix).unlink(missing_ok=True)
+        wal = Path(f"{path}-wal")
+        if wal.exists():  # the old file's last commits travel with it
+            os.replace(wal, Path(f"{kept}-wal"))
     written = 0
     for row in rows:
         record_run(store_dir, row)

@@ -126,19 +126,27 @@ def _install_exit_recording() -> None:
 
     def at_exit() -> None:
         loader.record_open_next("exit")  # a daemon thread still blocked in next() when the script ended
-        events.emit("process_exit", time.perf_counter_ns())
+        events.emit("process_exit", time.perf_counter_ns(), None)
 
     atexit.register(at_exit)
     _flush_before_os_exit()
 
 
+_ending = False
+
+
 def _flush_then_default(signum: int, frame: Any) -> None:
     """A signal that ends the process by default (SIGTERM, SIGHUP, SIGQUIT): record it, write out what is
-    buffered, then die of it as the script would have (same exit status)."""
-    loader.record_open_next(signal.Signals(signum).name)
-    events.emit("signal", time.perf_counter_ns(), signal.Signals(signum).name)
-    events.flush()
+    buffered, then die of it as the script would have (same exit status). It may run while the main thread
+    is inside a flush, or inside this handler for another signal: it never waits long, and a second
+    ending signal dies at once."""
+    global _ending
     signal.signal(signum, signal.SIG_DFL)
+    if not _ending:
+        _ending = True
+        loader.record_open_next(signal.Signals(signum).name)
+        events.emit("signal", time.perf_counter_ns(), signal.Signals(signum).name)
+        events.flush(wait_s=events.ENDING_FLUSH_WAIT_S)
     os.kill(os.getpid(), signum)
 
 
@@ -152,8 +160,8 @@ def _flush_before_os_exit() -> None:
         if os.getpid() == me:
             try:
                 loader.record_open_next("os._exit")
-                events.emit("process_exit", time.perf_counter_ns())
-                events.flush()
+                events.emit("process_exit", time.perf_counter_ns(), status)
+                events.flush(wait_s=events.ENDING_FLUSH_WAIT_S)
             except Exception:  # noqa: BLE001 - exiting must never fail because of the recorder
                 pass
         real_exit(status)

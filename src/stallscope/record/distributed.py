@@ -134,7 +134,7 @@ def _leave_after_step_limit(module: Any) -> None:
     except Exception:  # noqa: BLE001
         pass
 
-    events.emit("process_exit", _perf())
+    events.emit("process_exit", _perf(), None)
     events.flush()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -111,12 +111,18 @@ def _open_file():
     _last_flush_ns = time.perf_counter_ns()
 
 
-def flush() -> None:
-    """Write the buffer out. Safe to call from any thread and at exit."""
+def flush(wait_s: float | None = None) -> None:
+    """Write the buffer out. Safe to call from any thread and at exit.
+
+    ``wait_s``: wait at most that long for the lock, else skip: for signal handlers and ``os._exit``, which
+    can run in the main thread while it is inside ``flush`` itself (the lock is not re-entrant)."""
     global _last_flush_ns
     if _run_dir is None or not _buffer:
         return
-    with _flush_lock:
+    lock = _flush_lock
+    if not lock.acquire(timeout=-1 if wait_s is None else wait_s):
+        return
+    try:
         records = _buffer[:]
         del _buffer[: len(records)]
         try:
@@ -130,8 +136,12 @@ def flush() -> None:
         except ValueError:  # interpreter teardown closed the file: losing the tail is the contract
             pass
         _last_flush_ns = time.perf_counter_ns()
+    finally:
+        lock.release()
 
 
+#: How long an ending path (a fatal signal's handler, ``os._exit``) waits for a flush in progress.
+ENDING_FLUSH_WAIT_S = 1.0
 _warned_write = False
 
 

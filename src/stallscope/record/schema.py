@@ -14,7 +14,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     # process life
     "role": ("role",),
     "process_start": ("t_ns", "argv"),
-    "process_exit": ("t_ns",),
+    "process_exit": ("t_ns", "status"),  # status: only when it left through os._exit
     "signal": ("t_ns", "signal"),
     "exception": ("t_ns", "type", "message", "location", "traceback"),
     "cuda_init": ("t_ns", "device"),

@@ -45,7 +45,11 @@ def _verify_lmdb(path: Path, index: PackIndex, result: VerifyResult) -> None:
     done = subprocess.run([sys.executable, "-c", "from stallscope.data.packing.verify import _lmdb_child; "
                            "_lmdb_child()", str(path)], capture_output=True, text=True, env=env)
     if done.returncode < 0:
-        result.errors.append(f"data.mdb is damaged: reading it crashed ({signal.Signals(-done.returncode).name})")
+        try:
+            name = signal.Signals(-done.returncode).name
+        except ValueError:
+            name = f"signal {-done.returncode}"
+        result.errors.append(f"data.mdb is damaged: reading it crashed ({name})")
         return
     try:
         found = json.loads(done.stdout.strip().splitlines()[-1])
