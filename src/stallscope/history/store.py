@@ -95,8 +95,9 @@ def _open(path: Path) -> sqlite3.Connection:
         try:
             conn.execute("PRAGMA journal_mode = WAL")
             break
-        except sqlite3.OperationalError:
-            if time.monotonic() > deadline:
+        except sqlite3.OperationalError as exc:
+            # Only a lock is worth waiting for; a file or folder we cannot write will not become writable.
+            if time.monotonic() > deadline or not any(word in str(exc) for word in ("locked", "busy")):
                 conn.close()
                 raise
             time.sleep(0.05)
