@@ -16,11 +16,11 @@ from stallscope import paths
 from stallscope.analysis import Analysis, analyze
 from stallscope.history import store as history_store
 from stallscope.history.runs import row_from_session
-from stallscope.launcher import LaunchError, launch
+from stallscope.launcher import LaunchError, RunOutcome, launch
 from stallscope.render.summary import summary_dict
 from stallscope.session import Session
 
-__all__ = ["LaunchError", "RunResult", "record_history", "run"]
+__all__ = ["LaunchError", "RunResult", "conclude", "record_history", "run"]
 
 
 @dataclass(frozen=True)
@@ -51,16 +51,23 @@ def record_history(store: str | os.PathLike[str] | None, session: Session, analy
 
 def run(command: list[str], *, module: str | None = None, store: str | os.PathLike[str] | None = None,
         overrides: dict[str, Any] | None = None, max_steps: int | None = None, sample_interval_s: float = 0.1,
-        history: bool = True, stdout: Any = None, stderr: Any = None) -> RunResult:
+        history: bool = True, stdout: Any = None, stderr: Any = None, live: bool = False) -> RunResult:
     """Run ``command`` (``["python", "train.py", ...]``, or ``["train.py", ...]``) unmodified under the
     recorder, analyse it, add it to the history, and return the result.
 
     ``overrides``: DataLoader arguments changed at construction (``{"num_workers": 4}``, as ``--set``);
     ``max_steps``: stop the job cleanly after that many training steps; ``sample_interval_s``: period of
-    the system sampler (0 turns it off). Raises :class:`LaunchError` when the command cannot start.
+    the system sampler (0 turns it off); ``live``: a status line under the script's output while it runs,
+    where stderr is a terminal (the CLI's default). Raises :class:`LaunchError` when the command cannot start.
     """
     outcome = launch(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
-                     stdout=stdout, stderr=stderr, sample_interval_s=sample_interval_s)
+                     stdout=stdout, stderr=stderr, sample_interval_s=sample_interval_s, live=live)
+    return conclude(outcome, store=store, history=history)
+
+
+def conclude(outcome: RunOutcome, *, store: str | os.PathLike[str] | None, history: bool) -> RunResult:
+    """Analyse a recorded run, add it to the history and build its summary: one place for what follows a
+    recording, whether it was launched (:func:`run`) or made in-process (``stallscope.record``)."""
     analysis = analyze(outcome.session)
     if outcome.save_error:  # nothing saved to point a history row at (and the disk is likely full)
         error = outcome.save_error if history else None

@@ -253,17 +253,11 @@ def save_session(session: Session, run_dir: Path) -> tuple[Path | None, str | No
     return path, None
 
 
-def launch(command: list[str], *, module: str | None = None, store: str | os.PathLike[str] | None = None,
-        overrides: dict[str, Any] | None = None, max_steps: int | None = None,
-        stdout: Any = None, stderr: Any = None, sample_interval_s: float = 0.1) -> RunOutcome:
-    """Run ``command`` under the recorder and return the saved Session and the script's exit code.
-
-    ``sample_interval_s``: period of the system sampler (0 turns it off).
-    """
-    overrides = dict(overrides or {})
-    argv = resolve_command(list(command), module)
-    if (reason := unrecordable_python_option(argv)) is not None:
-        raise LaunchError(f"cannot record this command: {reason}; run it without that option")
+def new_run(store: str | os.PathLike[str] | None, command: list[str], overrides: dict[str, Any],
+            max_steps: int | None) -> tuple[Path, dict[str, Any]]:
+    """Create the run directory and its ``run.json`` (the run's description, kept even when the session
+    never is): shared by :func:`launch` and the in-process recorder, so both describe a run alike. Raises
+    :class:`LaunchError` when the store cannot be written, before anything runs."""
     store_dir = paths.store_dir(store)
     run_id = paths.new_run_id()
     run_dir = paths.runs_dir(store_dir) / run_id
@@ -274,7 +268,7 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
                           "with --store DIR or $STALLSCOPE_HOME") from None
     meta: dict[str, Any] = {
         "run_id": run_id,
-        "command": argv,
+        "command": command,
         "cwd": os.getcwd(),
         "started_wall": time.time(),
         "overrides": overrides,
@@ -290,9 +284,25 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
         shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; free some space or "
                           "choose another place with --store DIR or $STALLSCOPE_HOME") from None
+    return run_dir, meta
 
+
+def launch(command: list[str], *, module: str | None = None, store: str | os.PathLike[str] | None = None,
+        overrides: dict[str, Any] | None = None, max_steps: int | None = None,
+        stdout: Any = None, stderr: Any = None, sample_interval_s: float = 0.1, live: bool = False) -> RunOutcome:
+    """Run ``command`` under the recorder and return the saved Session and the script's exit code.
+
+    ``sample_interval_s``: period of the system sampler (0 turns it off). ``live``: keep a status line
+    under the script's output where stderr is a terminal (``render/live.py``); ignored when ``stdout`` or
+    ``stderr`` is given.
+    """
+    overrides = dict(overrides or {})
+    argv = resolve_command(list(command), module)
+    if (reason := unrecordable_python_option(argv)) is not None:
+        raise LaunchError(f"cannot record this command: {reason}; run it without that option")
+    run_dir, meta = new_run(store, argv, overrides, max_steps)
     with _in_progress(run_dir):
-        return _run_child(argv, run_dir, meta, overrides, max_steps, stdout, stderr, sample_interval_s)
+        return _run_child(argv, run_dir, meta, overrides, max_steps, stdout, stderr, sample_interval_s, live)
 
 
 @contextlib.contextmanager
@@ -312,14 +322,36 @@ def _in_progress(run_dir: Path) -> Any:
         handle.close()
 
 
+def _live_view(run_dir: Path) -> Any:
+    """The live view's terminal plumbing, or None where stderr is not a terminal (nothing changes then)."""
+    try:
+        if not os.isatty(2) or os.environ.get("TERM") == "dumb":
+            return None
+        from stallscope.render.live import LiveView
+        from stallscope.sample.progress import ProgressTally
+
+        return LiveView(ProgressTally(run_dir / "events").poll)
+    except (ImportError, OSError):  # no pseudo-terminals here: run without the view
+        return None
+
+
 def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: dict[str, Any],
-               max_steps: int | None, stdout: Any, stderr: Any, sample_interval_s: float) -> RunOutcome:
+               max_steps: int | None, stdout: Any, stderr: Any, sample_interval_s: float,
+               live: bool = False) -> RunOutcome:
+    view = _live_view(run_dir) if live and stdout is None and stderr is None else None
+    if view is not None:
+        stdout, stderr = view.child_stdout, view.child_stderr
     try:
         child = subprocess.Popen(argv, env=_child_env(run_dir, overrides, max_steps), start_new_session=True,
                                  stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent())  # noqa: PLW1509
     except OSError as exc:
+        if view is not None:
+            view.start()
+            view.close()
         shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"could not start {argv[0]}: {exc}") from None
+    if view is not None:
+        view.start()
     sampler = SystemSampler(child.pid, sample_interval_s) if sample_interval_s > 0 else None
     if sampler is not None:
         sampler.start()
@@ -330,6 +362,8 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
                 break
             except KeyboardInterrupt:  # only if a signal arrived before our handler was installed
                 continue
+    if view is not None:
+        view.close()  # the script's last output copied, the status line erased: the summary prints below
     meta["end_ns"] = time.perf_counter_ns()
     if sampler is not None:
         meta["system_samples"] = sampler.stop()

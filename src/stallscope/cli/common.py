@@ -33,7 +33,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="override a DataLoader argument at construction, e.g. --set num_workers=4 (repeatable)")
     p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
     p.add_argument("--store", metavar="DIR", help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
-    p.add_argument("--quiet", action="store_true", help="do not print the summary")
+    p.add_argument("--quiet", action="store_true",
+                   help="do not print the summary, nor the status line shown under the script's output while it runs")
     p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
                    help="period of the system sampler (CPU, memory, GPU); 0 turns it off (default 0.1)")
 
@@ -63,7 +64,7 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
     the command could not start)."""
     try:
         result = api.run(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
-                         sample_interval_s=sample_interval_s)
+                         sample_interval_s=sample_interval_s, live=not quiet)
     except LaunchError as exc:
         print(f"stallscope {verb}: {exc}", file=sys.stderr)
         return 2, None

@@ -1,0 +1,103 @@
+"""The live view's running tally, from hand-written event files and an injected clock."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from stallscope.render.live import render_status
+from stallscope.sample.progress import Progress, ProgressTally
+
+MS = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _write(path, *lines, role="main", header=True):
+    with open(path, "a", encoding="utf-8") as f:
+        if header:
+            f.write(json.dumps({"header": {"pid": int(path.stem), "role": role}}) + "\n")
+        f.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+def _next(start_ms, end_ms, iterator=1):
+    return ["next", 1, iterator, 0, start_ms * MS, end_ms * MS, -1, 8, 0, 0]
+
+
+def _opt(at_ms):
+    return ["opt", 7, "SGD", at_ms * MS - MS // 2, at_ms * MS]
+
+
+def test_steps_wait_and_rate_from_appended_lines(tmp_path):
+    clock = Clock()
+    tally = ProgressTally(tmp_path, clock=clock)
+    assert tally.poll() == Progress(0, None, None, None, 0.0)
+
+    main = tmp_path / "100.jsonl"
+    # the first batch (workers starting) is not data wait; then 3 steps of 100 ms, each waiting 40 ms
+    _write(main, [_next(0, 500), _opt(560)], [_next(600, 640), _opt(700), _next(700, 740), _opt(800)])
+    clock.now = 1000 * MS
+    first = tally.poll()
+    assert first.steps == 3 and first.data_wait_fraction == 80 / 300
+    assert first.steps_per_s is None  # one poll with steps: no rate yet
+
+    _write(main, [_next(800, 840), _opt(900), _opt(901), _next(900, 940), _opt(1000)], header=False)
+    clock.now = 2000 * MS
+    second = tally.poll()
+    assert second.steps == 5  # two optimizers stepped on one batch are one step
+    assert second.steps_per_s == 2.0  # 2 more steps in the 1 s since the last poll
+    assert second.data_wait_fraction == 160 / 500
+    assert second.leading == "loader"  # waiting, but no worker's fetch seen yet
+    assert second.elapsed_s == 2.0
+
+
+def test_a_cut_line_waits_for_its_end(tmp_path):
+    clock = Clock()
+    main = tmp_path / "100.jsonl"
+    _write(main, [_next(0, 10), _opt(20)])
+    whole = json.dumps([_next(20, 30), _opt(40)])
+    with open(main, "a", encoding="utf-8") as f:
+        f.write(whole[:15])  # a process in the middle of a write
+    tally = ProgressTally(tmp_path, clock=clock)
+    assert tally.poll().steps == 1
+    with open(main, "a", encoding="utf-8") as f:
+        f.write(whole[15:] + "\n")
+    assert tally.poll().steps == 2
+
+
+def test_leading_input_stage_from_workers_timed_fetches(tmp_path):
+    clock = Clock()
+    main, worker = tmp_path / "100.jsonl", tmp_path / "101.jsonl"
+    _write(main, [_next(0, 10), _opt(20), _next(20, 80), _opt(100), _next(100, 160), _opt(180)])
+    # fetch: 50 ms wall, 45 ms CPU of which 30 ms in a decode call (40 ms wall); off-CPU outside calls: 5 ms
+    fetch = ["fetch", 1, 1, 0, 0, 0, 50 * MS, 45 * MS, 0, 8, {"decode": [40 * MS, 30 * MS, 8]}, {}, None, True]
+    untimed = ["fetch", 1, 1, 0, 1, 0, 90 * MS, 90 * MS, 0, 8, {}, {}, None, False]
+    _write(worker, [fetch, untimed], role="worker")
+    clock.now = 200 * MS
+    progress = ProgressTally(tmp_path, clock=clock).poll()
+    assert progress.data_wait_fraction == 120 / 170
+    assert progress.leading == "decode"
+    assert progress.steps == 3
+
+
+def test_compute_leads_when_batches_are_ready(tmp_path):
+    clock = Clock()
+    _write(tmp_path / "100.jsonl", [_next(0, 10), _opt(100), _next(100, 101), _opt(200), _next(200, 201), _opt(300)])
+    clock.now = 400 * MS
+    assert ProgressTally(tmp_path, clock=clock).poll().leading == "compute"
+
+
+def test_status_line_fits_the_terminal():
+    progress = Progress(123456, 11.64, 0.43, "transform", 30.0)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", render_status(progress, 200).decode())
+    assert text == "stallscope ▸ step 123,456 · 11.6 steps/s · data wait 43% · leading so far: transform"
+    narrow = re.sub(r"\x1b\[[0-9;]*m", "", render_status(progress, 40).decode())
+    assert len(narrow) <= 39 and narrow.endswith("…") and "\n" not in narrow
+    starting = re.sub(r"\x1b\[[0-9;]*m", "", render_status(Progress(0, None, None, None, 4.2), 120).decode())
+    assert starting == "stallscope ▸ starting, 4 s, no training step yet"
