@@ -101,6 +101,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     batch_info: list[dict[str, Any]] = []
     lmdb_opens: list[dict[str, Any]] = []
     framework_args: list[dict[str, Any]] = []
+    tracker_runs: list[dict[str, Any]] = []
     step_limit_hit = False
     for _, header, records, damaged in _read_events(run_dir / "events"):
         pid = int(header["pid"])
@@ -141,6 +142,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     batch_info.append({"loader_id": f["loader_id"], "iter_id": f["iter_id"], **f["info"]})
                 elif kind == "framework_args":
                     framework_args.append({"pid": pid, **f})
+                elif kind == "tracker_run":
+                    tracker_runs.append({**f["run"], "pid": pid, "tracker": f["tracker"], "t_ns": f["t_ns"]})
                 elif kind == "lmdb_open":
                     lmdb_opens.append({"pid": f["pid"], "t_ns": f["t_ns"], "path": f["path"]})
                 elif kind == "rank":
@@ -200,6 +203,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         batch_info=batch_info,
         lmdb_opens=lmdb_opens,
         framework_args=framework_args,
+        tracker_runs=sorted(tracker_runs, key=lambda r: r["t_ns"]),
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),
         **lists,
     )

@@ -273,6 +273,7 @@ class Session:
     batch_info: list[dict[str, Any]] = field(default_factory=list)  # first batch of each iterator: bytes, types
     lmdb_opens: list[dict[str, Any]] = field(default_factory=list)
     framework_args: list[dict[str, Any]] = field(default_factory=list)  # e.g. where TrainingArguments was built
+    tracker_runs: list[dict[str, Any]] = field(default_factory=list)  # MLflow/W&B/TensorBoard runs the script started
     ranks: list[RankRecord] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds

@@ -14,6 +14,7 @@ from stallscope.api import LaunchError, RunResult
 from stallscope.render import terminal
 from stallscope.render.summary import write_summary
 from stallscope.settings import OverrideError, parse_overrides
+from stallscope.trackers import TRACKERS, failure_line, log_run, missing_library
 
 
 def after_dashes(items: list[str]) -> list[str]:
@@ -37,10 +38,19 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="do not print the summary, nor the status line shown under the script's output while it runs")
     p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
                    help="period of the system sampler (CPU, memory, GPU); 0 turns it off (default 0.1)")
+    p.add_argument("--log-to", action="append", default=[], choices=sorted(TRACKERS), metavar="TRACKER",
+                   help="after the run, log its metrics, verdict, summary JSON and HTML report to mlflow, wandb or "
+                        "tensorboard (repeatable): the script's own run of that tracker, else a new one "
+                        "($MLFLOW_TRACKING_URI, $WANDB_PROJECT/WANDB_MODE, ./runs/stallscope/RUN_ID); "
+                        "see stallscope export --help")
 
 
 def run_options_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with the options ``add_run_options`` defines, if anything."""
+    """What is wrong with the options ``add_run_options`` defines, if anything. Also keeps ``--log-to`` for
+    ``record`` (the verbs call this before every run)."""
+    _log_to[:] = dict.fromkeys(getattr(args, "log_to", None) or [])
+    if problem := next((m for t in _log_to if (m := missing_library(t, "--log-to")) is not None), None):
+        return problem  # refused before the script starts: its results could not be logged
     if args.steps is not None and args.steps < 1:
         return "--steps must be at least 1"
     if not math.isfinite(args.sample_interval) or args.sample_interval < 0:
@@ -69,7 +79,29 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
         print(f"stallscope {verb}: {exc}", file=sys.stderr)
         return 2, None
     report_run(verb, result, json_path=json_path, quiet=quiet)
+    for target in _log_to:
+        log_to_tracker(verb, result, target)
     return result.exit_code, result
+
+
+#: The trackers of the last command line's ``--log-to``, kept by ``run_options_error`` for ``record``.
+_log_to: list[str] = []
+
+
+def log_to_tracker(verb: str, result: RunResult, target: str) -> None:
+    """``--log-to``: one line saying where the run went, or why not. Never changes the exit code."""
+    def note(line: str) -> None:
+        print(f"stallscope {verb}: {line}", file=sys.stderr)
+
+    try:
+        where = log_run(result.summary, result.session, target, analysis=result.analysis, warn=note)
+        note(f"logged to {where}")
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:  # noqa: BLE001 - the run is over and saved:
+        # a tracker's failure (or Ctrl-C while logging) costs only the logging, never the exit code
+        try:
+            note(f"warning: could not log to {target}: {failure_line(exc)}")
+        except (OSError, ValueError):
+            pass
 
 
 def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bool) -> None:

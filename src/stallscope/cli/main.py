@@ -21,6 +21,7 @@ VERBS: dict[str, str] = {
     "tune": "stallscope.cli.tune_cmd",
     "bench": "stallscope.cli.bench_cmd",
     "merge": "stallscope.cli.merge_cmd",
+    "export": "stallscope.cli.export_cmd",
 }
 
 

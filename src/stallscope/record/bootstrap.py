@@ -13,7 +13,7 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.record import distributed, events, frameworks, importhook, loader, steps, transfer
+from stallscope.record import distributed, events, frameworks, importhook, loader, steps, trackers, transfer
 from stallscope.record.libraries import LIBRARY_PATCHES, patch_torch
 from stallscope.settings import (
     ENV_BENCH,
@@ -36,6 +36,9 @@ PATCHES: dict[str, Any] = {
     "torch.distributed.distributed_c10d": distributed.patch_c10d,
     "torch.nn.parallel.distributed": distributed.patch_ddp,
     "transformers.training_args": frameworks.patch_training_args,
+    "mlflow": trackers.patch_mlflow,
+    "wandb": trackers.patch_wandb,
+    "torch.utils.tensorboard.writer": trackers.patch_tensorboard,
     **LIBRARY_PATCHES,
 }
 _installed = False

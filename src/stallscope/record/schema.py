@@ -38,6 +38,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "lmdb_open": ("pid", "t_ns", "path"),
     # training frameworks, in the training process
     "framework_args": ("framework", "t_ns", "site", "values"),
+    "tracker_run": ("tracker", "t_ns", "run"),  # run: its id and where it lives (record/trackers.py)
     # training steps and devices
     "opt": ("optimizer", "kind", "start_ns", "end_ns"),
     "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),

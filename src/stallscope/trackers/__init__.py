@@ -1,0 +1,108 @@
+"""Send a run's results to an experiment tracker: MLflow, Weights & Biases or TensorBoard.
+
+What is logged is the same everywhere (``metrics.py``): flat metrics, the verdict and limiting stage as tags,
+and the summary JSON and HTML report as files. When the script started a run of that tracker itself (the
+recorder saw ``mlflow.start_run``, ``wandb.init`` or a ``SummaryWriter``: ``Session.tracker_runs``), the
+results go to that run; otherwise a new one is made where the tracker's own settings point. Each tracker's
+library is imported only here, on use: none of them is a dependency of stallscope.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stallscope.session import Session
+
+#: --to / --log-to name -> (the module that must be importable, the stallscope extra that installs it).
+TRACKERS: dict[str, tuple[str, str]] = {
+    "mlflow": ("mlflow", "mlflow"),
+    "wandb": ("wandb", "wandb"),
+    "tensorboard": ("tensorboard", "tensorboard"),
+}
+#: Names of the files logged next to the metrics.
+SUMMARY_FILE = "stallscope-summary.json"
+REPORT_FILE = "stallscope-report.html"
+
+
+class TrackerUnavailable(Exception):
+    """The tracker's library is not installed (or does not import): the message says what to install."""
+
+
+def needs(target: str, flag: str = "--to") -> str:
+    """The one-line explanation of a missing tracker library."""
+    module, extra = TRACKERS[target]
+    return f"{flag} {target} needs {module}; install it with: pip install 'stallscope[{extra}]'"
+
+
+def missing_library(target: str, flag: str = "--to") -> str | None:
+    """Why ``target`` cannot be used, checked without importing it (cheap, before a run starts), or None."""
+    try:
+        found = importlib.util.find_spec(TRACKERS[target][0]) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else needs(target, flag)
+
+
+def script_run(session: Session, tracker: str) -> dict[str, Any] | None:
+    """The first run of ``tracker`` the script started (the outermost, when it nested runs), or None."""
+    return next((run for run in session.tracker_runs if run.get("tracker") == tracker), None)
+
+
+def log_run(summary: dict[str, Any], session: Session, target: str, *, analysis: Any = None,
+            uri: str | None = None, log_dir: str | None = None, project: str | None = None,
+            warn: Callable[[str], None] | None = None) -> str:
+    """Log the run to ``target`` and say where it went (e.g. ``MLflow run abc at sqlite:///mlflow.db``).
+
+    ``analysis`` is the run's analysis when the caller has it (the HTML report is built from it; it is
+    computed again otherwise). ``warn`` receives a one-line note when the HTML report cannot be made.
+    Raises ``TrackerUnavailable`` when the library is missing; any other exception is the tracker's own.
+    """
+    if target not in TRACKERS:
+        raise ValueError(f"unknown tracker {target!r} (choose from {', '.join(TRACKERS)})")
+    try:
+        backend = importlib.import_module(f"stallscope.trackers.to_{target}")
+        backend.require()
+    except ImportError as exc:
+        raise TrackerUnavailable(needs(target)) from exc
+    with tempfile.TemporaryDirectory(prefix="stallscope-export-") as folder:
+        files = write_files(summary, session, analysis, Path(folder), warn or _stderr)
+        if target == "mlflow":
+            return backend.log(summary, session, files, uri=uri)
+        if target == "wandb":
+            return backend.log(summary, session, files, project=project)
+        return backend.log(summary, session, files, log_dir=log_dir)
+
+
+def write_files(summary: dict[str, Any], session: Session, analysis: Any, folder: Path,
+                warn: Callable[[str], None]) -> list[Path]:
+    """The summary JSON and, when plotly is installed, the HTML report, written into ``folder``."""
+    files = [folder / SUMMARY_FILE]
+    files[0].write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
+    try:
+        from stallscope.analysis import analyze
+        from stallscope.render import html
+
+        page = html.render(session, analysis if analysis is not None else analyze(session))
+    except ImportError as exc:  # plotly (the charts) is the `report` extra
+        warn(f"logging the summary JSON without the HTML report: it needs plotly ({exc.name or exc}); "
+             "install it with: pip install 'stallscope[report]'")
+        return files
+    files.append(html.write_html(folder / REPORT_FILE, page))
+    return files
+
+
+def failure_line(exc: BaseException) -> str:
+    """A tracker's exception as one line (their messages can run to pages)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else repr(exc)}"
+
+
+def _stderr(message: str) -> None:
+    print(f"stallscope: {message}", file=sys.stderr)
