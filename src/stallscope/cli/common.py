@@ -46,10 +46,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def run_options_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with the options ``add_run_options`` defines, if anything. Also keeps ``--log-to`` for
-    ``record`` (the verbs call this before every run)."""
-    _log_to[:] = dict.fromkeys(getattr(args, "log_to", None) or [])
-    if problem := next((m for t in _log_to if (m := missing_library(t, "--log-to")) is not None), None):
+    """What is wrong with the options ``add_run_options`` defines, if anything."""
+    if problem := next((m for t in getattr(args, "log_to", None) or [] if (m := missing_library(t, "--log-to"))
+                        is not None), None):
         return problem  # refused before the script starts: its results could not be logged
     if args.steps is not None and args.steps < 1:
         return "--steps must be at least 1"
@@ -69,23 +68,22 @@ def parse_set(verb: str, items: list[str]) -> dict | None:
 
 def record(verb: str, command: list[str], *, module: str | None, store: str | None, overrides: dict,
            max_steps: int | None, json_path: str | None, quiet: bool,
-           sample_interval_s: float = 0.1) -> tuple[int, RunResult | None]:
+           sample_interval_s: float = 0.1, log_to: list[str] | None = None,
+           live: bool | None = None) -> tuple[int, RunResult | None]:
     """Run through ``stallscope.api.run`` and print what it found: the exit code and the result (None if
-    the command could not start)."""
+    the command could not start). ``log_to``: trackers to send the results to afterwards (``--log-to``);
+    ``live``: the status line while it runs (default: unless ``quiet``; only where stderr is a terminal)."""
     try:
         result = api.run(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
-                         sample_interval_s=sample_interval_s, live=not quiet)
+                         sample_interval_s=sample_interval_s,
+                         live=not quiet if live is None else live)
     except LaunchError as exc:
         print(f"stallscope {verb}: {exc}", file=sys.stderr)
         return 2, None
     report_run(verb, result, json_path=json_path, quiet=quiet)
-    for target in _log_to:
+    for target in dict.fromkeys(log_to or []):
         log_to_tracker(verb, result, target)
     return result.exit_code, result
-
-
-#: The trackers of the last command line's ``--log-to``, kept by ``run_options_error`` for ``record``.
-_log_to: list[str] = []
 
 
 def log_to_tracker(verb: str, result: RunResult, target: str) -> None:

@@ -45,7 +45,8 @@ def handle(args: argparse.Namespace) -> int:
     command = scenario_command(args.scenario, extra, progress=True)
     steps = args.steps if args.steps is not None else DEFAULT_STEPS
     code, first = record("demo", command, module=None, store=args.store, overrides=overrides, max_steps=steps,
-                         json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval)
+                         json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval,
+                         log_to=args.log_to)
     if code != 0 or first is None or args.no_verify:
         return code
     before = first.analysis
@@ -58,7 +59,8 @@ def handle(args: argparse.Namespace) -> int:
     shown = words.overrides(change)
     console.rule(f"[bold]verifying: {escape(shown)}")
     code, second = record("demo", command, module=None, store=args.store, overrides={**overrides, **change},
-                          max_steps=steps, json_path=None, quiet=True, sample_interval_s=args.sample_interval)
+                          max_steps=steps, json_path=None, quiet=True, sample_interval_s=args.sample_interval,
+                          log_to=args.log_to, live=not args.quiet)
     after = second.analysis if second is not None else None
     if code != 0 or after is None or not before.samples_per_s or not after.samples_per_s:
         return code

@@ -39,4 +39,5 @@ def handle(args: argparse.Namespace) -> int:
     if not command and not args.module:
         return fail("run", "no command given; usage: stallscope run [options] -- python train.py ARGS")
     return record("run", command, module=args.module, store=args.store, overrides=overrides, max_steps=args.steps,
-                  json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval)[0]
+                  json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval,
+                  log_to=args.log_to)[0]
