@@ -42,6 +42,7 @@ PATCHES: dict[str, Any] = {
     **LIBRARY_PATCHES,
 }
 _installed = False
+_patches_registered = False
 
 
 def install() -> None:
@@ -59,8 +60,7 @@ def install() -> None:
     limit = os.environ.get(ENV_MAX_STEPS)
     steps.max_steps = int(limit) if limit else None
 
-    for module_name, patch in PATCHES.items():
-        importhook.when_imported(module_name, patch)
+    register_patches()
     if is_main and os.environ.get(ENV_BENCH):  # stallscope bench: see record/bench_mode.py
         from stallscope.record import bench_mode
         bench_mode.install(os.environ[ENV_BENCH])
@@ -73,6 +73,18 @@ def install() -> None:
         distributed._became_rank_hook = _start_rank_recording
     if rank:
         distributed.mark_rank(rank["rank"], rank["local_rank"], rank["world_size"], rank["node_rank"])
+
+
+def register_patches() -> None:
+    """Have every module of ``PATCHES`` patched once imported (at once if it already is). Once per process:
+    the patches wrap what they find, so a second registration would wrap them twice (an in-process
+    recording started again, ``stallscope.record``)."""
+    global _patches_registered
+    if _patches_registered:
+        return
+    _patches_registered = True
+    for module_name, patch in PATCHES.items():
+        importhook.when_imported(module_name, patch)
 
 
 def _die_with_launcher() -> None:
