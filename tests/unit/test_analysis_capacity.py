@@ -78,3 +78,71 @@ def test_helper_cpu_counts_descendants_of_the_training_process_only():
         "700": proc(1, 0.8)}}                             # unrelated: not the job's
     session = replace(session, system_samples=samples, worker_starts=[WorkerStartRecord(0, 0, 0, 501, 0, 1, 2, {})])
     assert helper_cpu_between(session, main, 0, 1_000_000_000) == pytest.approx(0.75)
+
+
+def test_workers_that_cannot_keep_up_share_the_cores_with_a_cpu_compute():
+    # 2 cores; the training computes with two threads (occupancy 2): 4 ms of compute, 6 ms of loader CPU
+    m = model(cost_s={"transform": 0.006}, compute_per_sample_s=0.004, main_cpu_per_sample_s=0.008,
+              workers=0, usable_cpus=2.0, main_occupancy=2.0)
+    assert m.rate() == pytest.approx(100.0)  # nothing overlaps: 10 ms per sample
+    # one worker beside the compute: 3 demands on 2 cores, everyone at 2/3 speed while the training computes:
+    # computing takes 6 ms, the worker makes 6 / 9 of a sample meanwhile, and 2 ms alone for the rest
+    assert m.shared_cores_rate(1) == pytest.approx(1 / 0.008)
+    assert m.rate(workers=1) == pytest.approx(125.0)  # not the pooled budget's 2 / 14 ms = 143/s
+    assert m.speedup(workers=1) == pytest.approx(1.25)
+
+
+def test_a_gpu_compute_is_not_slowed_by_shared_cores():
+    m = model(cost_s={"transform": 0.006}, compute_per_sample_s=0.004, main_cpu_per_sample_s=0.008,
+              workers=0, usable_cpus=2.0, main_occupancy=2.0, compute_on_cpu=False)
+    # computing takes its 4 ms; the worker (at 2/3 speed) makes 4 / 9 of a sample, then 6 ms x 5/9 alone
+    assert m.shared_cores_rate(1) == pytest.approx(1 / (0.004 + 0.006 * 5 / 9))
+
+
+def test_workers_that_keep_up_leave_the_pooled_budget_in_charge():
+    m = model(cost_s={"transform": 0.004}, compute_per_sample_s=0.004, main_cpu_per_sample_s=0.004,
+              workers=0, usable_cpus=2.0, main_occupancy=1.0)
+    # two workers make a sample every 2 ms even at 2/3 speed: compute-bound, the shared phase never binds
+    assert m.shared_cores_rate(2) is None
+    assert m.rate(workers=2) == pytest.approx(min(250.0, 2 / 0.008))
+
+
+def test_blocked_time_wants_no_core():
+    m = model(cost_s={"transform": 0.002, "storage": 0.018}, compute_per_sample_s=0.004,
+              main_cpu_per_sample_s=0.004, workers=0, usable_cpus=2.0, main_occupancy=1.0)
+    # one worker, 10% of its time on a core: 1.1 cores wanted, no slowdown; 20 ms per sample
+    assert m.shared_cores_rate(1) == pytest.approx(1 / 0.020)
+
+
+def test_occupancy_is_the_training_process_cpu_over_its_compute():
+    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
+
+    ms = 1_000_000
+    # 10 steps of 8 samples, each 40 ms: 30 ms waiting for data (loaded in process), 10 ms compute
+    steps = [Step(k, k * 40 * ms, (k + 1) * 40 * ms, 30 * ms, 0, 1, 8) for k in range(10)]
+    stats = StepStats(0, "optimizer", steps, 0, 0.4, 0.3, 0.0, 0.1, 0.0, 0.0, 80, 0.04, 0.04, 0.03, 0.04)
+    pipeline = WorkerPipeline(0, 0, 10, 0.3, {"transform": 0.3}, {"transform": 0.24}, 80, 0.0, 0.24, 0.06, None,
+                              {}, None, None, [], None, None, None, 0.0, 0)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 0}, {}, 10, 1, 0.3, 0.0, pipeline)
+    # the sampler saw 0.44 CPU seconds: 0.24 of them loading, 0.20 computing in 0.1 s of compute: 2 cores
+    m = build_model(stats, train, 4.0, 0.44)
+    assert m.main_occupancy == pytest.approx(2.0)
+    assert m.main_cpu_per_sample_s == pytest.approx(0.20 / 80)
+    assert build_model(stats, train, 4.0, None).main_occupancy == 1.0  # no sampler: one core assumed
+    assert build_model(stats, train, 1.0, 0.44).main_occupancy == 1.0  # never more than the usable cores
+    assert build_model(stats, train, 4.0, 0.44, compute_on_cpu=False).compute_on_cpu is False
+
+
+def test_no_predicted_gain_says_why():
+    from stallscope.analysis.recommend import _no_predicted_gain
+    from stallscope.render import words
+
+    m = model(cost_s={"transform": 0.001}, compute_per_sample_s=0.004, main_cpu_per_sample_s=0.008,
+              workers=0, usable_cpus=2.0, main_occupancy=2.0)
+    rec = _no_predicted_gain(m, 0)
+    assert rec.id == "no-predicted-gain" and rec.predicted_speedup is None and rec.overrides == {}
+    assert rec.facts["reason"] == "compute-takes-the-cores"
+    said = words.recommendation(rec)
+    assert said.title == "No change is predicted to help"
+    assert "keeps 2.0 of 2.0 usable cores busy while it computes: a worker would take its core" in said.reason

@@ -13,6 +13,17 @@ workers for free, CPU work does not. Training runs at the lowest of three rates:
   (a local data server, say), shares the same cores.
 
 With ``num_workers=0`` nothing overlaps and the costs add up instead.
+
+When the workers cannot keep up, the cores are shared in time, not pooled: while the training process
+computes it keeps ``main_occupancy`` cores busy (its CPU over its compute time: 1 for one thread, up to
+the cores it has for intra-op threads), and the busy workers want a core each for the CPU part of their
+work. If together they want more than the usable cores, everyone runs at ``cores / demand`` of full
+speed (the kernel shares the cores fairly), so compute on the CPU slows down and the workers with it;
+while the training process waits for a batch, the workers have the cores to themselves. A step is
+then the compute phase (slowed) plus the wait for what the workers could not finish during it. This
+is what a 0-worker run, where nothing ran beside the training process, cannot show: the pooled budget
+above over-predicts every CPU-bound job whose training also computes on the CPU. Compute on a GPU is
+not slowed (its process still takes its cores).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ class ThroughputModel:
     measured_samples_per_s: float | None = None
     receive_per_sample_s: float = 0.0  # unpickling batches from workers, in the training process
     helper_cpu_per_sample_s: float = 0.0  # the training process's other child processes (not workers)
+    main_occupancy: float = 1.0  # cores the training process keeps busy while it computes
+    compute_on_cpu: bool = True  # the training computes on the CPU (no GPU): it slows when cores are shared
 
     def _costs(self, scale: dict[str, float] | None) -> tuple[float, float]:
         scale = scale or {}
@@ -65,7 +78,29 @@ class ThroughputModel:
         if workers <= 0:
             cpu, blocked = self._costs(scale)
             return 1.0 / (cpu + blocked + self.compute_per_sample_s)
-        return min(self.pipeline_rate(workers, scale), self.compute_rate(workers))
+        pooled = min(self.pipeline_rate(workers, scale), self.compute_rate(workers))
+        shared = self.shared_cores_rate(workers, scale)
+        return pooled if shared is None else min(pooled, shared)
+
+    def shared_cores_rate(self, workers: int, scale: dict[str, float] | None = None) -> float | None:
+        """The rate when the workers cannot keep up and share the cores in time with the compute (see the
+        module's docstring); None when they keep up even while the training computes beside them (the
+        pooled budget holds then: workers idle part of the time and the demand evens out)."""
+        cpu, blocked = self._costs(scale)
+        if workers <= 0 or cpu <= 0:
+            return None
+        cores = self.usable_cpus
+        compute = self.compute_per_sample_s + self.receive_per_sample_s
+        on_cpu = cpu / (cpu + blocked)  # the share of a busy worker's time that wants a core
+        occupancy = max(0.0, min(self.main_occupancy, cores))
+        beside = min(1.0, cores / (occupancy + workers * on_cpu))  # speed while the training computes
+        alone = min(1.0, cores / (workers * on_cpu))  # speed while it waits for a batch
+        computing_s = compute / (beside if self.compute_on_cpu else 1.0)
+        made_while_computing = computing_s * workers / (blocked + cpu / beside)
+        if made_while_computing >= 1.0:
+            return None
+        waiting_s = (1.0 - made_while_computing) * (blocked + cpu / alone) / workers
+        return 1.0 / (computing_s + waiting_s)
 
     def speedup(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         return self.rate(workers, scale) / self.rate()
@@ -93,9 +128,10 @@ class CapacityReport:
 
 def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: float,
                 main_cpu_s: float | None, startup_s: float = 0.0,
-                helper_cpu_s: float | None = None) -> ThroughputModel | None:
+                helper_cpu_s: float | None = None, compute_on_cpu: bool = True) -> ThroughputModel | None:
     """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler);
-    ``helper_cpu_s``: those of its child processes that are not DataLoader workers."""
+    ``helper_cpu_s``: those of its child processes that are not DataLoader workers; ``compute_on_cpu``:
+    False when the training computes on a GPU."""
     pipeline = train.pipeline if train else None
     steady = stats.steady
     if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
@@ -113,7 +149,11 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     measured = stats.samples / max(stats.wall_s - startup_s, 1e-9)
     receive = stats.unpickle_cpu_s / stats.samples
     helper = (helper_cpu_s or 0.0) / stats.samples
-    return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper)
+    # Cores the training keeps busy while it computes: its own CPU (less rebuilding received batches)
+    # over its compute time; one core when the sampler was off.
+    occupancy = (max(0.0, main_cpu - receive) / compute if main_cpu_s is not None and compute > 0 else 1.0)
+    return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper,
+                           main_occupancy=min(occupancy, float(usable_cpus)), compute_on_cpu=compute_on_cpu)
 
 
 def capacity_report(model: ThroughputModel | None) -> CapacityReport:

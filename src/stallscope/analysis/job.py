@@ -16,6 +16,7 @@ from stallscope.analysis.capacity import build_model, capacity_report
 from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.findings import Analysis, Failure, LoaderSummary, Recommendation, StepStats
 from stallscope.analysis.frameworks import code_site
+from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
@@ -148,8 +149,11 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     # CPUs other programs kept busy during the run are not available to this job either.
     host_cpus = session.environment.get("cpu_count")
     other = system.other_cores_mean if host_cpus == cpus and system.other_cores_mean else 0.0
-    model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu)
+    on_gpu = bool(session.transfers or session.gpu_spans) or any(p.cuda_device for p in session.processes)
+    model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu,
+                        compute_on_cpu=not on_gpu)
     pitfalls = find_pitfalls(session, loaders, system, cpus)
+    spots = session_hotspots(session, stats.loader_ids, seconds)
     conditions = []
     if not session.processes:
         conditions.append("recorder-not-started")
@@ -165,8 +169,8 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         bottleneck_node=node,
         bottleneck_share=share,
         loaders=loaders,
-        recommendations=_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
-                                           _unpinned_fraction(session)), train),
+        recommendations=_with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
+                                                          _unpinned_fraction(session)), train), spots),
         failure=_failure(session),
         usable_cpus=cpus,
         notes=list(session.notes),
@@ -175,7 +179,14 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         pitfalls=pitfalls,
         system=system,
         gpu_timing=gpu_timing(session),
+        hotspots=spots,
     )
+
+
+def _with_hotspots(recommendations: list[Recommendation], spots: list) -> list[Recommendation]:
+    """A fix of the dataset's own code carries the sites of its stage that cost the most (``hotspots``)."""
+    return [dataclasses.replace(r, facts={**r.facts, "hotspots": [h.to_dict() for h in top_of_stage(spots, r.node)]})
+            if r.id == "dataset-code" and top_of_stage(spots, r.node) else r for r in recommendations]
 
 
 def _in_code(recommendations: list[Recommendation], train: LoaderSummary | None) -> list[Recommendation]:

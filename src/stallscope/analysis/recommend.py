@@ -95,8 +95,29 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     if verdict == "input-bound" and pipeline is not None:
         recs.extend(r for r in _stage_fixes(seconds, train, model, workers)
                     if r.predicted_speedup is None or r.predicted_speedup >= MIN_GAIN)
-    recs.sort(key=lambda r: (r.id != "no-input-fix", -_rank_value(r)))
+    if input_side and model is not None and not recs:
+        recs.append(_no_predicted_gain(model, workers))
+    recs.sort(key=lambda r: (r.id not in ("no-input-fix", "no-predicted-gain"), -_rank_value(r)))
     return recs
+
+
+def _no_predicted_gain(model: ThroughputModel, workers: int) -> Recommendation:
+    """Input-side time was found but no change is predicted to gain 5%: say why, so the user is not left
+    with a verdict and no next step. ``reason``: ``compute-takes-the-cores`` (the training process keeps
+    most cores busy itself: a worker would take its core from the compute), ``cpu-budget`` (every core is
+    busy with loading and training already), or ``no-better-setting``."""
+    best, gain = best_worker_count(model, model.usable_cpus)
+    if model.compute_on_cpu and model.main_occupancy >= 0.75 * model.usable_cpus:
+        reason = "compute-takes-the-cores"
+    elif workers > 0 and model.cpu_rate() <= 1.05 * model.rate():
+        reason = "cpu-budget"
+    else:
+        reason = "no-better-setting"
+    return Recommendation("no-predicted-gain", "loader", None, facts={
+        "reason": reason, "workers": workers, "best_workers": best, "best_speedup": round(gain, 2),
+        "main_occupancy": round(model.main_occupancy, 2), "usable_cpus": round(model.usable_cpus, 2),
+        "loader_cpu_s_per_sample": sum(v for k, v in model.cost_s.items() if k != "storage"),
+        "compute_s_per_sample": model.compute_per_sample_s})
 
 
 def _discarded_prefetch(train: LoaderSummary, model: ThroughputModel | None, workers: int) -> Recommendation | None:

@@ -7,6 +7,7 @@ module does not know is shown by its id and facts rather than dropped.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,19 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
         return ("No input-side fix needed: the model's compute sets the pace",
                 "none: leave the DataLoader as it is; speed up the model (mixed precision, larger batch, "
                 "torch.compile)", f"data wait is {100 * f['data_wait_fraction']:.1f}% of step time")
+    if rid == "no-predicted-gain":
+        why = {
+            "compute-takes-the-cores": f"the training process keeps {f['main_occupancy']:.1f} of {f['usable_cpus']:.1f} "
+                                       "usable cores busy while it computes: a worker would take its core from the "
+                                       "compute",
+            "cpu-budget": f"every core is busy already: {1000 * f['loader_cpu_s_per_sample']:.1f} ms of loader CPU and "
+                          f"{1000 * f['compute_s_per_sample']:.1f} ms of compute per sample on "
+                          f"{f['usable_cpus']:.1f} usable cores",
+        }.get(f["reason"], "no DataLoader setting the model knows is predicted to gain 5%")
+        best = (f"; the best worker count, {f['best_workers']}, is predicted at {f['best_speedup']:.2f}x"
+                if f["best_workers"] != f["workers"] else "")
+        return ("No change is predicted to help", "none on this machine: more cores (or a GPU for the compute) "
+                "would; stallscope tune tries settings if you want to measure", why + best)
     if rid == "num-workers":
         n = o["num_workers"]
         return (f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {f['workers']})",
@@ -137,8 +151,11 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 "quarter of the bytes",
                 f"ToTensor/Normalize take {100 * f['normalize_fraction']:.0f}% of transform time")
     if rid == "dataset-code":
+        spots = f.get("hotspots") or []
+        start = (f"start with {'; then '.join(_hotspot_place(h, rec.node) for h in spots)}" if spots
+                 else "profile __getitem__ (py-spy top --pid WORKER_PID)")
         return ("Speed up the dataset's own Python code",
-                "profile __getitem__ (py-spy top --pid WORKER_PID), then precompute, vectorize or move the work "
+                f"{start}, then precompute, vectorize or move the work "
                 "out of the loop (for example tokenize the corpus once, ahead of training)",
                 f"transform is {100 * f['share']:.0f}% of step time and "
                 f"{100 * (1 - f['in_known_calls_fraction']):.0f}% of the loader's time is in no library call "
@@ -184,6 +201,19 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
 
 def recommendation(rec: Recommendation) -> Said:
     return Said(*_recommendation_words(rec))
+
+
+def _hotspot_place(h: dict[str, Any], stage: str) -> str:
+    """``Text.__getitem__`` (train.py:31) is 60% of transform (in tokenizers encode)."""
+    inside = f" (in {h['library']})" if h.get("library") else ""
+    return (f"{h['function']} ({os.path.basename(h['file'])}:{h['line']}) is {100 * h['share_of_stage']:.0f}% of "
+            f"{stage}{inside}")
+
+
+def hotspot(h: Any) -> str:
+    """One hotspot under its stage: ``train.py:31 Text.__getitem__  60% of transform (tokenizers encode)``."""
+    inside = f" ({h.library})" if h.library else ""
+    return f"{os.path.basename(h.file)}:{h.line} {h.function}  {100 * h.share_of_stage:.0f}% of {h.stage}{inside}"
 
 
 # --- pitfalls ------------------------------------------------------------------------------------------------
