@@ -6,7 +6,10 @@ the way a worker does (the reference workload's demo ImageFolder, ``RandomResize
 - ``plain``: PyTorch's own ``fetch``;
 - ``every``: recorded, every library call of every batch timed;
 - ``never``: recorded, calls never timed (the per-batch record only: wall, CPU, run-queue wait);
-- ``default``: recorded, calls timed in one batch of every few as ``record.calls.timing_interval`` decides.
+- ``default``: recorded, calls timed in one batch of every few as ``record.calls.timing_interval`` decides,
+  and the Python stack sampled during the fetch (``record/stacks.py``, at its default rate);
+- ``nostacks``: ``default`` without the stack sampler (what the recorder cost before it), so ``default`` minus
+  ``nostacks`` is the sampler's cost.
 Every round fetches the same random indices with each variant in a shuffled order, so each recorded batch is
 compared with a plain one of the same images fetched moments apart (paired differences: the host's drift
 cancels; its noise does not, hence many rounds).
@@ -18,6 +21,11 @@ plain: mean, as a share of a plain batch; one batch's noise here is +-2-3 ms, so
 ~70-100 us, 0.2-0.3%):
 - plain batch 34.1 ms: every +688 us (+2.00%), never +158 us (+0.46%), default +260 us (+0.75%), the default rule
   timing the calls of 246 batches of 1,501 (intervals 5-8, at 10 us estimated per call);
+- 2026-12-01, with the stack sampler (record/stacks.py): 600 rounds at 67 Hz: default +1,379 us (+3.06%) vs
+  nostacks +670 us (+1.49%): the sampler +0.7 ms per 44 ms batch (~240 us per sample), so the rate became 19 Hz;
+  500 rounds at 19 Hz: default +234 us (+0.51%) vs nostacks +407 us (+0.88%) wall, +316 vs +290 us CPU (the
+  sampler within the noise, ~150 us here), its own CPU 0.33% of the sampled fetches' time (counting its idle
+  ticks during the other variants);
 - earlier, plain batch 42.6 ms, with 8 us estimated per call: every +1,226 us (+2.85%), never +271 us (+0.63%),
   default +507 us (+1.18%, intervals 3-5); from the two, ~10 us per timed call (~97 calls per batch).
 """
@@ -39,7 +47,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1500, help="batches per variant (each round: one of each)")
     p.add_argument("--image-size", type=int, default=96, help="RandomResizedCrop size (the reference: 224)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--variants", default="every,never,default", help="recorded variants to compare with plain")
+    p.add_argument("--variants", default="every,never,default,nostacks",
+                   help="recorded variants to compare with plain")
     a = p.parse_args()
 
     import torch
@@ -51,7 +60,7 @@ def main() -> None:
     from stallscope.settings import ENV_RUN_DIR
 
     os.environ.setdefault(ENV_RUN_DIR, tempfile.mkdtemp(prefix="stallscope-fetch-bench-"))
-    from stallscope.record import bootstrap, calls
+    from stallscope.record import bootstrap, calls, stacks
 
     bootstrap.install()
     recorded_fetch = fetch_module._MapDatasetFetcher.fetch
@@ -72,11 +81,12 @@ def main() -> None:
 
     rules: dict[str, Callable[[Any, int], int] | None] = {
         "plain": None, "every": lambda account, wall: 1, "never": lambda account, wall: 1 << 40,
-        "default": counted_default}
+        "default": counted_default, "nostacks": default_rule}
+    sampling = stacks.fetch_started
     chosen = ["plain", *(v for v in a.variants.split(",") if v)]
     unknown = [v for v in chosen if v not in rules]
     if unknown:
-        p.error(f"unknown variant(s) {', '.join(unknown)}; choose from every, never, default")
+        p.error(f"unknown variant(s) {', '.join(unknown)}; choose from every, never, default, nostacks")
     rules = {name: rule for name, rule in rules.items() if name in chosen}
     contexts = {name: (0, 0, i) for i, name in enumerate(rules)}  # one worker identity per variant
 
@@ -86,6 +96,7 @@ def main() -> None:
         if rule is not None:
             calls.timing_interval = rule
         fetcher._stallscope_ctx = contexts[name]
+        stacks.fetch_started = (lambda loader_id: None) if name == "nostacks" else sampling
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         (plain_fetch if rule is None else recorded_fetch)(fetcher, indices)
         return time.perf_counter_ns() - t0, time.thread_time_ns() - c0
@@ -104,6 +115,12 @@ def main() -> None:
         if r % 25 == 24:
             print(f"round {r + 1}/{a.rounds}", flush=True)
     calls.timing_interval = default_rule
+    stacks.fetch_started = sampling
+    stacks.emit_counts()
+    sampled_ns = sum(w for w, _ in took.get("default", []))
+    if sampled_ns:
+        print(f"stack sampler: {stacks.sampler_cpu_ns / 1e6:.1f} ms of its own CPU over {sampled_ns / 1e9:.1f} s of "
+              f"sampled fetches ({100 * stacks.sampler_cpu_ns / sampled_ns:.2f}%) at {stacks.DEFAULT_HZ:.0f} Hz")
     plain = took["plain"]
     print(f"\nplain batch: median {statistics.median(w for w, _ in plain) / 1e6:.2f} ms wall, "
           f"{statistics.median(c for _, c in plain) / 1e6:.2f} ms CPU over {len(plain)} batches ({a.batch_size} "

@@ -102,6 +102,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     lmdb_opens: list[dict[str, Any]] = []
     framework_args: list[dict[str, Any]] = []
     tracker_runs: list[dict[str, Any]] = []
+    stack_counts: dict[tuple[Any, ...], int] = {}
+    sampler_off: dict[str, list[int]] = {}
     step_limit_hit = False
     for _, header, records, damaged in _read_events(run_dir / "events"):
         pid = int(header["pid"])
@@ -144,6 +146,12 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     framework_args.append({"pid": pid, **f})
                 elif kind == "tracker_run":
                     tracker_runs.append({**f["run"], "pid": pid, "tracker": f["tracker"], "t_ns": f["t_ns"]})
+                elif kind == "stack_samples":
+                    for loader_id, stage, frames, count in f["samples"]:
+                        key = (pid, loader_id, stage, tuple(frames))
+                        stack_counts[key] = stack_counts.get(key, 0) + int(count)
+                elif kind == "stack_sampler_off":
+                    sampler_off.setdefault(str(f["reason"]), []).append(pid)
                 elif kind == "lmdb_open":
                     lmdb_opens.append({"pid": f["pid"], "t_ns": f["t_ns"], "path": f["path"]})
                 elif kind == "rank":
@@ -181,6 +189,9 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                                                 list(header.get("argv", [])), int(header["wall_ns"]),
                                                 int(header["mono_ns"]), _owner(header, pid), **life))
     sort_in_time(lists)
+    for reason, pids in sampler_off.items():
+        notes.append(f"stack sampling did not run in process{'es' if len(pids) > 1 else ''} "
+                     f"{', '.join(map(str, pids))} ({reason}): no hotspots from {'them' if len(pids) > 1 else 'it'}")
     ended_by = meta["ended_by"]
     if step_limit_hit and ended_by == "exit":
         ended_by = "steps"
@@ -204,6 +215,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         lmdb_opens=lmdb_opens,
         framework_args=framework_args,
         tracker_runs=sorted(tracker_runs, key=lambda r: r["t_ns"]),
+        stack_samples=[{"pid": pid, "loader_id": loader_id, "stage": stage, "frames": list(frames), "count": n}
+                       for (pid, loader_id, stage, frames), n in stack_counts.items()],
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),
         **lists,
     )

@@ -278,6 +278,9 @@ class Session:
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds
     gpu_spans: list[GpuSpanRecord] = field(default_factory=list)
+    #: Python stacks sampled during batch fetches (record/stacks.py), counted: each {pid, loader_id, stage,
+    #: frames (file:line:function, innermost first), count}; ``analysis/hotspots.py`` reads them.
+    stack_samples: list[dict[str, Any]] = field(default_factory=list)
 
     @functools.cached_property
     def system(self) -> SystemSamples:

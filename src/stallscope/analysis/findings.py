@@ -163,6 +163,7 @@ class Analysis:
     ranks: list[Any] = field(default_factory=list)  # ranks.RankSummary per rank process (distributed jobs)
     distributed: Any = None  # ranks.DistributedFindings when the job has several ranks
     gpu_timing: Any = None  # gpu_timing.GpuTiming when CUDA events were recorded
+    hotspots: list[Any] = field(default_factory=list)  # hotspots.Hotspot: sites in the user's code, costliest first
     #: Per fetch of ``session.fetches`` (same order): nanoseconds per stage, adding up to its wall time
     #: (``pipeline.fetch_stages``); what the worker timelines of the report and the trace draw.
     fetch_stages: list[dict[str, int]] = field(default_factory=list)

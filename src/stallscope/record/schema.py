@@ -36,6 +36,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
               "by_node", "by_name", "outcome", "timed"),
     "fetch_error": ("loader_id", "iter_id", "worker", "worker_pid", "t_ns", "type", "message", "traceback"),
     "lmdb_open": ("pid", "t_ns", "path"),
+    "stack_samples": ("t_ns", "samples"),  # samples: [[loader_id, stage, [file:line:function, ...], count], ...]
+    "stack_sampler_off": ("t_ns", "reason"),
     # training frameworks, in the training process
     "framework_args": ("framework", "t_ns", "site", "values"),
     "tracker_run": ("tracker", "t_ns", "run"),  # run: its id and where it lives (record/trackers.py)

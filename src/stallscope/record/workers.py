@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.record import calls, events
+from stallscope.record import calls, events, stacks
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
@@ -123,6 +123,7 @@ def timed_fetch(original: Any) -> Any:
         timed = seq >= _next_timed_seq.get(ctx, 0)
         rq0 = read_runqueue_wait_ns()
         account = calls.begin_fetch() if timed else None
+        stacks.fetch_started(ctx[0])
         t0, c0 = _perf(), _cpu()
         if account is not None:
             account.mark_wall, account.mark_cpu = t0, c0  # a call made right away reuses this reading
@@ -140,6 +141,7 @@ def timed_fetch(original: Any) -> Any:
             raise
         finally:
             t1, c1 = _perf(), _cpu()
+            stacks.fetch_ended()
             if account is not None:
                 calls.end_fetch()
                 by_node, by_name = account.by_node, account.by_name

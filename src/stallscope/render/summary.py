@@ -41,6 +41,7 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         },
         "nodes": _nodes_dict(analysis.node_seconds),
         "recommendations": [_recommendation_dict(r) for r in analysis.recommendations],
+        "hotspots": [h.to_dict() for h in analysis.hotspots],
         "loaders": [_loader_dict(ld) for ld in analysis.loaders],
         "capacity": _capacity_dict(analysis.capacity),
         "pitfalls": [_pitfall_dict(p) for p in analysis.pitfalls],

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stallscope.analysis import Analysis, shares
+from stallscope.analysis.hotspots import top_of_stage
 from stallscope.constants import NODE_IDS
 from stallscope.render import words
 from stallscope.session import Session
@@ -54,6 +55,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     if analysis.bottleneck_node:
         console.print(f"[bold]limiting stage:[/bold] {analysis.bottleneck_node} "
                       f"({100 * analysis.bottleneck_share:.0f}% of step time)")
+        for spot in top_of_stage(analysis.hotspots, analysis.bottleneck_node):
+            console.print(f"    {words.hotspot(spot)}", markup=False, highlight=False)
     for line in words.evidence(analysis):
         console.print(f"  • {line}", markup=False, highlight=False)
     if analysis.gpu_timing is not None:

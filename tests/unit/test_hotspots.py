@@ -1,0 +1,145 @@
+"""Hotspot attribution from hand-built stack samples: sites, libraries, exact shares, and the sampler's stack walk."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import threading
+
+import pytest
+
+from stallscope.analysis.hotspots import (
+    hotspots,
+    job_pids,
+    library_name,
+    site_of,
+    top_of_stage,
+)
+from stallscope.record import calls, stacks
+from stallscope.session import ProcessRecord, Session
+
+STDLIB = sysconfig.get_paths()["stdlib"]
+SITE = os.path.join(os.sep, "venv", "lib", "python3.11", "site-packages")
+USER = os.path.join(os.sep, "home", "me", "train.py")
+
+
+def frame(path: str, line: int, function: str) -> str:
+    return f"{path}:{line}:{function}"
+
+
+def row(stage: str, frames: list[str], count: int, loader_id: int = 0, pid: int = 10) -> dict:
+    return {"pid": pid, "loader_id": loader_id, "stage": stage, "frames": frames, "count": count}
+
+
+TOKENIZE = [frame(f"{SITE}/tokenizers/__init__.py", 80, "Tokenizer.encode"), frame(USER, 31, "Text.__getitem__"),
+            frame(f"{SITE}/torch/utils/data/_utils/fetch.py", 54, "_MapDatasetFetcher.fetch")]
+JSON = [frame(f"{STDLIB}/json/decoder.py", 353, "JSONDecoder.raw_decode"),
+        frame(f"{STDLIB}/json/decoder.py", 337, "JSONDecoder.decode"),
+        frame(f"{STDLIB}/json/__init__.py", 346, "loads"), frame(USER, 40, "Text.__getitem__")]
+OWN_LOOP = [frame(USER, 22, "augment"), frame(USER, 31, "Text.__getitem__")]
+SLEEP = [frame(USER, 50, "read_slowly"), frame(USER, 31, "Text.__getitem__")]
+COLLATE = [frame(f"{SITE}/torch/utils/data/_utils/collate.py", 274, "collate_tensor_fn"),
+           frame(f"{SITE}/torch/utils/data/_utils/collate.py", 155, "collate")]
+
+
+def test_site_is_the_innermost_user_frame_with_the_library_frame_it_called():
+    assert site_of(TOKENIZE) == (USER, 31, "Text.__getitem__", "tokenizers Tokenizer.encode")
+    assert site_of(JSON) == (USER, 40, "Text.__getitem__", "json loads")
+    assert site_of(OWN_LOOP) == (USER, 22, "augment", None)
+    assert site_of(COLLATE) == (f"{SITE}/torch/utils/data/_utils/collate.py", 274, "collate_tensor_fn", None)
+    assert site_of([]) is None
+
+
+def test_a_comprehension_frame_is_a_line_of_its_function():
+    assert site_of([frame(USER, 35, "tokenize.<locals>.<listcomp>"), frame(USER, 31, "Text.__getitem__")]) \
+        == (USER, 35, "tokenize", None)
+
+
+def test_library_names():
+    assert library_name(f"{SITE}/numpy/_core/fromnumeric.py") == "numpy"
+    assert library_name(f"{STDLIB}/re/__init__.py") == "re"
+    assert library_name(f"{STDLIB}/json/decoder.py") == "json"
+    assert library_name(f"{STDLIB}/random.py") == "random"
+
+
+def test_shares_are_exact_and_ordered_by_share_of_step():
+    samples = [row("transform", TOKENIZE, 60), row("transform", JSON, 30), row("transform", OWN_LOOP, 10),
+               row("storage", SLEEP, 40), row("loader", COLLATE, 5)]
+    found = hotspots(samples, {"transform": 0.5, "storage": 0.25, "loader": 0.05, "compute": 0.2})
+    got = [(h.stage, h.line, h.library, h.samples, h.share_of_stage, h.share_of_step) for h in found]
+    assert got == [
+        ("transform", 31, "tokenizers Tokenizer.encode", 60, 0.6, 0.3),
+        ("storage", 50, None, 40, 1.0, 0.25),
+        ("transform", 40, "json loads", 30, 0.3, 0.15),
+        ("transform", 22, None, 10, 0.1, 0.05),
+        ("loader", 274, None, 5, 1.0, 0.05),
+    ]
+    assert found[0].to_dict() == {"stage": "transform", "file": USER, "line": 31, "function": "Text.__getitem__",
+                                  "share_of_stage": 0.6, "share_of_step": 0.3,
+                                  "library": "tokenizers Tokenizer.encode"}
+    assert [h.line for h in top_of_stage(found, "transform", 2)] == [31, 40]
+
+
+def test_rows_of_one_site_add_up_and_empty_stacks_count_in_their_stage():
+    samples = [row("transform", OWN_LOOP, 3, pid=10), row("transform", OWN_LOOP, 5, pid=11),
+               row("transform", [], 2, pid=11)]
+    (only,) = hotspots(samples, {"transform": 1.0})
+    assert (only.samples, only.share_of_stage, only.share_of_step) == (8, 0.8, 0.8)
+
+
+def test_only_the_training_loader_of_the_job_counts():
+    samples = [row("transform", OWN_LOOP, 3, loader_id=0, pid=10), row("transform", JSON, 9, loader_id=1, pid=10),
+               row("transform", TOKENIZE, 9, loader_id=0, pid=99)]
+    (only,) = hotspots(samples, {"transform": 1.0}, loader_ids=[0], pids=[10, 11])
+    assert (only.line, only.share_of_stage) == (22, 1.0)
+
+
+def _process(pid: int, ppid: int, role: str) -> ProcessRecord:
+    return ProcessRecord(pid, ppid, role, [], 0, 0)
+
+
+def test_job_processes_are_the_training_process_and_everything_under_it():
+    session = Session("stallscope.session/1", "r", [], "/", 0.0, 0, 1, 0, "exit", {}, None, {},
+                      processes=[_process(10, 1, "main"), _process(11, 10, "worker"), _process(12, 10, "child"),
+                                 _process(13, 12, "worker"), _process(20, 1, "child")])
+    assert job_pids(session) == {10, 11, 12, 13}
+
+
+def test_the_sampler_walk_reads_the_stage_of_the_call_in_progress():
+    """A real thread blocked inside a timed call: the walk names the call's node and keeps the user's frames."""
+    inside, release = threading.Event(), threading.Event()
+
+    def user_code() -> None:
+        inside.set()
+        release.wait(10)
+
+    timed = calls.timed_call(user_code, "decode", "planted")
+    thread = threading.Thread(target=timed)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        stage, stack = stacks.stack_of(sys._current_frames()[thread.ident])
+    finally:
+        release.set()
+        thread.join()
+    assert stage == "decode"
+    functions = [code.co_name for code, _ in stack]
+    assert "user_code" in functions, functions
+    assert "wrapper" not in functions  # stallscope's own frames are left out
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_a_sampler_that_cannot_start_says_why_once(monkeypatch, value):
+    from stallscope.record import events
+
+    emitted: list[tuple] = []
+    monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))
+    monkeypatch.setenv("STALLSCOPE_STACK_SAMPLE_HZ", value)
+    monkeypatch.setattr(stacks, "_started", False)
+    stacks.fetch_started(0)
+    stacks.fetch_ended()
+    stacks.fetch_started(0)
+    stacks.fetch_ended()
+    assert [r[0] for r in emitted] == ["stack_sampler_off"]
+    assert "STALLSCOPE_STACK_SAMPLE_HZ" in emitted[0][2]
