@@ -49,7 +49,10 @@ class AugmentedText(Dataset):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--threads", type=int, help="torch's compute threads (default: torch's own choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as folder:
         tokenizer = make_tokenizer(folder)

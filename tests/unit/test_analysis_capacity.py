@@ -85,11 +85,31 @@ def test_workers_that_cannot_keep_up_share_the_cores_with_a_cpu_compute():
     m = model(cost_s={"transform": 0.006}, compute_per_sample_s=0.004, main_cpu_per_sample_s=0.008,
               workers=0, usable_cpus=2.0, main_occupancy=2.0)
     assert m.rate() == pytest.approx(100.0)  # nothing overlaps: 10 ms per sample
-    # one worker beside the compute: 3 demands on 2 cores, everyone at 2/3 speed while the training computes:
-    # computing takes 6 ms, the worker makes 6 / 9 of a sample meanwhile, and 2 ms alone for the rest
-    assert m.shared_cores_rate(1) == pytest.approx(1 / 0.008)
-    assert m.rate(workers=1) == pytest.approx(125.0)  # not the pooled budget's 2 / 14 ms = 143/s
-    assert m.speedup(workers=1) == pytest.approx(1.25)
+    # one worker beside the two threads: 3 demands on 2 cores. The threads then run at one core's speed
+    # (8 ms of CPU per sample); the worker, at 2/3 speed, makes 8 / 9 of a sample meanwhile; 6 ms x 1/9 alone
+    assert m.shared_cores_rate(1) == pytest.approx(1 / (0.008 + 0.006 / 9))
+    assert m.speedup(workers=1) == pytest.approx(0.010 / (0.008 + 0.006 / 9))  # 1.15x, not the pooled 1.43x
+
+
+def test_a_single_threaded_compute_slows_by_its_fair_share():
+    m = model(cost_s={"transform": 0.008}, compute_per_sample_s=0.004, main_cpu_per_sample_s=0.004,
+              workers=0, usable_cpus=2.0, main_occupancy=1.0)
+    # two workers and the compute: 3 demands on 2 cores. Computing takes 6 ms; the workers make
+    # 2 x 6 / 12 = 1 sample meanwhile: they keep up, and the pooled budget (2 / 12 ms) holds
+    assert m.shared_cores_rate(2) is None
+    assert m.rate(workers=2) == pytest.approx(2 / 0.012)
+    slow = model(cost_s={"transform": 0.016}, compute_per_sample_s=0.004, main_cpu_per_sample_s=0.004,
+                 workers=0, usable_cpus=2.0, main_occupancy=1.0)
+    # 16 ms of loader CPU: the workers make 2 x 6 / 24 = 1/2 sample while it computes, then 16 ms / 2 alone
+    assert slow.shared_cores_rate(2) == pytest.approx(1 / (0.006 + 0.5 * 0.016 / 2))
+
+
+def test_threads_held_back_at_every_batch_stay_slow_even_when_workers_keep_up():
+    # the shape of a Trainer job: two compute threads (1.15 ms, 2.2 ms of CPU), 0.9 ms of tokenizing per sample
+    m = model(cost_s={"transform": 0.0009}, compute_per_sample_s=0.00115, main_cpu_per_sample_s=0.0022,
+              workers=0, usable_cpus=2.0, main_occupancy=1.9)
+    assert m.shared_cores_rate(1) == pytest.approx(1 / (0.00115 * 1.9))
+    assert m.speedup(workers=1) < 1.0  # moving the loading to a worker costs more than it saves
 
 
 def test_a_gpu_compute_is_not_slowed_by_shared_cores():
@@ -110,8 +130,9 @@ def test_workers_that_keep_up_leave_the_pooled_budget_in_charge():
 def test_blocked_time_wants_no_core():
     m = model(cost_s={"transform": 0.002, "storage": 0.018}, compute_per_sample_s=0.004,
               main_cpu_per_sample_s=0.004, workers=0, usable_cpus=2.0, main_occupancy=1.0)
-    # one worker, 10% of its time on a core: 1.1 cores wanted, no slowdown; 20 ms per sample
-    assert m.shared_cores_rate(1) == pytest.approx(1 / 0.020)
+    # one worker, 10% of its time on a core: 1.1 cores wanted of 2, nobody waits for a core
+    assert m.shared_cores_rate(1) is None
+    assert m.rate(workers=1) == pytest.approx(1 / 0.020)
 
 
 def test_occupancy_is_the_training_process_cpu_over_its_compute():

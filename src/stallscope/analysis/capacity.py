@@ -20,7 +20,10 @@ the cores it has for intra-op threads), and the busy workers want a core each fo
 work. If together they want more than the usable cores, everyone runs at ``cores / demand`` of full
 speed (the kernel shares the cores fairly), so compute on the CPU slows down and the workers with it;
 while the training process waits for a batch, the workers have the cores to themselves. A step is
-then the compute phase (slowed) plus the wait for what the workers could not finish during it. This
+then the compute phase (slowed) plus the wait for what the workers could not finish during it. A
+compute with intra-op threads (occupancy above one core) fares worse than its fair share: each parallel
+region waits for the thread that lost its core, so it runs at about one core's speed (its CPU time per
+sample) whenever workers run beside it, and workers that wake for every batch keep it there. This
 is what a 0-worker run, where nothing ran beside the training process, cannot show: the pooled budget
 above over-predicts every CPU-bound job whose training also computes on the CPU. Compute on a GPU is
 not slowed (its process still takes its cores).
@@ -83,24 +86,34 @@ class ThroughputModel:
         return pooled if shared is None else min(pooled, shared)
 
     def shared_cores_rate(self, workers: int, scale: dict[str, float] | None = None) -> float | None:
-        """The rate when the workers cannot keep up and share the cores in time with the compute (see the
-        module's docstring); None when they keep up even while the training computes beside them (the
-        pooled budget holds then: workers idle part of the time and the demand evens out)."""
+        """The rate when the workers and a CPU compute want more cores than there are (see the module's
+        docstring); None when they do not (the pooled budget holds)."""
         cpu, blocked = self._costs(scale)
         if workers <= 0 or cpu <= 0:
             return None
         cores = self.usable_cpus
-        compute = self.compute_per_sample_s + self.receive_per_sample_s
         on_cpu = cpu / (cpu + blocked)  # the share of a busy worker's time that wants a core
         occupancy = max(0.0, min(self.main_occupancy, cores))
-        beside = min(1.0, cores / (occupancy + workers * on_cpu))  # speed while the training computes
-        alone = min(1.0, cores / (workers * on_cpu))  # speed while it waits for a batch
-        computing_s = compute / (beside if self.compute_on_cpu else 1.0)
-        made_while_computing = computing_s * workers / (blocked + cpu / beside)
-        if made_while_computing >= 1.0:
+        demand = occupancy + workers * on_cpu
+        if demand <= cores:
             return None
-        waiting_s = (1.0 - made_while_computing) * (blocked + cpu / alone) / workers
-        return 1.0 / (computing_s + waiting_s)
+        beside = cores / demand  # everyone's speed while the training computes beside busy workers
+        alone = min(1.0, cores / (workers * on_cpu))  # the workers' speed while it waits for a batch
+        threaded = self.compute_on_cpu and occupancy > 1.0
+        if not self.compute_on_cpu:
+            slowdown = 1.0
+        elif threaded:  # intra-op threads that cannot all hold a core: each parallel region waits for the
+            slowdown = max(occupancy, 1.0 / beside)  # thread that lost its core: one core's speed at best
+        else:
+            slowdown = 1.0 / beside
+        compute = self.compute_per_sample_s * slowdown + self.receive_per_sample_s
+        made_while_computing = compute * workers / (blocked + cpu / beside)
+        if made_while_computing >= 1.0:
+            # The workers keep up. A single-threaded compute is slowed only while they run (the pooled
+            # budget covers that); threads held back at every batch's wake-up stay slow all along.
+            return 1.0 / compute if threaded else None
+        waiting = (1.0 - made_while_computing) * (blocked + cpu / alone) / workers
+        return 1.0 / (compute + waiting)
 
     def speedup(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         return self.rate(workers, scale) / self.rate()
