@@ -293,7 +293,7 @@ def launch(command: list[str], *, module: str | None = None, store: str | os.Pat
     """Run ``command`` under the recorder and return the saved Session and the script's exit code.
 
     ``sample_interval_s``: period of the system sampler (0 turns it off). ``live``: keep a status line
-    under the script's output where stderr is a terminal (``render/live.py``); ignored when ``stdout`` or
+    under the script's output where stdout and stderr are one terminal (``render/live.py``); ignored when ``stdout`` or
     ``stderr`` is given.
     """
     overrides = dict(overrides or {})
@@ -323,12 +323,14 @@ def _in_progress(run_dir: Path) -> Any:
 
 
 def _live_view(run_dir: Path) -> Any:
-    """The live view's terminal plumbing, or None where stderr is not a terminal (nothing changes then)."""
+    """The live view's terminal plumbing, or None unless stdout and stderr are the same terminal (nothing
+    changes then: a pipe or a file gets exactly what the script wrote)."""
     try:
-        if not os.isatty(2) or os.environ.get("TERM") == "dumb":
-            return None
-        from stallscope.render.live import LiveView
+        from stallscope.render.live import LiveView, same_terminal
         from stallscope.sample.progress import ProgressTally
+
+        if not same_terminal() or os.environ.get("TERM") == "dumb":
+            return None
 
         return LiveView(ProgressTally(run_dir / "events").poll)
     except (ImportError, OSError):  # no pseudo-terminals here: run without the view
@@ -340,7 +342,7 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
                live: bool = False) -> RunOutcome:
     view = _live_view(run_dir) if live and stdout is None and stderr is None else None
     if view is not None:
-        stdout, stderr = view.child_stdout, view.child_stderr
+        stdout = stderr = view.child_fd
     try:
         child = subprocess.Popen(argv, env=_child_env(run_dir, overrides, max_steps), start_new_session=True,
                                  stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent())  # noqa: PLW1509
@@ -362,8 +364,8 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
                 break
             except KeyboardInterrupt:  # only if a signal arrived before our handler was installed
                 continue
-    if view is not None:
-        view.close()  # the script's last output copied, the status line erased: the summary prints below
+        if view is not None:  # signals still forwarded: a Ctrl-C now cannot cost the session
+            view.close()  # the status line erased, the script's last output copied: the summary prints below
     meta["end_ns"] = time.perf_counter_ns()
     if sampler is not None:
         meta["system_samples"] = sampler.stop()

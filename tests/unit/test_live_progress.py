@@ -101,3 +101,34 @@ def test_status_line_fits_the_terminal():
     assert len(narrow) <= 39 and narrow.endswith("…") and "\n" not in narrow
     starting = re.sub(r"\x1b\[[0-9;]*m", "", render_status(Progress(0, None, None, None, 4.2), 120).decode())
     assert starting == "stallscope ▸ starting, 4 s, no training step yet"
+
+
+def test_ranks_are_counted_when_the_launched_process_takes_no_batch(tmp_path):
+    clock = Clock()
+    _write(tmp_path / "100.jsonl", [["process_start", 0, ["torchrun"]]])  # torchrun itself: no batches
+    _write(tmp_path / "101.jsonl", [_next(0, 10), _opt(20), _next(20, 30), _opt(40)], role="rank")
+    _write(tmp_path / "102.jsonl", [_next(0, 10), _opt(20), _next(20, 30), _opt(40)], role="rank")
+    spawned = tmp_path / "103.jsonl"  # an mp.spawn child names its role in a record, not in its header
+    _write(spawned, [["role", "rank"], _next(0, 10), _opt(20)], role="child")
+    clock.now = 100 * MS
+    assert ProgressTally(tmp_path, clock=clock).poll().steps == 2  # one rank's steps, not the sum
+    only_spawned = tmp_path / "spawned"
+    only_spawned.mkdir()
+    _write(only_spawned / "103.jsonl", [["role", "rank"], _next(0, 10), _opt(20)], role="child")
+    assert ProgressTally(only_spawned, clock=clock).poll().steps == 1
+
+
+def test_rate_restarts_when_the_first_optimizer_step_turns_batches_into_steps(tmp_path):
+    clock = Clock()
+    main = tmp_path / "100.jsonl"
+    _write(main, [_next(10 * k, 10 * k + 5) for k in range(6)])  # accumulating: 6 batches, no step yet
+    tally = ProgressTally(tmp_path, clock=clock)
+    clock.now = 100 * MS
+    assert tally.poll().steps == 6
+    _write(main, [_next(60, 65), _next(70, 75), _opt(80)], header=False)  # 8 batches made one step
+    clock.now = 200 * MS
+    progress = tally.poll()
+    assert progress.steps == 1 and progress.steps_per_s is None  # never negative
+    _write(main, [_next(80 + 10 * k, 85 + 10 * k) for k in range(8)] + [_opt(170)], header=False)
+    clock.now = 1200 * MS
+    assert tally.poll().steps_per_s == 1.0

@@ -72,7 +72,7 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
            live: bool | None = None) -> tuple[int, RunResult | None]:
     """Run through ``stallscope.api.run`` and print what it found: the exit code and the result (None if
     the command could not start). ``log_to``: trackers to send the results to afterwards (``--log-to``);
-    ``live``: the status line while it runs (default: unless ``quiet``; only where stderr is a terminal)."""
+    ``live``: the status line while it runs (default: unless ``quiet``; only where stdout and stderr are one terminal)."""
     try:
         result = api.run(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
                          sample_interval_s=sample_interval_s,

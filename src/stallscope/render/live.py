@@ -1,13 +1,21 @@
 """The live view: one status line under the script's own terminal output while it runs.
 
 The script's output cannot simply share the terminal with a status line: its writes would land in
-the middle of ours. So where a stream of the launcher is a terminal, the script gets a
-pseudo-terminal for it instead (it still sees a terminal: same buffering, same colours, same
-width), and a thread here copies what it writes to the real terminal, erasing the status line
-first and drawing it again under each finished line. A line the script has not finished (a
-progress bar redrawn with ``\\r``) is left alone: the status line waits until the line ends.
-Streams that are not terminals are not touched, so piped and redirected output is byte for byte
-what the script wrote. The numbers change at most twice a second.
+the middle of ours. So when stdout and stderr are both the same terminal, the script gets one
+pseudo-terminal for both instead (it still sees a terminal: same buffering, colours and width, and
+its stdout and stderr lines stay in the order it wrote them), and a thread here copies what it
+writes to the real terminal, erasing the status line first and drawing it again under each finished
+line. A line the script has not finished (a progress bar redrawn with ``\\r``) is left alone: the
+status line waits until the line ends. Anywhere else (a pipe, a file, ``| tee``) nothing is
+changed: the output is byte for byte what the script wrote. The numbers change at most twice a
+second.
+
+Only the copy thread touches the pseudo-terminal, from start to end: it closes it when the last
+writer has gone. Once the script ended, the launcher waits until its output has been copied (the
+pseudo-terminal quiet for a moment, at most ``DRAIN_AT_MOST_S``); a process the script left behind
+that still writes is copied on, without a status line, for as long as stallscope runs. If the
+thread ever fails, it keeps copying plainly, so the script can never block on a full
+pseudo-terminal.
 """
 
 from __future__ import annotations
@@ -17,12 +25,14 @@ import errno
 import fcntl
 import io
 import os
-import select
+import selectors
+import signal
 import struct
 import termios
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -31,8 +41,10 @@ from stallscope.sample.progress import Progress
 
 UPDATE_EVERY_S = 0.5
 _ERASE = b"\r\x1b[2K"
-#: After the script ended, how long its output may keep arriving (workers flushing) before we stop.
+#: After the script ended: its output is drained until nothing came for this long...
 DRAIN_QUIET_S = 0.3
+#: ...but the launcher waits no longer than this (a process it left behind may write for ever).
+DRAIN_AT_MOST_S = 2.0
 
 
 def status_text(progress: Progress) -> Text:
@@ -66,6 +78,14 @@ def render_status(progress: Progress, width: int) -> bytes:
     return buffer.getvalue().encode("utf-8", "replace")
 
 
+def same_terminal(out_fd: int = 1, err_fd: int = 2) -> bool:
+    """stdout and stderr are both the same terminal: the only case the live view changes anything."""
+    try:
+        return os.isatty(out_fd) and os.isatty(err_fd) and os.path.samestat(os.fstat(out_fd), os.fstat(err_fd))
+    except OSError:
+        return False
+
+
 def _terminal_width(fd: int) -> int:
     try:
         return os.get_terminal_size(fd).columns or 80
@@ -73,119 +93,129 @@ def _terminal_width(fd: int) -> int:
         return 80
 
 
-def _make_pty(like_fd: int) -> tuple[int, int]:
-    """A pseudo-terminal with the size of ``like_fd``'s terminal and no output translation (the real
-    terminal translates when we write to it, so what reaches the screen is what it would have been)."""
-    master, slave = os.openpty()
+def _copy_size(from_fd: int, to_fd: int) -> None:
     with contextlib.suppress(OSError):
-        size = fcntl.ioctl(like_fd, termios.TIOCGWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
-    with contextlib.suppress(termios.error):
-        attrs = termios.tcgetattr(slave)
-        attrs[1] &= ~termios.OPOST
-        termios.tcsetattr(slave, termios.TCSANOW, attrs)
-    return master, slave
+        size = fcntl.ioctl(from_fd, termios.TIOCGWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+        fcntl.ioctl(to_fd, termios.TIOCSWINSZ, size)
 
 
 class LiveView:
-    """Copy the script's terminal streams to ours and keep a status line under them.
+    """Copy the script's terminal output to ours and keep a status line under it.
 
-    Use: ``view = LiveView(poll)``; give ``view.child_stdout``/``view.child_stderr`` to the child (None:
-    inherit), ``view.start()`` once it runs, ``view.close()`` after it ended (drains what is left and
-    erases the status line, so what follows prints where the script's output ended)."""
+    Use: ``view = LiveView(poll)``; give ``view.child_fd`` to the child as its stdout and stderr,
+    ``view.start()`` once it runs, ``view.close()`` after it ended (the status line is erased and the
+    script's last output copied, so what follows prints where the script's output ended). Build and
+    close it in the main thread (it follows the terminal's size through SIGWINCH)."""
 
-    def __init__(self, poll: Callable[[], Progress], status_fd: int = 2, out_fd: int = 1) -> None:
+    def __init__(self, poll: Callable[[], Progress], terminal_fd: int = 2) -> None:
         self.poll = poll
-        self.status_fd = status_fd
-        self._pipes: dict[int, int] = {}  # master fd -> real fd it is copied to
-        self._slaves: list[int] = []
-        for real in (out_fd, status_fd):
-            if os.isatty(real):
-                master, slave = _make_pty(real)
-                self._pipes[master] = real
-                self._slaves.append(slave)
-            else:
-                self._slaves.append(-1)
-        self.child_stdout = self._slaves[0] if self._slaves[0] >= 0 else None
-        self.child_stderr = self._slaves[1] if self._slaves[1] >= 0 else None
+        self.terminal_fd = terminal_fd
+        self._master, self.child_fd = os.openpty()
+        _copy_size(terminal_fd, self.child_fd)
+        with contextlib.suppress(termios.error):  # the real terminal translates when we write to it
+            attrs = termios.tcgetattr(self.child_fd)
+            attrs[1] &= ~termios.OPOST
+            termios.tcsetattr(self.child_fd, termios.TCSANOW, attrs)
         self._status = b""
         self._shown = False
         self._line_open = False  # the script's last write did not end its line
-        self._next_update = 0.0
+        self._plain = False  # copy only, no status line: the run ended, or the view failed
         self._child_done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="stallscope-live", daemon=True)
+        self._drained = threading.Event()  # ...and copied what the script wrote (quiet for a moment, or EOF)
+        self._thread = threading.Thread(target=self._run, name="stallscope-live", daemon=True)
+        self._previous_winch: Any = None
 
     def start(self) -> None:
-        """The child has its ends of the pseudo-terminals: ours must close, or its EOF never comes."""
-        for slave in self._slaves:
-            if slave >= 0:
-                os.close(slave)
-        self._slaves = []
+        """The child has its end of the pseudo-terminal: ours must close, or its end-of-file never comes."""
+        os.close(self.child_fd)
         self._thread.start()
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: the size stays as it was
+            self._previous_winch = signal.signal(signal.SIGWINCH, self._resized)
 
     def close(self) -> None:
+        """After the script ended: wait until the status line is gone and its output has been copied
+        (at most ``DRAIN_AT_MOST_S``; after that the thread goes on copying on its own)."""
         self._child_done.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        self._erase()
-        for master in list(self._pipes):
-            with contextlib.suppress(OSError):
-                os.close(master)
-        self._pipes.clear()
+            self._drained.wait(timeout=DRAIN_AT_MOST_S)
+        if self._previous_winch is not None:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGWINCH, self._previous_winch)
 
-    def _loop(self) -> None:
+    def _resized(self, signum: int, frame: Any) -> None:
+        _copy_size(self.terminal_fd, self._master)
+
+    def _run(self) -> None:
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self._master, selectors.EVENT_READ)
+                self._loop(selector)
+        except Exception:  # noqa: BLE001 - the view must never stop the output: copy plainly from here on
+            self._plain = True
+            self._drained.set()
+            with contextlib.suppress(Exception):
+                while self._copy():
+                    pass
+        finally:
+            self._drained.set()
+            with contextlib.suppress(OSError):
+                os.close(self._master)
+
+    def _loop(self, selector: selectors.BaseSelector) -> None:
+        next_update = 0.0
         quiet_since: float | None = None
-        while self._pipes:
+        while True:
             now = time.monotonic()
-            if now >= self._next_update and not self._child_done.is_set():
-                self._next_update = now + UPDATE_EVERY_S
+            if self._child_done.is_set() and not self._plain:
+                self._erase()
+                self._plain = True
+            if not self._plain and now >= next_update:
+                next_update = now + UPDATE_EVERY_S
                 self._refresh()
-            try:
-                ready, _, _ = select.select(list(self._pipes), [], [], 0.1)
-            except (OSError, ValueError):
-                return
-            for master in ready:
-                self._copy(master)
-            if self._child_done.is_set():  # drain: stop once nothing came for a moment
-                if ready:
+            ready = selector.select(timeout=0.1)
+            if ready and not self._copy():
+                return  # every writer has closed its end
+            if self._child_done.is_set():  # keep copying until the last writer has gone (EOF), but let the
+                if ready:                      # launcher go on once the script's own output is through
                     quiet_since = None
                 elif quiet_since is None:
                     quiet_since = now
                 elif now - quiet_since >= DRAIN_QUIET_S:
-                    return
+                    self._drained.set()
 
-    def _copy(self, master: int) -> None:
+    def _copy(self) -> bool:
+        """Copy what is there; False once every writer has closed its end."""
         try:
-            data = os.read(master, 65536)
-        except OSError as exc:  # EIO: every writer closed its end
-            if exc.errno != errno.EIO:
-                raise
-            data = b""
+            data = os.read(self._master, 65536)
+        except OSError as exc:
+            if exc.errno in (errno.EINTR, errno.EAGAIN):
+                return True
+            return False  # EIO: the last writer has gone
         if not data:
-            self._pipes.pop(master, None)
-            return
+            return False
         self._erase()
-        _write_all(self._pipes[master], data)
+        _write_all(self.terminal_fd, data)
         self._line_open = not data.endswith(b"\n")
         self._draw()
+        return True
 
     def _refresh(self) -> None:
         try:
             progress = self.poll()
-        except Exception:  # noqa: BLE001 - the view must never disturb the run
+            self._status = render_status(progress, _terminal_width(self.terminal_fd))
+        except Exception:  # noqa: BLE001 - a bad poll costs one update, never the run
             return
-        self._status = render_status(progress, _terminal_width(self.status_fd))
         self._draw()
 
     def _draw(self) -> None:
-        if self._line_open or not self._status or self._child_done.is_set():
+        if self._plain or self._line_open or not self._status:
             return
-        _write_all(self.status_fd, _ERASE + self._status)
+        _write_all(self.terminal_fd, _ERASE + self._status)
         self._shown = True
 
     def _erase(self) -> None:
         if self._shown:
-            _write_all(self.status_fd, _ERASE)
+            _write_all(self.terminal_fd, _ERASE)
             self._shown = False
 
 

@@ -64,6 +64,9 @@ class _Tail:
             elif isinstance(item, list) and item:
                 records.extend(r for r in item if isinstance(r, list) and r) if isinstance(item[0], list) \
                     else records.append(item)
+        for record in records:
+            if record[0] == "role" and len(record) > 1:  # a spawned process that became a rank says so
+                self.role = str(record[1])
         return records
 
 
@@ -75,7 +78,7 @@ class ProgressTally:
         self.clock = clock
         self.started_ns = clock()
         self._tails: dict[Path, _Tail] = {}
-        self._main_pid: str | None = None
+        self._counted: Path | None = None  # the training process whose batches and steps are counted
         self._steps = 0
         self._batches = 0
         self._batches_since_step = 0
@@ -95,12 +98,16 @@ class ProgressTally:
         for path in paths:
             tail = self._tails.setdefault(path, _Tail(path))
             records = tail.new_records()
-            if self._main_pid is None and tail.role == "main":
-                self._main_pid = path.stem
+            if self._counted is None and tail.role in ("main", "rank") \
+                    and any(r[0] == "next" for r in records):
+                # the script itself, or under torchrun / mp.spawn the first rank seen taking batches
+                self._counted = path
             for record in records:
-                self._add(record, is_main=path.stem == self._main_pid)
+                self._add(record, is_main=path == self._counted)
         now = self.clock()
         steps = self._steps if self._saw_optimizer else self._batches
+        if self._rates and steps < self._rates[-1][1]:  # the first optimizer step: batches were not steps
+            self._rates.clear()
         if steps:  # the rate counts from the first poll that saw a step: start-up is not in it
             self._rates.append((now, steps))
             while len(self._rates) > 2 and now - self._rates[1][0] >= RATE_WINDOW_NS:
