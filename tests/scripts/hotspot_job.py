@@ -2,13 +2,15 @@
 
 Each scenario's costly line carries a ``# planted: SCENARIO`` comment (tests/e2e/test_hotspots.py finds it there):
 almost all of a sample's time is spent on it, so it must come out as the top hotspot of the limiting stage.
-With ``--no-frames`` the script first removes ``sys._current_frames`` (spawned workers re-import this module and
-lose it too): stack sampling is then impossible in every process.
+With ``--no-frames`` the script first takes SIGALRM for itself (so the signal sampler gives way) and removes
+``sys._current_frames`` (so the thread sampler cannot run either); spawned workers re-import this module and do
+the same: stack sampling is then impossible in every process.
 """
 
 import json
 import random
 import re
+import signal
 import sys
 import time
 
@@ -17,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 if "--no-frames" in sys.argv:
+    signal.signal(signal.SIGALRM, lambda signum, frame: None)
     del sys._current_frames
 
 TEXT = " ".join(random.Random(0).choice(("alpha", "beta", "gamma", "delta", "x1", "y22", "z333"))

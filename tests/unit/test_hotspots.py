@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import sysconfig
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -136,10 +139,108 @@ def test_a_sampler_that_cannot_start_says_why_once(monkeypatch, value):
     emitted: list[tuple] = []
     monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))
     monkeypatch.setenv("STALLSCOPE_STACK_SAMPLE_HZ", value)
-    monkeypatch.setattr(stacks, "_started", False)
+    monkeypatch.setattr(stacks, "_mode", stacks._UNDECIDED)
     stacks.fetch_started(0)
     stacks.fetch_ended()
     stacks.fetch_started(0)
     stacks.fetch_ended()
     assert [r[0] for r in emitted] == ["stack_sampler_off"]
     assert "STALLSCOPE_STACK_SAMPLE_HZ" in emitted[0][2]
+
+
+@pytest.fixture
+def fresh_sampler(monkeypatch):
+    """This process's sampler as before its first fetch, at 400 Hz, events caught; put back as it was after.
+    SIGALRM and the ITIMER_REAL timer are pytest-timeout's: set aside meanwhile."""
+    from stallscope.record import events
+
+    handler = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    timer = signal.setitimer(signal.ITIMER_REAL, 0)
+
+    emitted: list[tuple] = []
+    monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))
+    monkeypatch.setenv("STALLSCOPE_STACK_SAMPLE_HZ", "400")
+    for name, value in (("_mode", stacks._UNDECIDED), ("_counts", {}), ("_exit_hooked", True),
+                        ("_handler_before", None), ("_armed", False), ("_fetching", None)):
+        monkeypatch.setattr(stacks, name, value)
+    yield emitted
+    stacks.fetch_ended()
+    stacks._uninstall_handler()
+    stacks._generation += 1  # a thread sampler stops at its next tick
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, *timer)
+
+
+def _spin(seconds: float) -> int:
+    n, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end: n += 1  # spin line
+    return n
+
+
+def _line_of(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(marker))
+
+
+def test_the_signal_sampler_counts_where_the_main_thread_is(fresh_sampler):
+    """The handler's frame is the line running: a pure-Python loop (transform) and a sleep (storage, off the
+    CPU); the handler is installed with SA_RESTART semantics and nothing of ours is left armed between fetches."""
+    stacks.fetch_started(7)
+    assert stacks._mode == stacks._SIGNAL
+    assert signal.getsignal(signal.SIGALRM) is stacks._on_alarm
+    _spin(0.4)
+    time.sleep(0.3)  # sleep line
+    stacks.fetch_ended()
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    by_site: dict[tuple[str, int], int] = {}
+    for (loader_id, stage, stack), n in stacks._counts.items():
+        assert loader_id == 7
+        by_site[(stage, stack[0][1])] = by_site.get((stage, stack[0][1]), 0) + n
+    total = sum(by_site.values())
+    assert 150 < total < 400, by_site  # 0.7 s at 400 Hz
+    assert by_site.get(("transform", _line_of("# spin line")), 0) > 0.45 * total, by_site
+    assert by_site.get(("storage", _line_of("# sleep line")), 0) > 0.3 * total, by_site
+    assert fresh_sampler == []  # no event from the handler
+
+
+def test_a_script_with_its_own_sigalrm_keeps_it_and_gets_the_thread_sampler(fresh_sampler):
+    def own(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGALRM, own)
+    try:
+        stacks.fetch_started(0)
+        assert stacks._mode == stacks._THREAD and stacks._thread_running
+        assert signal.getsignal(signal.SIGALRM) is own
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        _spin(0.2)
+        stacks.fetch_ended()
+        assert sum(stacks._counts.values()) > 0
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_script_timer_set_between_fetches_is_put_back_and_the_sampler_gives_way(fresh_sampler):
+    stacks.fetch_started(0)
+    stacks.fetch_ended()
+    assert stacks._mode == stacks._SIGNAL
+    signal.setitimer(signal.ITIMER_REAL, 30.0)
+    stacks.fetch_started(0)
+    assert stacks._mode == stacks._THREAD
+    assert 29.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30.0
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_child_forked_during_a_fetch_inherits_neither_timer_nor_handler(fresh_sampler):
+    stacks.fetch_started(0)
+    assert signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0)
+    pid = os.fork()
+    if pid == 0:
+        ok = (signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+              and signal.getsignal(signal.SIGALRM) == signal.SIG_DFL and stacks._mode == stacks._UNDECIDED
+              and not stacks._counts)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    stacks.fetch_ended()
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -1,23 +1,42 @@
 """Sample the Python stack of the thread fetching a batch, in the process that fetches it.
 
 Each process that fetches batches (a DataLoader worker under fork, spawn or forkserver; the training process
-itself with ``num_workers=0``) starts a daemon thread on its first fetch. While a fetch is in progress that
-thread looks at the fetching thread's stack (``sys._current_frames``) at a jittered interval (a fixed one
-would alias with a periodic workload) and counts ``(loader, stage, stack)``; the counts go out as one
-``stack_samples`` event every few seconds, when fetching stops for a while and at process exit, so the event
-volume stays small whatever the rate. The fetch itself only sets and clears one module global
-(``fetch_started``/``fetch_ended``): everything else happens in the sampler's thread.
+itself with ``num_workers=0``) samples the fetching thread's stack while a fetch is in progress, at jittered
+moments (a fixed period would alias with a periodic workload), and counts ``(loader, stage, stack)``; the counts
+go out as one ``stack_samples`` event every few seconds (at the end of a fetch) and at process exit, so the event
+volume stays small whatever the rate.
+
+Where the fetching thread is the main thread (it is in workers and with ``num_workers=0``), the samples are taken
+by a ``SIGALRM`` handler: an ``ITIMER_REAL`` (wall-clock) timer is armed when a fetch starts and disarmed when it
+ends, so the sample moments run on a clock of fetch time alone (what is left of an interval at the end of one
+fetch carries into the next, so short fetches are sampled in proportion to their time). Python runs the handler
+in the main thread at the next bytecode boundary and hands it the interrupted frame: the sample is where the
+thread is, a long C call is charged to the line that made it (every sample moment it spanned is counted there),
+a ``time.sleep`` or a read is interrupted and resumed (``siginterrupt(SIGALRM, False)``: interrupted system calls
+restart). Nothing of the job's own changes: no GIL hand-over, no switch interval, no thread of ours. The handler
+counts in place and never writes events or takes a lock. Fork: the child inherits neither the timer (POSIX) nor,
+once ``_after_fork_in_child`` has run, the handler; it decides afresh at its first fetch.
+
+The handler is never installed where the script has ``SIGALRM`` (a handler, or ignored) or an ``ITIMER_REAL``
+timer (``signal.alarm``, ``setitimer``) of its own, and it gives way (the script's handler or timer is left as
+it is) when the script takes either later; a fetch outside the main thread cannot be sampled by it either. Then
+a daemon thread samples instead: while a fetch is in progress it reads the fetching thread's stack
+(``sys._current_frames``). That sampler is biased toward where the fetching thread releases the GIL by itself (a
+torch op, a read: the sampler waits for the GIL up to the switch interval, 5 ms, and any such point within the
+wait takes the sample), so a pure-Python loop's line can lose its samples to the next library call; it is left
+that way rather than change the job's switch interval.
 
 A sample's stage is read from the stack: the innermost ``calls`` wrapper in it (a timed library call in
 progress, timed or passed through untimed) names its node; outside any, the fetching thread's CPU clock and
-run-queue wait over the interval since the previous sample (``/proc/self/task/TID/schedstat``) tell blocked
-time (``storage``, as the worker-time split charges it) from CPU time (``transform``). Only frames inside the
-fetch are kept (outer ones are the loader's machinery, or under fork the training loop the worker was forked
-from), innermost first, without stallscope's own.
+run-queue wait over the interval since the previous sample or the fetch's start (``/proc/self/task/TID/
+schedstat``) tell blocked time (``storage``, as the worker-time split charges it) from CPU time (``transform``).
+Only frames inside the fetch are kept (outer ones are the loader's machinery, or under fork the training loop the
+worker was forked from), innermost first, without stallscope's own.
 
-Where sampling cannot run (no ``sys._current_frames``, no thread can be started, turned off with
-``STALLSCOPE_STACK_SAMPLE_HZ=0``) the process writes one ``stack_sampler_off`` event with the reason and the
-fetches go on unsampled. Nothing here raises into the script.
+Where sampling cannot run (neither sampler can: the handler cannot be installed and there is no
+``sys._current_frames``, or no thread can be started; turned off with ``STALLSCOPE_STACK_SAMPLE_HZ=0``) the
+process writes one ``stack_sampler_off`` event with the reason and the fetches go on unsampled. Nothing here
+raises into the script.
 """
 
 from __future__ import annotations
@@ -25,6 +44,7 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -33,23 +53,27 @@ from typing import Any
 from stallscope.record import events
 from stallscope.settings import ENV_STACK_SAMPLE_HZ
 
+try:  # the C functions: signal.getsignal's enum conversion costs ~5 us a call
+    from _signal import SIG_DFL as _SIG_DFL
+    from _signal import getsignal as _getsignal
+    from _signal import setitimer as _setitimer
+except ImportError:  # not on this platform: the thread sampler only
+    _getsignal = _setitimer = _SIG_DFL = None  # type: ignore[assignment]
+
 #: Mean samples per second while a fetch is in progress, chosen by benchmarks/fetch_overhead.py (``default``
-#: against ``nostacks``, 2-core VM, 2026-12-01): at 67 Hz a sample cost ~240 us of the worker's wall time (the
-#: GIL handed over and back, ~40 frames materialized and walked), +1.6% of a 44 ms batch; the rate is set for
-#: about a third of that. A minute of fetching still gives ~1,000 samples per worker.
+#: against ``nostacks``, 2-core VM, 2026-12-01, with the thread sampler): at 67 Hz a sample cost ~240 us of the
+#: worker's wall time (the GIL handed over and back, ~40 frames materialized and walked), +1.6% of a 44 ms
+#: batch; the rate is set for about a third of that. A minute of fetching still gives ~1,000 samples per worker.
 DEFAULT_HZ = 19.0
-#: Counts are written out at least this often, so a worker killed outright loses at most this much.
+#: Counts are written out at least this often (at the end of a fetch), so a worker killed outright loses at most
+#: this much.
 EMIT_EVERY_NS = 3_000_000_000
 #: The sampler thread ends after this long without a fetch (a new fetch starts it again).
 IDLE_STOP_NS = 1_000_000_000
 #: Innermost frames kept per sample (a dataset's own code is rarely deeper).
 MAX_DEPTH = 40
-#: The interpreter's switch interval while the sampler runs, in a process with no other Python thread of its own.
-#: The sampler waits for the GIL up to the switch interval (5 ms by default) before the fetching thread is made
-#: to hand it over; any point where that thread releases the GIL by itself (a torch op, a read) within that wait
-#: takes the sample instead, so a 5 ms wait drew 55% of a pure-Python loop's samples to the one ``torch.full``
-#: after it. A 0.1 ms wait leaves such points the few percent they cost.
-SWITCH_INTERVAL_S = 0.0001
+#: A timer tick this close to its sample moment takes it (setitimer rounds to microseconds).
+_EARLY_NS = 20_000
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PACKAGE = os.path.dirname(_HERE) + os.sep
@@ -57,37 +81,62 @@ _CALLS_FILE = os.path.join(_HERE, "calls.py")
 _WORKERS_FILE = os.path.join(_HERE, "workers.py")
 _WRAPPER_NAMES = frozenset({"wrapper", "method", "_timed_invoke"})
 _KEEP, _SKIP, _WRAPPER, _FETCH = 0, 1, 2, 3
+#: How this process samples: not decided yet (before its first fetch), off, signal handler, thread.
+_UNDECIDED, _OFF, _SIGNAL, _THREAD = 0, 1, 2, 3
 
 #: (thread ident, loader id) of the fetch in progress in this process; None between fetches.
 _fetching: tuple[int, int] | None = None
-#: A sampler thread runs in this process, or it was found impossible (then it is not tried again).
-_started = False
-_generation = 0
+_mode = _UNDECIDED
+_interval_ns = int(1e9 / DEFAULT_HZ)
+_rng = random.Random(0)
 #: (loader id, stage, ((code, line), ...)) -> samples not yet written out.
 _counts: dict[tuple[int, str, tuple[Any, ...]], int] = {}
 _counts_lock = threading.Lock()
-#: Thread CPU the sampler has spent in this process (benchmarks/fetch_overhead.py reads it).
+#: CPU the sampler has spent in this process: its thread's, or the handler's (benchmarks/fetch_overhead.py).
 sampler_cpu_ns = 0
 _kinds: dict[Any, int] = {}
 _exit_hooked = False
+_last_emit_ns = 0
+# the thread sampler
+_thread_running = False
+_generation = 0
+_current_frames: Any = None
+# the signal sampler
+_main_ident = 0
+_main_tid: int | None = None
+_armed = False
+_deadline_ns = 0  # the next sample moment (perf_counter) while armed
+_remaining_ns = 0  # fetch time to the next sample moment, carried from one fetch to the next
+_window: tuple[int, int, int] | None = None  # (wall, CPU, run-queue) ns at the last sample or the fetch's start
+_clock: Any = None
+_handler_before: Any = None  # SIGALRM's disposition before ours
 
 
 def fetch_started(loader_id: int) -> None:
-    """A fetch begins in this thread (called by ``workers.timed_fetch``): the hot path, one assignment."""
+    """A fetch begins in this thread (called by ``workers.timed_fetch``): the hot path."""
     global _fetching
-    if not _started:
-        _start()
     _fetching = (threading.get_ident(), loader_id)
+    mode = _mode
+    if mode == _SIGNAL:
+        _arm()
+    elif mode == _THREAD:
+        if not _thread_running:
+            _start_thread()
+    elif mode == _UNDECIDED:
+        _decide()
 
 
 def fetch_ended() -> None:
     global _fetching
     _fetching = None
+    if _armed:
+        _disarm()
 
 
-def _start() -> None:
-    global _started, _generation
-    _started = True
+def _decide() -> None:
+    """At the first fetch of this process: the signal sampler where it can run, else the thread sampler."""
+    global _mode, _interval_ns, _rng, _current_frames, _last_emit_ns
+    _last_emit_ns = time.perf_counter_ns()
     try:
         raw = os.environ.get(ENV_STACK_SAMPLE_HZ, "")
         try:
@@ -95,17 +144,166 @@ def _start() -> None:
         except ValueError:
             hz = 0.0
         if not hz > 0:
+            _mode = _OFF
             _off(f"turned off ({ENV_STACK_SAMPLE_HZ}={raw})")
             return
-        frames = getattr(sys, "_current_frames", None)
-        if frames is None:
-            _off("sys._current_frames is not available in this interpreter")
-            return
+        _interval_ns = max(int(1e9 / hz), 100_000)
+        _rng = random.Random(os.getpid())
+        _current_frames = getattr(sys, "_current_frames", None)
         _hook_exit()
-        _generation += 1
-        threading.Thread(target=_loop, args=(_generation, 1.0 / hz, frames), name="stallscope-stacks",
-                         daemon=True).start()
+        why_not = _install_handler()
+        if why_not is None:
+            _mode = _SIGNAL
+            _arm()
+        else:
+            _fall_back(why_not)
     except Exception as exc:  # noqa: BLE001 - never into the script: the fetch goes on unsampled
+        _mode = _OFF
+        _off(f"the sampler could not start ({type(exc).__name__}: {exc})")
+
+
+def _install_handler() -> str | None:
+    """Install the SIGALRM handler; None, or why it cannot be."""
+    global _main_ident, _main_tid, _clock, _remaining_ns, _handler_before, _window
+    if _setitimer is None or not hasattr(signal, "SIGALRM"):
+        return "no setitimer on this platform"
+    if threading.current_thread() is not threading.main_thread():
+        return "batches are fetched outside the main thread"
+    before = _getsignal(signal.SIGALRM)
+    if before is None or before != _SIG_DFL:
+        return "the script handles SIGALRM"
+    if signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
+        return "the script runs an ITIMER_REAL timer (signal.alarm or setitimer)"
+    _main_ident = threading.get_ident()
+    _main_tid = getattr(threading, "get_native_id", lambda: None)()
+    _clock = _SchedClock()
+    _remaining_ns = _next_interval()
+    _window = None
+    _handler_before = before
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.siginterrupt(signal.SIGALRM, False)  # SA_RESTART: system calls it interrupts go on
+    return None
+
+
+def _fall_back(reason: str) -> None:
+    """The signal sampler cannot run (or has to give way): the thread sampler, or none."""
+    global _mode
+    _uninstall_handler()
+    if _current_frames is None:
+        _mode = _OFF
+        _off(f"{reason}, and sys._current_frames is not available in this interpreter")
+        return
+    _mode = _THREAD
+    if _fetching is not None and not _thread_running:
+        _start_thread()
+
+
+def _uninstall_handler() -> None:
+    global _handler_before
+    if _handler_before is None:
+        return
+    try:
+        if _getsignal(signal.SIGALRM) is _on_alarm:
+            signal.signal(signal.SIGALRM, _handler_before)
+    except (ValueError, OSError):  # not the main thread: our handler stays, and ignores ticks
+        pass
+    _handler_before = None
+
+
+def _next_interval() -> int:
+    return int(_interval_ns * (0.5 + _rng.random()))
+
+
+def _reading() -> tuple[int, int, int] | None:
+    """(wall, CPU, run-queue) ns of the main thread now, or None."""
+    now = time.perf_counter_ns()
+    sched = _clock.read(_main_tid) if _clock is not None else None
+    return None if sched is None else (now, sched[0], sched[1])
+
+
+def _arm() -> None:
+    """Start the fetch-time clock: the timer fires at the next sample moment."""
+    global _armed, _deadline_ns, _window
+    if threading.get_ident() != _main_ident:
+        _fall_back("batches are fetched outside the main thread")
+        return
+    if _getsignal(signal.SIGALRM) is not _on_alarm:
+        _handler_taken()
+        return
+    _window = _reading()
+    _deadline_ns = time.perf_counter_ns() + _remaining_ns
+    _armed = True  # before the timer: its first tick may come at once
+    previous = _setitimer(signal.ITIMER_REAL, _remaining_ns / 1e9)
+    if previous != (0.0, 0.0):  # the script's own timer, set since: put back, and give way
+        _armed = False
+        _setitimer(signal.ITIMER_REAL, *previous)
+        _fall_back("the script runs an ITIMER_REAL timer (signal.alarm or setitimer)")
+
+
+def _disarm() -> None:
+    global _armed, _remaining_ns, _last_emit_ns
+    _armed = False
+    if _getsignal(signal.SIGALRM) is not _on_alarm:  # the script took SIGALRM during the fetch: its timer now
+        _handler_taken()
+        return
+    _setitimer(signal.ITIMER_REAL, 0.0)
+    now = time.perf_counter_ns()
+    _remaining_ns = max(_deadline_ns - now, 1_000)
+    if now - _last_emit_ns > EMIT_EVERY_NS:
+        _last_emit_ns = now
+        emit_counts()
+
+
+def _handler_taken() -> None:
+    global _handler_before
+    _handler_before = None  # the script's handler stays
+    _fall_back("the script handles SIGALRM")
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    """A sample moment of the fetch in progress (in the main thread, at the frame it was interrupted in)."""
+    global _deadline_ns, _window, sampler_cpu_ns
+    fetching = _fetching
+    if fetching is None or not _armed:
+        return  # a tick that was on its way when the fetch ended
+    c0 = time.thread_time_ns()
+    try:
+        now = time.perf_counter_ns()
+        deadline = _deadline_ns
+        n = 0
+        while deadline <= now + _EARLY_NS:  # every moment since the last sample (a long C call spans several)
+            n += 1
+            deadline += _next_interval()
+        _deadline_ns = deadline
+        _setitimer(signal.ITIMER_REAL, (deadline - now) / 1e9)
+        if n:
+            stage, stack = stack_of(frame)
+            reading, window = _reading(), _window
+            _window = reading
+            if stage is None:
+                stage = "transform"
+                if reading is not None and window is not None:
+                    wall = reading[0] - window[0]
+                    if (wall - (reading[1] - window[1]) - (reading[2] - window[2])) * 2 > wall:
+                        stage = "storage"
+            key = (fetching[1], stage, stack)
+            counts = _counts  # no lock: the handler runs between the main thread's bytecodes
+            counts[key] = counts.get(key, 0) + n
+    except Exception:  # noqa: BLE001, S110 - a sample lost; never into the script
+        pass
+    sampler_cpu_ns += time.thread_time_ns() - c0
+
+
+def _start_thread() -> None:
+    global _thread_running, _generation, _mode
+    try:
+        _thread_running = True
+        _generation += 1
+        threading.Thread(target=_loop, args=(_generation, _interval_ns / 1e9, _current_frames),
+                         name="stallscope-stacks", daemon=True).start()
+    except Exception as exc:  # noqa: BLE001 - never into the script: the fetch goes on unsampled
+        _thread_running = False
+        _mode = _OFF
         _off(f"the sampler thread could not start ({type(exc).__name__}: {exc})")
 
 
@@ -120,13 +318,25 @@ def _hook_exit() -> None:
     if _exit_hooked:
         return
     _exit_hooked = True
-    atexit.register(emit_counts)
+    atexit.register(_at_exit)
     try:
         import multiprocessing.util
 
-        multiprocessing.util.Finalize(None, emit_counts, exitpriority=101)
+        multiprocessing.util.Finalize(None, _at_exit, exitpriority=101)
     except Exception:  # noqa: BLE001, S110 - atexit still writes them in the training process
         pass
+
+
+def _at_exit() -> None:
+    global _armed
+    if _armed:  # leaving in the middle of a fetch
+        _armed = False
+        try:
+            if _getsignal(signal.SIGALRM) is _on_alarm:
+                _setitimer(signal.ITIMER_REAL, 0.0)
+        except Exception:  # noqa: BLE001, S110 - the handler ignores a tick with nothing armed
+            pass
+    emit_counts()
 
 
 def emit_counts() -> None:
@@ -211,27 +421,9 @@ def _native_id(ident: int) -> int | None:
     return getattr(thread, "native_id", None)
 
 
-def _shorten_switch_interval() -> float | None:
-    """Set ``SWITCH_INTERVAL_S`` where every other live thread is stallscope's own (a worker, usually); the
-    previous interval, to put back, or None where the script runs threads of its own (left as it is)."""
-    if any(not t.name.startswith("stallscope") for t in threading.enumerate()
-           if t is not threading.current_thread() and t.ident not in _fetching_threads()):
-        return None
-    previous = sys.getswitchinterval()
-    if previous > SWITCH_INTERVAL_S:
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        return previous
-    return None
-
-
-def _fetching_threads() -> set[int]:
-    fetching = _fetching
-    return {fetching[0]} if fetching is not None else {threading.main_thread().ident or 0}
-
-
 def _loop(generation: int, interval_s: float, current_frames: Any) -> None:
+    """The thread sampler (where the signal sampler cannot run)."""
     global sampler_cpu_ns
-    restore = _shorten_switch_interval()
     pid = os.getpid()
     rng = random.Random(pid)
     clock = _SchedClock()
@@ -276,31 +468,39 @@ def _loop(generation: int, interval_s: float, current_frames: Any) -> None:
         pass
     finally:
         clock.close()
-        if restore is not None and sys.getswitchinterval() == SWITCH_INTERVAL_S:
-            sys.setswitchinterval(restore)
         _stopped(generation)
 
 
 def _stopped(generation: int) -> None:
     """The thread ends (idle, or its process is ending): counts out; a later fetch starts a new thread."""
-    global _started
+    global _thread_running
     try:
         emit_counts()
     except Exception:  # noqa: BLE001, S110 - interpreter teardown: these counts are lost
         pass
     if generation == _generation:
-        _started = False
+        _thread_running = False
 
 
 def _after_fork_in_child() -> None:
-    """A forked child does not inherit the parent's sampler: its thread is gone, its counts are the parent's."""
-    global _fetching, _started, _generation, _counts, _counts_lock, _exit_hooked, sampler_cpu_ns
+    """A forked child does not inherit the parent's sampler: no timer (POSIX: interval timers are not inherited),
+    not our handler (put back here, so the child decides afresh and the script's own code finds SIGALRM as it
+    was), no thread, none of the parent's counts."""
+    global _fetching, _mode, _thread_running, _generation, _counts, _counts_lock, _exit_hooked, sampler_cpu_ns
+    global _armed, _clock, _window
     _fetching = None
-    _started = False
+    _armed = False
+    _uninstall_handler()
+    _mode = _UNDECIDED
+    _thread_running = False
     _generation += 1
     _counts = {}
     _counts_lock = threading.Lock()
     _exit_hooked = False
+    if _clock is not None:  # its files are the parent's thread's
+        _clock.close()
+        _clock = None
+    _window = None
     sampler_cpu_ns = 0
 
 
