@@ -9,11 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stallscope import paths
 from stallscope.analysis import analyze
-from stallscope.cli.report_cmd import _recover
+from stallscope.cli.report_cmd import load_run
 from stallscope.render.summary import summary_dict
-from stallscope.session import Session
 from stallscope.trackers import TRACKERS, TrackerUnavailable, failure_line, log_run
 
 EPILOG = """examples:
@@ -61,8 +59,7 @@ def handle(args: argparse.Namespace) -> int:
             flag = "--dir" if option == "log_dir" else f"--{option}"
             return _fail(f"{flag} goes with --to {tracker}, not --to {args.to}")
     try:
-        path = paths.resolve_run(args.run, paths.store_dir(args.store))
-        session, path = _recover(path) if path.is_dir() else (Session.load(path), path)
+        session, path = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
     analysis = analyze(session)

@@ -61,10 +61,16 @@ def _recover(run_dir: Path) -> tuple[Session, Path]:
     return session, saved
 
 
+def load_run(run: str, store: str | None) -> tuple[Session, Path]:
+    """A RUN argument (id, ``last``, a session file or a run folder) as its session and path; a run folder
+    whose session was never saved is rebuilt from its raw events. Raises OSError or ValueError."""
+    path = paths.resolve_run(run, paths.store_dir(store))
+    return _recover(path) if path.is_dir() else (Session.load(path), path)
+
+
 def handle(args: argparse.Namespace) -> int:
     try:
-        path = paths.resolve_run(args.run, paths.store_dir(args.store))
-        session, path = _recover(path) if path.is_dir() else (Session.load(path), path)
+        session, path = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
     analysis = analyze(session)
