@@ -104,6 +104,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     tracker_runs: list[dict[str, Any]] = []
     stack_counts: dict[tuple[Any, ...], int] = {}
     sampler_off: dict[str, list[int]] = {}
+    thread_sampled: dict[str, list[int]] = {}  # why the thread sampler ran -> processes
     step_limit_hit = False
     for _, header, records, damaged in _read_events(run_dir / "events"):
         pid = int(header["pid"])
@@ -147,9 +148,14 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                 elif kind == "tracker_run":
                     tracker_runs.append({**f["run"], "pid": pid, "tracker": f["tracker"], "t_ns": f["t_ns"]})
                 elif kind == "stack_samples":
+                    sampler = f.get("sampler")  # absent in events recorded before it was
                     for loader_id, stage, frames, count in f["samples"]:
-                        key = (pid, loader_id, stage, tuple(frames))
+                        key = (pid, loader_id, stage, tuple(frames), sampler)
                         stack_counts[key] = stack_counts.get(key, 0) + int(count)
+                    if sampler == "thread" and f["samples"]:
+                        pids = thread_sampled.setdefault(str(f.get("fallback_reason") or "reason not recorded"), [])
+                        if pid not in pids:
+                            pids.append(pid)
                 elif kind == "stack_sampler_off":
                     sampler_off.setdefault(str(f["reason"]), []).append(pid)
                 elif kind == "lmdb_open":
@@ -192,6 +198,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     for reason, pids in sampler_off.items():
         notes.append(f"stack sampling did not run in process{'es' if len(pids) > 1 else ''} "
                      f"{', '.join(map(str, pids))} ({reason}): no hotspots from {'them' if len(pids) > 1 else 'it'}")
+    if thread_sampled:
+        notes.append(thread_sampler_note(thread_sampled))
     ended_by = meta["ended_by"]
     if step_limit_hit and ended_by == "exit":
         ended_by = "steps"
@@ -215,11 +223,24 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         lmdb_opens=lmdb_opens,
         framework_args=framework_args,
         tracker_runs=sorted(tracker_runs, key=lambda r: r["t_ns"]),
-        stack_samples=[{"pid": pid, "loader_id": loader_id, "stage": stage, "frames": list(frames), "count": n}
-                       for (pid, loader_id, stage, frames), n in stack_counts.items()],
+        stack_samples=[{"pid": pid, "loader_id": loader_id, "stage": stage, "frames": list(frames), "count": n,
+                        **({"sampler": sampler} if sampler else {})}
+                       for (pid, loader_id, stage, frames, sampler), n in stack_counts.items()],
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),
         **lists,
     )
+
+
+def thread_sampler_note(reasons: dict[str, list[int]]) -> str:
+    """One note for every process whose stacks the thread sampler took (``reasons``: why it ran -> pids): its
+    samples lean toward where the fetching thread releases the GIL, so hotspot shares are read with that in mind."""
+    pids = sorted({pid for found in reasons.values() for pid in found})
+    named = ", ".join(map(str, pids[:6])) + (f" and {len(pids) - 6} more" if len(pids) > 6 else "")
+    why = "; ".join(sorted(reasons))
+    return (f"stack samples of process{'es' if len(pids) > 1 else ''} {named} were taken by the "
+            f"thread sampler ({why}): it is biased toward points where the fetching thread releases the GIL (a "
+            "library call, a read), so a pure-Python line's share of its stage can be understated and the call "
+            "after it overstated")
 
 
 def _record(kind: type, values: dict[str, Any], **extra: Any) -> Any:

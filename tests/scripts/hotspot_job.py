@@ -4,7 +4,8 @@ Each scenario's costly line carries a ``# planted: SCENARIO`` comment (tests/e2e
 almost all of a sample's time is spent on it, so it must come out as the top hotspot of the limiting stage.
 With ``--no-frames`` the script first takes SIGALRM for itself (so the signal sampler gives way) and removes
 ``sys._current_frames`` (so the thread sampler cannot run either); spawned workers re-import this module and do
-the same: stack sampling is then impossible in every process.
+the same: stack sampling is then impossible in every process. With ``--own-sigalrm`` it only takes SIGALRM: the
+thread sampler samples instead.
 """
 
 import json
@@ -18,8 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-if "--no-frames" in sys.argv:
+if "--no-frames" in sys.argv or "--own-sigalrm" in sys.argv:
     signal.signal(signal.SIGALRM, lambda signum, frame: None)
+if "--no-frames" in sys.argv:
     del sys._current_frames
 
 TEXT = " ".join(random.Random(0).choice(("alpha", "beta", "gamma", "delta", "x1", "y22", "z333"))

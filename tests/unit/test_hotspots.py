@@ -161,7 +161,8 @@ def fresh_sampler(monkeypatch):
     monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))
     monkeypatch.setenv("STALLSCOPE_STACK_SAMPLE_HZ", "400")
     for name, value in (("_mode", stacks._UNDECIDED), ("_counts", {}), ("_exit_hooked", True),
-                        ("_handler_before", None), ("_armed", False), ("_fetching", None)):
+                        ("_handler_before", None), ("_armed", False), ("_fetching", None),
+                        ("_thread_running", False), ("_fallback_reason", None)):
         monkeypatch.setattr(stacks, name, value)
     yield emitted
     stacks.fetch_ended()
@@ -244,3 +245,34 @@ def test_a_child_forked_during_a_fetch_inherits_neither_timer_nor_handler(fresh_
     _, status = os.waitpid(pid, 0)
     stacks.fetch_ended()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _written(emitted: list[tuple]) -> list[tuple[str | None, str | None, int]]:
+    """(sampler, fallback reason, samples) of each ``stack_samples`` event written."""
+    return [(r[3], r[4], sum(row[3] for row in r[2])) for r in emitted if r[0] == "stack_samples"]
+
+
+def test_the_counts_name_the_signal_sampler(fresh_sampler):
+    stacks.fetch_started(0)
+    _spin(0.1)
+    stacks.fetch_ended()
+    stacks.emit_counts()
+    ((sampler, reason, n),) = _written(fresh_sampler)
+    assert (sampler, reason) == ("signal", None) and n > 0
+
+
+def test_when_the_signal_sampler_gives_way_its_counts_go_out_first_and_the_thread_samplers_say_why(fresh_sampler):
+    stacks.fetch_started(0)
+    _spin(0.1)
+    stacks.fetch_ended()
+    signal.setitimer(signal.ITIMER_REAL, 30.0)
+    stacks.fetch_started(0)  # the script's timer: the signal sampler gives way
+    before = _written(fresh_sampler)
+    assert {(s, r) for s, r, _ in before} == {("signal", None)} and sum(n for _, _, n in before) > 0
+    _spin(0.2)
+    stacks.fetch_ended()
+    stacks.emit_counts()
+    after = _written(fresh_sampler)[len(before):]
+    timer = "the script runs an ITIMER_REAL timer (signal.alarm or setitimer)"
+    assert {(s, r) for s, r, _ in after} == {("thread", timer)}
+    assert sum(n for _, _, n in after) > 0

@@ -109,3 +109,40 @@ def test_save_is_atomic(tmp_path):
     session.save(target)
     assert not (tmp_path / "session.json.tmp").exists()
     assert sorted(os.listdir(tmp_path)) == ["session.json"]
+
+
+def _stack_event(t_ns, frames, count, *sampler):
+    """A ``stack_samples`` event of loader 0's ``transform`` stage; ``sampler``: (name, fallback reason), or
+    nothing for an event written before the sampler was recorded."""
+    return ["stack_samples", t_ns, [[0, "transform", frames, count]], *sampler]
+
+
+def test_stack_samples_keep_their_sampler_and_the_thread_sampler_is_noted_once(tmp_path):
+    events = tmp_path / "events"
+    line = ["/u/train.py:9:augment"]
+    _write(events, 10, "main", [["loader", 0, 5, "t.py:3", {"num_workers": 2}, {}]])
+    _write(events, 11, "child", [["role", "worker"], _stack_event(1, line, 3, "signal", None),
+                                 _stack_event(2, line, 2, "thread", "the script handles SIGALRM"),
+                                 _stack_event(3, line, 4, "thread", "the script handles SIGALRM")])
+    _write(events, 12, "child", [["role", "worker"],
+                                 _stack_event(1, line, 5, "thread", "batches are fetched outside the main thread")])
+    session = build_session(tmp_path, _meta())
+    assert sorted((r["pid"], r["count"], r["sampler"]) for r in session.stack_samples) == [
+        (11, 3, "signal"), (11, 6, "thread"), (12, 5, "thread")]
+    noted = [n for n in session.notes if "thread sampler" in n]
+    assert noted == [(
+        "stack samples of processes 11, 12 were taken by the thread sampler (batches are fetched outside the main "
+        "thread; the script handles SIGALRM): it is biased toward points where the fetching thread releases the "
+        "GIL (a library call, a read), so a pure-Python line's share of its stage can be understated and the call "
+        "after it overstated")]
+    assert Session.load(session.save(tmp_path / "s" / "session.json")) == session
+
+
+def test_stack_samples_recorded_before_the_sampler_was_noted_still_load(tmp_path):
+    events = tmp_path / "events"
+    _write(events, 10, "main", [["loader", 0, 5, "t.py:3", {"num_workers": 0}, {}],
+                                _stack_event(1, ["/u/train.py:9:augment"], 7)])
+    session = build_session(tmp_path, _meta())
+    assert session.stack_samples == [{"pid": 10, "loader_id": 0, "stage": "transform",
+                                      "frames": ["/u/train.py:9:augment"], "count": 7}]
+    assert not any("sampler" in n for n in session.notes)

@@ -36,7 +36,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
               "by_node", "by_name", "outcome", "timed"),
     "fetch_error": ("loader_id", "iter_id", "worker", "worker_pid", "t_ns", "type", "message", "traceback"),
     "lmdb_open": ("pid", "t_ns", "path"),
-    "stack_samples": ("t_ns", "samples"),  # samples: [[loader_id, stage, [file:line:function, ...], count], ...]
+    # samples: [[loader_id, stage, [file:line:function, ...], count], ...]; sampler: "signal" or "thread" (absent
+    # before it was recorded); fallback_reason: why the thread sampler ran instead of the signal sampler
+    "stack_samples": ("t_ns", "samples", "sampler", "fallback_reason"),
     "stack_sampler_off": ("t_ns", "reason"),
     # training frameworks, in the training process
     "framework_args": ("framework", "t_ns", "site", "values"),

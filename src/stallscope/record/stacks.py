@@ -33,6 +33,11 @@ schedstat``) tell blocked time (``storage``, as the worker-time split charges it
 Only frames inside the fetch are kept (outer ones are the loader's machinery, or under fork the training loop the
 worker was forked from), innermost first, without stallscope's own.
 
+Each ``stack_samples`` event names the sampler that took its counts (``signal`` or ``thread``) and, for the
+thread sampler, why the signal sampler could not run: the analysis says once when a run's samples carry the
+thread sampler's bias. The counts are written out when the signal sampler gives way, so one event never mixes
+the two.
+
 Where sampling cannot run (neither sampler can: the handler cannot be installed and there is no
 ``sys._current_frames``, or no thread can be started; turned off with ``STALLSCOPE_STACK_SAMPLE_HZ=0``) the
 process writes one ``stack_sampler_off`` event with the reason and the fetches go on unsampled. Nothing here
@@ -83,6 +88,8 @@ _WRAPPER_NAMES = frozenset({"wrapper", "method", "_timed_invoke"})
 _KEEP, _SKIP, _WRAPPER, _FETCH = 0, 1, 2, 3
 #: How this process samples: not decided yet (before its first fetch), off, signal handler, thread.
 _UNDECIDED, _OFF, _SIGNAL, _THREAD = 0, 1, 2, 3
+#: The sampler's name in the ``stack_samples`` event, by mode.
+SAMPLER_NAMES = {_SIGNAL: "signal", _THREAD: "thread"}
 
 #: (thread ident, loader id) of the fetch in progress in this process; None between fetches.
 _fetching: tuple[int, int] | None = None
@@ -110,6 +117,7 @@ _remaining_ns = 0  # fetch time to the next sample moment, carried from one fetc
 _window: tuple[int, int, int] | None = None  # (wall, CPU, run-queue) ns at the last sample or the fetch's start
 _clock: Any = None
 _handler_before: Any = None  # SIGALRM's disposition before ours
+_fallback_reason: str | None = None  # why the thread sampler runs instead of the signal sampler
 
 
 def fetch_started(loader_id: int) -> None:
@@ -186,9 +194,12 @@ def _install_handler() -> str | None:
 
 
 def _fall_back(reason: str) -> None:
-    """The signal sampler cannot run (or has to give way): the thread sampler, or none."""
-    global _mode
+    """The signal sampler cannot run (or has to give way): the thread sampler, or none. The signal sampler's
+    counts so far go out first, under its name."""
+    global _mode, _fallback_reason
     _uninstall_handler()
+    emit_counts()
+    _fallback_reason = reason
     if _current_frames is None:
         _mode = _OFF
         _off(f"{reason}, and sys._current_frames is not available in this interpreter")
@@ -340,7 +351,8 @@ def _at_exit() -> None:
 
 
 def emit_counts() -> None:
-    """Write the counts so far as one ``stack_samples`` event (frames as ``file:line:function``)."""
+    """Write the counts so far as one ``stack_samples`` event (frames as ``file:line:function``), with the
+    sampler that took them and, for the thread sampler, why it ran."""
     global _counts
     with _counts_lock:
         counts, _counts = _counts, {}
@@ -349,7 +361,9 @@ def emit_counts() -> None:
     rows = [[loader_id, stage, [f"{code.co_filename}:{line}:{getattr(code, 'co_qualname', code.co_name)}"
                                 for code, line in stack], n]
             for (loader_id, stage, stack), n in counts.items()]
-    events.emit("stack_samples", time.perf_counter_ns(), rows)
+    sampler = SAMPLER_NAMES.get(_mode)
+    events.emit("stack_samples", time.perf_counter_ns(), rows, sampler,
+                _fallback_reason if sampler == "thread" else None)
 
 
 def _kind(code: Any) -> int:
@@ -487,8 +501,9 @@ def _after_fork_in_child() -> None:
     not our handler (put back here, so the child decides afresh and the script's own code finds SIGALRM as it
     was), no thread, none of the parent's counts."""
     global _fetching, _mode, _thread_running, _generation, _counts, _counts_lock, _exit_hooked, sampler_cpu_ns
-    global _armed, _clock, _window
+    global _armed, _clock, _window, _fallback_reason
     _fetching = None
+    _fallback_reason = None
     _armed = False
     _uninstall_handler()
     _mode = _UNDECIDED
