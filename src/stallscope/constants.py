@@ -12,5 +12,6 @@ INPUT_NODES: tuple[str, ...] = ("storage", "decode", "transform", "loader", "tra
 
 SESSION_SCHEMA = "stallscope.session/1"
 SUMMARY_SCHEMA = "stallscope.summary/1"
+PLAN_SCHEMA = "stallscope.plan/1"
 
 DEFAULT_STORE_DIRNAME = ".stallscope"

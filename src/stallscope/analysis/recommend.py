@@ -9,7 +9,12 @@ it; ``render/words.py`` says it in words.
 from __future__ import annotations
 
 from stallscope.analysis.capacity import ThroughputModel
-from stallscope.analysis.findings import LoaderSummary, Recommendation, StepStats
+from stallscope.analysis.findings import (
+    LoaderSummary,
+    Recommendation,
+    StepStats,
+    WorkerPipeline,
+)
 
 MIN_GAIN = 1.05
 #: Code changes are predicted under an assumption (the stage gets twice as cheap); a configuration change
@@ -149,6 +154,14 @@ def _rank_value(rec: Recommendation) -> float:
     return gain if rec.overrides else gain * SPECULATIVE_DISCOUNT
 
 
+def normalize_fraction(pipeline: WorkerPipeline | None) -> float:
+    """The share of the transform stage spent converting and normalizing (what uint8-to-device removes)."""
+    if pipeline is None:
+        return 0.0
+    transform_s = pipeline.node_s.get("transform", 0.0) or 1e-9
+    return sum(v for k, v in pipeline.by_call.items() if k in NORMALIZE_CALLS) / transform_s
+
+
 def _gain(model: ThroughputModel | None, workers: int, scale: dict[str, float], fallback: float) -> float:
     if model is None:
         return fallback
@@ -171,9 +184,7 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
                                        _gain(model, workers, {"decode": 0.5}, halved), facts={"share": share}))
         elif node == "transform":
             calls = pipeline.by_call
-            transform_s = pipeline.node_s.get("transform", 0.0) or 1e-9
-            normalize_s = sum(v for k, v in calls.items() if k in NORMALIZE_CALLS)
-            cut = min(0.9, normalize_s / transform_s)
+            cut = min(0.9, normalize_fraction(pipeline))
             if cut > 0.1:
                 recs.append(Recommendation("uint8-device-normalize", "transform",
                                            _gain(model, workers, {"transform": 1 - cut, "loader": 0.5}, halved),

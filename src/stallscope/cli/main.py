@@ -22,6 +22,7 @@ VERBS: dict[str, str] = {
     "bench": "stallscope.cli.bench_cmd",
     "merge": "stallscope.cli.merge_cmd",
     "export": "stallscope.cli.export_cmd",
+    "plan": "stallscope.cli.plan_cmd",
 }
 
 

@@ -1,0 +1,273 @@
+"""Project a recorded run to another machine: ``stallscope plan``.
+
+A run measures what each sample costs at each stage (CPU seconds for decode, transform and collate,
+blocked seconds for storage) and what the training process needs per sample. Those per-sample costs
+travel; the cores, the GPUs and the step time do not. The plan keeps the costs, puts them on the
+target machine through the same throughput model the run's own predictions use (``capacity.py``), and
+asks: how many workers does each GPU's training process need to stay fed, which stage gives out
+first when the cores cannot keep up, and which fix (packed data, reduced-size decode, uint8 to the
+device) buys what then.
+
+Each GPU is one training process (DDP, one rank per GPU) with its own DataLoader workers, and the
+cores are shared evenly among them. Everything the projection cannot know is written into the plan's
+``assumptions``, so a reader sees what the figures rest on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from stallscope.analysis.capacity import CPU_STAGES, ThroughputModel
+
+#: A training process counts as fed when it waits for data at most this share of its step time.
+FED_WAIT = 0.05
+#: A fix is listed only for a stage that costs at least this share of a sample's input time.
+MIN_STAGE_SHARE = 0.10
+#: The changes the plan can price, as the cost scale each puts on its stages (the same assumptions
+#: as the run's own recommendations in ``recommend.py``).
+FIX_SCALES: dict[str, dict[str, float]] = {
+    "pack-dataset": {"storage": 0.3},
+    "reduced-size-decode": {"decode": 0.5},
+    "uint8-device-normalize": {},  # filled from the run's share of normalization in transform
+}
+FIX_STAGE = {"pack-dataset": "storage", "reduced-size-decode": "decode", "uint8-device-normalize": "transform"}
+
+
+class PlanError(ValueError):
+    """The run holds nothing to project (no steady steps, no training loader), or the target is impossible."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The machine to project to. ``step_s`` is one training step of one process; ``samples_per_s`` is the
+    whole job's (all GPUs together); with neither, the recorded compute time per sample is kept."""
+
+    cores: float
+    gpus: int = 0
+    step_s: float | None = None
+    samples_per_s: float | None = None
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.cores > 0 and math.isfinite(self.cores)):
+            raise PlanError("--cores must be a positive number")
+        if self.gpus < 0:
+            raise PlanError("--gpus cannot be negative")
+        if self.step_s is not None and self.samples_per_s is not None:
+            raise PlanError("give --step-ms or --samples-per-s, not both")
+        for name, value in (("--step-ms", self.step_s), ("--samples-per-s", self.samples_per_s)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise PlanError(f"{name} must be a positive number")
+        if self.workers is not None and self.workers < 0:
+            raise PlanError("--workers cannot be negative")
+
+    @property
+    def processes(self) -> int:
+        return max(1, self.gpus)
+
+    @property
+    def cores_per_process(self) -> float:
+        return self.cores / self.processes
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """One worker count per training process on the target."""
+
+    workers: int
+    samples_per_s: float  # one training process
+    total_samples_per_s: float  # all of them
+    data_wait_fraction: float
+    cores_wanted: float  # per process: workers' CPU at this rate plus the training process's own
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"workers": self.workers, "samples_per_s": round(self.samples_per_s, 2),
+                "total_samples_per_s": round(self.total_samples_per_s, 2),
+                "data_wait_fraction": round(self.data_wait_fraction, 4), "cores_wanted": round(self.cores_wanted, 2)}
+
+
+@dataclass(frozen=True)
+class PlanFix:
+    """A change priced on the target, at its own best worker count."""
+
+    id: str
+    stage: str
+    scale: dict[str, float]
+    workers: int
+    samples_per_s: float  # one training process
+    gain: float  # over the best worker count without the change
+    data_wait_fraction: float
+    workers_needed: int | None  # to be fed with the change
+
+    def to_dict(self) -> dict[str, object]:
+        return {"id": self.id, "stage": self.stage, "scale": self.scale, "workers": self.workers,
+                "samples_per_s": round(self.samples_per_s, 2), "gain": round(self.gain, 2),
+                "data_wait_fraction": round(self.data_wait_fraction, 4), "workers_needed": self.workers_needed}
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: Target
+    recorded: dict[str, object]
+    compute_samples_per_s: float  # what one training process's compute could take on the target
+    rows: list[WorkerRow]
+    workers_needed: int | None  # per process, to wait at most FED_WAIT; None when no worker count gets there
+    best_workers: int  # the smallest worker count within 2% of the best rate
+    limit: str  # "fed", "cores" (every usable core is busy) or "workers" (more workers would still help)
+    saturates_first: str  # the input stage that costs the most per sample: it gives out first
+    fixes: list[PlanFix] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+
+    def row(self, workers: int) -> WorkerRow | None:
+        return next((r for r in self.rows if r.workers == workers), None)
+
+
+def _ceiling(model: ThroughputModel, cores: float) -> int:
+    """Worker counts worth tabulating: past the cores only where blocked I/O dominates (it overlaps)."""
+    cpu = sum(model.cost_s.get(n, 0.0) for n in CPU_STAGES)
+    io_heavy = model.cost_s.get("storage", 0.0) > cpu
+    return int(min(64, max(4 * cores, 8) if io_heavy else math.ceil(cores) + 2))
+
+
+def _rows(model: ThroughputModel, processes: int, ceiling: int,
+          scale: dict[str, float] | None = None) -> list[WorkerRow]:
+    cpu = sum(model.cost_s.get(n, 0.0) * (scale or {}).get(n, 1.0) for n in CPU_STAGES)
+    rows = []
+    for workers in range(ceiling + 1):
+        rate = model.rate(workers=workers, scale=scale)
+        own = model.compute_per_sample_s + (model.receive_per_sample_s if workers > 0 else 0.0)
+        wait = max(0.0, 1.0 - rate * own)
+        if workers == 0:
+            wanted = model.main_occupancy  # one process does everything, one step after another
+        else:
+            wanted = min(rate * (cpu + model.main_cpu_per_sample_s + model.helper_cpu_per_sample_s),
+                         workers + model.main_occupancy)
+        rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted))
+    return rows
+
+
+def _fed(rows: list[WorkerRow]) -> int | None:
+    return next((r.workers for r in rows if r.workers > 0 and r.data_wait_fraction <= FED_WAIT), None)
+
+
+def _best(rows: list[WorkerRow]) -> WorkerRow:
+    top = max(r.samples_per_s for r in rows)
+    return min((r for r in rows if r.samples_per_s >= 0.98 * top), key=lambda r: r.workers)
+
+
+def target_model(model: ThroughputModel, target: Target, samples_per_step: float) -> tuple[ThroughputModel, list[str]]:
+    """The recorded model moved to the target machine, with what that move assumes."""
+    notes: list[str] = []
+    cores = target.cores_per_process
+    if target.step_s is not None:
+        compute = target.step_s / samples_per_step
+        notes.append(f"compute: {1000 * target.step_s:.1f} ms per step of {samples_per_step:g} samples (given), "
+                     f"{1000 * compute:.3f} ms per sample")
+    elif target.samples_per_s is not None:
+        compute = target.processes / target.samples_per_s
+        notes.append(f"compute: {target.samples_per_s:g} samples/s for the whole job (given), "
+                     f"{1000 * compute:.3f} ms per sample in each training process")
+    else:
+        compute = model.compute_per_sample_s
+        where = "on the CPU" if model.compute_on_cpu else "on the GPU"
+        notes.append(f"compute: {1000 * compute:.3f} ms per sample, as recorded ({where}); give --step-ms or "
+                     "--samples-per-s for the target's step time")
+    if compute <= 0:
+        raise PlanError("the recorded run has no compute time per sample: give --step-ms or --samples-per-s")
+    if target.gpus > 0:
+        occupancy = 1.0
+        main_cpu = compute + model.receive_per_sample_s
+        notes.append(f"{target.gpus} GPU(s): one training process each, each keeping one core busy while its GPU "
+                     f"computes (Python, kernel launches, waiting on the GPU); {cores:g} core(s) per process")
+    else:
+        occupancy = min(model.main_occupancy, cores)
+        ratio = compute / model.compute_per_sample_s if model.compute_per_sample_s > 0 else 1.0
+        main_cpu = model.main_cpu_per_sample_s * ratio
+        notes.append(f"no GPU: the training computes on the CPU and keeps {occupancy:.2f} core(s) busy while it "
+                     f"computes, as recorded; {cores:g} core(s) for it and its workers")
+    moved = dataclasses.replace(model, usable_cpus=cores, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
+                                main_occupancy=occupancy, compute_on_cpu=target.gpus == 0)
+    cpu = sum(model.cost_s.get(n, 0.0) for n in CPU_STAGES)
+    notes.append(f"input costs per sample as recorded: {1000 * cpu:.3f} ms of CPU (decode, transform, collate) and "
+                 f"{1000 * model.cost_s.get('storage', 0.0):.3f} ms blocked on storage, on cores as fast as the "
+                 "recorded machine's")
+    if model.cost_s.get("storage", 0.0) > 0:
+        notes.append("blocked storage time overlaps across workers without limit: the target's storage must serve "
+                     "the total samples/s below")
+    if model.workers == 0:
+        notes.append("recorded with 0 workers: what only workers cost (collate into shared memory, passing batches "
+                     "to the training process) was not measured and is not in these figures")
+    notes.append("workers are persistent: their start-up is not counted")
+    return moved, notes
+
+
+def _fixes(model: ThroughputModel, target: Target, ceiling: int, best: WorkerRow,
+           normalize_fraction: float | None) -> list[PlanFix]:
+    total = sum(model.cost_s.values()) or 1.0
+    fixes = []
+    for fix_id, scale in FIX_SCALES.items():
+        stage = FIX_STAGE[fix_id]
+        if model.cost_s.get(stage, 0.0) / total < MIN_STAGE_SHARE:
+            continue
+        if fix_id == "uint8-device-normalize":
+            if target.gpus == 0 or not normalize_fraction or normalize_fraction <= 0.1:
+                continue  # normalization moves to the GPU: only where there is one and normalization costs
+            scale = {"transform": 1.0 - min(0.9, normalize_fraction), "loader": 0.5}
+        rows = _rows(model, target.processes, ceiling, scale)
+        chosen = _best(rows)
+        fixes.append(PlanFix(fix_id, stage, scale, chosen.workers, chosen.samples_per_s,
+                             chosen.samples_per_s / best.samples_per_s, chosen.data_wait_fraction, _fed(rows)))
+    return sorted(fixes, key=lambda f: -f.gain)
+
+
+def project(model: ThroughputModel, target: Target, samples_per_step: float,
+            normalize_fraction: float | None = None) -> Plan:
+    """The plan for ``target`` from a run's throughput model (``analysis.capacity.model``);
+    ``samples_per_step`` turns a step time into a time per sample (samples per optimizer step); ``normalize_fraction`` is the share of the
+    transform stage spent normalizing (prices moving it to the GPU)."""
+    if samples_per_step <= 0:
+        raise PlanError("the recorded run has no samples per step")
+    moved, notes = target_model(model, target, samples_per_step)
+    ceiling = max(_ceiling(moved, target.cores_per_process), target.workers or 0)
+    rows = _rows(moved, target.processes, ceiling)
+    needed = _fed(rows)
+    best = _best(rows)
+    if needed is not None:
+        limit = "fed"
+    elif best.cores_wanted >= 0.95 * target.cores_per_process:
+        limit = "cores"
+    else:
+        limit = "workers"
+    input_costs = {n: moved.cost_s.get(n, 0.0) for n in (*CPU_STAGES, "storage")}
+    first = max(input_costs, key=lambda n: input_costs[n])
+    fixes = [] if needed is not None else _fixes(moved, target, ceiling, best, normalize_fraction)
+    recorded = {"usable_cpus": model.usable_cpus, "workers": model.workers,
+                "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
+                "compute_on_cpu": model.compute_on_cpu}
+    return Plan(target, recorded, 1.0 / moved.compute_per_sample_s, rows, needed, best.workers, limit, first, fixes,
+                notes)
+
+
+def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
+    """The ``stallscope.plan/1`` document."""
+    t = plan.target
+    chosen = plan.row(t.workers) if t.workers is not None else None
+    return {
+        "schema": schema,
+        "run_id": run_id,
+        "target": {"cores": t.cores, "gpus": t.gpus, "step_ms": None if t.step_s is None else round(1000 * t.step_s, 3),
+                   "samples_per_s": t.samples_per_s, "workers": t.workers,
+                   "cores_per_process": round(t.cores_per_process, 3), "processes": t.processes},
+        "recorded": plan.recorded,
+        "compute_samples_per_s": round(plan.compute_samples_per_s, 2),
+        "workers_needed_per_process": plan.workers_needed,
+        "best_workers": plan.best_workers,
+        "limit": plan.limit,
+        "saturates_first": plan.saturates_first,
+        "at_workers": chosen.to_dict() if chosen else None,
+        "rows": [r.to_dict() for r in plan.rows],
+        "fixes": [f.to_dict() for f in plan.fixes],
+        "assumptions": plan.assumptions,
+    }

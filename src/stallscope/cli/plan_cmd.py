@@ -1,0 +1,91 @@
+"""``stallscope plan RUN``: project a recorded run to the machine you will train on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from stallscope.analysis import analyze
+from stallscope.analysis.plan import PlanError, Target, plan_dict, project
+from stallscope.analysis.recommend import normalize_fraction
+from stallscope.cli.report_cmd import load_run
+from stallscope.constants import PLAN_SCHEMA
+from stallscope.render import plan as plan_view
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "plan", help="project a recorded run to another machine: workers per GPU, the stage that saturates, fixes",
+        description="Project a recorded run to another machine. The run's per-sample costs (CPU per stage, time "
+                    "blocked on storage, the training process's own work) are kept; the cores, GPUs and step time "
+                    "are the target's. Prints the input pipeline's rate for each worker count, the workers each "
+                    "training process (one per GPU) needs to stay fed, the stage that gives out first, and where "
+                    "the cores cannot keep up, the fixes with their predicted gain. The assumptions are printed.",
+        epilog="examples:\n"
+               "  stallscope plan last --cores 32 --gpus 4 --step-ms 180     (180 ms per step on each GPU)\n"
+               "  stallscope plan last --cores 16 --gpus 2 --samples-per-s 4000 --json plan.json\n"
+               "  stallscope plan last --cores 2 --workers 2                 (a CPU-only machine with 2 cores)\n"
+               "RUN: a run id (or a unique prefix), last, a session.json path or a run directory.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", nargs="?", default="last", help="the recorded run (default: last)")
+    p.add_argument("--cores", type=float, metavar="N",
+                   help="CPU cores the job may use on the target (default: the recorded run's usable CPUs)")
+    p.add_argument("--gpus", type=int, default=None, metavar="G",
+                   help="GPUs on the target, one training process each (default: as recorded, 0 without a GPU)")
+    rate = p.add_mutually_exclusive_group()
+    rate.add_argument("--step-ms", type=float, metavar="MS",
+                      help="milliseconds of one training step on the target's GPU (per process, with the recorded samples per step)")
+    rate.add_argument("--samples-per-s", type=float, metavar="S",
+                      help="samples/s the whole job's compute could take on the target (all GPUs together)")
+    p.add_argument("--workers", type=int, metavar="W", help="also show the prediction for W workers per process")
+    p.add_argument("--json", metavar="PATH", help="write the plan (schema stallscope.plan/1) here; '-' for stdout")
+    p.add_argument("--store", metavar="DIR", help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.set_defaults(handler=handle)
+
+
+def _fail(message: str) -> int:
+    print(f"stallscope plan: {message}", file=sys.stderr)
+    return 2
+
+
+def handle(args: argparse.Namespace) -> int:
+    try:
+        session, _ = load_run(args.run, args.store)
+    except (OSError, ValueError) as exc:
+        return _fail(str(exc))
+    analysis = analyze(session)
+    model = analysis.capacity.model if analysis.capacity else None
+    stats = analysis.steps
+    if model is None or not stats.steady or not stats.samples:
+        return _fail("this run has no steady training steps fed by a DataLoader to project from "
+                     f"(`stallscope report {args.run}` shows what was recorded)")
+    recorded_gpus = 1 if not model.compute_on_cpu else 0
+    gpus = recorded_gpus if args.gpus is None else args.gpus
+    try:
+        target = Target(cores=args.cores if args.cores is not None else model.usable_cpus, gpus=gpus,
+                        step_s=None if args.step_ms is None else args.step_ms / 1000,
+                        samples_per_s=args.samples_per_s, workers=args.workers)
+        per_step = stats.samples / len(stats.steady)
+        train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+        plan = project(model, target, per_step, normalize_fraction(train.pipeline if train else None))
+    except PlanError as exc:
+        return _fail(str(exc))
+    document = plan_dict(plan, session.run_id, PLAN_SCHEMA)
+    if args.json == "-":
+        try:
+            json.dump(document, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    if args.json:
+        try:
+            with open(args.json, "w") as f:
+                json.dump(document, f, indent=2)
+        except OSError as exc:
+            return _fail(f"cannot write {args.json}: {exc.strerror or exc}")
+    plan_view.render(plan, session.run_id or args.run)
+    return 0

@@ -1,0 +1,78 @@
+"""``stallscope plan`` in the terminal: the worker table, the answer, the fixes and the assumptions."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from stallscope.analysis.plan import FED_WAIT, Plan
+
+FIX_WORDS = {
+    "pack-dataset": "pack the dataset (stallscope pack SRC OUT): storage time to about 0.3x",
+    "reduced-size-decode": "decode at reduced size (DCT scaling, FastImageFolder): decode time to about 0.5x",
+    "uint8-device-normalize": "send uint8 batches and normalize on the GPU (collate_uint8, DeviceNormalizer)",
+}
+LIMIT_WORDS = {
+    "fed": "fed",
+    "cores": "the cores: every usable core is busy before the compute is fed",
+    "workers": "the worker count: more workers than tabulated would still help (blocked I/O overlaps)",
+}
+
+
+def _shown_rows(plan: Plan) -> list[int]:
+    """A readable subset of worker counts: the first few, powers of two, and the ones the plan names."""
+    counts = [r.workers for r in plan.rows]
+    keep = {c for c in counts if c <= 4 or (c & (c - 1)) == 0}
+    keep |= {plan.best_workers, counts[-1]}
+    if plan.workers_needed is not None:
+        keep.add(plan.workers_needed)
+    if plan.target.workers is not None:
+        keep.add(plan.target.workers)
+    return sorted(keep)
+
+
+def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
+    console = console or Console()
+    t = plan.target
+    gpus = f"{t.gpus} GPU(s), one training process each" if t.gpus else "no GPU (training on the CPU)"
+    console.rule("[bold]stallscope plan")
+    console.print(f"run {escape(run_ref)} projected to {t.cores:g} cores, {gpus}: "
+                  f"{t.cores_per_process:g} core(s) per training process")
+    rec = plan.recorded
+    measured = rec.get("samples_per_s")
+    console.print(f"recorded: {rec.get('workers')} worker(s) on {rec.get('usable_cpus'):g} usable CPU(s)"
+                  + (f", {measured:,.1f} samples/s" if isinstance(measured, float) else "")
+                  + (", compute on the CPU" if rec.get("compute_on_cpu") else ", compute on a GPU"))
+    console.print(f"the compute could take {plan.compute_samples_per_s:,.1f} samples/s per process")
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for name in ("workers", "samples/s per process", "whole job", "data wait", "cores wanted"):
+        table.add_column(name, justify="right")
+    marks = {plan.best_workers: "best", **({plan.workers_needed: "fed"} if plan.workers_needed is not None else {})}
+    if t.workers is not None:
+        marks[t.workers] = "asked"
+    for count in _shown_rows(plan):
+        row = plan.row(count)
+        if row is None:
+            continue
+        style = "bold" if count in marks else ""
+        label = f"{count} ({marks[count]})" if count in marks else str(count)
+        table.add_row(label, f"{row.samples_per_s:,.1f}", f"{row.total_samples_per_s:,.1f}",
+                      f"{100 * row.data_wait_fraction:.1f}%", f"{row.cores_wanted:.2f}", style=style)
+    console.print(table)
+    if plan.workers_needed is not None:
+        console.print(f"[bold]each training process needs {plan.workers_needed} worker(s)[/] to wait at most "
+                      f"{100 * FED_WAIT:.0f}% of its step for data")
+    else:
+        best = plan.row(plan.best_workers)
+        wait = f"{100 * best.data_wait_fraction:.0f}%" if best else "?"
+        console.print(f"[bold]no worker count keeps it fed[/]: the best, {plan.best_workers} worker(s), still waits "
+                      f"{wait} of each step; the limit is {LIMIT_WORDS[plan.limit]}")
+    console.print(f"the stage that gives out first: {plan.saturates_first}")
+    for fix in plan.fixes:
+        fed = (f"fed with {fix.workers_needed} worker(s)" if fix.workers_needed is not None
+               else f"data wait {100 * fix.data_wait_fraction:.0f}% at {fix.workers} worker(s)")
+        console.print(f"  fix: {FIX_WORDS.get(fix.id, fix.id)}: predicted {fix.gain:.2f}x, {fed}")
+    console.print("[dim]assumptions:[/]")
+    for line in plan.assumptions:
+        console.print(f"[dim]  - {escape(line)}[/]")

@@ -1,0 +1,101 @@
+"""``stallscope plan``: a recorded model moved to another machine, with exact figures on hand-set costs."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallscope.analysis.capacity import ThroughputModel
+from stallscope.analysis.plan import PlanError, Target, plan_dict, project, target_model
+from stallscope.constants import PLAN_SCHEMA
+
+
+def recorded(**kw) -> ThroughputModel:
+    """4 ms of transform CPU per sample, 1 ms of compute on one core, recorded with 0 workers on 2 CPUs."""
+    base = {"cost_s": {"decode": 0.0, "transform": 0.004, "loader": 0.0, "storage": 0.0},
+                "compute_per_sample_s": 0.001, "main_cpu_per_sample_s": 0.001, "workers": 0, "usable_cpus": 2.0,
+                "measured_samples_per_s": 200.0}
+    base.update(kw)
+    return ThroughputModel(**base)
+
+
+def test_two_gpus_on_eight_cores_share_four_cores_each_and_run_out_of_cores():
+    plan = project(recorded(), Target(cores=8, gpus=2, step_s=0.016), samples_per_step=16)
+    rates = {r.workers: r.samples_per_s for r in plan.rows}
+    # 0 workers: loading and compute add up (5 ms); then 250/s per worker until the 4 cores are spent:
+    # 4 cores / (4 ms in a worker + 1 ms of the training process's core) = 800/s.
+    assert rates == pytest.approx({0: 200.0, 1: 250.0, 2: 500.0, 3: 750.0, 4: 800.0, 5: 800.0, 6: 800.0})
+    assert plan.compute_samples_per_s == pytest.approx(1000.0)
+    assert plan.row(4).data_wait_fraction == pytest.approx(0.2)
+    assert plan.row(4).total_samples_per_s == pytest.approx(1600.0)
+    assert plan.row(4).cores_wanted == pytest.approx(4.0)
+    assert plan.workers_needed is None and plan.best_workers == 4
+    assert plan.limit == "cores" and plan.saturates_first == "transform"
+    assert plan.fixes == []  # no normalization measured, no decode or storage to cut
+
+
+def test_normalizing_on_the_gpu_is_priced_where_the_cores_give_out():
+    plan = project(recorded(), Target(cores=8, gpus=2, step_s=0.016), samples_per_step=16, normalize_fraction=0.5)
+    (fix,) = plan.fixes
+    assert fix.id == "uint8-device-normalize" and fix.scale == {"transform": 0.5, "loader": 0.5}
+    # 2 ms per sample: two workers make 1000/s, what the compute takes.
+    assert fix.workers == 2 and fix.workers_needed == 2
+    assert fix.samples_per_s == pytest.approx(1000.0) and fix.gain == pytest.approx(1.25)
+    assert fix.data_wait_fraction == pytest.approx(0.0)
+
+
+def test_a_step_time_or_a_job_rate_set_the_same_compute():
+    by_step = project(recorded(), Target(cores=8, gpus=2, step_s=0.016), samples_per_step=16)
+    by_rate = project(recorded(), Target(cores=8, gpus=2, samples_per_s=2000), samples_per_step=16)
+    assert [r.samples_per_s for r in by_step.rows] == pytest.approx([r.samples_per_s for r in by_rate.rows])
+
+
+def test_enough_cores_feed_the_gpu_and_name_the_worker_count():
+    plan = project(recorded(), Target(cores=16, gpus=1, step_s=0.016), samples_per_step=16)
+    assert plan.workers_needed == 4 and plan.limit == "fed"
+    assert plan.row(4).samples_per_s == pytest.approx(1000.0)  # 4 workers x 250/s, the compute's 1000/s
+    assert plan.row(3).data_wait_fraction == pytest.approx(0.25)
+
+
+def test_a_cpu_target_keeps_the_recorded_compute_and_its_cores():
+    model = recorded(main_occupancy=1.5, main_cpu_per_sample_s=0.0015)
+    moved, notes = target_model(model, Target(cores=4), samples_per_step=16)
+    assert moved.compute_on_cpu and moved.usable_cpus == 4.0
+    assert moved.compute_per_sample_s == pytest.approx(0.001)
+    assert moved.main_occupancy == pytest.approx(1.5) and moved.main_cpu_per_sample_s == pytest.approx(0.0015)
+    assert any("as recorded" in n for n in notes)
+    assert any("0 workers" in n for n in notes)  # what only workers cost was not measured
+    halved, _ = target_model(model, Target(cores=4, step_s=0.008), samples_per_step=16)
+    assert halved.main_cpu_per_sample_s == pytest.approx(0.00075)  # CPU per sample follows the compute time
+
+
+def test_storage_bound_runs_tabulate_past_the_cores():
+    model = recorded(cost_s={"decode": 0.001, "storage": 0.020}, compute_per_sample_s=0.002)
+    plan = project(model, Target(cores=2, gpus=1, step_s=0.032), samples_per_step=16)
+    assert plan.rows[-1].workers == 8  # blocked I/O overlaps: up to 4 per core, at least 8
+    assert plan.saturates_first == "storage"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"cores": 0}, "--cores"),
+    ({"cores": float("nan")}, "--cores"),
+    ({"cores": 4, "gpus": -1}, "--gpus"),
+    ({"cores": 4, "step_s": 0.01, "samples_per_s": 10}, "not both"),
+    ({"cores": 4, "step_s": -1}, "--step-ms"),
+    ({"cores": 4, "samples_per_s": float("inf")}, "--samples-per-s"),
+    ({"cores": 4, "workers": -2}, "--workers"),
+])
+def test_impossible_targets_are_refused(kwargs, message):
+    with pytest.raises(PlanError, match=message):
+        Target(**kwargs)
+
+
+def test_the_plan_document():
+    plan = project(recorded(), Target(cores=8, gpus=2, step_s=0.016, workers=3), samples_per_step=16)
+    doc = plan_dict(plan, "run-1", PLAN_SCHEMA)
+    assert doc["schema"] == "stallscope.plan/1" and doc["run_id"] == "run-1"
+    assert doc["target"]["cores_per_process"] == 4.0 and doc["target"]["processes"] == 2
+    # 750/s x (4 ms in workers + 1 ms of the training process) = 3.75 cores
+    assert doc["at_workers"] == {"workers": 3, "samples_per_s": 750.0, "total_samples_per_s": 1500.0,
+                                 "data_wait_fraction": 0.25, "cores_wanted": 3.75}
+    assert doc["workers_needed_per_process"] is None and doc["limit"] == "cores"
+    assert len(doc["rows"]) == 7 and doc["assumptions"]
