@@ -279,7 +279,8 @@ class Session:
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds
     gpu_spans: list[GpuSpanRecord] = field(default_factory=list)
     #: Python stacks sampled during batch fetches (record/stacks.py), counted: each {pid, loader_id, stage,
-    #: frames (file:line:function, innermost first), count}; ``analysis/hotspots.py`` reads them.
+    #: frames (file:line:function, innermost first), count, sampler ("signal" or "thread"; absent in sessions
+    #: recorded before it was)}; ``analysis/hotspots.py`` and ``analysis/sampled_stacks.py`` read them.
     stack_samples: list[dict[str, Any]] = field(default_factory=list)
 
     @functools.cached_property

@@ -22,11 +22,32 @@ PID = 100
 #: A path that would run code if a report put it into markup unescaped.
 HOSTILE = "/data/<script>document.body.setAttribute('data-pwned','1')</script>&x"
 HOSTILE_MESSAGE = "cannot open it <img src=x onerror=\"document.body.setAttribute('data-pwned','2')\">"
+#: A function name that would run code if a chart's text were markup.
+HOSTILE_FUNCTION = "<img src=x onerror=\"document.body.setAttribute('data-pwned','3')\">"
+WORKER_PIDS = (200, 201)
+USER_FILE = f"{HOSTILE}/train.py"
+SITE = "/venv/lib/python3.11/site-packages"
+#: The sampled stacks of ``two_worker_session(stacks=True)``, innermost frame first, as the recorder writes them:
+#: (worker pid, stage, frames, count).
+STACKS = [
+    (200, "decode", [f"{SITE}/PIL/Image.py:3300:open", f"{USER_FILE}:31:Images.__getitem__",
+                     f"{SITE}/torch/utils/data/_utils/fetch.py:54:_MapDatasetFetcher.fetch"], 30),
+    (201, "decode", [f"{SITE}/PIL/Image.py:3300:open", f"{USER_FILE}:31:Images.__getitem__",
+                     f"{SITE}/torch/utils/data/_utils/fetch.py:54:_MapDatasetFetcher.fetch"], 20),
+    (200, "decode", [f"{USER_FILE}:12:{HOSTILE_FUNCTION}", f"{USER_FILE}:33:Images.__getitem__",
+                     f"{SITE}/torch/utils/data/_utils/fetch.py:54:_MapDatasetFetcher.fetch"], 25),
+    (201, "decode", [f"{USER_FILE}:40:Images.__getitem__.<locals>.<lambda>", f"{USER_FILE}:33:Images.__getitem__",
+                     f"{SITE}/torch/utils/data/_utils/fetch.py:54:_MapDatasetFetcher.fetch"], 25),
+    (200, "storage", [f"{USER_FILE}:20:read_bytes", f"{USER_FILE}:30:Images.__getitem__"], 8),
+]
 
 
 def two_worker_session(steps: int = 10, step_ms: int = 100, wait_ms: int = 40, samples: bool = True,
-                       run_id: str = "20240101-000000-abcdef") -> Session:
-    """Steps of ``step_ms`` with ``wait_ms`` of data wait; two workers alternate 80 ms batches."""
+                       run_id: str = "20240101-000000-abcdef", stacks: bool = False,
+                       sampler: str | None = "signal") -> Session:
+    """Steps of ``step_ms`` with ``wait_ms`` of data wait; two workers alternate 80 ms batches. With ``stacks``,
+    the workers are processes of the job and their sampled ``STACKS`` are in the session (taken by ``sampler``;
+    None: recorded before the sampler was noted)."""
     nexts, opts, fetches, sends = [], [], [], []
     base = T0 + 500 * MS
     for k in range(steps):
@@ -54,7 +75,11 @@ def two_worker_session(steps: int = 10, step_ms: int = 100, wait_ms: int = 40, s
         schema=SESSION_SCHEMA, run_id=run_id, command=["python", f"{HOSTILE}/train.py"], cwd=HOSTILE,
         started_wall=1_700_000_000.0, start_ns=T0, end_ns=base + (steps * step_ms + 200) * MS, exit_code=1,
         ended_by="exit", overrides={"num_workers": 2}, max_steps=None, environment={"cpus_affinity": 4},
-        processes=[ProcessRecord(PID, 1, "main", [], 0, T0)],
+        processes=[ProcessRecord(PID, 1, "main", [], 0, T0)]
+        + ([ProcessRecord(pid, PID, "worker", [], 0, T0) for pid in WORKER_PIDS] if stacks else []),
+        stack_samples=[{"pid": pid, "loader_id": 0, "stage": stage, "frames": frames, "count": count,
+                        **({"sampler": sampler} if sampler else {})}
+                       for pid, stage, frames, count in STACKS] if stacks else [],
         loaders=[LoaderRecord(0, PID, T0 + 200 * MS, f"{HOSTILE}/train.py:10",
                               {"num_workers": 2, "batch_size": 4}, {})],
         iters=[IterRecord(0, 0, 0, T0 + 300 * MS, T0 + 400 * MS, 2, PID)],

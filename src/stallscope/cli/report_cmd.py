@@ -1,7 +1,7 @@
 """``stallscope report RUN``: re-render a saved session without re-running the script.
 
-In the terminal by default; ``--html`` writes a self-contained report (charts work offline) and
-``--trace`` a Chrome trace-event file for ui.perfetto.dev.
+In the terminal by default; ``--html`` writes a self-contained report (charts work offline), ``--trace`` a
+Chrome trace-event file for ui.perfetto.dev and ``--speedscope`` the sampled stacks for speedscope.app.
 """
 
 from __future__ import annotations
@@ -17,17 +17,19 @@ from stallscope.analysis import analyze
 from stallscope.api import record_history
 from stallscope.collect import recover_session
 from stallscope.launcher import save_session
-from stallscope.render import terminal
+from stallscope.render import speedscope, terminal
 from stallscope.render.summary import summary_dict, write_summary
 from stallscope.session import Session
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("report", help="re-render a saved run (terminal, HTML, Perfetto trace)",
+    p = subparsers.add_parser("report", help="re-render a saved run (terminal, HTML, Perfetto trace, speedscope)",
                               description="Analyse and render a saved session again (the script is not re-run).",
                               epilog="examples:\n  stallscope report last\n"
                                      "  stallscope report last --html report.html   (open in any browser, offline)\n"
-                                     "  stallscope report last --trace trace.json   (open in ui.perfetto.dev)",
+                                     "  stallscope report last --trace trace.json   (open in ui.perfetto.dev)\n"
+                                     "  stallscope report last --speedscope stacks.speedscope.json"
+                                     "   (open in speedscope.app)",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", default="last",
                    help="run id (or a unique prefix), a session.json path, a run directory, or 'last' (default); a run "
@@ -35,6 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH", help="write the summary JSON here")
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML report here")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace-event JSON (for ui.perfetto.dev) here")
+    p.add_argument("--speedscope", metavar="PATH",
+                   help="write the Python stacks sampled during the training loader's fetches as a speedscope file "
+                        "here (one profile per stage, the limiting one first; open in https://www.speedscope.app)")
     p.add_argument("--store", metavar="DIR", help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.set_defaults(handler=handle)
 
@@ -76,6 +81,12 @@ def handle(args: argparse.Namespace) -> int:
     analysis = analyze(session)
     written: list[str] = []
     target = ""
+    stacks = None
+    if args.speedscope:
+        stacks = speedscope.render(session, analysis)
+        if stacks is None:  # before anything is written
+            return _fail("--speedscope: this run has no stack samples of the training loader's fetches (where "
+                         f"sampling could not run, `stallscope report {args.run}` says why in its notes)")
     try:
         if args.json:
             target = args.json
@@ -86,6 +97,10 @@ def handle(args: argparse.Namespace) -> int:
             target = args.trace
             written.append(f"trace: {trace.write_trace(args.trace, trace.render(session, analysis))}"
                            "   (open it in https://ui.perfetto.dev)")
+        if stacks is not None:
+            target = args.speedscope
+            written.append(f"speedscope profile: {speedscope.write_speedscope(args.speedscope, stacks)}"
+                           "   (open it in https://www.speedscope.app)")
         if args.html:
             try:
                 from stallscope.render import html

@@ -3,7 +3,8 @@
 Every string that comes from the user's run (paths, command lines, exception text) is HTML-escaped
 where it appears in markup, and the chart data travels in a ``<script type="application/json">``
 block whose ``<``, ``>`` and ``&`` are written as ``\\u003c``-style escapes, so nothing from the
-run can close the block or become markup. The charts themselves carry no user strings.
+run can close the block or become markup. The one chart with user strings, the flame graph, writes them as
+entities for plotly's text (``render/hotspots_html.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import stallscope
 from stallscope.analysis import Analysis, shares
 from stallscope.constants import NODE_IDS
-from stallscope.render import words
+from stallscope.render import hotspots_html, words
 from stallscope.session import Session
 from stallscope.system_samples import SystemSamples
 
@@ -406,7 +407,8 @@ def render(session: Session, analysis: Analysis, plotly_js: str | None = None) -
     body = [
         f"<h1>stallscope report <code>{_e(session.run_id)}</code></h1>",
         "<nav><a href=#findings>findings</a><a href=#recommendations>recommendations</a><a href=#steps>steps</a>"
-        "<a href=#nodes>stages</a><a href=#workers>workers</a><a href=#system>system</a><a href=#run>run</a></nav>",
+        "<a href=#nodes>stages</a><a href=#hotspots>hotspots</a><a href=#workers>workers</a>"
+        "<a href=#system>system</a><a href=#run>run</a></nav>",
         "<pre id=report-errors hidden></pre>",
         _findings_section(analysis),
         _recommendations_section(analysis),
@@ -415,6 +417,11 @@ def render(session: Session, analysis: Analysis, plotly_js: str | None = None) -
         "<h2 id=nodes>Where step time went</h2>",
         _chart("chart-nodes", node_figure(analysis), figures, "no steady steps to split"),
         _nodes_table(analysis),
+        "<h2 id=hotspots>Hotspots: the lines the fetch time goes to</h2>",
+        hotspots_html.hotspots_table(analysis),
+        _chart("chart-flame", hotspots_html.flame_figure(
+            session, analysis, _layout, NODE_COLORS.get(analysis.bottleneck_node or "", "#ff7f0e")),
+            figures, "no stack samples of the limiting stage to draw"),
         "<h2 id=workers>Workers</h2>",
         _chart("chart-workers", worker_figure(session, analysis), figures, "no batch fetch was recorded"),
         "<h2 id=system>System</h2>",

@@ -7,6 +7,11 @@ counters for the system samples. Times are microseconds from the start of the ru
 
 The stages inside a batch are laid out in pipeline order with their measured durations: the recorder
 knows how long each stage took within the batch, not in which order, so the placement is a layout.
+
+Sampled stacks (hotspots) are a layout too: the recorder counts stacks, it does not time them, so each fetching
+process gets a track beside its batches where its samples are drawn as a flame graph over the span it fetched in
+(stage, then frames from the outermost in, each slice as wide as its share of the process's samples, the largest
+first), with the samples, share, file and line in each slice's args.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from typing import Any
 
 import stallscope
 from stallscope.analysis import Analysis
+from stallscope.analysis.sampled_stacks import (
+    CallNode,
+    Frame,
+    SampledStack,
+    call_tree,
+    job_stacks,
+)
 from stallscope.constants import NODE_IDS
 from stallscope.session import Session
 
@@ -32,6 +44,9 @@ PIN_THREAD_TID = 4
 SYNC_TID = 5
 GPU_TID = 6
 RANK_PID_BASE = 100  # rank r of a distributed job is trace process RANK_PID_BASE + r
+STACKS_TID_BASE = 1000  # the sampled stacks of the k-th fetching process are track STACKS_TID_BASE + k
+#: Slices of sampled stacks narrower than this (ns) are left out: their caller's slice holds them.
+MIN_STACK_SLICE_NS = 1000
 
 
 class _Events:
@@ -193,6 +208,43 @@ def _loaders(ev: _Events, session: Session, analysis: Analysis) -> None:
                        {"message": e.message, "location": e.location})
 
 
+def _stack_tracks(ev: _Events, session: Session, analysis: Analysis) -> None:
+    """Per fetching process (and loader): its sampled stacks as a flame graph over the span it fetched in."""
+    groups: dict[tuple[int, int], list[SampledStack]] = defaultdict(list)
+    for stack in job_stacks(session, analysis.steps.loader_ids):
+        groups[(stack.pid, stack.loader_id)].append(stack)
+    for k, ((pid, loader_id), stacks) in enumerate(sorted(groups.items())):
+        fetches = [f for f in session.fetches if f.pid == pid and f.loader_id == loader_id]
+        if not fetches:
+            continue
+        worker = fetches[0].worker
+        trace_pid = LOADER_PID_BASE + loader_id if worker >= 0 else MAIN_PID
+        who = f"worker {worker}" if worker >= 0 else f"loader {loader_id} in-process"
+        ev.meta(trace_pid, STACKS_TID_BASE + k, "thread_name",
+                f"{who} (pid {pid}): sampled stacks by share of samples, not in time")
+        ev.meta(trace_pid, STACKS_TID_BASE + k, "thread_sort_index", STACKS_TID_BASE + k)
+        root = call_tree(stacks, by_stage=True)
+        _stack_slices(ev, trace_pid, STACKS_TID_BASE + k, root, root.count, min(f.start_ns for f in fetches),
+                      max(f.end_ns for f in fetches))
+
+
+def _stack_slices(ev: _Events, pid: int, tid: int, node: CallNode, total: int, start_ns: int, end_ns: int) -> None:
+    """``node``'s children laid side by side in [start_ns, end_ns], each as wide as its share of ``node``."""
+    cursor = start_ns
+    for child in node.ordered():
+        width = (end_ns - start_ns) * child.count // node.count
+        if width < MIN_STACK_SLICE_NS:
+            break
+        key = child.key
+        args: dict[str, Any] = {"samples": child.count, "share_of_process": round(child.count / total, 4)}
+        if isinstance(key, Frame):
+            args.update(file=key.file, line=key.line, function=key.function)
+        ev.span(pid, tid, key.label if isinstance(key, Frame) else f"{key} (stage)", cursor, cursor + width,
+                "stack_sample", args)
+        _stack_slices(ev, pid, tid, child, total, cursor, cursor + width)
+        cursor += width
+
+
 def _queue_counters(ev: _Events, session: Session) -> None:
     """Per loader: batches ready in the queue (done by a worker, not yet taken) and indices in flight."""
     by_loader: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
@@ -245,6 +297,7 @@ def render(session: Session, analysis: Analysis) -> dict[str, Any]:
     _main_process(ev, session, analysis)
     _other_ranks(ev, session)
     _loaders(ev, session, analysis)
+    _stack_tracks(ev, session, analysis)
     _queue_counters(ev, session)
     _system_counters(ev, session)
     meta = [e for e in ev.events if e["ph"] == "M"]
