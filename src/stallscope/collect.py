@@ -102,6 +102,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     lmdb_opens: list[dict[str, Any]] = []
     framework_args: list[dict[str, Any]] = []
     tracker_runs: list[dict[str, Any]] = []
+    calibrations: list[dict[str, Any]] = []
     stack_counts: dict[tuple[Any, ...], int] = {}
     sampler_off: dict[str, list[int]] = {}
     thread_sampled: dict[str, list[int]] = {}  # why the thread sampler ran -> processes
@@ -145,6 +146,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     batch_info.append({"loader_id": f["loader_id"], "iter_id": f["iter_id"], **f["info"]})
                 elif kind == "framework_args":
                     framework_args.append({"pid": pid, **f})
+                elif kind == "calibration" and isinstance(f.get("values"), dict):
+                    calibrations.append({"pid": pid, "kind": f["kind"], **f["values"]})
                 elif kind == "tracker_run":
                     tracker_runs.append({**f["run"], "pid": pid, "tracker": f["tracker"], "t_ns": f["t_ns"]})
                 elif kind == "stack_samples":
@@ -223,6 +226,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         lmdb_opens=lmdb_opens,
         framework_args=framework_args,
         tracker_runs=sorted(tracker_runs, key=lambda r: r["t_ns"]),
+        calibrations=calibrations,
         stack_samples=[{"pid": pid, "loader_id": loader_id, "stage": stage, "frames": list(frames), "count": n,
                         **({"sampler": sampler} if sampler else {})}
                        for (pid, loader_id, stage, frames, sampler), n in stack_counts.items()],

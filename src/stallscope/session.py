@@ -274,6 +274,8 @@ class Session:
     lmdb_opens: list[dict[str, Any]] = field(default_factory=list)
     framework_args: list[dict[str, Any]] = field(default_factory=list)  # e.g. where TrainingArguments was built
     tracker_runs: list[dict[str, Any]] = field(default_factory=list)  # MLflow/W&B/TensorBoard runs the script started
+    #: measured at exit: {pid, kind ('shared_memory'), nbytes, write_extra_ns, read_extra_ns} (record/shm_cost.py)
+    calibrations: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankRecord] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds

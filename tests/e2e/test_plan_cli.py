@@ -45,7 +45,8 @@ def test_plan_projects_the_run_to_a_machine_with_gpus(recorded):
     assert doc["saturates_first"] == "storage"
     needed = doc["workers_needed_per_process"]
     assert needed is None or rows[needed]["data_wait_fraction"] <= 0.05
-    assert any("0 workers" in a for a in doc["assumptions"])
+    # The 0-worker run measured at exit what shared memory would cost its batches with workers.
+    assert any("0 workers" in a and "measured at exit" in a for a in doc["assumptions"])
     # The terminal table says the same.
     assert "workers" in done.stdout and "assumptions" in done.stdout and "3 (asked)" in done.stdout
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stallscope.analysis.capacity import ThroughputModel
@@ -167,3 +169,41 @@ def test_no_predicted_gain_says_why():
     said = words.recommendation(rec)
     assert said.title == "No change is predicted to help"
     assert "keeps 2.0 of 2.0 usable cores busy while it computes: a worker would take its core" in said.reason
+
+
+def test_shared_memory_costs_count_only_with_workers():
+    # 0.5 ms of collate into shared memory per sample (worker CPU) and 0.1 ms to map it in the training process
+    m = model(workers=0, shm_write_per_sample_s=0.0005, shm_read_per_sample_s=0.0001, worker_only_basis="typical")
+    assert m.rate() == pytest.approx(1 / 0.010)  # without workers: 8 ms loading + 2 ms compute, no shared memory
+    assert m.rate(workers=1) == pytest.approx(1 / 0.0085)  # one worker: 8.5 ms per sample
+    assert m.compute_rate(workers=1) == pytest.approx(1 / 0.0021)  # compute plus mapping each batch
+    # 4 cores / (8.5 ms worker CPU + 2 ms training CPU)
+    assert m.rate(workers=8) == pytest.approx(4 / 0.0105)
+    assert m.receive_s(0) == 0.0 and m.receive_s(2) == pytest.approx(0.0001)
+
+
+def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibration():
+    from stallscope.analysis.capacity import TYPICAL_SHM_WRITE_S_PER_BYTE, build_model
+    from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
+
+    ms = 1_000_000
+    steps = [Step(k, k * 40 * ms, (k + 1) * 40 * ms, 30 * ms, 0, 1, 8) for k in range(10)]
+    stats = StepStats(0, "optimizer", steps, 0, 0.4, 0.3, 0.0, 0.1, 0.0, 0.0, 80, 0.04, 0.04, 0.03, 0.04)
+    pipeline = WorkerPipeline(0, 0, 10, 0.3, {"transform": 0.3}, {"transform": 0.24}, 80, 0.0, 0.24, 0.06, None,
+                              {}, None, None, [], None, None, None, 0.0, 0)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 0}, {}, 10, 1, 0.3, 0.0, pipeline)
+    # 600 kB per sample; the recorder measured 2 ms extra to write 4 MB and 0.25 ms to map and read it
+    calibration = {"nbytes": 4_000_000, "write_extra_ns": 2_000_000, "read_extra_ns": 250_000}
+    m = build_model(stats, train, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration)
+    assert m.shm_write_per_sample_s == pytest.approx(0.0003)
+    assert m.shm_read_per_sample_s == pytest.approx(0.0000375)
+    assert m.worker_only_basis == "measured at exit"
+    typical = build_model(stats, train, 2.0, None, bytes_per_sample=600_000)
+    assert typical.shm_write_per_sample_s == pytest.approx(600_000 * TYPICAL_SHM_WRITE_S_PER_BYTE)
+    assert typical.worker_only_basis == "typical"
+    unknown = build_model(stats, train, 2.0, None)
+    assert unknown.shm_write_per_sample_s == 0.0 and unknown.worker_only_basis is None
+    with_workers = LoaderSummary(0, "train", "train.py:1", {"num_workers": 2}, {}, 10, 1, 0.3, 0.0,
+                                 dataclasses.replace(pipeline, num_workers=2))
+    measured = build_model(stats, with_workers, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration)
+    assert measured.shm_write_per_sample_s == 0.0  # a run with workers measured it in their collate

@@ -27,6 +27,12 @@ sample) whenever workers run beside it, and workers that wake for every batch ke
 is what a 0-worker run, where nothing ran beside the training process, cannot show: the pooled budget
 above over-predicts every CPU-bound job whose training also computes on the CPU. Compute on a GPU is
 not slowed (its process still takes its cores).
+
+Some costs exist only with workers: a worker collates each batch into a fresh shared-memory segment and
+the training process maps it again, both paying page faults an in-process batch never does. A run with
+workers measures them (in the workers' collate and the receive); from a 0-worker run they are estimated
+from the batch's bytes per sample and a per-byte cost the recorder measured at exit on the same machine
+(``record/shm_cost.py``), or this machine's typical figure when it could not (``worker_only_basis``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from dataclasses import dataclass, field
 from stallscope.analysis.findings import LoaderSummary, StepStats
 
 CPU_STAGES = ("decode", "transform", "loader")
+#: Seconds per byte to fill a fresh shared-memory segment and to map it again and read it, over ordinary
+#: memory; used where the recorder could not measure them (2-core development VM, 2026-12-01).
+TYPICAL_SHM_WRITE_S_PER_BYTE = 0.5e-9
+TYPICAL_SHM_READ_S_PER_BYTE = 0.06e-9
 
 
 @dataclass(frozen=True)
@@ -50,36 +60,47 @@ class ThroughputModel:
     helper_cpu_per_sample_s: float = 0.0  # the training process's other child processes (not workers)
     main_occupancy: float = 1.0  # cores the training process keeps busy while it computes
     compute_on_cpu: bool = True  # the training computes on the CPU (no GPU): it slows when cores are shared
+    # Costs only workers bring, estimated for a run recorded without them (0 when measured in the run):
+    shm_write_per_sample_s: float = 0.0  # a worker's collate into shared memory (worker CPU)
+    shm_read_per_sample_s: float = 0.0  # mapping the batch again in the training process
+    worker_only_basis: str | None = None  # "measured at exit" or "typical" where estimated; None when not
 
-    def _costs(self, scale: dict[str, float] | None) -> tuple[float, float]:
+    def costs(self, scale: dict[str, float] | None, workers: int | None = None) -> tuple[float, float]:
         scale = scale or {}
+        workers = self.workers if workers is None else workers
         cpu = sum(self.cost_s.get(n, 0.0) * scale.get(n, 1.0) for n in CPU_STAGES)
+        if workers > 0:
+            cpu += self.shm_write_per_sample_s * scale.get("loader", 1.0)
         blocked = self.cost_s.get("storage", 0.0) * scale.get("storage", 1.0)
         return cpu, blocked
 
-    def cpu_rate(self, scale: dict[str, float] | None = None) -> float:
-        cpu, _ = self._costs(scale)
+    def receive_s(self, workers: int | None = None) -> float:
+        """What the training process spends per sample taking batches from workers (none without them)."""
+        workers = self.workers if workers is None else workers
+        return self.receive_per_sample_s + self.shm_read_per_sample_s if workers > 0 else 0.0
+
+    def cpu_rate(self, scale: dict[str, float] | None = None, workers: int | None = None) -> float:
+        cpu, _ = self.costs(scale, workers)
         demand = cpu + self.main_cpu_per_sample_s + self.helper_cpu_per_sample_s
         return self.usable_cpus / demand if demand > 0 else float("inf")
 
     def pipeline_rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         workers = self.workers if workers is None else workers
-        cpu, blocked = self._costs(scale)
+        cpu, blocked = self.costs(scale, workers)
         if cpu + blocked <= 0:
             return float("inf")
         if workers <= 0:
             return 1.0 / (cpu + blocked)
-        return min(workers / (cpu + blocked), self.cpu_rate(scale))
+        return min(workers / (cpu + blocked), self.cpu_rate(scale, workers))
 
     def compute_rate(self, workers: int | None = None) -> float:
-        workers = self.workers if workers is None else workers
-        own = self.compute_per_sample_s + (self.receive_per_sample_s if workers > 0 else 0.0)
+        own = self.compute_per_sample_s + self.receive_s(workers)
         return 1.0 / own if own > 0 else float("inf")
 
     def rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         workers = self.workers if workers is None else workers
         if workers <= 0:
-            cpu, blocked = self._costs(scale)
+            cpu, blocked = self.costs(scale, workers)
             return 1.0 / (cpu + blocked + self.compute_per_sample_s)
         pooled = min(self.pipeline_rate(workers, scale), self.compute_rate(workers))
         shared = self.shared_cores_rate(workers, scale)
@@ -88,7 +109,7 @@ class ThroughputModel:
     def shared_cores_rate(self, workers: int, scale: dict[str, float] | None = None) -> float | None:
         """The rate when the workers and a CPU compute want more cores than there are (see the module's
         docstring); None when they do not (the pooled budget holds)."""
-        cpu, blocked = self._costs(scale)
+        cpu, blocked = self.costs(scale, workers)
         if workers <= 0 or cpu <= 0:
             return None
         cores = self.usable_cpus
@@ -106,7 +127,7 @@ class ThroughputModel:
             slowdown = max(occupancy, 1.0 / beside)  # thread that lost its core: one core's speed at best
         else:
             slowdown = 1.0 / beside
-        compute = self.compute_per_sample_s * slowdown + self.receive_per_sample_s
+        compute = self.compute_per_sample_s * slowdown + self.receive_s(workers)
         made_while_computing = compute * workers / (blocked + cpu / beside)
         if made_while_computing >= 1.0:
             # The workers keep up. A single-threaded compute is slowed only while they run (the pooled
@@ -141,10 +162,13 @@ class CapacityReport:
 
 def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: float,
                 main_cpu_s: float | None, startup_s: float = 0.0,
-                helper_cpu_s: float | None = None, compute_on_cpu: bool = True) -> ThroughputModel | None:
+                helper_cpu_s: float | None = None, compute_on_cpu: bool = True,
+                bytes_per_sample: float | None = None,
+                shm_calibration: dict | None = None) -> ThroughputModel | None:
     """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler);
     ``helper_cpu_s``: those of its child processes that are not DataLoader workers; ``compute_on_cpu``:
-    False when the training computes on a GPU."""
+    False when the training computes on a GPU; ``bytes_per_sample`` of the batches the loader returns and
+    the recorder's ``shm_calibration`` (``Session.calibrations``) price the costs only workers bring."""
     pipeline = train.pipeline if train else None
     steady = stats.steady
     if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
@@ -165,8 +189,25 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     # Cores the training keeps busy while it computes: its own CPU (less rebuilding received batches)
     # over its compute time; one core when the sampler was off.
     occupancy = (max(0.0, main_cpu - receive) / compute if main_cpu_s is not None and compute > 0 else 1.0)
+    write = read = 0.0
+    basis = None
+    if workers == 0 and bytes_per_sample:
+        write, read, basis = _worker_only_costs(bytes_per_sample, shm_calibration)
     return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper,
-                           main_occupancy=min(occupancy, float(usable_cpus)), compute_on_cpu=compute_on_cpu)
+                           main_occupancy=min(occupancy, float(usable_cpus)), compute_on_cpu=compute_on_cpu,
+                           shm_write_per_sample_s=write, shm_read_per_sample_s=read, worker_only_basis=basis)
+
+
+def _worker_only_costs(bytes_per_sample: float, calibration: dict | None) -> tuple[float, float, str]:
+    """Seconds per sample to write a batch into shared memory and to map it again, and their basis."""
+    nbytes = (calibration or {}).get("nbytes") or 0
+    if nbytes > 0:
+        write = calibration.get("write_extra_ns", 0) / 1e9 / nbytes
+        read = calibration.get("read_extra_ns", 0) / 1e9 / nbytes
+        basis = "measured at exit"
+    else:
+        write, read, basis = TYPICAL_SHM_WRITE_S_PER_BYTE, TYPICAL_SHM_READ_S_PER_BYTE, "typical"
+    return bytes_per_sample * write, bytes_per_sample * read, basis
 
 
 def capacity_report(model: ThroughputModel | None) -> CapacityReport:

@@ -151,7 +151,9 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     other = system.other_cores_mean if host_cpus == cpus and system.other_cores_mean else 0.0
     on_gpu = bool(session.transfers or session.gpu_spans) or any(p.cuda_device for p in session.processes)
     model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu,
-                        compute_on_cpu=not on_gpu)
+                        compute_on_cpu=not on_gpu, bytes_per_sample=_bytes_per_sample(session, stats),
+                        shm_calibration=next((c for c in session.calibrations if c.get("kind") == "shared_memory"
+                                              and c.get("pid") == session.main_pid), None))
     pitfalls = find_pitfalls(session, loaders, system, cpus)
     spots = session_hotspots(session, stats.loader_ids, seconds)
     conditions = []
@@ -196,6 +198,17 @@ def _in_code(recommendations: list[Recommendation], train: LoaderSummary | None)
     where = train.code.to_dict()
     return [dataclasses.replace(r, facts={**r.facts, "in_code": where}) if r.overrides else r
             for r in recommendations]
+
+
+def _bytes_per_sample(session: Session, stats: StepStats) -> float | None:
+    """Bytes of tensors per sample in the training loader's batches (its first batch of each epoch)."""
+    ids = set(stats.loader_ids)
+    sizes = [info["nbytes"] for info in session.batch_info
+             if info.get("loader_id") in ids and isinstance(info.get("nbytes"), (int, float))]
+    batches = sum(s.batches for s in stats.steady)
+    if not sizes or not batches or not stats.samples:
+        return None
+    return sorted(sizes)[len(sizes) // 2] / (stats.samples / batches)
 
 
 def _unpinned_fraction(session: Session) -> float | None:

@@ -133,11 +133,11 @@ def _ceiling(model: ThroughputModel, cores: float) -> int:
 
 def _rows(model: ThroughputModel, processes: int, ceiling: int,
           scale: dict[str, float] | None = None) -> list[WorkerRow]:
-    cpu = sum(model.cost_s.get(n, 0.0) * (scale or {}).get(n, 1.0) for n in CPU_STAGES)
     rows = []
     for workers in range(ceiling + 1):
         rate = model.rate(workers=workers, scale=scale)
-        own = model.compute_per_sample_s + (model.receive_per_sample_s if workers > 0 else 0.0)
+        cpu, _ = model.costs(scale, workers)
+        own = model.compute_per_sample_s + model.receive_s(workers)
         wait = max(0.0, 1.0 - rate * own)
         if workers == 0:
             wanted = model.main_occupancy  # one process does everything, one step after another
@@ -178,7 +178,7 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         raise PlanError("the recorded run has no compute time per sample: give --step-ms or --samples-per-s")
     if target.gpus > 0:
         occupancy = 1.0
-        main_cpu = compute + model.receive_per_sample_s
+        main_cpu = compute + model.receive_s(1)
         notes.append(f"{target.gpus} GPU(s): one training process each, each keeping one core busy while its GPU "
                      f"computes (Python, kernel launches, waiting on the GPU); {cores:g} core(s) per process")
     else:
@@ -196,7 +196,12 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
     if model.cost_s.get("storage", 0.0) > 0:
         notes.append("blocked storage time overlaps across workers without limit: the target's storage must serve "
                      "the total samples/s below")
-    if model.workers == 0:
+    if model.worker_only_basis:
+        notes.append(f"recorded with 0 workers: passing batches through shared memory is estimated "
+                     f"({1000 * model.shm_write_per_sample_s:.3f} ms per sample in a worker, "
+                     f"{1000 * model.shm_read_per_sample_s:.3f} ms in the training process; per-byte cost "
+                     f"{model.worker_only_basis}); pickling and descriptor passing are not")
+    elif model.workers == 0:
         notes.append("recorded with 0 workers: what only workers cost (collate into shared memory, passing batches "
                      "to the training process) was not measured and is not in these figures")
     notes.append("workers are persistent: their start-up is not counted")

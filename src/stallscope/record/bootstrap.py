@@ -141,6 +141,12 @@ def _install_exit_recording() -> None:
 
     def at_exit() -> None:
         loader.record_open_next("exit")  # a daemon thread still blocked in next() when the script ended
+        if loader.loaded_in_process:  # what workers would pay to pass batches, which this run cannot show
+            from stallscope.record import shm_cost
+
+            measured = shm_cost.measure()
+            if measured:
+                events.emit("calibration", time.perf_counter_ns(), "shared_memory", measured)
         events.emit("process_exit", time.perf_counter_ns(), None)
 
     atexit.register(at_exit)

@@ -223,7 +223,10 @@ def patch_dataloader(module: Any) -> None:
     original_iter = DataLoader.__iter__
 
     def __iter__(self: Any) -> Any:
+        global loaded_in_process
         t0 = _perf()
+        if not self.num_workers:
+            loaded_in_process = True
         iterator = original_iter(self)
         events.emit("iter", getattr(self, "_stallscope_id", -1), getattr(iterator, "_stallscope_iter", -1),
                     getattr(iterator, "_stallscope_epoch", 0), t0, _perf(), self.num_workers)
@@ -289,6 +292,8 @@ def patch_dataloader(module: Any) -> None:
 
 #: The iterator whose ``__next__`` is blocked right now and since when: written at process end if set.
 _waiting: tuple[Any, int] | None = None
+#: This process loaded batches itself (a DataLoader with num_workers=0): the exit calibrates shared memory.
+loaded_in_process = False
 
 
 def _record_stall(iterator: Any, t0: int, how: str, message: str | None) -> None:

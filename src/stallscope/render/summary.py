@@ -172,6 +172,9 @@ def _capacity_dict(report: Any) -> dict[str, Any] | None:
         "cpu_budget_samples_per_s": _rounded(model.cpu_rate(), 2),
         "training_process_cpu_ms_per_sample": round(1000 * model.main_cpu_per_sample_s, 4),
         "receive_ms_per_sample": round(1000 * model.receive_per_sample_s, 4),
+        "worker_only_ms_per_sample": {"shared_memory_write": round(1000 * model.shm_write_per_sample_s, 4),
+                                      "shared_memory_read": round(1000 * model.shm_read_per_sample_s, 4),
+                                      "basis": model.worker_only_basis},
     }
 
 

@@ -97,7 +97,7 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 _set_change(o, f),
                 f"{f['usable_cpus']} usable CPUs; each sample costs {1000 * f['loader_s_per_sample']:.1f} ms of "
                 f"loader work ({1000 * f['blocked_s_per_sample']:.1f} ms of it blocked) and "
-                f"{1000 * f['compute_s_per_sample']:.1f} ms of compute")
+                f"{1000 * f['compute_s_per_sample']:.1f} ms of compute" + _shared_memory_estimate(f))
     if rid == "fewer-workers":
         n = o["num_workers"]
         return (f"Use {n} workers instead of {f['workers']}", _set_change(o, f),
@@ -413,3 +413,14 @@ def overrides(values: dict[str, Any]) -> str:
 
 def _facts(facts: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in facts.items())
+
+
+def _shared_memory_estimate(facts: dict) -> str:
+    """From a 0-worker run: the estimated cost of passing batches through shared memory, said as such."""
+    if "shared_memory_s_per_sample" not in facts:
+        return ""
+    basis = "per-byte cost measured on this machine" if facts.get("shared_memory_basis") == "measured at exit" \
+        else "typical per-byte cost"
+    return (f"; with workers, passing batches through shared memory adds an estimated "
+            f"{1000 * facts['shared_memory_s_per_sample']:.2f} ms per sample ({basis}), counted in the prediction")
+

@@ -1,0 +1,130 @@
+"""Does a plan hold on the machine it was made for? Record on one core count, plan for another, measure there.
+
+For each scenario: record its baseline with the CPU affinity cut to ``--record-cores`` cores, project that
+run with ``stallscope plan``'s model (``analysis/plan.py``) to ``--plan-cores`` cores for each ``--workers``
+count, then run each planned configuration (``--set num_workers=W``) with the affinity set to
+``--plan-cores`` cores, and compare. Then the reverse: record on ``--plan-cores``, plan for and measure on
+``--record-cores``. The compared figure is the speedup over the recorded baseline (planned rate on the
+target over the model's rate for the recorded run, against measured over measured), as every prediction
+of stallscope is a ratio of the model's rates; the absolute planned samples/s are printed beside it.
+
+Every session is kept under ``--out`` with ``results.json``, so ``--rescore OUT`` re-plans from the saved
+recordings with the model as it is now, without running anything.
+
+Run:   python benchmarks/transfer.py --out /tmp/transfer [--workers 1 2 3] [--steps 40] [--only tokenize ...]
+Score: python benchmarks/transfer.py --rescore /tmp/transfer
+
+Needs at least ``--plan-cores`` CPUs in this process's affinity (2 by default, as on the development machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from worker_sweep import scenarios as sweep_scenarios
+
+from stallscope.analysis import analyze
+from stallscope.analysis.plan import Target, project
+from stallscope.analysis.recommend import normalize_fraction
+from stallscope.session import Session
+
+#: The issue's scenarios: starved, large JPEGs, Python tokenizing, slow storage, heavy model, 2-thread compute.
+DEFAULT_SCENARIOS = ("starved", "large JPEGs", "tokenize (1", "slow storage", "heavy model", "2-thread compute")
+
+
+def record(store: Path, command: list[str], steps: int, workers: int | None, cpus: list[int], out: Path) -> dict:
+    args = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(store), "--json", str(out),
+            "--steps", str(steps)]
+    if workers is not None:
+        args += ["--set", f"num_workers={workers}"]
+    done = subprocess.run([*args, "--", *command], capture_output=True, text=True, check=False,
+                          preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    if done.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(command)}\n{done.stderr[-2000:]}")
+    summary = json.loads(out.read_text())
+    return {"session": summary["session"], "samples_per_s": summary["throughput"]["samples_per_s"],
+            "cores": len(cpus), "workers": workers}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mine = sorted(os.sched_getaffinity(0))
+    small, large = mine[:args.record_cores], mine[:args.plan_cores]
+    if len(large) < args.plan_cores:
+        raise SystemExit(f"needs {args.plan_cores} CPUs in this process's affinity, has {len(mine)}")
+    wanted = args.only or DEFAULT_SCENARIOS
+    results: dict = {}
+    for name, command in sweep_scenarios().items():
+        if not any(name.startswith(o) for o in wanted):
+            continue
+        for direction, source, target in (("up", small, large), ("down", large, small)):
+            entry = {"recorded": record(out / "store", command, args.steps, None, source, out / "s.json"),
+                     "measured": {}}
+            for w in args.workers:
+                entry["measured"][str(w)] = record(out / "store", command, args.steps, w, target, out / "s.json")
+            results[f"{name} [{direction}: {len(source)}->{len(target)} cores]"] = entry
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+            print(f"measured {name} ({direction})", flush=True)
+    return results
+
+
+def rescore(results: dict) -> int:
+    errors: dict[str, list[float]] = {"up": [], "down": []}
+    print("| scenario | recorded | planned | predicted | measured | error | planned samples/s | measured samples/s |")
+    print("|---|---|---|--:|--:|--:|--:|--:|")
+    for name, entry in results.items():
+        rec = entry["recorded"]
+        session = Session.load(rec["session"])
+        analysis = analyze(session)
+        model = analysis.capacity.model if analysis.capacity else None
+        if model is None or not analysis.steps.samples:
+            print(f"| {name} | (no model) | | | | | | |")
+            continue
+        per_step = analysis.steps.samples / len(analysis.steps.steady)
+        train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+        direction = "up" if "[up" in name else "down"
+        for w, run in entry["measured"].items():
+            plan = project(model, Target(cores=run["cores"], workers=int(w)), per_step,
+                           normalize_fraction(train.pipeline if train else None))
+            planned = plan.row(int(w)).samples_per_s
+            predicted = planned / model.rate()
+            measured = run["samples_per_s"] / rec["samples_per_s"]
+            error = predicted / measured - 1
+            errors[direction].append(abs(error))
+            print(f"| {name.split(' [')[0]} | {model.workers} w, {rec['cores']} cores | {w} w, {run['cores']} cores "
+                  f"| {predicted:.2f}x | {measured:.2f}x | {100 * error:+.0f}% | {planned:.1f} "
+                  f"| {run['samples_per_s']:.1f} |")
+    for direction, values in errors.items():
+        if values:
+            print(f"\n{direction}: median absolute error {100 * statistics.median(values):.0f}%, worst "
+                  f"{100 * max(values):.0f}%, {len(values)} planned configurations")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="folder for the sessions and results.json")
+    p.add_argument("--rescore", metavar="OUT", help="re-plan from a finished --out folder; runs nothing")
+    p.add_argument("--record-cores", type=int, default=1)
+    p.add_argument("--plan-cores", type=int, default=2)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--only", nargs="*", help="scenario names (prefixes) to run")
+    args = p.parse_args()
+    if args.rescore:
+        return rescore(json.loads((Path(args.rescore) / "results.json").read_text()))
+    if not args.out:
+        p.error("give --out DIR (or --rescore DIR)")
+    return rescore(measure(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
