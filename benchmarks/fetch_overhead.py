@@ -143,6 +143,14 @@ def main() -> None:
             print(f"{name:8s} {label} paired difference: median {statistics.median(diffs) / 1e3:+6.0f} us "
                   f"(quartiles {q[0] / 1e3:+.0f}..{q[2] / 1e3:+.0f}), mean {statistics.mean(diffs) / 1e3:+6.0f} us "
                   f"= {100 * statistics.mean(diffs) / mean_plain:+.2f}% of a plain batch")
+    if "default" in took and "nostacks" in took:  # the sampler alone: paired within each round, one pairing
+        for clock, label in ((0, "wall"), (1, "CPU ")):
+            diffs = [x[clock] - y[clock] for x, y in zip(took["default"], took["nostacks"])]
+            mean_plain = statistics.mean(y[clock] for y in plain)
+            mean, error = statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+            print(f"sampler  {label} default - nostacks: mean {mean / 1e3:+6.0f} us +- {error / 1e3:.0f} (standard "
+                  f"error) = {100 * mean / mean_plain:+.2f}% +- {100 * error / mean_plain:.2f}% of a plain batch; "
+                  f"median {statistics.median(diffs) / 1e3:+.0f} us")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ For each scenario the baseline and the recommended configuration are run alterna
 pairs) under ``stallscope run``; the measured speedup is the median ratio of steady-state
 samples/s, and the prediction is the one the baseline's diagnosis printed (from its first round).
 
+Where the baseline's diagnosis has no ``--set`` recommendation (nothing predicted to help), the check is one
+worker more, with the speedup the baseline's own model predicts for it (near 1.0x, if it is right).
+
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
 Measured on the 2-core development machine (2026-11-30, idle), --rounds 2 --steps 40:
@@ -22,8 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from stallscope.analysis import analyze
 from stallscope.demo.dataset import DatasetSpec, demo_dataset
 from stallscope.demo.scenarios import LARGE, REFERENCE_SCRIPT
+from stallscope.session import Session
 
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
 
@@ -42,6 +47,11 @@ def scenarios() -> dict[str, list[str]]:
         "early epoch exit (2 persistent workers)": [*ref, "--data", images, "--workers", "2", "--persistent-workers",
                                                     "--batch-size", "16", "--image-size", "128",
                                                     "--max-batches", "10", "--epochs", "1000"],
+        # a CPU compute with 2 intra-op threads on 2 cores: workers take its cores
+        "2-thread compute (0 workers)": [sys.executable, str(REFERENCE_SCRIPT), "--threads", "2", "--epochs", "50",
+                                         "--data", images, "--workers", "0", "--batch-size", "16"],
+        # compute-bound: a worker more cannot help
+        "heavy model (1 worker)": [sys.executable, str(TESTS / "scenario_heavy_model.py"), "1"],
     }
 
 
@@ -50,7 +60,7 @@ def run(store: str, command: list[str], steps: int, overrides: list[str], out: P
             "--steps", str(steps)]
     for item in overrides:
         args += ["--set", item]
-    proc = subprocess.run([*args, "--", *command], capture_output=True, text=True)
+    proc = subprocess.run([*args, "--", *command], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{proc.stderr[-2000:]}")
     return json.loads(out.read_text())
@@ -70,10 +80,11 @@ def main() -> int:
                 continue
             base = run(store, command, args.steps, [], out)
             top = next((r for r in base["recommendations"] if r["change"].startswith("--set")), None)
-            if top is None:
-                rows.append((name, "(no --set recommendation)", None, None))
-                continue
-            change = [part for part in top["change"].split()[1:] if "=" in part][:1]
+            if top is None:  # nothing predicted to help: check that by adding a worker, priced by the same model
+                change, predicted = one_more_worker(base)
+            else:
+                change = [part for part in top["change"].split()[1:] if "=" in part][:1]
+                predicted = top["predicted_speedup"]
             ratios = []
             for round_index in range(args.rounds):
                 if round_index == 0:
@@ -83,18 +94,29 @@ def main() -> int:
                     after = run(store, command, args.steps, change, out)
                     before = run(store, command, args.steps, [], out)
                 ratios.append(after["throughput"]["samples_per_s"] / before["throughput"]["samples_per_s"])
-            rows.append((name, " ".join(change), top["predicted_speedup"], statistics.median(ratios)))
-            print(f"{name}: {change} predicted {top['predicted_speedup']} measured {ratios}", flush=True)
+            rows.append((name, " ".join(change), predicted, statistics.median(ratios)))
+            print(f"{name}: {change} predicted {predicted:.2f} measured {ratios}", flush=True)
     print()
-    print(f"| scenario | change | predicted | measured | error |")
-    print(f"|---|---|--:|--:|--:|")
+    print("| scenario | change | predicted | measured | error |")
+    print("|---|---|--:|--:|--:|")
+    errors = []
     for name, change, predicted, measured in rows:
-        if predicted is None or measured is None:
-            print(f"| {name} | {change} | | | |")
-            continue
         error = predicted / measured - 1
+        errors.append(abs(error))
         print(f"| {name} | `--set {change}` | {predicted:.2f}x | {measured:.2f}x | {100 * error:+.0f}% |")
+    if errors:
+        print(f"\nmedian absolute error {100 * statistics.median(errors):.0f}%, worst {100 * max(errors):.0f}%, "
+              f"{len(errors)} scenarios")
     return 0
+
+
+def one_more_worker(summary: dict) -> tuple[list[str], float]:
+    """``num_workers`` one above the run's, and the speedup the run's own model predicts for it."""
+    session = Session.load(summary["session"])
+    model = analyze(session).capacity.model
+    workers = (model.workers if model else 0) + 1
+    predicted = model.rate(workers=workers) / model.rate() if model else 1.0
+    return [f"num_workers={workers}"], predicted
 
 
 if __name__ == "__main__":

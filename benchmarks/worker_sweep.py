@@ -21,25 +21,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from predictions import TESTS, scenarios as prediction_scenarios  # noqa: E402
+from predictions import TESTS
+from predictions import scenarios as prediction_scenarios
 
-from stallscope.analysis import analyze  # noqa: E402
-from stallscope.demo.scenarios import REFERENCE_SCRIPT  # noqa: E402
-from stallscope.session import Session  # noqa: E402
+from stallscope.analysis import analyze
+from stallscope.session import Session
 
 
 def scenarios() -> dict[str, list[str]]:
-    base = prediction_scenarios()
-    images = base["starved (0 workers)"][base["starved (0 workers)"].index("--data") + 1]
-    ref = [sys.executable, str(REFERENCE_SCRIPT), "--epochs", "50"]
+    base = prediction_scenarios()  # the 2-thread compute and the heavy model come from there
     base.pop("early epoch exit (2 persistent workers)")  # its change is prefetch_factor, not workers
-    return {
-        **base,
-        "2-thread compute (0 workers)": [*ref, "--threads", "2", "--data", images, "--workers", "0",
-                                         "--batch-size", "16"],
-        "tokenize in process (0 workers)": [sys.executable, str(TESTS / "scenario_tokenize.py"), "0"],
-        "heavy model (1 worker)": [sys.executable, str(TESTS / "scenario_heavy_model.py"), "1"],
-    }
+    return {**base, "tokenize in process (0 workers)": [sys.executable, str(TESTS / "scenario_tokenize.py"), "0"]}
 
 
 def record(store: Path, command: list[str], steps: int, workers: int | None, out: Path) -> dict:
