@@ -9,8 +9,19 @@ import pytest
 from PIL import Image
 
 from stallscope.data.cropdecode import decode_crop
-from stallscope.data.crops import CropPlan, FullImage, RandomResizedCrop, ResizeCenterCrop
-from stallscope.data.decoders import DecodeError, available_decoders, get_decoder, measure_decode_rate
+from stallscope.data.crops import (
+    CropPlan,
+    FullImage,
+    RandomResizedCrop,
+    ResizeCenterCrop,
+)
+from stallscope.data.decoders import (
+    DECODER_ORDER,
+    DecodeError,
+    available_decoders,
+    get_decoder,
+    measure_decode_rate,
+)
 from stallscope.data.headers import HeaderError, read_header
 
 
@@ -53,13 +64,13 @@ def test_header_errors_say_why(data, words):
 def test_available_decoders_are_ranked_and_pillow_is_always_there():
     names = available_decoders()
     assert "pillow" in names
-    assert names == [n for n in ("simplejpeg-fast", "simplejpeg", "opencv", "pillow") if n in names]
+    assert names == [n for n in DECODER_ORDER if n in names]
     assert get_decoder("auto").name == names[0]
     with pytest.raises(ValueError, match="unknown decoder"):
         get_decoder("libjpeg9000")
 
 
-@pytest.mark.parametrize("name", ["simplejpeg-fast", "simplejpeg", "opencv", "pillow"])
+@pytest.mark.parametrize("name", DECODER_ORDER)
 def test_decoders_agree_with_pillow_at_full_size(name):
     if name not in available_decoders():
         pytest.skip(f"{name} not installed")
@@ -71,7 +82,7 @@ def test_decoders_agree_with_pillow_at_full_size(name):
     assert np.abs(out.astype(np.int16) - ref).mean() < (3.0 if name.endswith("-fast") else 1.5)
 
 
-@pytest.mark.parametrize("name", ["simplejpeg-fast", "simplejpeg", "opencv", "pillow"])
+@pytest.mark.parametrize("name", DECODER_ORDER)
 @pytest.mark.parametrize("scale", [2, 4, 8])
 def test_dct_scaled_decode_agrees_with_a_resized_pillow_decode(name, scale):
     if name not in available_decoders():

@@ -1,8 +1,9 @@
 """Bytes in, cropped and resized uint8 pixels out, decoding no more than the crop needs.
 
 The order is the point: read the size from the header, choose the crop, decode at the
-largest DCT reduction the crop allows, then resize only the crop. torchvision's recipe
-decodes every pixel at full size, converts the whole image, then throws most of it away.
+largest DCT reduction the crop allows (only the crop's region, where the decoder can), then
+resize only the crop. torchvision's recipe decodes every pixel at full size, converts the
+whole image, then throws most of it away.
 """
 
 from __future__ import annotations
@@ -39,17 +40,33 @@ def _cv2_single_thread() -> None:
         pass
 
 
+def scaled_box(plan: CropPlan, full_width: int, full_height: int, width: int, height: int) -> tuple[int, int, int, int]:
+    """``plan``'s box (full-size coordinates) in a ``width`` x ``height`` decode of the image: (x0, y0, x1, y1).
+
+    The decode may be DCT-reduced, so the box is rescaled by the actual ratio of sizes and
+    widened to whole pixels; it is never empty and never leaves the image.
+    """
+    fx, fy = width / full_width, height / full_height
+    x0 = min(width - 1, int(math.floor(plan.left * fx)))
+    y0 = min(height - 1, int(math.floor(plan.top * fy)))
+    x1 = max(x0 + 1, min(width, int(math.ceil((plan.left + plan.width) * fx))))
+    y1 = max(y0 + 1, min(height, int(math.ceil((plan.top + plan.height) * fy))))
+    return x0, y0, x1, y1
+
+
 def crop_resize(pixels: np.ndarray, plan: CropPlan, full_width: int, full_height: int) -> np.ndarray:
     """Cut ``plan``'s box (given in full-size coordinates) from ``pixels`` and resize it to the output.
 
     ``pixels`` may be a DCT-reduced decode, so the box is rescaled by the actual ratio of sizes.
     """
     h, w = pixels.shape[:2]
-    fx, fy = w / full_width, h / full_height
-    x0 = min(w - 1, int(math.floor(plan.left * fx)))
-    y0 = min(h - 1, int(math.floor(plan.top * fy)))
-    x1 = max(x0 + 1, min(w, int(math.ceil((plan.left + plan.width) * fx))))
-    y1 = max(y0 + 1, min(h, int(math.ceil((plan.top + plan.height) * fy))))
+    return resize_box(pixels, scaled_box(plan, full_width, full_height, w, h), plan)
+
+
+def resize_box(pixels: np.ndarray, box: tuple[int, int, int, int], plan: CropPlan) -> np.ndarray:
+    """Resize ``pixels[y0:y1, x0:x1]`` to ``plan``'s output size, flipped if the plan says so."""
+    h, w = pixels.shape[:2]
+    x0, y0, x1, y1 = box
     out_size = (plan.out_width, plan.out_height)
     if (x0, y0, x1, y1) == (0, 0, w, h) and (w, h) == out_size:
         out = pixels
@@ -69,6 +86,29 @@ def crop_resize(pixels: np.ndarray, plan: CropPlan, full_width: int, full_height
     if plan.flip:
         out = _cv2.flip(out, 1) if _cv2 is not None else out[:, ::-1]
     return out
+
+
+def decode_jpeg_crop(data: bytes, plan: CropPlan, width: int, height: int, decoder: Decoder,
+                     scale: int) -> np.ndarray:
+    """``plan``'s crop of a ``width`` x ``height`` JPEG, decoded at 1/``scale``, resized to the output.
+
+    A decoder that decodes regions gets only the crop's box; the result is the same as decoding
+    the whole image at that scale and cropping, pixel for pixel.
+    """
+    if decoder.decodes_regions:
+        scaled_w, scaled_h = -(-width // scale), -(-height // scale)
+        box = scaled_box(plan, width, height, scaled_w, scaled_h)
+        pixels, x, y = decoder.decode_region(data, width, height, scale, box)
+        _check_rgb(pixels)
+        return resize_box(pixels, (box[0] - x, box[1] - y, box[2] - x, box[3] - y), plan)
+    pixels = decoder.decode(data, width, height, scale)
+    _check_rgb(pixels)
+    return crop_resize(pixels, plan, width, height)
+
+
+def _check_rgb(pixels: np.ndarray) -> None:
+    if pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise DecodeError(f"decoder returned shape {pixels.shape}, expected HxWx3")
 
 
 def decode_crop(
@@ -96,18 +136,18 @@ def decode_crop(
         raise DecodeError(str(exc)) from exc
     plan = crop.plan(header.width, header.height, rng)
     bgr = False
+    out = None
     if header.is_jpeg:
         scale = plan.dct_scale() if dct_scaling else 1
         try:
-            pixels = decoder.decode(data, header.width, header.height, scale)
+            out = decode_jpeg_crop(data, plan, header.width, header.height, decoder, scale)
             bgr = decoder.bgr
         except (ValueError, OSError, DecodeError):
-            pixels = decode_any(data)
-    else:
+            pass
+    if out is None:
         pixels = decode_any(data)
-    if pixels.ndim != 3 or pixels.shape[2] != 3:
-        raise DecodeError(f"decoder returned shape {pixels.shape}, expected HxWx3")
-    out = crop_resize(pixels, plan, header.width, header.height)
+        _check_rgb(pixels)
+        out = crop_resize(pixels, plan, header.width, header.height)
     if planes is not None and planes.shape == (3, plan.out_height, plan.out_width):
         write_planes(out, planes, bgr)
         return planes

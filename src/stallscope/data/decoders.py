@@ -1,4 +1,4 @@
-"""JPEG decoders, found at import time and ranked, with DCT-scaled decoding.
+"""JPEG decoders, found at import time and ranked, with DCT-scaled and region decoding.
 
 All three backends wrap libjpeg-turbo, yet their per-image overheads differ: on ~500x400
 photos one core decoded about 1,230 img/s with simplejpeg, 990 with OpenCV and 600 with
@@ -11,7 +11,20 @@ differences of about one grey level that random crops and resizes drown anyway. 
 ``"simplejpeg"`` for the exact decode.
 
 Every backend can decode at 1/2, 1/4 or 1/8 scale inside the IDCT, which skips most of the
-work when the crop is much larger than the output. Non-JPEG input always goes through Pillow.
+work when the crop is much larger than the output. ``"turbojpeg"`` (libjpeg-turbo 3 through
+ctypes, see :mod:`stallscope.data.turbo`; extra ``turbo``) also decodes only the crop's region,
+and ranks first where installed. Single-core CPU per RandomResizedCrop(224) crop decoded (DCT
+scale included, resize excluded), on the size bands of ``benchmarks/fastpath.py --sizes``
+(40 files each; ``/tmp`` race, 2026-12-01, 5 interleaved rounds, median, a busy 2-core machine):
+
+    crops/s per core   small 250x190  imagenet 500x400  large 800x600  photo 2000x1500
+    turbojpeg region        2,924           799              541              96
+    simplejpeg-fast         2,609           712              447              80
+    opencv                  2,366           645              394              77
+    pillow (draft)          1,296           446              182              42
+    pyvips (shrink, crop)     513           287              247              67
+
+Non-JPEG input always goes through Pillow.
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 #: Preference order, fastest first (measured, see the module docstring).
-DECODER_ORDER: tuple[str, ...] = ("simplejpeg-fast", "simplejpeg", "opencv", "pillow")
+DECODER_ORDER: tuple[str, ...] = ("turbojpeg-fast", "turbojpeg", "simplejpeg-fast", "simplejpeg", "opencv", "pillow")
 
 
 class DecodeError(ValueError):
@@ -40,9 +53,20 @@ class Decoder:
 
     name: str = "abstract"
     bgr: bool = False
+    #: ``decode_region`` decodes less than the whole image (otherwise it decodes all and says so).
+    decodes_regions: bool = False
 
     def decode(self, data: bytes, width: int, height: int, scale: int = 1) -> np.ndarray:
         raise NotImplementedError
+
+    def decode_region(self, data: bytes, width: int, height: int, scale: int,
+                      box: tuple[int, int, int, int]) -> tuple[np.ndarray, int, int]:
+        """Pixels covering ``box`` = (x0, y0, x1, y1) of the 1/``scale`` image, and where they start in it.
+
+        Every pixel inside ``box`` equals the full decode's at that scale; the array may extend
+        beyond ``box``. The default decodes the whole image: ``(pixels, 0, 0)``.
+        """
+        return self.decode(data, width, height, scale), 0, 0
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
@@ -68,6 +92,27 @@ class SimpleJpegDecoder(Decoder):
             min_width=-(-width // scale) if scale > 1 else 0,
             min_height=-(-height // scale) if scale > 1 else 0,
         )
+
+
+class TurboJpegDecoder(Decoder):
+    """libjpeg-turbo 3's TurboJPEG API: DCT scaling and region decoding (see :mod:`stallscope.data.turbo`)."""
+
+    name = "turbojpeg"
+    decodes_regions = True
+
+    def __init__(self, fast: bool = False) -> None:
+        from stallscope.data.turbo import TurboJpeg
+
+        self._turbo = TurboJpeg(fast)
+        self.fast = fast
+        self.name = "turbojpeg-fast" if fast else "turbojpeg"
+
+    def decode(self, data: bytes, width: int, height: int, scale: int = 1) -> np.ndarray:
+        return self._turbo.decode(data, scale)[0]
+
+    def decode_region(self, data: bytes, width: int, height: int, scale: int,
+                      box: tuple[int, int, int, int]) -> tuple[np.ndarray, int, int]:
+        return self._turbo.decode(data, scale, box)
 
 
 class OpenCVDecoder(Decoder):
@@ -120,6 +165,8 @@ def decode_any(data: bytes) -> np.ndarray:
 
 
 _FACTORIES = {
+    "turbojpeg-fast": lambda: TurboJpegDecoder(fast=True),
+    "turbojpeg": TurboJpegDecoder,
     "simplejpeg-fast": lambda: SimpleJpegDecoder(fast=True),
     "simplejpeg": SimpleJpegDecoder,
     "opencv": OpenCVDecoder,
