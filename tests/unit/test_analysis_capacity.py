@@ -207,3 +207,22 @@ def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibrati
                                  dataclasses.replace(pipeline, num_workers=2))
     measured = build_model(stats, with_workers, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration)
     assert measured.shm_write_per_sample_s == 0.0  # a run with workers measured it in their collate
+
+
+def test_waiting_for_a_workers_descriptors_is_the_training_processs_serial_time():
+    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
+
+    ms = 1_000_000
+    # 10 steps of 8 samples, 40 ms each: 30 ms in next(), of which 2 ms rebuilding the batch (0.4 ms of CPU,
+    # the rest waiting for the worker to hand over its tensors' descriptors), 10 ms compute
+    steps = [Step(k, k * 40 * ms, (k + 1) * 40 * ms, 30 * ms, 0, 1, 8) for k in range(10)]
+    stats = StepStats(0, "optimizer", steps, 0, 0.4, 0.3, 0.0, 0.1, 0.02, 0.004, 80, 0.04, 0.04, 0.03, 0.04)
+    pipeline = WorkerPipeline(0, 1, 10, 0.3, {"transform": 0.3}, {"transform": 0.24}, 80, 0.0, 0.24, 0.06, None,
+                              {}, None, None, [], None, None, None, 0.0, 0)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 1}, {}, 10, 1, 0.3, 0.0, pipeline)
+    # the training process used 0.104 s of CPU: 0.1 computing (one core) and 0.004 rebuilding batches
+    m = build_model(stats, train, 2.0, 0.104)
+    assert m.receive_per_sample_s == pytest.approx(0.02 / 80)  # the whole wall time of taking the batches
+    assert m.main_occupancy == pytest.approx(1.0)  # only the CPU part of it is taken from the occupancy
+    assert m.compute_rate() == pytest.approx(1 / (0.1 / 80 + 0.02 / 80))

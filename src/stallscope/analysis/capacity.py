@@ -7,7 +7,8 @@ workers for free, CPU work does not. Training runs at the lowest of three rates:
 
 - the workers' rate ``W / (cpu_cost + blocked_cost)``;
 - the training process's rate ``1 / (compute_per_sample + receive_per_sample)``: its own step
-  time plus rebuilding each batch received from the workers, which it does serially;
+  time plus taking each batch from the workers (rebuilding it, and waiting for a busy worker to hand over
+  its tensors' file descriptors), which it does serially;
 - the CPU budget ``usable_cpus / (cpu_cost + training_process_cpu_per_sample + helper_cpu_per_sample)``:
   every sample's CPU work, in workers, in the training process and in helper processes it started
   (a local data server, say), shares the same cores.
@@ -56,7 +57,7 @@ class ThroughputModel:
     workers: int
     usable_cpus: float
     measured_samples_per_s: float | None = None
-    receive_per_sample_s: float = 0.0  # unpickling batches from workers, in the training process
+    receive_per_sample_s: float = 0.0  # taking batches from workers (rebuild + descriptor waits), training process
     helper_cpu_per_sample_s: float = 0.0  # the training process's other child processes (not workers)
     main_occupancy: float = 1.0  # cores the training process keeps busy while it computes
     compute_on_cpu: bool = True  # the training computes on the CPU (no GPU): it slows when cores are shared
@@ -184,11 +185,15 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
         if workers == 0:  # the training process also did the loading: that part moves to workers
             main_cpu = max(0.0, main_cpu - sum(v for k, v in cost.items() if k in CPU_STAGES))
     measured = stats.samples / max(stats.wall_s - startup_s, 1e-9)
-    receive = stats.unpickle_cpu_s / stats.samples
+    # Taking a batch from a worker is serial time in the training process: rebuilding it (CPU) and waiting for
+    # the worker to hand over each tensor's descriptor (a worker inside a long call that holds the GIL
+    # answers late). Both are measured, per batch, in the run's next() calls.
+    receive = stats.unpickle_s / stats.samples
+    receive_cpu = stats.unpickle_cpu_s / stats.samples
     helper = (helper_cpu_s or 0.0) / stats.samples
     # Cores the training keeps busy while it computes: its own CPU (less rebuilding received batches)
     # over its compute time; one core when the sampler was off.
-    occupancy = (max(0.0, main_cpu - receive) / compute if main_cpu_s is not None and compute > 0 else 1.0)
+    occupancy = (max(0.0, main_cpu - receive_cpu) / compute if main_cpu_s is not None and compute > 0 else 1.0)
     write = read = 0.0
     basis = None
     if workers == 0 and bytes_per_sample:
