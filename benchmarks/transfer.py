@@ -31,8 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from worker_sweep import scenarios as sweep_scenarios
 
 from stallscope.analysis import analyze
-from stallscope.analysis.plan import Target, project
-from stallscope.analysis.recommend import normalize_fraction
+from stallscope.analysis.plan import plan_run
 from stallscope.session import Session
 
 #: The issue's scenarios: starved, large JPEGs, Python tokenizing, slow storage, heavy model, 2-thread compute.
@@ -88,12 +87,9 @@ def rescore(results: dict) -> int:
         if model is None or not analysis.steps.samples:
             print(f"| {name} | (no model) | | | | | | |")
             continue
-        per_step = analysis.steps.samples / len(analysis.steps.steady)
-        train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
         direction = "up" if "[up" in name else "down"
         for w, run in entry["measured"].items():
-            plan = project(model, Target(cores=run["cores"], workers=int(w)), per_step,
-                           normalize_fraction(train.pipeline if train else None))
+            plan = plan_run(session, cores=run["cores"], workers=int(w), analysis=analysis)
             planned = plan.row(int(w)).samples_per_s
             predicted = planned / model.rate()
             measured = run["samples_per_s"] / rec["samples_per_s"]

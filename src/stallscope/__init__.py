@@ -28,6 +28,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "load_session": ("stallscope.session", "Session.load"),
     "load_ipython_extension": ("stallscope.inprocess", "load_ipython_extension"),
     "pack": ("stallscope.data", "pack"),
+    "plan": ("stallscope.analysis.plan", "plan_run"),
     "race_decoders": ("stallscope.tuning", "race_decoders"),
     "record": ("stallscope.inprocess", "record"),
     "Recording": ("stallscope.inprocess", "Recording"),

@@ -99,3 +99,51 @@ def test_the_plan_document():
                                  "data_wait_fraction": 0.25, "cores_wanted": 3.75}
     assert doc["workers_needed_per_process"] is None and doc["limit"] == "cores"
     assert len(doc["rows"]) == 7 and doc["assumptions"]
+
+
+def test_a_gpu_run_planned_for_a_machine_without_one_needs_its_step_time():
+    gpu = recorded(compute_on_cpu=False)
+    with pytest.raises(PlanError, match="computed on a GPU"):
+        project(gpu, Target(cores=8), samples_per_step=16)
+    plan = project(gpu, Target(cores=8, step_s=0.032), samples_per_step=16)  # 2 ms per sample on that CPU
+    assert plan.compute_samples_per_s == pytest.approx(500.0)
+
+
+def test_the_wait_for_other_ranks_stays_in_the_recorded_compute():
+    plan = project(recorded(), Target(cores=8, ranks=2), samples_per_step=16, sync_per_sample_s=0.001)
+    assert plan.target.processes == 2 and plan.target.cores_per_process == 4.0
+    assert plan.compute_samples_per_s == pytest.approx(500.0)  # 1 ms compute + 1 ms waiting for the other rank
+    assert any("waiting for other ranks" in a for a in plan.assumptions)
+    given = project(recorded(), Target(cores=8, ranks=2, step_s=0.016), samples_per_step=16, sync_per_sample_s=0.001)
+    assert given.compute_samples_per_s == pytest.approx(1000.0)  # a given step time is the whole step
+
+
+def test_workers_needed_never_names_a_slower_row_than_the_best():
+    # Taking a batch from a worker costs the training process 0.5 ms per sample: one worker waits for nothing
+    # but runs at 1/1.5 ms, slower than loading in process (1/(0.2 + 1) ms).
+    model = recorded(cost_s={"transform": 0.0002}, receive_per_sample_s=0.0005, workers=1)
+    plan = project(model, Target(cores=4, gpus=1, step_s=0.016), samples_per_step=16)
+    assert plan.row(1).data_wait_fraction == 0.0
+    assert plan.row(0).samples_per_s == pytest.approx(1 / 0.0012)
+    assert plan.row(1).samples_per_s == pytest.approx(1 / 0.0015)
+    assert plan.workers_needed is None and plan.best_workers == 0 and plan.limit == "no-worker-helps"
+
+
+def test_where_the_cores_give_out_the_first_stage_is_a_cpu_stage_not_blocked_storage():
+    model = recorded(cost_s={"transform": 0.004, "storage": 0.006})
+    plan = project(model, Target(cores=1, gpus=1, step_s=0.016), samples_per_step=16)
+    assert plan.limit == "cores" and plan.saturates_first == "transform"
+
+
+def test_an_asked_worker_count_beyond_the_table_is_computed_alone():
+    plan = project(recorded(), Target(cores=8, gpus=2, step_s=0.016, workers=1000), samples_per_step=16)
+    assert [r.workers for r in plan.rows][-2:] == [6, 1000]
+    assert plan.row(1000).samples_per_s == pytest.approx(800.0)  # the cores, as with 4 workers
+    with pytest.raises(PlanError, match="between 0 and 1024"):
+        Target(cores=8, workers=100_000_000)
+
+
+def test_small_per_sample_figures_are_said_in_microseconds():
+    from stallscope.analysis.plan import _ms
+
+    assert _ms(0.000004) == "4 us" and _ms(0.0025) == "2.500 ms"

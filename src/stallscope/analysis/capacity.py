@@ -82,7 +82,9 @@ class ThroughputModel:
 
     def cpu_rate(self, scale: dict[str, float] | None = None, workers: int | None = None) -> float:
         cpu, _ = self.costs(scale, workers)
-        demand = cpu + self.main_cpu_per_sample_s + self.helper_cpu_per_sample_s
+        workers = self.workers if workers is None else workers
+        mapping = self.shm_read_per_sample_s if workers > 0 else 0.0  # the training process's, estimated
+        demand = cpu + self.main_cpu_per_sample_s + self.helper_cpu_per_sample_s + mapping
         return self.usable_cpus / demand if demand > 0 else float("inf")
 
     def pipeline_rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:

@@ -18,8 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stallscope.analysis.capacity import CPU_STAGES, ThroughputModel
+
+if TYPE_CHECKING:
+    from stallscope.analysis.findings import Analysis
+    from stallscope.session import Session
 
 #: A training process counts as fed when it waits for data at most this share of its step time.
 FED_WAIT = 0.05
@@ -33,6 +38,8 @@ FIX_SCALES: dict[str, dict[str, float]] = {
     "uint8-device-normalize": {},  # filled from the run's share of normalization in transform
 }
 FIX_STAGE = {"pack-dataset": "storage", "reduced-size-decode": "decode", "uint8-device-normalize": "transform"}
+#: More workers per process than any machine runs; the table is computed row by row up to the asked count.
+MAX_WORKERS = 1024
 
 
 class PlanError(ValueError):
@@ -42,13 +49,15 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class Target:
     """The machine to project to. ``step_s`` is one training step of one process; ``samples_per_s`` is the
-    whole job's (all GPUs together); with neither, the recorded compute time per sample is kept."""
+    whole job's (all GPUs together); with neither, the recorded compute time per sample is kept. ``ranks``:
+    training processes on the machine when not one per GPU (a CPU job under torchrun)."""
 
     cores: float
     gpus: int = 0
     step_s: float | None = None
     samples_per_s: float | None = None
     workers: int | None = None
+    ranks: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.cores > 0 and math.isfinite(self.cores)):
@@ -60,12 +69,14 @@ class Target:
         for name, value in (("--step-ms", self.step_s), ("--samples-per-s", self.samples_per_s)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise PlanError(f"{name} must be a positive number")
-        if self.workers is not None and self.workers < 0:
-            raise PlanError("--workers cannot be negative")
+        if self.workers is not None and not 0 <= self.workers <= MAX_WORKERS:
+            raise PlanError(f"--workers must be between 0 and {MAX_WORKERS}")
+        if self.ranks is not None and self.ranks < 1:
+            raise PlanError("a job has at least one training process")
 
     @property
     def processes(self) -> int:
-        return max(1, self.gpus)
+        return self.ranks if self.ranks is not None else max(1, self.gpus)
 
     @property
     def cores_per_process(self) -> float:
@@ -115,7 +126,7 @@ class Plan:
     rows: list[WorkerRow]
     workers_needed: int | None  # per process, to wait at most FED_WAIT; None when no worker count gets there
     best_workers: int  # the smallest worker count within 2% of the best rate
-    limit: str  # "fed", "cores" (every usable core is busy) or "workers" (more workers would still help)
+    limit: str  # "fed", "cores" (every usable core is busy), "workers" (more would still help), "no-worker-helps"
     saturates_first: str  # the input stage that costs the most per sample: it gives out first
     fixes: list[PlanFix] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
@@ -132,9 +143,9 @@ def _ceiling(model: ThroughputModel, cores: float) -> int:
 
 
 def _rows(model: ThroughputModel, processes: int, ceiling: int,
-          scale: dict[str, float] | None = None) -> list[WorkerRow]:
+          scale: dict[str, float] | None = None, only: int | None = None) -> list[WorkerRow]:
     rows = []
-    for workers in range(ceiling + 1):
+    for workers in ([only] if only is not None else range(ceiling + 1)):
         rate = model.rate(workers=workers, scale=scale)
         cpu, _ = model.costs(scale, workers)
         own = model.compute_per_sample_s + model.receive_s(workers)
@@ -149,7 +160,11 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
 
 
 def _fed(rows: list[WorkerRow]) -> int | None:
-    return next((r.workers for r in rows if r.workers > 0 and r.data_wait_fraction <= FED_WAIT), None)
+    """The fewest workers that wait at most FED_WAIT and run within 2% of the best rate (taking batches from
+    workers costs the training process too: a row can wait for nothing and still be slower than the best)."""
+    top = max(r.samples_per_s for r in rows)
+    return next((r.workers for r in rows if r.workers > 0 and r.data_wait_fraction <= FED_WAIT
+                 and r.samples_per_s >= 0.98 * top), None)
 
 
 def _best(rows: list[WorkerRow]) -> WorkerRow:
@@ -157,49 +172,62 @@ def _best(rows: list[WorkerRow]) -> WorkerRow:
     return min((r for r in rows if r.samples_per_s >= 0.98 * top), key=lambda r: r.workers)
 
 
-def target_model(model: ThroughputModel, target: Target, samples_per_step: float) -> tuple[ThroughputModel, list[str]]:
-    """The recorded model moved to the target machine, with what that move assumes."""
+def _ms(seconds: float) -> str:
+    """A per-sample time readable at any size: microseconds below a tenth of a millisecond."""
+    return f"{1e6 * seconds:.0f} us" if seconds < 1e-4 else f"{1000 * seconds:.3f} ms"
+
+
+def target_model(model: ThroughputModel, target: Target, samples_per_step: float,
+                 sync_per_sample_s: float = 0.0) -> tuple[ThroughputModel, list[str]]:
+    """The recorded model moved to the target machine, with what that move assumes. ``sync_per_sample_s``:
+    the recorded wait for other ranks per sample, kept in the compute when the target's step time is not given."""
     notes: list[str] = []
     cores = target.cores_per_process
+    if not model.compute_on_cpu and target.gpus == 0 and target.step_s is None and target.samples_per_s is None:
+        raise PlanError("the run computed on a GPU: for a machine without one give --step-ms or --samples-per-s "
+                        "(the step time on its CPU)")
     if target.step_s is not None:
         compute = target.step_s / samples_per_step
         notes.append(f"compute: {1000 * target.step_s:.1f} ms per step of {samples_per_step:g} samples (given), "
-                     f"{1000 * compute:.3f} ms per sample")
+                     f"{_ms(compute)} per sample")
     elif target.samples_per_s is not None:
         compute = target.processes / target.samples_per_s
         notes.append(f"compute: {target.samples_per_s:g} samples/s for the whole job (given), "
-                     f"{1000 * compute:.3f} ms per sample in each training process")
+                     f"{_ms(compute)} per sample in each training process")
     else:
-        compute = model.compute_per_sample_s
+        compute = model.compute_per_sample_s + sync_per_sample_s
         where = "on the CPU" if model.compute_on_cpu else "on the GPU"
-        notes.append(f"compute: {1000 * compute:.3f} ms per sample, as recorded ({where}); give --step-ms or "
+        synced = f", {_ms(sync_per_sample_s)} of it waiting for other ranks" if sync_per_sample_s > 0 else ""
+        notes.append(f"compute: {_ms(compute)} per sample, as recorded ({where}{synced}); give --step-ms or "
                      "--samples-per-s for the target's step time")
     if compute <= 0:
         raise PlanError("the recorded run has no compute time per sample: give --step-ms or --samples-per-s")
     if target.gpus > 0:
         occupancy = 1.0
         main_cpu = compute + model.receive_s(1)
-        notes.append(f"{target.gpus} GPU(s): one training process each, each keeping one core busy while its GPU "
-                     f"computes (Python, kernel launches, waiting on the GPU); {cores:g} core(s) per process")
+        notes.append(f"{target.gpus} GPU(s), {target.processes} training process(es), each keeping one core busy "
+                     f"while its GPU computes (Python, kernel launches, waiting on the GPU); {cores:g} core(s) per "
+                     "process")
     else:
         occupancy = min(model.main_occupancy, cores)
         ratio = compute / model.compute_per_sample_s if model.compute_per_sample_s > 0 else 1.0
         main_cpu = model.main_cpu_per_sample_s * ratio
-        notes.append(f"no GPU: the training computes on the CPU and keeps {occupancy:.2f} core(s) busy while it "
-                     f"computes, as recorded; {cores:g} core(s) for it and its workers")
+        notes.append(f"no GPU: {target.processes} training process(es) computing on the CPU, each keeping "
+                     f"{occupancy:.2f} core(s) busy while it computes, as recorded; {cores:g} core(s) for each and "
+                     "its workers")
     moved = dataclasses.replace(model, usable_cpus=cores, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
                                 main_occupancy=occupancy, compute_on_cpu=target.gpus == 0)
     cpu = sum(model.cost_s.get(n, 0.0) for n in CPU_STAGES)
-    notes.append(f"input costs per sample as recorded: {1000 * cpu:.3f} ms of CPU (decode, transform, collate) and "
-                 f"{1000 * model.cost_s.get('storage', 0.0):.3f} ms blocked on storage, on cores as fast as the "
-                 "recorded machine's")
+    notes.append(f"input costs per sample as recorded: {_ms(cpu)} of CPU (decode, transform, collate) and "
+                 f"{_ms(model.cost_s.get('storage', 0.0))} blocked on storage, on cores as fast as the recorded "
+                 "machine's")
     if model.cost_s.get("storage", 0.0) > 0:
         notes.append("blocked storage time overlaps across workers without limit: the target's storage must serve "
                      "the total samples/s below")
     if model.worker_only_basis:
         notes.append(f"recorded with 0 workers: passing batches through shared memory is estimated "
-                     f"({1000 * model.shm_write_per_sample_s:.3f} ms per sample in a worker, "
-                     f"{1000 * model.shm_read_per_sample_s:.3f} ms in the training process; per-byte cost "
+                     f"({_ms(model.shm_write_per_sample_s)} per sample in a worker, "
+                     f"{_ms(model.shm_read_per_sample_s)} in the training process; per-byte cost "
                      f"{model.worker_only_basis}); pickling and descriptor passing are not")
     elif model.workers == 0:
         notes.append("recorded with 0 workers: what only workers cost (collate into shared memory, passing batches "
@@ -228,27 +256,32 @@ def _fixes(model: ThroughputModel, target: Target, ceiling: int, best: WorkerRow
 
 
 def project(model: ThroughputModel, target: Target, samples_per_step: float,
-            normalize_fraction: float | None = None) -> Plan:
-    """The plan for ``target`` from a run's throughput model (``analysis.capacity.model``);
-    ``samples_per_step`` turns a step time into a time per sample (samples per optimizer step); ``normalize_fraction`` is the share of the
-    transform stage spent normalizing (prices moving it to the GPU)."""
+            normalize_fraction: float | None = None, sync_per_sample_s: float = 0.0) -> Plan:
+    """The plan for ``target`` from a run's throughput model (``analysis.capacity.model``).
+    ``samples_per_step`` (per optimizer step) turns a step time into a time per sample; ``normalize_fraction``
+    is the share of the transform stage spent normalizing (prices moving it to the GPU)."""
     if samples_per_step <= 0:
         raise PlanError("the recorded run has no samples per step")
-    moved, notes = target_model(model, target, samples_per_step)
-    ceiling = max(_ceiling(moved, target.cores_per_process), target.workers or 0)
+    moved, notes = target_model(model, target, samples_per_step, sync_per_sample_s)
+    ceiling = _ceiling(moved, target.cores_per_process)
     rows = _rows(moved, target.processes, ceiling)
+    if target.workers is not None and target.workers > ceiling:  # the asked count, beside the table
+        rows.append(_rows(moved, target.processes, target.workers, only=target.workers)[0])
     needed = _fed(rows)
     best = _best(rows)
     if needed is not None:
         limit = "fed"
+    elif best.workers == 0:
+        limit = "no-worker-helps"
     elif best.cores_wanted >= 0.95 * target.cores_per_process:
         limit = "cores"
     else:
         limit = "workers"
-    input_costs = {n: moved.cost_s.get(n, 0.0) for n in (*CPU_STAGES, "storage")}
-    first = max(input_costs, key=lambda n: input_costs[n])
+    # Where the cores give out, the CPU stage that wants the most of them; elsewhere blocked storage counts too.
+    stages = CPU_STAGES if limit in ("cores", "no-worker-helps") else (*CPU_STAGES, "storage")
+    first = max(stages, key=lambda n: moved.cost_s.get(n, 0.0))
     fixes = [] if needed is not None else _fixes(moved, target, ceiling, best, normalize_fraction)
-    recorded = {"usable_cpus": model.usable_cpus, "workers": model.workers,
+    recorded = {"cpus_free": model.usable_cpus, "workers": model.workers,
                 "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
                 "compute_on_cpu": model.compute_on_cpu}
     return Plan(target, recorded, 1.0 / moved.compute_per_sample_s, rows, needed, best.workers, limit, first, fixes,
@@ -276,3 +309,34 @@ def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
         "fixes": [f.to_dict() for f in plan.fixes],
         "assumptions": plan.assumptions,
     }
+
+
+def plan_run(session: Session, *, cores: float | None = None, gpus: int | None = None, step_ms: float | None = None,
+             samples_per_s: float | None = None, workers: int | None = None,
+             analysis: Analysis | None = None) -> Plan:
+    """``stallscope plan``'s library twin: a recorded session projected to a machine with ``cores`` CPU cores and
+    ``gpus`` GPUs (defaults: the recorded machine's usable CPUs, and its GPU count, one per rank), with the
+    target's step time (``step_ms`` per step of one process) or job rate (``samples_per_s``) where known.
+    Raises PlanError when the run holds nothing to project or the target is impossible."""
+    from stallscope.analysis.job import analyze, usable_cpus
+    from stallscope.analysis.recommend import normalize_fraction
+
+    analysis = analysis or analyze(session)
+    model = analysis.capacity.model if analysis.capacity else None
+    stats = analysis.steps
+    if model is None or not stats.steady:
+        raise PlanError("this run has no steady training steps fed by a DataLoader to project from")
+    if not stats.samples:
+        raise PlanError("the batches' sample counts are unknown (a batch type stallscope cannot size), so no time "
+                        "per sample can be projected")
+    host = next((r.host for r in analysis.ranks if r.pid == session.main_pid), None)
+    ranks_here = sum(1 for r in analysis.ranks if r.host == host) if analysis.ranks else 0
+    on_gpu = not model.compute_on_cpu
+    if gpus is None:
+        gpus = (ranks_here or 1) if on_gpu else 0
+    target = Target(cores=float(cores if cores is not None else usable_cpus(session)), gpus=gpus,  # the host's
+                    step_s=None if step_ms is None else step_ms / 1000, samples_per_s=samples_per_s,
+                    workers=workers, ranks=ranks_here if ranks_here > 1 and gpus == 0 else None)
+    train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+    return project(model, target, stats.samples / len(stats.steady),
+                   normalize_fraction(train.pipeline if train else None), stats.sync_s / stats.samples)

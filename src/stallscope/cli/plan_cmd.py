@@ -7,9 +7,7 @@ import json
 import os
 import sys
 
-from stallscope.analysis import analyze
-from stallscope.analysis.plan import PlanError, Target, plan_dict, project
-from stallscope.analysis.recommend import normalize_fraction
+from stallscope.analysis.plan import PlanError, plan_dict, plan_run
 from stallscope.cli.report_cmd import load_run
 from stallscope.constants import PLAN_SCHEMA
 from stallscope.render import plan as plan_view
@@ -31,9 +29,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", default="last", help="the recorded run (default: last)")
     p.add_argument("--cores", type=float, metavar="N",
-                   help="CPU cores the job may use on the target (default: the recorded run's usable CPUs)")
+                   help="CPU cores the job may use on the target (default: the recorded machine's usable CPUs: "
+                        "its affinity and cgroup quota)")
     p.add_argument("--gpus", type=int, default=None, metavar="G",
-                   help="GPUs on the target, one training process each (default: as recorded, 0 without a GPU)")
+                   help="GPUs on the target, one training process each (default: as recorded, one per rank on "
+                        "the recorded machine; 0 without a GPU)")
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--step-ms", type=float, metavar="MS",
                       help="milliseconds of one training step on the target's GPU (per process, with the recorded samples per step)")
@@ -55,23 +55,12 @@ def handle(args: argparse.Namespace) -> int:
         session, _ = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
-    analysis = analyze(session)
-    model = analysis.capacity.model if analysis.capacity else None
-    stats = analysis.steps
-    if model is None or not stats.steady or not stats.samples:
-        return _fail("this run has no steady training steps fed by a DataLoader to project from "
-                     f"(`stallscope report {args.run}` shows what was recorded)")
-    recorded_gpus = 1 if not model.compute_on_cpu else 0
-    gpus = recorded_gpus if args.gpus is None else args.gpus
     try:
-        target = Target(cores=args.cores if args.cores is not None else model.usable_cpus, gpus=gpus,
-                        step_s=None if args.step_ms is None else args.step_ms / 1000,
+        plan = plan_run(session, cores=args.cores, gpus=args.gpus, step_ms=args.step_ms,
                         samples_per_s=args.samples_per_s, workers=args.workers)
-        per_step = stats.samples / len(stats.steady)
-        train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
-        plan = project(model, target, per_step, normalize_fraction(train.pipeline if train else None))
     except PlanError as exc:
-        return _fail(str(exc))
+        return _fail(f"{exc} (`stallscope report {args.run}` shows what was recorded)"
+                     if "this run" in str(exc) else str(exc))
     document = plan_dict(plan, session.run_id, PLAN_SCHEMA)
     if args.json == "-":
         try:

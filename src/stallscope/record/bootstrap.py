@@ -141,7 +141,7 @@ def _install_exit_recording() -> None:
 
     def at_exit() -> None:
         loader.record_open_next("exit")  # a daemon thread still blocked in next() when the script ended
-        if loader.loaded_in_process:  # what workers would pay to pass batches, which this run cannot show
+        if loader.loaded_in_process and not loader.loaded_by_workers:  # what workers would pay to pass batches
             from stallscope.record import shm_cost
 
             measured = shm_cost.measure()

@@ -223,9 +223,11 @@ def patch_dataloader(module: Any) -> None:
     original_iter = DataLoader.__iter__
 
     def __iter__(self: Any) -> Any:
-        global loaded_in_process
+        global loaded_in_process, loaded_by_workers
         t0 = _perf()
-        if not self.num_workers:
+        if self.num_workers:
+            loaded_by_workers = True
+        else:
             loaded_in_process = True
         iterator = original_iter(self)
         events.emit("iter", getattr(self, "_stallscope_id", -1), getattr(iterator, "_stallscope_iter", -1),
@@ -292,8 +294,10 @@ def patch_dataloader(module: Any) -> None:
 
 #: The iterator whose ``__next__`` is blocked right now and since when: written at process end if set.
 _waiting: tuple[Any, int] | None = None
-#: This process loaded batches itself (a DataLoader with num_workers=0): the exit calibrates shared memory.
+#: This process iterated a DataLoader with num_workers=0 / with workers: where it only loaded batches itself,
+#: its exit measures what shared memory would cost them (record/shm_cost.py).
 loaded_in_process = False
+loaded_by_workers = False
 
 
 def _record_stall(iterator: Any, t0: int, how: str, message: str | None) -> None:

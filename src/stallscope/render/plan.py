@@ -17,6 +17,8 @@ LIMIT_WORDS = {
     "fed": "fed",
     "cores": "the cores: every usable core is busy before the compute is fed",
     "workers": "the worker count: more workers than tabulated would still help (blocked I/O overlaps)",
+    "no-worker-helps": "the cores: loading in the training process beats any worker count (workers would take "
+                       "the cores the compute uses)",
 }
 
 
@@ -41,7 +43,8 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
                   f"{t.cores_per_process:g} core(s) per training process")
     rec = plan.recorded
     measured = rec.get("samples_per_s")
-    console.print(f"recorded: {rec.get('workers')} worker(s) on {rec.get('usable_cpus'):g} usable CPU(s)"
+    console.print(f"recorded: {rec.get('workers')} worker(s), {rec.get('cpus_free'):.2f} CPU(s) free per training "
+                  "process"
                   + (f", {measured:,.1f} samples/s" if isinstance(measured, float) else "")
                   + (", compute on the CPU" if rec.get("compute_on_cpu") else ", compute on a GPU"))
     console.print(f"the compute could take {plan.compute_samples_per_s:,.1f} samples/s per process")

@@ -421,6 +421,8 @@ def _shared_memory_estimate(facts: dict) -> str:
         return ""
     basis = "per-byte cost measured on this machine" if facts.get("shared_memory_basis") == "measured at exit" \
         else "typical per-byte cost"
-    return (f"; with workers, passing batches through shared memory adds an estimated "
-            f"{1000 * facts['shared_memory_s_per_sample']:.2f} ms per sample ({basis}), counted in the prediction")
+    seconds = facts["shared_memory_s_per_sample"]
+    amount = f"{1e6 * seconds:.0f} us" if seconds < 1e-4 else f"{1000 * seconds:.2f} ms"
+    return (f"; with workers, passing batches through shared memory adds an estimated {amount} per sample "
+            f"({basis}), counted in the prediction")
 
