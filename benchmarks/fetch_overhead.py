@@ -26,7 +26,7 @@ plain: mean, as a share of a plain batch; one batch's noise here is +-2-3 ms, so
   500 rounds at 19 Hz: default +234 us (+0.51%) vs nostacks +407 us (+0.88%) wall, +316 vs +290 us CPU (the
   sampler within the noise, ~150 us here), its own CPU 0.33% of the sampled fetches' time (counting its idle
   ticks during the other variants);
-- 2026-12-02, the signal sampler (SIGALRM handler in the fetching thread, timer armed only during fetches, no
+- 2026-12-01 (later), the signal sampler (SIGALRM handler in the fetching thread, timer armed only during fetches, no
   switch-interval change), 19 Hz, ``--variants default,nostacks``: 1,500 rounds, plain batch 47.5 ms: default
   +764 us (+1.61%) vs nostacks +472 us (+0.99%) wall, +713 vs +444 us CPU (means; medians +428 vs +416 us wall);
   1,000 rounds, plain 46.4 ms: default +963 us (+2.08%) vs nostacks +546 us (+1.18%) wall. The handler's own CPU

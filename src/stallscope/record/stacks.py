@@ -66,10 +66,12 @@ except ImportError:  # not on this platform: the thread sampler only
     _getsignal = _setitimer = _SIG_DFL = None  # type: ignore[assignment]
 
 #: Mean samples per second while a fetch is in progress, chosen by benchmarks/fetch_overhead.py (``default``
-#: against ``nostacks``, 2-core VM, 2026-12-01, with the thread sampler): at 67 Hz a sample cost ~240 us of the
-#: worker's wall time (the GIL handed over and back, ~40 frames materialized and walked), +1.6% of a 44 ms
-#: batch; the rate is set for about a third of that. A minute of fetching still gives ~1,000 samples per worker.
-DEFAULT_HZ = 19.0
+#: against ``nostacks``, 2-core VM). With the thread sampler (2026-12-01) a sample at 67 Hz cost ~240 us of the
+#: worker's wall time (+1.6% of a 44 ms batch). With the signal sampler at 19 Hz (2026-12-01, 600 rounds, host busy) the
+#: handler's own CPU was 0.20% of the fetches but the paired thread-CPU difference +0.98% +- 0.42% (~400 us a
+#: sample, the rest in the interrupted fetch), so the rate is halved to keep the sampler near a third of the
+#: 0.5% budget it must stay under. A minute of fetching still gives ~540 samples per worker.
+DEFAULT_HZ = 9.0
 #: Counts are written out at least this often (at the end of a fetch), so a worker killed outright loses at most
 #: this much.
 EMIT_EVERY_NS = 3_000_000_000
