@@ -36,7 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "the recorded machine; 0 without a GPU)")
     rate = p.add_mutually_exclusive_group()
     rate.add_argument("--step-ms", type=float, metavar="MS",
-                      help="milliseconds of one training step on the target's GPU (per process, with the recorded samples per step)")
+                      help="milliseconds of one training step on the target's GPU (per process, with the recorded "
+                           "samples per step)")
     rate.add_argument("--samples-per-s", type=float, metavar="S",
                       help="samples/s the whole job's compute could take on the target (all GPUs together)")
     p.add_argument("--workers", type=int, metavar="W", help="also show the prediction for W workers per process")

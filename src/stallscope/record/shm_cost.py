@@ -32,9 +32,10 @@ def _timed(action: Any) -> int:
 
 def measure(nbytes: int = CALIBRATION_BYTES, repeats: int = REPEATS) -> dict[str, int] | None:
     """Extra nanoseconds, over ordinary memory, to fill ``nbytes`` of a new shared-memory segment (the worker's
-    collate) and to map that segment again and read it (the training process's side): the least of ``repeats``
-    rounds' median, so one interrupted round does not count. None where torch is not loaded, shared memory cannot be had (a full or
-    missing /dev/shm), or batches would go through torch's file_system strategy (its own manager process)."""
+    collate) and to map that segment again and read it (the training process's side): the median of ``repeats``
+    rounds, so one interrupted round does not count. None where torch is not loaded, shared memory cannot be had
+    (a full or missing /dev/shm), or batches would go through torch's file_system strategy (its own manager
+    process)."""
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "UntypedStorage"):
         return None
