@@ -12,7 +12,7 @@ It also measures each decoder's single-core full-size decode rate on the same fi
 states each pipeline's images/s per core as a fraction of its decoder's limit.
 
 Usage: python benchmarks/fastpath.py [--files 2000] [--rounds 3] [--seconds 4] [--device cuda]
-(about 4 minutes with the defaults on 2 cores)
+(about 4 minutes with the defaults on 2 cores), or with --sizes for the size bands (below).
 
 Each measurement is steady state: workers persist across epochs, the batches prefetched during
 start-up are drained before the clock starts, and the clock then runs for --seconds (4) of wall time.
@@ -34,6 +34,40 @@ speed drifts by 30% over minutes (Pillow's single-core rate ranged 556-936 img/s
 interleaving absorbs but the absolute rates do not. Where the two cores go in (b) (perf, steady
 state): JPEG decoding 51%, OpenCV resize/flip/channel split 12%, the main process's normalization
 13%, worker Python 7%, worker kernel time 3% (file reads), idle 3%.
+
+Size bands (issue 20): `python benchmarks/fastpath.py --sizes` (about 5-6 minutes on 2 cores, plus about a
+minute the first time to generate the files into ~/.cache/stallscope/datasets/sizes-*). Four generated ImageFolders,
+each cut from the real photos that ship with scikit-image (and scikit-learn, where installed): small ~250x190 (1,024
+files), ImageNet-like ~500x400 (768), large ~800x600 (512) and photos ~2000x1500 (192), each side +-15% and a quarter
+in portrait, qualities 75-95, a tenth grayscale, 15% progressive, 10% 4:4:4, the rest 4:2:0; images larger than the
+photos are mosaics of crops at about the photos' own scale, so they carry a real photo's bytes per pixel. Per band:
+(a) the torchvision recipe and (b) FastImageFolder + collate_uint8 + DeviceNormalizer("cpu"), RandomResizedCrop(224),
+batch 32, best of 2 and 3 workers, median of 3 interleaved rounds of 3 s; on the ImageNet-like band also (b) with
+the DataLoader's default collate. "of limit" is (b)'s images/s per core over the fastest installed decoder's
+single-core full-size decode rate on the band's files, measured in each round beside the pipelines.
+`--bands small,photo` picks bands; `--sizes --race` runs only the single-core decoder race (CPU per crop decoded,
+DCT scale and region included, and per full decode; the table in stallscope/data/decoders.py came from it, with
+pyvips added by hand, which the project does not install).
+
+Measured 2026-12-01 on the same 2-core machine, shared with other engineers' test runs the whole time (load average
+2-4 on 2 cores: absolute rates moved by 2x between runs, so read the ratios, and these as noisy), turbojpeg-fast
+decoder (region decoding), two consecutive runs:
+
+  band       kpx   torchvision  fast path  ratio        of limit
+  small       48     505 | 366  1,766 | 1,029  3.50x | 2.81x   26% | 23%
+  imagenet   200     323 | 202    878 |   557  2.72x | 2.76x   65% | 29%
+  large      480     148 | 117    371 |   311  2.51x | 2.66x   50% | 42%
+  photo     3005      34 |  31     76 |    76  2.24x | 2.42x   89% | 70%
+  default collate on imagenet: 111% | 93% of the documented use
+
+(The limit was then measured once per band, before the pipelines; it is now measured every round.) Where a
+moment was quieter, the same pipelines measured 3.4x on photos (128 vs 38 img/s) and 3.35x on ImageNet-like (532
+vs 159), and single-process CPU per image gave ratios of 3.2x (small), 2.4x (imagenet), 2.4x (large) and 2.7-2.8x
+(photo). What bounds the large bands: with DCT scaling and the region, entropy (Huffman) decoding of the rows down
+to the crop's bottom is most of what is left (about 11 of the 14 ms a worker spends per 3-megapixel photo), and it
+cannot be skipped; non-power-of-two DCT scales (M/8) were measured too and were slower (no SIMD IDCT). What bounds
+the small band's "of limit": a 250x190 image is smaller than its 224x224 output, so resizing, the channel split
+and normalizing the output cost more than the decode they follow.
 
 What got (b) from 2.4x to 3x: decoding each batch straight into one channels-first shared-memory
 buffer (no collate copy, no transpose later), workers recycling those buffers once the main process
@@ -70,7 +104,8 @@ from stallscope.demo.dataset import DatasetSpec, demo_dataset
 
 
 def torchvision_dataset(root: Path):
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
 
     return datasets.ImageFolder(root, T.Compose([
         T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
@@ -84,7 +119,7 @@ DEVICE = "cpu"  # --device cuda: batches end on the GPU (uint8 ones normalized t
 PREFETCH = 4
 
 
-def images_per_second(dataset, workers: int, batch_size: int, seconds: float, uint8: bool) -> float:
+def images_per_second(dataset, workers: int, batch_size: int, seconds: float, uint8: bool, collate=None) -> float:
     """Steady-state images/s over ``seconds`` of wall time.
 
     Workers persist across epochs, and the clock starts only once the batches prefetched during
@@ -93,7 +128,7 @@ def images_per_second(dataset, workers: int, batch_size: int, seconds: float, ui
     """
     on_gpu = DEVICE != "cpu"
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
-                        collate_fn=collate_uint8 if uint8 else None, persistent_workers=workers > 0,
+                        collate_fn=collate or (collate_uint8 if uint8 else None), persistent_workers=workers > 0,
                         prefetch_factor=PREFETCH if workers else None, drop_last=True, pin_memory=on_gpu)
     normalize = DeviceNormalizer(DEVICE) if uint8 else None
     skip = workers * PREFETCH + 1
@@ -132,16 +167,26 @@ def worker_finalists(dataset, candidates: list[int], batch_size: int, uint8: boo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", action="store_true", help="size bands from small to 2000x1500 photos: per band the "
+                        "ratio to the torchvision recipe and the fraction of the decoder's full-size limit")
+    parser.add_argument("--bands", default=",".join(SIZE_BANDS), help="with --sizes: which bands, comma-separated")
+    parser.add_argument("--race", action="store_true", help="with --sizes: only the single-core decoder race on "
+                        "each band (CPU per crop decoded and per full decode), no pipelines")
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="full measurements per pipeline (median reported)")
-    parser.add_argument("--seconds", type=float, default=4.0, help="steady-state seconds per measurement")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="steady-state seconds per measurement (default 4, with --sizes 3)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda: batches are moved to the GPU and the "
                         "uint8 pipelines normalize there (the torchvision recipe normalizes on the CPU)")
     parser.add_argument("--work", default=None, help="where to put the packs (default: a temporary folder)")
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
+    if args.sizes:
+        args.seconds = args.seconds or 3.0
+        return sizes_main(args)
+    args.seconds = args.seconds or 4.0
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -206,6 +251,207 @@ def main() -> None:
     print(f"(img/s: median of {args.rounds} interleaved steady-state runs of {args.seconds:g} s each, at the better "
           f"of each pipeline's two best worker counts in the probe; "
           f"per core = img/s / {cores} cores; of limit = per core / that decoder's single-core rate)")
+
+
+#: name -> (nominal width, height, files generated). Files: enough for several batches per worker
+#: and an epoch of a few seconds, few enough that generating and measuring stay within minutes.
+SIZE_BANDS: dict[str, tuple[int, int, int]] = {
+    "small": (250, 190, 1024),
+    "imagenet": (500, 400, 768),
+    "large": (800, 600, 512),
+    "photo": (2000, 1500, 192),
+}
+
+
+def size_band_dataset(band: str, seed: int = 0) -> Path:
+    """The cached ImageFolder of ``band``: JPEGs cut from the demo's real photos, sized around the band's
+    nominal size (+-15%, a quarter in portrait), qualities 75-95, a tenth grayscale, 15% progressive and 10%
+    without chroma subsampling (4:4:4), the rest 4:2:0 like most cameras.
+
+    Images larger than the photos they come from are mosaics of crops at about their own scale
+    (never enlarged more than 1.25x), so a 2000x1500 JPEG carries the detail, and so the entropy-coded
+    bytes per pixel, of a real photo rather than of an enlarged, smooth one.
+    """
+    import io
+    import json
+    import random
+
+    from PIL import Image
+
+    from stallscope.demo.dataset import _load_photos, default_cache_dir
+
+    width, height, count = SIZE_BANDS[band]
+    root = default_cache_dir() / f"sizes-{band}-{width}x{height}-{count}-s{seed}-v1"
+    manifest = root / "stallscope-dataset.json"
+    if manifest.is_file():
+        return root
+    photos = _load_photos()
+    rng = random.Random(f"{band}-{seed}")
+    for index in range(count):
+        w, h = int(width * rng.uniform(0.85, 1.15)), int(height * rng.uniform(0.85, 1.15))
+        if rng.random() < 0.25:
+            w, h = h, w
+        cells = max(1, round(max(w, h) / 600))
+        canvas = Image.new("RGB", (w, h))
+        xs = [round(w * k / cells) for k in range(cells + 1)]
+        ys = [round(h * k / cells) for k in range(cells + 1)]
+        for a in range(cells):
+            for b in range(cells):
+                tile = _photo_tile(photos[rng.randrange(len(photos))], xs[a + 1] - xs[a], ys[b + 1] - ys[b], rng)
+                canvas.paste(tile, (xs[a], ys[b]))
+        options: dict[str, object] = {"format": "JPEG", "quality": rng.randint(75, 95)}
+        kind = rng.random()
+        if kind < 0.10:
+            canvas = canvas.convert("L")
+        elif kind < 0.25:
+            options["progressive"] = True
+        elif kind < 0.35:
+            options["subsampling"] = 0
+        buf = io.BytesIO()
+        canvas.save(buf, **options)
+        target = root / f"class_{index % 10:02d}" / f"img_{index:05d}.jpg"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(buf.getvalue())
+    manifest.write_text(json.dumps({"band": band, "files": count, "seed": seed}))
+    return root
+
+
+def _photo_tile(photo, width: int, height: int, rng):
+    """A ``width`` x ``height`` crop of ``photo``, scaled by 1/2.5 to 1.25 (less where the photo is too small)."""
+    from PIL import Image
+
+    pw, ph = photo.size
+    need = max(width / pw, height / ph)  # the smallest scale at which the photo covers the tile
+    factor = max(need, min(rng.uniform(0.4, 1.25), max(1.25, need)))
+    cw, ch = min(pw, round(width / factor)), min(ph, round(height / factor))
+    x, y = rng.randrange(0, pw - cw + 1), rng.randrange(0, ph - ch + 1)
+    tile = photo.crop((x, y, x + cw, y + ch)).resize((width, height), Image.BILINEAR)
+    return tile.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else tile
+
+
+def sizes_main(args: argparse.Namespace) -> None:
+    """Per size band: torchvision's recipe vs FastImageFolder (and its default-collate use), side by side."""
+    from torch.utils.data import default_collate
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+    warnings.filterwarnings("ignore", message="FastImageFolder with the default collate")
+    global PREFETCH
+    PREFETCH = 2  # photo-band batches take seconds with torchvision: keep the warm-up short
+    cores = os.cpu_count() or 1
+    batch = min(args.batch_size, 32)
+    bands = [b for b in args.bands.split(",") if b]
+    if args.race:
+        return decoder_race(bands)
+    gpu = f", batches to {torch.cuda.get_device_name()}" if DEVICE != "cpu" else ", normalization on the CPU"
+    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}{gpu}")
+    crop = RandomResizedCrop(224)
+    rows = []
+    for band in bands:
+        t0 = time.perf_counter()
+        root = size_band_dataset(band)
+        files = sorted(root.glob("*/*.jpg"))
+        fast = FastImageFolder(root, crop=crop)
+        blobs = [p.read_bytes() for p in files[:96]]
+        # The limit is the fastest full-size decode installed, not only the fast path's own decoder
+        # (turbojpeg keeps the accurate chroma upsampling, so its full decode is the slower one),
+        # measured in every round beside the pipelines, so that it sees the same machine they do.
+        limit_names = [n for n in dict.fromkeys((fast.decoder_name, "simplejpeg-fast")) if n in available_decoders()]
+        limits: dict[str, list[float]] = {name: [] for name in limit_names}
+        pixels = statistics.mean(_pixels(b) for b in blobs)
+        pipelines = {"torchvision": (torchvision_dataset(root), None), "fast": (fast, collate_uint8)}
+        if band == "imagenet":
+            pipelines["default collate"] = (FastImageFolder(root, crop=crop), default_collate)
+        runs = {(name, w): [] for name in pipelines for w in (cores, cores + 1)}
+        for _ in range(args.rounds):
+            for name in limit_names:
+                limits[name].append(measure_decode_rate(name, blobs, min_seconds=1.0))
+            for (name, workers), series in runs.items():
+                dataset, collate = pipelines[name]
+                series.append(_band_rate(dataset, workers, batch, args.seconds, collate))
+        limit_decoder = max(limit_names, key=lambda name: statistics.median(limits[name]))
+        limit = statistics.median(limits[limit_decoder])
+        best = {name: max((statistics.median(runs[(name, w)]), w) for w in (cores, cores + 1)) for name in pipelines}
+        rows.append((band, len(files), pixels, limit, best, limit_decoder))
+        print(f"{band}: {len(files)} files, {pixels / 1000:.0f} kpx, " + ", ".join(
+            f"{name} {rate:,.0f} img/s ({w} workers)" for name, (rate, w) in best.items())
+            + f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
+    print()
+    print(f"{'band':9s} {'files':>5s} {'kpx':>5s} {'torchvision':>11s} {'fast path':>9s} {'ratio':>6s} "
+          f"{'limit decoder':>16s} {'limit/core':>10s} {'of limit':>8s}")
+    for band, n, pixels, limit, best, decoder in rows:
+        base, rate = best["torchvision"][0], best["fast"][0]
+        print(f"{band:9s} {n:5d} {pixels / 1000:5.0f} {base:11,.0f} {rate:9,.0f} {rate / base:5.2f}x {decoder:>16s} "
+              f"{limit:10,.0f} {rate / cores / limit:8.0%}")
+        if "default collate" in best:
+            other = best["default collate"][0]
+            print(f"{'':9s} FastImageFolder with the default collate: {other:,.0f} img/s, {other / rate:.0%} of the "
+                  "documented use")
+    print(f"(img/s: median of {args.rounds} interleaved steady-state runs of {args.seconds:g} s, batch {batch}, best of "
+          f"{cores} and {cores + 1} workers; limit/core: the fastest installed decoder's single-core full-size decode "
+          f"rate on the band's files, median of one measurement per round; of limit = fast path img/s / {cores} cores / limit/core; fast path decoder: "
+          f"{FastImageFolder(size_band_dataset(bands[0])).decoder_name})")
+
+
+def decoder_race(bands: list[str], files: int = 40, rounds: int = 5) -> None:
+    """Single-core CPU per RandomResizedCrop(224) crop decoded, DCT scale and region included, resize excluded,
+    and per full-size decode, for each installed decoder: interleaved file by file, process CPU time (so other
+    load on a shared machine inflates every decoder alike), median over ``rounds``."""
+    import random
+
+    from stallscope.data.cropdecode import scaled_box
+    from stallscope.data.decoders import get_decoder
+    from stallscope.data.headers import read_header
+
+    names = [n for n in available_decoders() if n not in ("simplejpeg", "turbojpeg")]  # the exact twins: slower
+    decoders = {name: get_decoder(name) for name in names}
+    print(f"{'crops|full decodes/s per core':30s}" + "".join(f"{band:>18s}" for band in bands))
+    table: dict[str, list[str]] = {name: [] for name in names}
+    for band in bands:
+        rng = random.Random(band)
+        items = []
+        for path in sorted(size_band_dataset(band).glob("*/*.jpg"))[:files]:
+            blob = path.read_bytes()
+            header = read_header(blob)
+            plan = RandomResizedCrop(224).plan(header.width, header.height, rng)
+            scale = plan.dct_scale()
+            scaled = (-(-header.width // scale), -(-header.height // scale))
+            items.append((blob, header.width, header.height, scale, scaled_box(plan, header.width, header.height,
+                                                                                 *scaled)))
+        rates: dict[tuple[str, bool], list[float]] = {(n, full): [] for n in names for full in (False, True)}
+        for _ in range(rounds):
+            spent = dict.fromkeys(rates, 0.0)
+            for blob, width, height, scale, box in items:
+                for name, decoder in decoders.items():
+                    t0 = time.process_time()
+                    decoder.decode_region(blob, width, height, scale, box)
+                    t1 = time.process_time()
+                    decoder.decode(blob, width, height, 1)
+                    spent[(name, False)] += t1 - t0
+                    spent[(name, True)] += time.process_time() - t1
+            for key, seconds in spent.items():
+                rates[key].append(len(items) / seconds)
+        for name in names:
+            table[name].append(f"{statistics.median(rates[(name, False)]):,.0f} | "
+                               f"{statistics.median(rates[(name, True)]):,.0f}")
+    for name in names:
+        print(f"{name:30s}" + "".join(f"{cell:>18s}" for cell in table[name]))
+
+
+def _pixels(blob: bytes) -> int:
+    from stallscope.data.headers import read_header
+
+    header = read_header(blob)
+    return header.width * header.height
+
+
+def _band_rate(dataset, workers: int, batch_size: int, seconds: float, collate) -> float:
+    """images_per_second for one size-band pipeline; the default-collate one normalizes its uint8 batch too."""
+    if collate is collate_uint8:
+        return images_per_second(dataset, workers, batch_size, seconds, uint8=True)
+    if collate is None:
+        return images_per_second(dataset, workers, batch_size, seconds, uint8=False)
+    return images_per_second(dataset, workers, batch_size, seconds, uint8=True, collate=collate)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stallscope.data import FastImageFolder, FullImage, RandomResizedCrop, ResizeCenterCrop, SourceError
+from stallscope.data import (
+    FastImageFolder,
+    FullImage,
+    RandomResizedCrop,
+    ResizeCenterCrop,
+    SourceError,
+)
 from stallscope.demo.dataset import DatasetSpec, make_dataset
 
 
@@ -191,3 +197,33 @@ def test_a_batch_forwarded_to_another_process_is_never_recycled(folder):
     assert max(reuse) > 0  # the pool did recycle other buffers meanwhile
     assert torch.equal(ForkingPickler.loads(forwarded), expected)
     del batches, loader
+
+
+def test_default_collate_gives_the_same_batches_and_workers_keep_recycling(folder):
+    """``FastImageFolder(root)`` with the DataLoader's default collate, the first thing people try.
+
+    It measured within 20% of ``collate_fn=collate_uint8`` (``benchmarks/fastpath.py --sizes``: 0.89-1.0x), so
+    it is left fast rather than warned about. What keeps it fast, checked here without a clock: the batches are
+    the same uint8 NCHW pixels, DeviceNormalizer takes them, and the workers still decode into recycled buffers
+    (default_collate copies out of them, so each is free again at once).
+    """
+    from torch.utils.data import DataLoader, default_collate
+
+    from stallscope.data import DeviceNormalizer, collate_uint8
+
+    crop = ResizeCenterCrop(72, 64)
+    reference = FastImageFolder(folder, crop=crop)
+    normalize = DeviceNormalizer("cpu")
+    loader = DataLoader(_ReportsReuse(folder, crop=crop), batch_size=8, num_workers=1, persistent_workers=True,
+                        drop_last=True)
+    reuse = []
+    for _ in range(2):
+        for k, (images, reused) in enumerate(loader):
+            expected = collate_uint8([reference[i] for i in range(8 * k, 8 * k + 8)])[0]
+            assert images.dtype == torch.uint8 and torch.equal(images, expected)
+            assert torch.equal(normalize(images)[0], normalize(expected)[0])
+            reuse.append(int(reused.max()))
+    assert max(reuse) > 0
+    in_process = default_collate(reference.__getitems__(list(range(8))))[0]  # num_workers=0
+    assert torch.equal(in_process, collate_uint8([reference[i] for i in range(8)])[0])
+    del loader

@@ -5,24 +5,31 @@ photos one core decoded about 1,230 img/s with simplejpeg, 990 with OpenCV and 6
 Pillow (whose ``convert`` and array export add copies). The order below is that ranking;
 :func:`measure_decode_rate` re-measures it on the user's own files.
 
-``"auto"`` picks simplejpeg with libjpeg-turbo's fast integer IDCT and fast chroma
-upsampling ("simplejpeg-fast"), as FFCV does: about 20% more images per core, for pixel
-differences of about one grey level that random crops and resizes drown anyway. Ask for
+``"auto"`` picks the first installed of :data:`DECODER_ORDER`: turbojpeg with the fast integer
+IDCT ("turbojpeg-fast"), else simplejpeg with the fast IDCT and fast chroma upsampling
+("simplejpeg-fast"), as FFCV does: about 20% more images per core, for pixel differences of
+about one grey level that random crops and resizes drown anyway. Ask for ``"turbojpeg"`` or
 ``"simplejpeg"`` for the exact decode.
 
 Every backend can decode at 1/2, 1/4 or 1/8 scale inside the IDCT, which skips most of the
 work when the crop is much larger than the output. ``"turbojpeg"`` (libjpeg-turbo 3 through
 ctypes, see :mod:`stallscope.data.turbo`; extra ``turbo``) also decodes only the crop's region,
 and ranks first where installed. Single-core CPU per RandomResizedCrop(224) crop decoded (DCT
-scale included, resize excluded), on the size bands of ``benchmarks/fastpath.py --sizes``
-(40 files each; ``/tmp`` race, 2026-12-01, 5 interleaved rounds, median, a busy 2-core machine):
+scale included, resize excluded) and per full-size decode, on 40 files of each size band of
+``benchmarks/fastpath.py --sizes`` (2026-12-01, median of 5 interleaved rounds of process CPU
+time, a busy 2-core x86-64 machine; the race script is described in that benchmark's docstring):
 
-    crops/s per core   small 250x190  imagenet 500x400  large 800x600  photo 2000x1500
-    turbojpeg region        2,924           799              541              96
-    simplejpeg-fast         2,609           712              447              80
-    opencv                  2,366           645              394              77
-    pillow (draft)          1,296           446              182              42
-    pyvips (shrink, crop)     513           287              247              67
+    decodes/s per core    small 250x190   imagenet 500x400   large 800x600   photo 2000x1500
+                           crop   full     crop   full        crop   full     crop   full
+    turbojpeg-fast        3,406  2,442      809    628         385    276       78     52
+    simplejpeg-fast       3,396  3,034      742    714         324    312       68     56
+    opencv                2,988  2,540      666    605         287    241       68     46
+    pillow (draft)        1,721  1,334      423    397         130    144       38     25
+    pyvips (shrink, crop)   651    519      284    243         171    127       60     38
+
+The region saves 0-19% over simplejpeg's scaled whole decode (more on larger images, where
+crops leave more rows unread); turbojpeg's full decode is slower than simplejpeg-fast's because
+it keeps libjpeg-turbo's accurate chroma upsampling (see :mod:`stallscope.data.turbo`).
 
 Non-JPEG input always goes through Pillow.
 """
