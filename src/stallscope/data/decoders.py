@@ -108,18 +108,19 @@ class TurboJpegDecoder(Decoder):
     decodes_regions = True
 
     def __init__(self, fast: bool = False) -> None:
-        from stallscope.data.turbo import TurboJpeg
+        from stallscope.data import turbo
 
-        self._turbo = TurboJpeg(fast)
+        self._module = turbo  # decode_jpeg is looked up at each call, so a recorder's wrapper sees it
+        self._turbo = turbo.TurboJpeg(fast)
         self.fast = fast
         self.name = "turbojpeg-fast" if fast else "turbojpeg"
 
     def decode(self, data: bytes, width: int, height: int, scale: int = 1) -> np.ndarray:
-        return self._turbo.decode(data, scale)[0]
+        return self._module.decode_jpeg(self._turbo, data, scale)[0]
 
     def decode_region(self, data: bytes, width: int, height: int, scale: int,
                       box: tuple[int, int, int, int]) -> tuple[np.ndarray, int, int]:
-        return self._turbo.decode(data, scale, box)
+        return self._module.decode_jpeg(self._turbo, data, scale, box)
 
 
 class OpenCVDecoder(Decoder):
