@@ -42,25 +42,26 @@ files), ImageNet-like ~500x400 (768), large ~800x600 (512) and photos ~2000x1500
 in portrait, qualities 75-95, a tenth grayscale, 15% progressive, 10% 4:4:4, the rest 4:2:0; images larger than the
 photos are mosaics of crops at about the photos' own scale, so they carry a real photo's bytes per pixel. Per band:
 (a) the torchvision recipe and (b) FastImageFolder + collate_uint8 + DeviceNormalizer("cpu"), RandomResizedCrop(224),
-batch 32, best of 2 and 3 workers, median of 3 interleaved rounds of 3 s; on the ImageNet-like band also (b) with
-the DataLoader's default collate. "of limit" is (b)'s images/s per core over the fastest installed decoder's
+batch 32 (16 for photos), best of 2 and 3 workers, median of 3 interleaved rounds of 3 s; on the ImageNet-like
+band also (b) with the DataLoader's default collate. "of limit" is (b)'s images/s per core over the fastest installed decoder's
 single-core full-size decode rate on the band's files, measured in each round beside the pipelines.
 `--bands small,photo` picks bands; `--sizes --race` runs only the single-core decoder race (CPU per crop decoded,
-DCT scale and region included, and per full decode; the table in stallscope/data/decoders.py came from it, with
-pyvips added by hand, which the project does not install).
+DCT scale and region included, and per full decode; the table in stallscope/data/decoders.py was measured the same
+way, with pyvips added by hand, which the project does not install).
 
 Measured 2026-12-01 on the same 2-core machine, shared with other engineers' test runs the whole time (load average
 2-4 on 2 cores: absolute rates moved by 2x between runs, so read the ratios, and these as noisy), turbojpeg-fast
-decoder (region decoding), two consecutive runs:
+decoder (region decoding), three consecutive runs (batch 32 for photos too in these):
 
-  band       kpx   torchvision  fast path  ratio        of limit
-  small       48     505 | 366  1,766 | 1,029  3.50x | 2.81x   26% | 23%
-  imagenet   200     323 | 202    878 |   557  2.72x | 2.76x   65% | 29%
-  large      480     148 | 117    371 |   311  2.51x | 2.66x   50% | 42%
-  photo     3005      34 |  31     76 |    76  2.24x | 2.42x   89% | 70%
-  default collate on imagenet: 111% | 93% of the documented use
+  band       kpx   torchvision img/s   fast path img/s    ratio               of limit
+  small       48     505 | 366 | 324   1,766 | 1,029 | 1,212   3.50x | 2.81x | 3.74x   26% | 23% | 24%
+  imagenet   200     323 | 202 | 243     878 |   557 |   597   2.72x | 2.76x | 2.45x   65% | 29% | 35%
+  large      480     148 | 117 | 161     371 |   311 |   389   2.51x | 2.66x | 2.41x   50% | 42% | 54%
+  photo     3005      34 |  31 |  30      76 |    76 |    67   2.24x | 2.42x | 2.24x   89% | 70% | 78%
+  default collate on imagenet: 111% | 93% | 108% of the documented use
 
-(The limit was then measured once per band, before the pipelines; it is now measured every round.) Where a
+(In the first two runs the limit was measured once per band, before the pipelines; in the third, every round.)
+"of limit" divides by 2 cores that the pipelines did not have to themselves, so it reads low here. Where a
 moment was quieter, the same pipelines measured 3.4x on photos (128 vs 38 img/s) and 3.35x on ImageNet-like (532
 vs 159), and single-process CPU per image gave ratios of 3.2x (small), 2.4x (imagenet), 2.4x (large) and 2.7-2.8x
 (photo). What bounds the large bands: with DCT scaling and the region, entropy (Huffman) decoding of the rows down
@@ -253,13 +254,15 @@ def main() -> None:
           f"per core = img/s / {cores} cores; of limit = per core / that decoder's single-core rate)")
 
 
-#: name -> (nominal width, height, files generated). Files: enough for several batches per worker
-#: and an epoch of a few seconds, few enough that generating and measuring stay within minutes.
-SIZE_BANDS: dict[str, tuple[int, int, int]] = {
-    "small": (250, 190, 1024),
-    "imagenet": (500, 400, 768),
-    "large": (800, 600, 512),
-    "photo": (2000, 1500, 192),
+#: name -> (nominal width, height, files generated, batch size). Files: enough for several batches per
+#: worker and an epoch of a few seconds, few enough that generating and measuring stay within minutes.
+#: Photos get batches of 16: torchvision makes ~30 of them a second, and each measurement first drains
+#: the batches prefetched during start-up.
+SIZE_BANDS: dict[str, tuple[int, int, int, int]] = {
+    "small": (250, 190, 1024, 32),
+    "imagenet": (500, 400, 768, 32),
+    "large": (800, 600, 512, 32),
+    "photo": (2000, 1500, 192, 16),
 }
 
 
@@ -280,7 +283,7 @@ def size_band_dataset(band: str, seed: int = 0) -> Path:
 
     from stallscope.demo.dataset import _load_photos, default_cache_dir
 
-    width, height, count = SIZE_BANDS[band]
+    width, height, count, _ = SIZE_BANDS[band]
     root = default_cache_dir() / f"sizes-{band}-{width}x{height}-{count}-s{seed}-v1"
     manifest = root / "stallscope-dataset.json"
     if manifest.is_file():
@@ -335,11 +338,9 @@ def sizes_main(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="This DataLoader will create")
-    warnings.filterwarnings("ignore", message="FastImageFolder with the default collate")
     global PREFETCH
     PREFETCH = 2  # photo-band batches take seconds with torchvision: keep the warm-up short
     cores = os.cpu_count() or 1
-    batch = min(args.batch_size, 32)
     bands = [b for b in args.bands.split(",") if b]
     if args.race:
         return decoder_race(bands)
@@ -349,6 +350,7 @@ def sizes_main(args: argparse.Namespace) -> None:
     rows = []
     for band in bands:
         t0 = time.perf_counter()
+        batch = min(args.batch_size, SIZE_BANDS[band][3])
         root = size_band_dataset(band)
         files = sorted(root.glob("*/*.jpg"))
         fast = FastImageFolder(root, crop=crop)
@@ -375,7 +377,7 @@ def sizes_main(args: argparse.Namespace) -> None:
         rows.append((band, len(files), pixels, limit, best, limit_decoder))
         print(f"{band}: {len(files)} files, {pixels / 1000:.0f} kpx, " + ", ".join(
             f"{name} {rate:,.0f} img/s ({w} workers)" for name, (rate, w) in best.items())
-            + f"  [{time.perf_counter() - t0:.0f} s]", flush=True)
+            + f"  [batch {batch}, {time.perf_counter() - t0:.0f} s]", flush=True)
     print()
     print(f"{'band':9s} {'files':>5s} {'kpx':>5s} {'torchvision':>11s} {'fast path':>9s} {'ratio':>6s} "
           f"{'limit decoder':>16s} {'limit/core':>10s} {'of limit':>8s}")
@@ -387,10 +389,10 @@ def sizes_main(args: argparse.Namespace) -> None:
             other = best["default collate"][0]
             print(f"{'':9s} FastImageFolder with the default collate: {other:,.0f} img/s, {other / rate:.0%} of the "
                   "documented use")
-    print(f"(img/s: median of {args.rounds} interleaved steady-state runs of {args.seconds:g} s, batch {batch}, best of "
+    print(f"(img/s: median of {args.rounds} interleaved steady-state runs of {args.seconds:g} s, best of "
           f"{cores} and {cores + 1} workers; limit/core: the fastest installed decoder's single-core full-size decode "
-          f"rate on the band's files, median of one measurement per round; of limit = fast path img/s / {cores} cores / limit/core; fast path decoder: "
-          f"{FastImageFolder(size_band_dataset(bands[0])).decoder_name})")
+          f"rate on the band's files, median of one measurement per round; of limit = fast path img/s / {cores} "
+          f"cores / limit/core; fast path decoder: {FastImageFolder(size_band_dataset(bands[0])).decoder_name})")
 
 
 def decoder_race(bands: list[str], files: int = 40, rounds: int = 5) -> None:

@@ -15,9 +15,10 @@ Every backend can decode at 1/2, 1/4 or 1/8 scale inside the IDCT, which skips m
 work when the crop is much larger than the output. ``"turbojpeg"`` (libjpeg-turbo 3 through
 ctypes, see :mod:`stallscope.data.turbo`; extra ``turbo``) also decodes only the crop's region,
 and ranks first where installed. Single-core CPU per RandomResizedCrop(224) crop decoded (DCT
-scale included, resize excluded) and per full-size decode, on 40 files of each size band of
+scale included, resize excluded) and per full-size decode, on 40 files per band generated like the bands of
 ``benchmarks/fastpath.py --sizes`` (2026-12-01, median of 5 interleaved rounds of process CPU
-time, a busy 2-core x86-64 machine; the race script is described in that benchmark's docstring):
+time, a busy 2-core x86-64 machine; ``benchmarks/fastpath.py --sizes --race`` repeats it for the installed
+decoders, pyvips was measured the same way by hand):
 
     decodes/s per core    small 250x190   imagenet 500x400   large 800x600   photo 2000x1500
                            crop   full     crop   full        crop   full     crop   full

@@ -151,10 +151,10 @@ class TurboJpeg:
         if lib.tj3SetScalingFactor(handle, _Scale(1, scale)) != 0:
             raise self._fail(handle)
         scaled_w, scaled_h = -(-width // scale), -(-height // scale)
-        if box is None:
+        if box is None or not 0 <= subsamp < len(_MCU_WIDTH):  # an unusual layout: no known MCU, decode all
             x, y, x1, y1 = 0, 0, scaled_w, scaled_h
         else:
-            mcu = max(1, _MCU_WIDTH[subsamp] // scale) if 0 <= subsamp < len(_MCU_WIDTH) else 1
+            mcu = max(1, _MCU_WIDTH[subsamp] // scale)
             x = max(0, (box[0] // mcu - 1) * mcu)
             y, y1 = box[1], box[3]
             x1 = min(scaled_w, box[2] + mcu)
