@@ -211,7 +211,8 @@ def get_decoder(name: str | Decoder = "auto") -> Decoder:
     try:
         return _FACTORIES[name]()
     except ImportError as exc:
-        raise ImportError(f"decoder {name!r} is not installed (pip install 'stallscope[data]')") from exc
+        extra = "turbo" if name.startswith("turbojpeg") else "data"
+        raise ImportError(f"decoder {name!r} is not installed (pip install 'stallscope[{extra}]')") from exc
 
 
 def measure_decode_rate(decoder: Decoder | str, blobs: Sequence[bytes], min_seconds: float = 1.0) -> float:
