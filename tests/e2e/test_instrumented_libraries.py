@@ -30,3 +30,17 @@ def test_opencv(tmp_path, image_folder):
     assert result.returncode == 0, result.stderr[-3000:]
     calls = result.summary["loaders"][0]["pipeline"]["by_call_s"]
     assert {"cv2.imread", "cv2.cvtColor", "cv2.resize"} <= set(calls)
+
+
+def test_stallscopes_own_turbojpeg_backend_is_decode(tmp_path, image_folder):
+    from stallscope.data.decoders import available_decoders
+
+    if "turbojpeg" not in available_decoders():
+        pytest.skip("the turbo extra is not installed")
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "libraries_train.py"), str(image_folder),
+                                "turbojpeg", "1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    pipeline = result.summary["loaders"][0]["pipeline"]
+    assert "turbojpeg.decode_jpeg" in pipeline["by_call_s"]
+    assert pipeline["node_seconds"]["decode"] > 0
+

@@ -42,9 +42,15 @@ class OpenCV(Dataset):
 def main():
     root, kind, workers = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     files = sorted(root.rglob("*.jpg"))[:64]
-    dataset = TorchvisionV2(files) if kind == "v2" else OpenCV(files)
-    for images, _ in DataLoader(dataset, batch_size=8, num_workers=workers):
-        images.mean()
+    collate = None
+    if kind == "turbojpeg":  # stallscope's own fast path, its libjpeg-turbo backend
+        from stallscope.data import FastImageFolder, RandomResizedCrop, collate_uint8
+
+        dataset, collate = FastImageFolder(root, RandomResizedCrop(64), decoder="turbojpeg"), collate_uint8
+    else:
+        dataset = TorchvisionV2(files) if kind == "v2" else OpenCV(files)
+    for images, _ in DataLoader(dataset, batch_size=8, num_workers=workers, collate_fn=collate):
+        images.float().mean()
 
 
 if __name__ == "__main__":

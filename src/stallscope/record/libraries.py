@@ -41,6 +41,11 @@ def patch_simplejpeg(module: Any) -> None:
     patch_module_functions(module, ("decode_jpeg",), "decode", "simplejpeg.")
 
 
+def patch_stallscope_turbo(module: Any) -> None:
+    """stallscope's own fast path decodes through libjpeg-turbo's TurboJPEG API (``data/turbo.py``)."""
+    patch_module_functions(module, ("decode_jpeg",), "decode", "turbojpeg.")
+
+
 def patch_torchvision_io(module: Any) -> None:
     patch_module_functions(module, ("decode_jpeg", "decode_png", "decode_image", "decode_webp", "decode_gif",
                                     "decode_avif", "decode_heic", "read_image"), "decode", "torchvision.io.")
@@ -130,6 +135,7 @@ LIBRARY_PATCHES: dict[str, Any] = {
     "PIL.ImageFile": patch_pil_imagefile,
     "cv2": patch_cv2,
     "simplejpeg": patch_simplejpeg,
+    "stallscope.data.turbo": patch_stallscope_turbo,
     "torchvision.io": patch_torchvision_io,
     "torchvision.transforms.transforms": patch_transforms_v1,
     "torchvision.transforms.functional": patch_functional_v1,
