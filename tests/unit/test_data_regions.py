@@ -153,3 +153,18 @@ def test_corrupt_and_cmyk_jpegs_fall_back_instead_of_failing():
     Image.new("CMYK", (96, 64), (10, 200, 30, 0)).save(buf, format="JPEG")
     out = decode_crop(buf.getvalue(), RandomResizedCrop(32), region)
     assert out.shape == (32, 32, 3)
+
+
+def test_an_empty_or_outside_region_is_refused_not_decoded():
+    """TurboJPEG reads a region height of 0 as 'to the bottom': an empty box would overrun the output buffer."""
+    if "turbojpeg" not in available_decoders():
+        pytest.skip("the turbo extra is not installed")
+    from stallscope.data.turbo import TurboJpeg, TurboJpegError
+
+    data = _jpeg("420")
+    decoder = TurboJpeg()
+    for box in ((0, 10, 50, 10), (0, 0, 10_000, 10), (-1, 0, 5, 5), (20, 0, 10, 5)):
+        with pytest.raises(TurboJpegError, match="empty or outside"):
+            decoder.decode(data, 1, box)
+    whole, x, y = decoder.decode(memoryview(data), 1)  # any bytes-like input, as simplejpeg takes
+    assert (x, y) == (0, 0) and whole.ndim == 3

@@ -9,8 +9,10 @@ With the DCT scaling the crop allows, that decoded the crops of a RandomResizedC
 (the race is in :mod:`stallscope.data.decoders`). pyvips also decodes on demand, but its per-image
 cost exceeded what it saved.
 
-The library is found, in order: the copy that the ``turbojpeg`` wheel bundles (extra ``turbo``;
-libjpeg-turbo 3.1), then a system ``libturbojpeg`` of version 3 or later. Without one, the
+The library is found, in order: the copy that the ``turbojpeg`` wheel bundles (extra ``turbo``, pinned to
+0.0.2, whose wheels carry a libjpeg-turbo development build with the TurboJPEG 3 API, "2.1.92"), then a
+system ``libturbojpeg`` of version 3 or later. That wheel's module is named ``turbojpeg`` like PyTurboJPEG's and
+shadows it: an environment that uses PyTurboJPEG should not install the ``turbo`` extra. Without one, the
 other decoders are used as before. Nothing here is compiled: the TurboJPEG API takes an opaque
 handle, integers and two small structs, which ctypes passes safely, and reports errors by return
 value, so a corrupt file raises instead of jumping out of the library.
@@ -98,14 +100,27 @@ class TurboJpegError(ValueError):
     """TurboJPEG refused the data (corrupt, CMYK to RGB, ...): the caller falls back to another decoder."""
 
 
+class _Owned:
+    """One thread's decompressor handle, destroyed with it: when the thread ends (its thread-local state is
+    dropped) or the TurboJpeg object goes."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: int) -> None:
+        self.lib, self.handle = lib, handle
+
+    def __del__(self) -> None:
+        if self.handle:
+            self.lib.tj3Destroy(self.handle)
+            self.handle = 0
+
+
 class _Handle(threading.local):
-    handle: int | None = None
+    owned: _Owned | None = None
 
 
 class TurboJpeg:
     """One decompressor per thread; ``fast`` selects the fast integer IDCT.
 
-    Fast chroma upsampling is never used: with it, libjpeg-turbo 3.1.3 skips rows above a region
+    Fast chroma upsampling is never used: with it, the bundled libjpeg-turbo skips rows above a region
     through its merged upsampler, which reads and writes outside its buffers (valgrind: invalid
     reads and writes in ``read_and_discard_scanlines``; regions decoded after it came out as noise
     in about one image in twenty). The fast IDCT alone is clean under valgrind.
@@ -120,15 +135,15 @@ class TurboJpeg:
         self._local = _Handle()
 
     def _handle(self) -> int:
-        handle = self._local.handle
-        if handle is None:
+        owned = self._local.owned
+        if owned is None:
             handle = self._lib.tj3Init(_INIT_DECOMPRESS)
             if not handle:
                 raise MemoryError("tj3Init failed")
+            owned = self._local.owned = _Owned(self._lib, handle)
             self._lib.tj3Set(handle, _PARAM_FASTDCT, int(self.fast))
             self._lib.tj3Set(handle, _PARAM_FASTUPSAMPLE, 0)
-            self._local.handle = handle
-        return handle
+        return owned.handle
 
     def _fail(self, handle: int) -> TurboJpegError:
         return TurboJpegError((self._lib.tj3GetErrorStr(handle) or b"TurboJPEG error").decode(errors="replace"))
@@ -143,6 +158,8 @@ class TurboJpeg:
         last columns as image edges; one MCU more on each side keeps every pixel of ``box``
         equal to the full decode's.
         """
+        if not isinstance(data, bytes):  # a memoryview or bytearray: ctypes passes only bytes as char*
+            data = bytes(data)
         lib, handle = self._lib, self._handle()
         if lib.tj3DecompressHeader(handle, data, len(data)) != 0:
             raise self._fail(handle)
@@ -154,6 +171,9 @@ class TurboJpeg:
         if box is None or not 0 <= subsamp < len(_MCU_WIDTH):  # an unusual layout: no known MCU, decode all
             x, y, x1, y1 = 0, 0, scaled_w, scaled_h
         else:
+            if not (0 <= box[0] < box[2] <= scaled_w and 0 <= box[1] < box[3] <= scaled_h):
+                # an empty or outside box: TurboJPEG would read a height of 0 as "to the bottom" and overrun
+                raise TurboJpegError(f"region {box} is empty or outside the {scaled_w}x{scaled_h} image")
             mcu = max(1, _MCU_WIDTH[subsamp] // scale)
             x = max(0, (box[0] // mcu - 1) * mcu)
             y, y1 = box[1], box[3]
@@ -166,10 +186,6 @@ class TurboJpeg:
             raise self._fail(handle)
         return out, x, y
 
-    def __del__(self) -> None:
-        handle = getattr(getattr(self, "_local", None), "handle", None)
-        if handle:
-            self._lib.tj3Destroy(handle)
 
 
 def decode_jpeg(decompressor: TurboJpeg, data: bytes, scale: int = 1,
