@@ -49,7 +49,18 @@ single-core full-size decode rate on the band's files, measured in each round be
 DCT scale and region included, and per full decode; the table in stallscope/data/decoders.py was measured the same
 way, with pyvips added by hand, which the project does not install).
 
-Measured 2026-12-01 on the same 2-core machine, shared with other engineers' test runs the whole time (load average
+Measured 2026-12-01 on the 2-core machine with nothing else running (`--sizes`, defaults, photos in batches of 16):
+
+  band       kpx   torchvision img/s   fast path img/s   ratio   of limit (fastest decoder, img/s per core)
+  small       48     721 (3 workers)     2,353 (2)        3.26x    36%  (turbojpeg-fast 3,260)
+  imagenet   200     459 (3)             1,366 (3)        2.98x    62%  (simplejpeg-fast 1,093)
+  large      480     231 (3)               671 (3)        2.90x    97%  (simplejpeg-fast 345)
+  photo     3005      73 (3)               155 (2)        2.13x   126%  (simplejpeg-fast 61)
+  default collate on imagenet: 1,183 img/s, 87% of the documented use
+
+("of limit" above 100%: the region decode does less than the full-size decode the limit is measured with.)
+
+Earlier the same day, on the same machine shared with other engineers' test runs the whole time (load average
 2-4 on 2 cores: absolute rates moved by 2x between runs, so read the ratios, and these as noisy), turbojpeg-fast
 decoder (region decoding), three consecutive runs (batch 32 for photos too in these):
 
