@@ -9,6 +9,13 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-01 on the 2-core machine, nothing else running, --rounds 1 --steps 40 (starved, slow storage and
+large JPEGs rerun alone because a run of mine overlapped them the first time): starved 0->2 workers predicted 1.82x
+measured 1.50x (+21%); slow storage 1->8 7.97x vs 8.51x (-6%); large JPEGs 1->2 1.82x vs 1.93x (-6%); HTTP 1->8 8.00x
+vs 9.75x (-18%); tokenize 1->2 1.08x vs 1.48x (-27%); early exit prefetch 2->1 1.14x vs 1.18x (-3%); 2-thread compute
+(nothing recommended) 0->1 0.96x vs 1.00x (-4%); heavy model (nothing recommended) 1->2 0.69x vs 1.06x (-35%):
+median absolute error 12%, worst 35%.
+
 Measured on the 2-core development machine (2026-11-30, idle), --rounds 2 --steps 40:
 starved 0->2 workers predicted 2.02x measured 1.73x (+17%); slow storage 1->8 workers 8.00x vs 8.89x (-10%);
 large JPEGs 1->2 workers 1.75x vs 1.89x (-7%); HTTP latency 1->8 workers 8.00x vs 9.80x (-18%); tokenize
