@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from stallscope.analysis.capacity import ThroughputModel
@@ -15,6 +13,20 @@ def model(**kw) -> ThroughputModel:
                 compute_per_sample_s=0.002, main_cpu_per_sample_s=0.002, workers=1, usable_cpus=4.0)
     base.update(kw)
     return ThroughputModel(**base)
+
+
+def _ten_steps_of_eight(workers: int = 0, unpickle_s: float = 0.0, unpickle_cpu_s: float = 0.0):
+    """A recorded run by hand: 10 steps of 8 samples, 40 ms each, 30 ms of it in next(), 10 ms compute; the loader's
+    0.3 s of work is 0.24 s of transform CPU."""
+    from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
+
+    ms = 1_000_000
+    steps = [Step(k, k * 40 * ms, (k + 1) * 40 * ms, 30 * ms, 0, 1, 8) for k in range(10)]
+    stats = StepStats(0, "optimizer", steps, 0, 0.4, 0.3, 0.0, 0.1, unpickle_s, unpickle_cpu_s, 80, 0.04, 0.04, 0.03,
+                      0.04)
+    pipeline = WorkerPipeline(0, workers, 10, 0.3, {"transform": 0.3}, {"transform": 0.24}, 80, 0.0, 0.24, 0.06, None,
+                              {}, None, None, [], None, None, None, 0.0, 0)
+    return stats, LoaderSummary(0, "train", "train.py:1", {"num_workers": workers}, {}, 10, 1, 0.3, 0.0, pipeline)
 
 
 def test_workers_scale_until_the_cpu_budget():
@@ -139,15 +151,9 @@ def test_blocked_time_wants_no_core():
 
 def test_occupancy_is_the_training_process_cpu_over_its_compute():
     from stallscope.analysis.capacity import build_model
-    from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
 
-    ms = 1_000_000
     # 10 steps of 8 samples, each 40 ms: 30 ms waiting for data (loaded in process), 10 ms compute
-    steps = [Step(k, k * 40 * ms, (k + 1) * 40 * ms, 30 * ms, 0, 1, 8) for k in range(10)]
-    stats = StepStats(0, "optimizer", steps, 0, 0.4, 0.3, 0.0, 0.1, 0.0, 0.0, 80, 0.04, 0.04, 0.03, 0.04)
-    pipeline = WorkerPipeline(0, 0, 10, 0.3, {"transform": 0.3}, {"transform": 0.24}, 80, 0.0, 0.24, 0.06, None,
-                              {}, None, None, [], None, None, None, 0.0, 0)
-    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 0}, {}, 10, 1, 0.3, 0.0, pipeline)
+    stats, train = _ten_steps_of_eight()
     # the sampler saw 0.44 CPU seconds: 0.24 of them loading, 0.20 computing in 0.1 s of compute: 2 cores
     m = build_model(stats, train, 4.0, 0.44)
     assert m.main_occupancy == pytest.approx(2.0)
@@ -184,14 +190,8 @@ def test_shared_memory_costs_count_only_with_workers():
 
 def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibration():
     from stallscope.analysis.capacity import TYPICAL_SHM_WRITE_S_PER_BYTE, build_model
-    from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
 
-    ms = 1_000_000
-    steps = [Step(k, k * 40 * ms, (k + 1) * 40 * ms, 30 * ms, 0, 1, 8) for k in range(10)]
-    stats = StepStats(0, "optimizer", steps, 0, 0.4, 0.3, 0.0, 0.1, 0.0, 0.0, 80, 0.04, 0.04, 0.03, 0.04)
-    pipeline = WorkerPipeline(0, 0, 10, 0.3, {"transform": 0.3}, {"transform": 0.24}, 80, 0.0, 0.24, 0.06, None,
-                              {}, None, None, [], None, None, None, 0.0, 0)
-    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 0}, {}, 10, 1, 0.3, 0.0, pipeline)
+    stats, train = _ten_steps_of_eight()
     # 600 kB per sample; the recorder measured 2 ms extra to write 4 MB and 0.25 ms to map and read it
     calibration = {"nbytes": 4_000_000, "write_extra_ns": 2_000_000, "read_extra_ns": 250_000}
     m = build_model(stats, train, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration)
@@ -203,24 +203,17 @@ def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibrati
     assert typical.worker_only_basis == "typical"
     unknown = build_model(stats, train, 2.0, None)
     assert unknown.shm_write_per_sample_s == 0.0 and unknown.worker_only_basis is None
-    with_workers = LoaderSummary(0, "train", "train.py:1", {"num_workers": 2}, {}, 10, 1, 0.3, 0.0,
-                                 dataclasses.replace(pipeline, num_workers=2))
+    _, with_workers = _ten_steps_of_eight(workers=2)
     measured = build_model(stats, with_workers, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration)
     assert measured.shm_write_per_sample_s == 0.0  # a run with workers measured it in their collate
 
 
 def test_waiting_for_a_workers_descriptors_is_the_training_processs_serial_time():
     from stallscope.analysis.capacity import build_model
-    from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
 
-    ms = 1_000_000
     # 10 steps of 8 samples, 40 ms each: 30 ms in next(), of which 2 ms rebuilding the batch (0.4 ms of CPU,
     # the rest waiting for the worker to hand over its tensors' descriptors), 10 ms compute
-    steps = [Step(k, k * 40 * ms, (k + 1) * 40 * ms, 30 * ms, 0, 1, 8) for k in range(10)]
-    stats = StepStats(0, "optimizer", steps, 0, 0.4, 0.3, 0.0, 0.1, 0.02, 0.004, 80, 0.04, 0.04, 0.03, 0.04)
-    pipeline = WorkerPipeline(0, 1, 10, 0.3, {"transform": 0.3}, {"transform": 0.24}, 80, 0.0, 0.24, 0.06, None,
-                              {}, None, None, [], None, None, None, 0.0, 0)
-    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 1}, {}, 10, 1, 0.3, 0.0, pipeline)
+    stats, train = _ten_steps_of_eight(workers=1, unpickle_s=0.02, unpickle_cpu_s=0.004)
     # the training process used 0.104 s of CPU: 0.1 computing (one core) and 0.004 rebuilding batches
     m = build_model(stats, train, 2.0, 0.104)
     assert m.receive_per_sample_s == pytest.approx(0.02 / 80)  # the whole wall time of taking the batches
