@@ -43,7 +43,11 @@ MAX_WORKERS = 1024
 
 
 class PlanError(ValueError):
-    """The run holds nothing to project (no steady steps, no training loader), or the target is impossible."""
+    """The target is impossible (or the run holds nothing to project: ``NothingToPlan``)."""
+
+
+class NothingToPlan(PlanError):
+    """The run has no steady training steps fed by a DataLoader, or no sample counts to project."""
 
 
 @dataclass(frozen=True)
@@ -325,9 +329,9 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
     model = analysis.capacity.model if analysis.capacity else None
     stats = analysis.steps
     if model is None or not stats.steady:
-        raise PlanError("this run has no steady training steps fed by a DataLoader to project from")
+        raise NothingToPlan("this run has no steady training steps fed by a DataLoader to project from")
     if not stats.samples:
-        raise PlanError("the batches' sample counts are unknown (a batch type stallscope cannot size), so no time "
+        raise NothingToPlan("the batches' sample counts are unknown (a batch type stallscope cannot size), so no time "
                         "per sample can be projected")
     host = next((r.host for r in analysis.ranks if r.pid == session.main_pid), None)
     ranks_here = sum(1 for r in analysis.ranks if r.host == host) if analysis.ranks else 0

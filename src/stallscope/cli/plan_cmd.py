@@ -7,10 +7,11 @@ import json
 import os
 import sys
 
-from stallscope.analysis.plan import PlanError, plan_dict, plan_run
+from stallscope.analysis.plan import NothingToPlan, PlanError, plan_dict, plan_run
 from stallscope.cli.report_cmd import load_run
 from stallscope.constants import PLAN_SCHEMA
 from stallscope.render import plan as plan_view
+from stallscope.render.summary import write_summary
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -59,9 +60,10 @@ def handle(args: argparse.Namespace) -> int:
     try:
         plan = plan_run(session, cores=args.cores, gpus=args.gpus, step_ms=args.step_ms,
                         samples_per_s=args.samples_per_s, workers=args.workers)
+    except NothingToPlan as exc:
+        return _fail(f"{exc} (`stallscope report {args.run}` shows what was recorded)")
     except PlanError as exc:
-        return _fail(f"{exc} (`stallscope report {args.run}` shows what was recorded)"
-                     if "this run" in str(exc) else str(exc))
+        return _fail(str(exc))
     document = plan_dict(plan, session.run_id, PLAN_SCHEMA)
     if args.json == "-":
         try:
@@ -73,8 +75,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     if args.json:
         try:
-            with open(args.json, "w") as f:
-                json.dump(document, f, indent=2)
+            write_summary(args.json, document)  # the one JSON writer: no half-written file on a full disk
         except OSError as exc:
             return _fail(f"cannot write {args.json}: {exc.strerror or exc}")
     plan_view.render(plan, session.run_id or args.run)
