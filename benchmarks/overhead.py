@@ -20,6 +20,11 @@ Measured on the 2-core development machine (2026-11-29), reference workload with
   0.5% of the fetch (``record.calls.timing_interval``), sampler on: median ratio 0.993 over 7 pairs (+0.67% loss;
   min 0.907, max 1.035), 452.9 -> 446.7 img/s; the sampler's own CPU 0.57% of one core; hot path 950 ns per
   instrumented call inside a fetch (warm, in a tight loop), 136 ns outside one.
+- 2026-12-01, with the worker stack sampler on at its default 9 Hz (issue 17), machine otherwise idle,
+  ``--pairs 21``: median ratio 1.014 (no loss measurable; min 0.839, max 1.299; a bootstrap 95% interval of
+  the median 0.975-1.152), 305.5 -> 319.9 img/s; the sampler's own CPU 0.56% of one core. Pairs on this VM
+  scatter by +-15%, so this benchmark bounds the loss only to a few percent; the stack sampler's own cost is
+  measured finely by fetch_overhead.py (+0.08% +- 0.23% of fetch wall time).
 """
 
 from __future__ import annotations
