@@ -15,6 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+#: How often the sampler looks for new processes of the job: a DataLoader worker shows up within this many
+#: seconds of starting, and its CPU before that is not read (the analysis leaves those ticks out).
+TREE_REFRESH_S = 1.0
+
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -87,3 +87,36 @@ def test_summary_history_report_and_trace_agree_on_a_skipped_tick() -> None:
     assert summary["system"]["gpu_util_mean"] == [pytest.approx(30.0), pytest.approx(67.5)]
     assert summary["system"]["gpu_mem_peak"] == [3 * GIB, 5 * GIB] and row.peak_device_mem_bytes == 5 * GIB
     assert row.gpu_util_mean == pytest.approx(samples.gpu_util_mean())
+
+
+def _late_worker_block() -> dict:
+    """Twenty ticks of 0.25 s on 2 cores, both busy all along. The training process uses one core from the start;
+    a worker starts at 1.0 s (tick 4) but the sampler, which looks for new processes once a second, reads it
+    first at tick 8; from there it uses the other core, except 0.2 of a core that another program takes from
+    tick 12 on. The worker ends after tick 16; the last three ticks hold the training process alone."""
+    dt = 0.25
+    ticks = list(range(20))
+    main_cpu = [round(i * dt, 6) for i in ticks]
+    worker_ticks = list(range(8, 17))
+    worker_cpu = [round((t - 4) * dt - max(0, t - 12) * 0.2 * dt, 6) for t in worker_ticks]
+    per_core = [[100.0, 100.0]] * 17 + [[100.0, 0.0]] * 3
+    return {
+        "schema": "stallscope.samples/1", "interval_s": dt, "t_ns": [T0 + i * 250 * MS for i in ticks],
+        "system": {"cpu_percent": [100.0] * 20, "per_core_percent": per_core},
+        "processes": {
+            str(PID): {"first": 0, "ticks": ticks, "cpu_s": main_cpu, "rss_bytes": [MIB] * 20, "ppid": 1},
+            "300": {"first": 8, "ticks": worker_ticks, "cpu_s": worker_cpu, "rss_bytes": [MIB] * 9, "ppid": PID},
+        },
+    }
+
+
+def test_other_programs_cpu_leaves_out_ticks_where_a_new_process_ran_unseen() -> None:
+    from stallscope.analysis.system_metrics import _other_cores
+
+    samples = SystemSamples.read(_late_worker_block())
+    # Ticks 4-8 (the worker ran before the sampler found it) and 17 (it ended between two readings) are left
+    # out. Counted: ticks 1-3 (other 1.0: the worker had not started, yet core 2 was busy), ticks 9-12 (0.0),
+    # ticks 13-16 (0.2) and 18-19 (0.0): (3 * 1.0 + 4 * 0.0 + 4 * 0.2 + 2 * 0.0) / 13.
+    assert _other_cores(samples) == pytest.approx((3 * 1.0 + 4 * 0.2) / 13)
+    # Within a window (the steady steps) only its ticks count: ticks 10-16 -> (3 * 0.0 + 4 * 0.2) / 7.
+    assert _other_cores(samples, T0 + 9 * 250 * MS, T0 + 16 * 250 * MS) == pytest.approx(4 * 0.2 / 7)

@@ -21,7 +21,7 @@ from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
 from stallscope.analysis.steps import step_stats
-from stallscope.analysis.system_metrics import helper_cpu_between, summarize_samples
+from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
 from stallscope.environment import recorded_usable_cpus
 from stallscope.session import LoaderRecord, Session
 
@@ -148,7 +148,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         helper_cpu = helper_cpu_between(session, session.main_pid, *window)
     # CPUs other programs kept busy during the run are not available to this job either.
     host_cpus = session.environment.get("cpu_count")
-    other = system.other_cores_mean if host_cpus == cpus and system.other_cores_mean else 0.0
+    other = (other_cores_between(session, *window) if stats.steady and host_cpus == cpus else None) or 0.0
     on_gpu = bool(session.transfers or session.gpu_spans) or any(p.cuda_device for p in session.processes)
     model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu,
                         compute_on_cpu=not on_gpu, bytes_per_sample=_bytes_per_sample(session, stats),

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from stallscope.session import Session
-from stallscope.system_samples import ProcessSeries, SystemSamples
+from stallscope.system_samples import TREE_REFRESH_S, ProcessSeries, SystemSamples
 
 
 @dataclass(frozen=True)
@@ -114,21 +114,57 @@ def summarize_samples(session: Session) -> SystemSummary:
     )
 
 
-def _other_cores(samples: SystemSamples) -> float | None:
-    """Mean cores busy outside the job's process tree: system-wide busy cores minus the tree's."""
+def _other_cores(samples: SystemSamples, start_ns: int | None = None, end_ns: int | None = None) -> float | None:
+    """Mean cores busy outside the job's process tree: system-wide busy cores minus the tree's, over the ticks
+    between ``start_ns`` and ``end_ns`` (the whole run when not given).
+
+    The sampler looks for new processes of the tree once every ``TREE_REFRESH_S``, so a process that has just
+    started (DataLoader workers at each epoch's start) runs for up to that long before its CPU is read: those
+    ticks, and the tick a process was last seen, are left out rather than counted as someone else's CPU."""
     per_core = samples.system.get("per_core_percent") or []
     t_ns = samples.t_ns
     if len(t_ns) < 3 or not per_core:
         return None
     tree = samples.tree_cores()
+    unsure = _ticks_around_process_changes(samples)
     others = []
     for tick in range(1, len(t_ns)):
         dt = (t_ns[tick] - t_ns[tick - 1]) / 1e9
-        if dt <= 0 or tick >= len(per_core):
+        if dt <= 0 or tick >= len(per_core) or tick in unsure:
+            continue
+        if (start_ns is not None and t_ns[tick - 1] < start_ns) or (end_ns is not None and t_ns[tick] > end_ns):
             continue
         busy = sum(per_core[tick]) / 100.0
         others.append(max(0.0, busy - tree[tick] / dt))
     return statistics.fmean(others) if others else None
+
+
+def _ticks_around_process_changes(samples: SystemSamples) -> set[int]:
+    """Ticks at which the tree's CPU may be under-read: from ``TREE_REFRESH_S`` before a process's first
+    reading (it ran unseen) to that reading, and a process's last reading (it ended between two ticks)."""
+    t_ns = samples.t_ns
+    last_tick = len(t_ns) - 1
+    unsure: set[int] = set()
+    for proc in samples.processes.values():
+        ticks = [t for t, c in zip(proc.ticks, proc.cpu_s) if c is not None and 0 <= t <= last_tick]
+        if not ticks:
+            continue
+        first, last = ticks[0], ticks[-1]
+        if first > 0:
+            tick = first
+            while tick > 0 and t_ns[first] - t_ns[tick - 1] <= TREE_REFRESH_S * 1e9:
+                unsure.add(tick)
+                tick -= 1
+            unsure.add(tick)
+        if last < last_tick:
+            unsure.add(last + 1)
+    return unsure
+
+
+def other_cores_between(session: Session, start_ns: int, end_ns: int) -> float | None:
+    """Mean cores other programs kept busy between two instants (the steady steps, say)."""
+    samples = session.system
+    return _other_cores(samples, start_ns, end_ns) if samples.present else None
 
 
 def _usage(proc: ProcessSeries, role: str, t_ns: list[int]) -> ProcessUsage:

@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from stallscope.sample.gpu import GpuProbe
+from stallscope.system_samples import TREE_REFRESH_S
 
 SAMPLES_SCHEMA = "stallscope.samples/1"
 #: NVML's PCIe throughput query samples for ~20 ms itself: once a second is plenty.
@@ -28,8 +29,6 @@ DISK_EVERY_TICKS = 5
 #: and less often when a read is slow, so that all USS reads together stay within USS_CORE_BUDGET of one
 #: core (with eight workers each is read an eighth as often as with one).
 USS_MIN_PERIOD_S = 2.0
-#: Finding the job's processes: new DataLoader workers show up within this many seconds.
-TREE_REFRESH_S = 1.0
 USS_CORE_BUDGET = 0.002
 #: Bytes read per process (for the dataset-size estimate) change slowly; once a second is plenty.
 IO_EVERY_TICKS = 10
