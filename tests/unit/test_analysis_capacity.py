@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from stallscope.analysis.capacity import ThroughputModel
@@ -74,7 +76,6 @@ def test_helper_processes_share_the_cpu_budget():
 
 
 def test_helper_cpu_counts_descendants_of_the_training_process_only():
-    from dataclasses import replace
 
     from stallscope.analysis.system_metrics import helper_cpu_between
     from stallscope.session import WorkerStartRecord
@@ -219,3 +220,18 @@ def test_waiting_for_a_workers_descriptors_is_the_training_processs_serial_time(
     assert m.receive_per_sample_s == pytest.approx(0.02 / 80)  # the whole wall time of taking the batches
     assert m.main_occupancy == pytest.approx(1.0)  # only the CPU part of it is taken from the occupancy
     assert m.compute_rate() == pytest.approx(1 / (0.1 / 80 + 0.02 / 80))
+
+
+def test_a_single_thread_read_a_little_over_one_core_is_not_a_threaded_compute():
+    # a compute-bound job with one compute thread, its occupancy read as 1.003 (the sampler's rounding, the
+    # interpreter's own threads); one worker's 0.02 ms of loading per sample is all the workers do
+    m = model(cost_s={"loader": 0.000013, "transform": 0.000008, "storage": 0.000001},
+              compute_per_sample_s=0.00253, main_cpu_per_sample_s=0.002556, workers=1, usable_cpus=1.97,
+              main_occupancy=1.003, receive_per_sample_s=0.000024)
+    # two workers keep up many times over: the pooled budget holds, no parallel region is held back
+    assert m.shared_cores_rate(2) is None
+    assert m.speedup(workers=2) == pytest.approx(1.0)
+    # two compute threads really held back at each batch stay slow: 1.9 + 2 x 21/22 cores wanted of 1.97
+    threaded = replace(m, main_occupancy=1.9)
+    slowdown = (1.9 + 2 * 21 / 22) / 1.97
+    assert threaded.shared_cores_rate(2) == pytest.approx(1 / (0.00253 * slowdown + 0.000024))

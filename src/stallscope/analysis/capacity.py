@@ -43,6 +43,11 @@ from dataclasses import dataclass, field
 from stallscope.analysis.findings import LoaderSummary, StepStats
 
 CPU_STAGES = ("decode", "transform", "loader")
+#: Above this many cores busy while it computes, the training process runs intra-op threads in parallel regions.
+#: One thread reads 1.00-1.05 (the interpreter's and the allocator's own threads, the sampler's rounding): a
+#: single-threaded compute measured at 1.003 was taken for a threaded one and predicted to slow to 0.67x beside
+#: a second, nearly idle worker (measured 0.88-1.06x).
+THREADED_OCCUPANCY = 1.2
 #: Seconds per byte to fill a fresh shared-memory segment and to map it again and read it, over ordinary
 #: memory; used where the recorder could not measure them (2-core development VM, 2026-12-01).
 TYPICAL_SHM_WRITE_S_PER_BYTE = 0.5e-9
@@ -123,7 +128,7 @@ class ThroughputModel:
             return None
         beside = cores / demand  # everyone's speed while the training computes beside busy workers
         alone = min(1.0, cores / (workers * on_cpu))  # the workers' speed while it waits for a batch
-        threaded = self.compute_on_cpu and occupancy > 1.0
+        threaded = self.compute_on_cpu and occupancy > THREADED_OCCUPANCY
         if not self.compute_on_cpu:
             slowdown = 1.0
         elif threaded:  # intra-op threads that cannot all hold a core: each parallel region waits for the
