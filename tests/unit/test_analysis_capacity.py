@@ -227,7 +227,7 @@ def test_a_single_thread_read_a_little_over_one_core_is_not_a_threaded_compute()
     # interpreter's own threads); one worker's 0.02 ms of loading per sample is all the workers do
     m = model(cost_s={"loader": 0.000013, "transform": 0.000008, "storage": 0.000001},
               compute_per_sample_s=0.00253, main_cpu_per_sample_s=0.002556, workers=1, usable_cpus=1.97,
-              main_occupancy=1.003, receive_per_sample_s=0.000024)
+              main_occupancy=1.003, receive_per_sample_s=0.000024, receive_cpu_per_sample_s=0.000024)
     # two workers keep up many times over: the pooled budget holds, no parallel region is held back
     assert m.shared_cores_rate(2) is None
     assert m.speedup(workers=2) == pytest.approx(1.0)
@@ -235,3 +235,26 @@ def test_a_single_thread_read_a_little_over_one_core_is_not_a_threaded_compute()
     threaded = replace(m, main_occupancy=1.9)
     slowdown = (1.9 + 2 * 21 / 22) / 1.97
     assert threaded.shared_cores_rate(2) == pytest.approx(1 / (0.00253 * slowdown + 0.000024))
+
+
+def test_waiting_for_a_busy_worker_to_hand_over_falls_with_more_workers():
+    # a tokenizing job: one worker, 4.8 ms per sample of receiving of which 0.1 ms is CPU (rebuilding); the rest
+    # waited for the worker, busy in a call that holds the GIL, to hand over the batch's descriptors
+    m = model(cost_s={"transform": 0.005}, compute_per_sample_s=0.00025, main_cpu_per_sample_s=0.00035,
+              workers=1, usable_cpus=2.0, main_occupancy=1.0,
+              receive_per_sample_s=0.0048, receive_cpu_per_sample_s=0.0001)
+    assert m.receive_s() == pytest.approx(0.0048)  # as recorded
+    assert m.handover_wait_s(2) == pytest.approx(0.0047 / 2)  # each worker busy half as often when asked
+    assert m.receive_s(2) == pytest.approx(0.0001 + 0.0047 / 2)  # the CPU part stays per sample
+    assert m.receive_s(4) == pytest.approx(0.0001 + 0.0047 / 4)
+    assert m.receive_s(0) == 0.0  # nothing to receive without workers
+    # 2 workers: the compute (1 thread) and two workers want 3 cores of 2. While computing (0.25 ms x 1.5, plus
+    # 0.1 ms rebuilding) the workers run at 2/3 speed; while it waits for a hand-over (2.35 ms) they have the
+    # cores to themselves. They make 2 x 0.475 / 7.5 + 2 x 2.35 / 5 = 1.07 samples meanwhile: they keep up.
+    assert m.shared_cores_rate(2) is None
+    assert m.speedup(2) == pytest.approx(min(2 / 0.005, 2.0 / (0.005 + 0.00035), 1 / (0.00025 + 0.00245))
+                                         / (1 / (0.00025 + 0.0048)))
+    slower = replace(m, cost_s={"transform": 0.006})
+    # 6 ms per sample: 2 x 0.475 / 9 + 2 x 2.35 / 6 = 8/9 of a sample; the last 1/9 takes 6 ms / 2 alone
+    made = 2 * 0.000475 / 0.009 + 2 * 0.00235 / 0.006
+    assert slower.shared_cores_rate(2) == pytest.approx(1 / (0.000475 + 0.00235 + (1 - made) * 0.006 / 2))

@@ -121,7 +121,8 @@ def test_the_wait_for_other_ranks_stays_in_the_recorded_compute():
 def test_workers_needed_never_names_a_slower_row_than_the_best():
     # Taking a batch from a worker costs the training process 0.5 ms per sample: one worker waits for nothing
     # but runs at 1/1.5 ms, slower than loading in process (1/(0.2 + 1) ms).
-    model = recorded(cost_s={"transform": 0.0002}, receive_per_sample_s=0.0005, workers=1)
+    model = recorded(cost_s={"transform": 0.0002}, receive_per_sample_s=0.0005, receive_cpu_per_sample_s=0.0005,
+                     workers=1)
     plan = project(model, Target(cores=4, gpus=1, step_s=0.016), samples_per_step=16)
     assert plan.row(1).data_wait_fraction == 0.0
     assert plan.row(0).samples_per_s == pytest.approx(1 / 0.0012)
