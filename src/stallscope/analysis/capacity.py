@@ -48,10 +48,11 @@ CPU_STAGES = ("decode", "transform", "loader")
 #: single-threaded compute measured at 1.003 was taken for a threaded one and predicted to slow to 0.67x beside
 #: a second, nearly idle worker (measured 0.88-1.06x).
 THREADED_OCCUPANCY = 1.2
-#: Seconds per byte to fill a fresh shared-memory segment and to map it again and read it, over ordinary
-#: memory; used where the recorder could not measure them (2-core development VM, 2026-12-01).
-TYPICAL_SHM_WRITE_S_PER_BYTE = 0.5e-9
-TYPICAL_SHM_READ_S_PER_BYTE = 0.06e-9
+#: Seconds per byte to fill a fresh shared-memory segment and to map it again, read it and free it, over
+#: ordinary memory; used where the recorder could not measure them (2-core development VM, 2026-12-01: 0.75 and
+#: 0.3 ms per MiB for batches of 2-18 MiB).
+TYPICAL_SHM_WRITE_S_PER_BYTE = 0.72e-9
+TYPICAL_SHM_READ_S_PER_BYTE = 0.29e-9
 
 
 @dataclass(frozen=True)

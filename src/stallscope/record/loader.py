@@ -266,7 +266,9 @@ def patch_dataloader(module: Any) -> None:
                     self._stallscope_worker, batch_size_of(data), ipc.ns, ipc.cpu_ns)
         if not self._stallscope_described:
             self._stallscope_described = True
-            events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, batches.describe_batch(data))
+            described = batches.describe_batch(data)
+            events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, described)
+            _note_batch_bytes(described.get("nbytes"))
         steps.after_next(self._stallscope_lid)
         return data
 
@@ -298,6 +300,14 @@ _waiting: tuple[Any, int] | None = None
 #: its exit measures what shared memory would cost them (record/shm_cost.py).
 loaded_in_process = False
 loaded_by_workers = False
+#: The largest batch (bytes of its tensors) this process took from a DataLoader: the size shm_cost measures at.
+largest_batch_nbytes = 0
+
+
+def _note_batch_bytes(nbytes: Any) -> None:
+    global largest_batch_nbytes
+    if isinstance(nbytes, int) and nbytes > largest_batch_nbytes:
+        largest_batch_nbytes = nbytes
 
 
 def _record_stall(iterator: Any, t0: int, how: str, message: str | None) -> None:

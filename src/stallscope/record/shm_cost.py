@@ -4,8 +4,8 @@ With ``num_workers=0`` a batch is collated into ordinary memory and used where i
 workers it is collated into a fresh shared-memory segment (torch's collate in a worker allocates one
 per batch) and mapped again in the training process. Both cost page faults that a 0-worker run never
 pays and cannot show, so a prediction of "add workers" from such a run would miss them. They scale
-with the batch's bytes; the per-byte cost depends on the kernel and the machine (about 0.5 ms per MB
-to write and 0.06 ms per MB to map and read on the 2-core development VM). So the recorder measures
+with the batch's bytes; the per-byte cost depends on the kernel, the machine and the batch's size (about 0.75 ms
+per MiB to write and 0.3 ms per MiB to map, read and free, for batches of 2-18 MiB on the 2-core development VM). So the recorder measures
 it once, after the script is done (nothing of the training is slowed), in the training process where
 torch is already imported, and the throughput model scales it by the run's bytes per sample.
 """
@@ -19,6 +19,19 @@ from typing import Any
 
 #: Large enough that per-call overheads vanish against the page faults, small enough for any /dev/shm.
 CALIBRATION_BYTES = 2 << 20
+#: The run's own batch size is measured where known, within these bounds: the cost per byte is not flat. A
+#: batch the allocator keeps reusing in process costs nothing to fill again, one it maps fresh each time (glibc
+#: maps fresh every allocation of 32 MiB or more) pays faults there too. Measured on the 2-core VM, extra ms
+#: per MiB to write: 0.3-0.7 at 2 MiB, 0.73 at 18 MiB, 0.09 at 32 MiB. The upper bound keeps the exit short.
+MIN_BYTES = 1 << 20
+MAX_BYTES = 48 << 20
+
+
+def calibration_bytes(batch_nbytes: int | None) -> int:
+    """The size to measure at for batches of ``batch_nbytes`` (the default size when unknown)."""
+    if not batch_nbytes or batch_nbytes <= 0:
+        return CALIBRATION_BYTES
+    return int(min(MAX_BYTES, max(MIN_BYTES, batch_nbytes)))
 REPEATS = 3
 WARM_UP = 2  # rounds until ordinary memory is reused, not freshly mapped, as a training loop's batches are
 PAGE = 4096
@@ -32,7 +45,8 @@ def _timed(action: Any) -> int:
 
 def measure(nbytes: int = CALIBRATION_BYTES, repeats: int = REPEATS) -> dict[str, int] | None:
     """Extra nanoseconds, over ordinary memory, to fill ``nbytes`` of a new shared-memory segment (the worker's
-    collate) and to map that segment again and read it (the training process's side): the median of ``repeats``
+    collate) and to map that segment again, read it and let it go (the training process's side: it holds the
+    batch last, so freeing the segment's pages falls to it, about a quarter of a write): the median of ``repeats``
     rounds, so one interrupted round does not count. None where torch is not loaded, shared memory cannot be had
     (a full or missing /dev/shm), or batches would go through torch's file_system strategy (its own manager
     process)."""
@@ -63,7 +77,7 @@ def measure(nbytes: int = CALIBRATION_BYTES, repeats: int = REPEATS) -> dict[str
                 torch.tensor([], dtype=torch.uint8).set_(again)[::PAGE].sum()  # one byte per page: the faults
 
             read_shared = _timed(mapped_read)
-            holder.clear()
+            read_shared += _timed(holder.clear)  # the last reference: the segment's pages are freed here
             if attempt >= WARM_UP:
                 write_extra.append(shared - private)
                 read_extra.append(read_shared - read_private)
