@@ -248,6 +248,11 @@ def test_waiting_for_a_busy_worker_to_hand_over_falls_with_more_workers():
     assert m.receive_s(2) == pytest.approx(0.0001 + 0.0047 / 2)  # the CPU part stays per sample
     assert m.receive_s(4) == pytest.approx(0.0001 + 0.0047 / 4)
     assert m.receive_s(0) == 0.0  # nothing to receive without workers
+    # a fix that halves the worker's work halves how long it is busy when asked: the wait halves too
+    assert m.handover_wait_s(1, {"transform": 0.5}) == pytest.approx(0.0047 / 2)
+    assert m.handover_wait_s(2, {"transform": 0.5}) == pytest.approx(0.0047 / 4)
+    assert m.speedup(1, {"transform": 0.5}) == pytest.approx(
+        min(1 / 0.0025, 2.0 / (0.0025 + 0.00035), 1 / (0.00025 + 0.0001 + 0.0047 / 2)) / (1 / (0.00025 + 0.0048)))
     # 2 workers: the compute (1 thread) and two workers want 3 cores of 2. While computing (0.25 ms x 1.5, plus
     # 0.1 ms rebuilding) the workers run at 2/3 speed; while it waits for a hand-over (2.35 ms) they have the
     # cores to themselves. They make 2 x 0.475 / 7.5 + 2 x 2.35 / 5 = 1.07 samples meanwhile: they keep up.

@@ -82,7 +82,7 @@ class ThroughputModel:
         blocked = self.cost_s.get("storage", 0.0) * scale.get("storage", 1.0)
         return cpu, blocked
 
-    def receive_s(self, workers: int | None = None) -> float:
+    def receive_s(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         """What the training process spends per sample taking batches from workers (none without them).
 
         Its CPU part (rebuilding the batch) stays per sample. The rest is waiting for the sending worker to hand
@@ -90,13 +90,14 @@ class ThroughputModel:
         call (a tokenizer's batch encode) answers at that call's end. That wait is for a busy worker; with more
         workers each makes a smaller share of the batches and is that much less often busy when asked, so the
         wait measured with W workers is taken to fall as W / W' with W' of them (a 1-worker tokenizing run
-        waited 4.8 ms per sample, the same with 2 workers 1.5 ms). With fewer workers it stays as measured."""
+        waited 4.8 ms per sample, the same with 2 workers 1.5 ms), and to follow each worker's CPU work per
+        sample where a fix changes it (``scale``): a worker with half the work is busy half as long."""
         workers = self.workers if workers is None else workers
         if workers <= 0:
             return 0.0
-        return self.receive_cpu_per_sample_s + self.handover_wait_s(workers) + self.shm_read_per_sample_s
+        return self.receive_cpu_per_sample_s + self.handover_wait_s(workers, scale) + self.shm_read_per_sample_s
 
-    def handover_wait_s(self, workers: int | None = None) -> float:
+    def handover_wait_s(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         """The waiting part of ``receive_s``: for the sending worker to hand over the batch's descriptors."""
         workers = self.workers if workers is None else workers
         if workers <= 0:
@@ -104,6 +105,10 @@ class ThroughputModel:
         waited = max(0.0, self.receive_per_sample_s - self.receive_cpu_per_sample_s)
         if self.workers > 0 and workers > self.workers:
             waited *= self.workers / workers
+        if scale:
+            recorded, _ = self.costs(None, self.workers)
+            changed, _ = self.costs(scale, self.workers)
+            waited *= changed / recorded if recorded > 0 else 1.0
         return waited
 
     def cpu_rate(self, scale: dict[str, float] | None = None, workers: int | None = None) -> float:
@@ -122,8 +127,8 @@ class ThroughputModel:
             return 1.0 / (cpu + blocked)
         return min(workers / (cpu + blocked), self.cpu_rate(scale, workers))
 
-    def compute_rate(self, workers: int | None = None) -> float:
-        own = self.compute_per_sample_s + self.receive_s(workers)
+    def compute_rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
+        own = self.compute_per_sample_s + self.receive_s(workers, scale)
         return 1.0 / own if own > 0 else float("inf")
 
     def rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
@@ -131,7 +136,7 @@ class ThroughputModel:
         if workers <= 0:
             cpu, blocked = self.costs(scale, workers)
             return 1.0 / (cpu + blocked + self.compute_per_sample_s)
-        pooled = min(self.pipeline_rate(workers, scale), self.compute_rate(workers))
+        pooled = min(self.pipeline_rate(workers, scale), self.compute_rate(workers, scale))
         shared = self.shared_cores_rate(workers, scale)
         return pooled if shared is None else min(pooled, shared)
 
@@ -156,8 +161,8 @@ class ThroughputModel:
             slowdown = max(occupancy, 1.0 / beside)  # thread that lost its core: one core's speed at best
         else:
             slowdown = 1.0 / beside
-        receive = self.receive_s(workers)
-        handover = self.handover_wait_s(workers)  # the training process waits off-core: the workers run alone
+        receive = self.receive_s(workers, scale)
+        handover = self.handover_wait_s(workers, scale)  # the training process waits off-core: the workers run alone
         compute = self.compute_per_sample_s * slowdown + receive - handover
         made_while_computing = compute * workers / (blocked + cpu / beside) + handover * workers / (blocked + cpu / alone)
         if made_while_computing >= 1.0:

@@ -152,7 +152,7 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
     for workers in ([only] if only is not None else range(ceiling + 1)):
         rate = model.rate(workers=workers, scale=scale)
         cpu, _ = model.costs(scale, workers)
-        own = model.compute_per_sample_s + model.receive_s(workers)
+        own = model.compute_per_sample_s + model.receive_s(workers, scale)
         wait = max(0.0, 1.0 - rate * own)
         if workers == 0:
             wanted = model.main_occupancy  # one process does everything, one step after another
