@@ -95,4 +95,16 @@ def test_decoder_race_on_a_folder(tmp_path: Path) -> None:
     rates = {(r["decoder"], r["scale"]): r["images_per_s"] for r in race["results"]}
     assert rates[("pillow", 1)] > 0
     assert ("pillow+draft", 4) in rates
+    if _turbojpeg_loads():  # stallscope's own libjpeg-turbo 3 binding races too, full size and DCT-scaled
+        assert rates[("turbojpeg-fast", 1)] > 0 and rates[("turbojpeg", 8)] > 0
     assert race["files"] == 4
+
+
+def _turbojpeg_loads() -> bool:
+    try:
+        from stallscope.data.decoders import TurboJpegDecoder
+
+        TurboJpegDecoder()
+    except Exception:  # noqa: BLE001 - the extra is not installed here
+        return False
+    return True

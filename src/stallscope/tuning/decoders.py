@@ -121,6 +121,18 @@ def _contenders() -> list[tuple[str, int, Callable[[bytes, int, int], Any]]]:
     except ImportError:
         pass
     try:
+        from stallscope.data.decoders import TurboJpegDecoder
+
+        for fast in (True, False):
+            turbo = TurboJpegDecoder(fast=fast)  # libjpeg-turbo 3 (extra ``turbo``): also decodes regions
+            for s in (1, *SCALES):
+                def tj(data: bytes, w: int, h: int, s: int = s, turbo: Any = turbo) -> Any:
+                    return turbo.decode(data, w, h, s)
+
+                out.append((turbo.name, s, tj))
+    except (ImportError, OSError, RuntimeError, MemoryError, ValueError):  # no extra, no libturbojpeg 3 loads
+        pass
+    try:
         import torch
         from torchvision.io import decode_jpeg
 
