@@ -9,6 +9,16 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-01 (later, after the model's receive, shared-memory and other-CPU terms were reworked) on the
+2-core machine, nothing else running, --rounds 2 --steps 40, 6 min 44 s: starved 0->2 workers predicted 1.87x
+measured 1.63x (+15%; the two rounds 1.89x and 1.38x); slow storage 1->8 7.97x vs 8.43x (-5%); large JPEGs 1->2 1.87x
+vs 1.93x (-3%); HTTP 1->8 8.00x vs 9.29x (-14%); tokenize 1->2 1.84x vs 1.95x (-6%); early exit prefetch 2->1 1.15x
+vs 1.21x (-5%); 2-thread compute (nothing recommended) 0->1 0.96x vs 0.76x (+26%); heavy model (nothing recommended)
+1->2 1.00x vs 1.00x (+0%): median absolute error 6%, worst 26%. What is left: a 2-thread compute beside a worker
+runs 7.8x slower per sample than alone (OpenMP threads spin at each parallel region's barrier while one of them
+waits for its core), far beyond the model's one-core bound; and on this VM a core computes more slowly while the
+other is busy (a convolution step's CPU time +40% beside a process resizing images), which a 0-worker run cannot show.
+
 Measured 2026-12-01 on the 2-core machine, nothing else running, --rounds 1 --steps 40 (starved, slow storage and
 large JPEGs rerun alone because a run of mine overlapped them the first time): starved 0->2 workers predicted 1.82x
 measured 1.50x (+21%); slow storage 1->8 7.97x vs 8.51x (-6%); large JPEGs 1->2 1.82x vs 1.93x (-6%); HTTP 1->8 8.00x
