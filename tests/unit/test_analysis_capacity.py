@@ -248,6 +248,11 @@ def test_waiting_for_a_busy_worker_to_hand_over_falls_with_more_workers():
     assert m.receive_s(2) == pytest.approx(0.0001 + 0.0047 / 2)  # the CPU part stays per sample
     assert m.receive_s(4) == pytest.approx(0.0001 + 0.0047 / 4)
     assert m.receive_s(0) == 0.0  # nothing to receive without workers
+    # recorded with 2 workers, planned for 1: each worker is busy twice as often when asked
+    assert replace(m, workers=2).handover_wait_s(1) == pytest.approx(0.0047 * 2)
+    # a model that was never told the CPU part takes all of the receiving as CPU: no wait to scale
+    assert replace(m, receive_cpu_per_sample_s=None).handover_wait_s(2) == 0.0
+    assert replace(m, receive_cpu_per_sample_s=None).receive_s(2) == pytest.approx(0.0048)
     # a fix that halves the worker's work halves how long it is busy when asked: the wait halves too
     assert m.handover_wait_s(1, {"transform": 0.5}) == pytest.approx(0.0047 / 2)
     assert m.handover_wait_s(2, {"transform": 0.5}) == pytest.approx(0.0047 / 4)

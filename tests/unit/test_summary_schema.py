@@ -28,9 +28,9 @@ def _missing_or_changed(stored: Any, now: Any, where: str = "") -> list[str]:
         return [] if now.startswith(stored) else [f"{where}: {stored!r} -> {now!r}"]
     if where.endswith("/predicted_speedup") and isinstance(stored, float) and isinstance(now, float):
         return []  # predictions follow the throughput model, which improves; that there is one is the contract
-    if (where.startswith("/capacity/") or where == "/system/other_cores_mean") and isinstance(stored, float) \
+    if where in ("/capacity/cpu_budget_samples_per_s", "/system/other_cores_mean") and isinstance(stored, float) \
             and isinstance(now, float):
-        # The model's capacities, and the CPU it counts as other programs' (since 2026-12-01 without the ticks
+        # The cores' budget, and the CPU the model counts as other programs' (since 2026-12-01 without the ticks
         # in which a just-started worker ran unseen), follow the model too; the figure being there is the contract.
         return []
     if isinstance(stored, dict):

@@ -113,10 +113,15 @@ def _late_worker_block() -> dict:
 def test_other_programs_cpu_leaves_out_ticks_where_a_new_process_ran_unseen() -> None:
     from stallscope.analysis.system_metrics import _other_cores
 
-    samples = SystemSamples.read(_late_worker_block())
-    # Ticks 4-8 (the worker ran before the sampler found it) and 17 (it ended between two readings) are left
-    # out. Counted: ticks 1-3 (other 1.0: the worker had not started, yet core 2 was busy), ticks 9-12 (0.0),
-    # ticks 13-16 (0.2) and 18-19 (0.0): (3 * 1.0 + 4 * 0.0 + 4 * 0.2 + 2 * 0.0) / 13.
-    assert _other_cores(samples) == pytest.approx((3 * 1.0 + 4 * 0.2) / 13)
+    block = _late_worker_block()
+    samples = SystemSamples.read(block)
+    # The sampler looks for new processes when more than 1 s has passed since it last looked, at a tick: a process
+    # may run unseen for up to 1 s and one interval. Ticks 3-8 (the worker's first reading, at 2.0 s, less 1.25 s,
+    # and the tick that interval ends in) and 17 (it ended between two readings) are left out. Counted: ticks 1-2
+    # (other 1.0: the worker had not started, yet core 2 was busy), 9-12 (0.0), 13-16 (0.2) and 18-19 (0.0).
+    assert _other_cores(samples) == pytest.approx((2 * 1.0 + 4 * 0.2) / 12)
     # Within a window (the steady steps) only its ticks count: ticks 10-16 -> (3 * 0.0 + 4 * 0.2) / 7.
     assert _other_cores(samples, T0 + 9 * 250 * MS, T0 + 16 * 250 * MS) == pytest.approx(4 * 0.2 / 7)
+    # Ticks a few hundred microseconds off their schedule, as a sampler's are, leave out the same ticks.
+    wobbly = dict(block, t_ns=[t + (300_000 if i % 2 else -300_000) for i, t in enumerate(block["t_ns"])])
+    assert _other_cores(SystemSamples.read(wobbly)) == pytest.approx((2 * 1.0 + 4 * 0.2) / 12, rel=0.01)

@@ -71,7 +71,8 @@ class ThroughputModel:
     shm_write_per_sample_s: float = 0.0  # a worker's collate into shared memory (worker CPU)
     shm_read_per_sample_s: float = 0.0  # mapping the batch again in the training process
     worker_only_basis: str | None = None  # "measured at exit" or "typical" where estimated; None when not
-    receive_cpu_per_sample_s: float = 0.0  # the CPU part of receive_per_sample_s (rebuilding); the rest waited on a busy worker
+    # the CPU part of receive_per_sample_s (rebuilding); the rest waited on a busy worker. None: all of it CPU
+    receive_cpu_per_sample_s: float | None = None
 
     def costs(self, scale: dict[str, float] | None, workers: int | None = None) -> tuple[float, float]:
         scale = scale or {}
@@ -89,21 +90,27 @@ class ThroughputModel:
         over the tensors' file descriptors, which it does only once it lets go of the GIL: a worker inside a long
         call (a tokenizer's batch encode) answers at that call's end. That wait is for a busy worker; with more
         workers each makes a smaller share of the batches and is that much less often busy when asked, so the
-        wait measured with W workers is taken to fall as W / W' with W' of them (a 1-worker tokenizing run
-        waited 4.8 ms per sample, the same with 2 workers 1.5 ms), and to follow each worker's CPU work per
-        sample where a fix changes it (``scale``): a worker with half the work is busy half as long."""
+        wait measured with W workers is taken to fall as W / W' with W' > W of them (a 1-worker tokenizing run
+        waited 4.8 ms per sample, the same with 2 workers 1.5 ms), and to grow as W / W' with fewer; and to
+        follow each worker's CPU work per sample where a fix changes it (``scale``): a worker with half the work is
+        busy half as long."""
         workers = self.workers if workers is None else workers
         if workers <= 0:
             return 0.0
-        return self.receive_cpu_per_sample_s + self.handover_wait_s(workers, scale) + self.shm_read_per_sample_s
+        return self.receive_cpu_s() + self.handover_wait_s(workers, scale) + self.shm_read_per_sample_s
+
+    def receive_cpu_s(self) -> float:
+        """The CPU part of receiving a batch, per sample (rebuilding it)."""
+        recorded = self.receive_cpu_per_sample_s
+        return self.receive_per_sample_s if recorded is None else min(recorded, self.receive_per_sample_s)
 
     def handover_wait_s(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         """The waiting part of ``receive_s``: for the sending worker to hand over the batch's descriptors."""
         workers = self.workers if workers is None else workers
         if workers <= 0:
             return 0.0
-        waited = max(0.0, self.receive_per_sample_s - self.receive_cpu_per_sample_s)
-        if self.workers > 0 and workers > self.workers:
+        waited = max(0.0, self.receive_per_sample_s - self.receive_cpu_s())
+        if self.workers > 0:
             waited *= self.workers / workers
         if scale:
             recorded, _ = self.costs(None, self.workers)

@@ -148,7 +148,9 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         helper_cpu = helper_cpu_between(session, session.main_pid, *window)
     # CPUs other programs kept busy during the run are not available to this job either.
     host_cpus = session.environment.get("cpu_count")
-    other = (other_cores_between(session, *window) if stats.steady and host_cpus == cpus else None) or 0.0
+    other = 0.0
+    if host_cpus == cpus:  # over the steady steps; over the whole run where no tick of them could be read
+        other = (other_cores_between(session, *window) if stats.steady else None) or system.other_cores_mean or 0.0
     on_gpu = bool(session.transfers or session.gpu_spans) or any(p.cuda_device for p in session.processes)
     model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu,
                         compute_on_cpu=not on_gpu, bytes_per_sample=_bytes_per_sample(session, stats),

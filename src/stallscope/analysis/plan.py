@@ -208,7 +208,9 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         raise PlanError("the recorded run has no compute time per sample: give --step-ms or --samples-per-s")
     if target.gpus > 0:
         occupancy = 1.0
-        main_cpu = compute + model.receive_s(1)
+        # rebuilding the batches it receives is CPU; waiting for a worker to hand one over is not, and mapping
+        # it again is counted by the model's CPU budget already
+        main_cpu = compute + model.receive_cpu_s()
         notes.append(f"{target.gpus} GPU(s), {target.processes} training process(es), each keeping one core busy "
                      f"while its GPU computes (Python, kernel launches, waiting on the GPU); {cores:g} core(s) per "
                      "process")

@@ -140,10 +140,13 @@ def _other_cores(samples: SystemSamples, start_ns: int | None = None, end_ns: in
 
 
 def _ticks_around_process_changes(samples: SystemSamples) -> set[int]:
-    """Ticks at which the tree's CPU may be under-read: from ``TREE_REFRESH_S`` before a process's first
-    reading (it ran unseen) to that reading, and a process's last reading (it ended between two ticks)."""
+    """Ticks at which the tree's CPU may be under-read: from ``TREE_REFRESH_S`` and one sampling interval before a
+    process's first reading (it ran unseen) to that reading, and the tick after its last (it ended between two)."""
     t_ns = samples.t_ns
     last_tick = len(t_ns) - 1
+    # The sampler looks when more than TREE_REFRESH_S has passed since its last look, at a tick: up to one
+    # interval more.
+    unseen_ns = (TREE_REFRESH_S + max(0.0, samples.interval_s or 0.0)) * 1e9
     unsure: set[int] = set()
     for proc in samples.processes.values():
         ticks = [t for t, c in zip(proc.ticks, proc.cpu_s) if c is not None and 0 <= t <= last_tick]
@@ -152,7 +155,7 @@ def _ticks_around_process_changes(samples: SystemSamples) -> set[int]:
         first, last = ticks[0], ticks[-1]
         if first > 0:
             tick = first
-            while tick > 0 and t_ns[first] - t_ns[tick - 1] <= TREE_REFRESH_S * 1e9:
+            while tick > 0 and t_ns[first] - t_ns[tick - 1] <= unseen_ns:
                 unsure.add(tick)
                 tick -= 1
             unsure.add(tick)

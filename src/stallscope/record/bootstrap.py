@@ -144,7 +144,7 @@ def _install_exit_recording() -> None:
         if loader.loaded_in_process and not loader.loaded_by_workers:  # what workers would pay to pass batches
             from stallscope.record import shm_cost
 
-            measured = shm_cost.measure(shm_cost.calibration_bytes(loader.largest_batch_nbytes))
+            measured = shm_cost.measure(shm_cost.calibration_bytes(loader.main_batch_nbytes()))
             if measured:
                 events.emit("calibration", time.perf_counter_ns(), "shared_memory", measured)
         events.emit("process_exit", time.perf_counter_ns(), None)

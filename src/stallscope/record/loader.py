@@ -268,7 +268,8 @@ def patch_dataloader(module: Any) -> None:
             self._stallscope_described = True
             described = batches.describe_batch(data)
             events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, described)
-            _note_batch_bytes(described.get("nbytes"))
+            _note_batch_bytes(self._stallscope_lid, described.get("nbytes"))
+        _batches_by_loader[self._stallscope_lid] = _batches_by_loader.get(self._stallscope_lid, 0) + 1
         steps.after_next(self._stallscope_lid)
         return data
 
@@ -300,14 +301,23 @@ _waiting: tuple[Any, int] | None = None
 #: its exit measures what shared memory would cost them (record/shm_cost.py).
 loaded_in_process = False
 loaded_by_workers = False
-#: The largest batch (bytes of its tensors) this process took from a DataLoader: the size shm_cost measures at.
-largest_batch_nbytes = 0
+#: Per DataLoader of this process: its batches taken so far and the bytes of its first batch's tensors. The
+#: loader that gave the most batches (the training loader) sets the size shm_cost measures at.
+_batches_by_loader: dict[int, int] = {}
+_batch_bytes_by_loader: dict[int, int] = {}
 
 
-def _note_batch_bytes(nbytes: Any) -> None:
-    global largest_batch_nbytes
-    if isinstance(nbytes, int) and nbytes > largest_batch_nbytes:
-        largest_batch_nbytes = nbytes
+def _note_batch_bytes(loader_id: int, nbytes: Any) -> None:
+    if isinstance(nbytes, int) and nbytes > 0:
+        _batch_bytes_by_loader[loader_id] = nbytes
+
+
+def main_batch_nbytes() -> int | None:
+    """Bytes per batch of the loader this process took the most batches from (None before any batch)."""
+    sized = [lid for lid in _batch_bytes_by_loader if _batches_by_loader.get(lid)]
+    if not sized:
+        return None
+    return _batch_bytes_by_loader[max(sized, key=lambda lid: _batches_by_loader[lid])]
 
 
 def _record_stall(iterator: Any, t0: int, how: str, message: str | None) -> None:

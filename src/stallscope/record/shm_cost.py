@@ -12,6 +12,7 @@ torch is already imported, and the throughput model scales it by the run's bytes
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -22,16 +23,33 @@ CALIBRATION_BYTES = 2 << 20
 #: The run's own batch size is measured where known, within these bounds: the cost per byte is not flat. A
 #: batch the allocator keeps reusing in process costs nothing to fill again, one it maps fresh each time (glibc
 #: maps fresh every allocation of 32 MiB or more) pays faults there too. Measured on the 2-core VM, extra ms
-#: per MiB to write: 0.3-0.7 at 2 MiB, 0.73 at 18 MiB, 0.09 at 32 MiB. The upper bound keeps the exit short.
+#: per MiB to write: 0.3-0.7 at 2 MiB, 0.73 at 18 MiB, 0.09 at 32 MiB. The upper bound keeps the exit short and
+#: the memory it takes small.
 MIN_BYTES = 1 << 20
-MAX_BYTES = 48 << 20
+MAX_BYTES = 32 << 20
+SHM = "/dev/shm"
 
 
-def calibration_bytes(batch_nbytes: int | None) -> int:
-    """The size to measure at for batches of ``batch_nbytes`` (the default size when unknown)."""
-    if not batch_nbytes or batch_nbytes <= 0:
-        return CALIBRATION_BYTES
-    return int(min(MAX_BYTES, max(MIN_BYTES, batch_nbytes)))
+def calibration_bytes(batch_nbytes: int | None, shm_free: int | None = None) -> int | None:
+    """The size to measure at for batches of ``batch_nbytes`` (the default size when unknown), or None where
+    /dev/shm has too little room: the segment takes it, and where torch only truncates the file (older releases)
+    a full /dev/shm would kill the process with SIGBUS after its training. At most a quarter of what is free is
+    used (``shm_free``: bytes free there, read from the file system when not given)."""
+    size = CALIBRATION_BYTES if not batch_nbytes or batch_nbytes <= 0 else int(min(MAX_BYTES, max(MIN_BYTES,
+                                                                                                   batch_nbytes)))
+    if shm_free is None:
+        shm_free = _free_bytes(SHM)
+    if shm_free is not None:
+        size = min(size, shm_free // 4)
+    return size if size >= MIN_BYTES else None
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        stat = os.statvfs(path)
+    except (AttributeError, OSError):
+        return None  # no /dev/shm (macOS): torch's own shared memory goes elsewhere
+    return stat.f_bavail * stat.f_frsize
 REPEATS = 3
 WARM_UP = 2  # rounds until ordinary memory is reused, not freshly mapped, as a training loop's batches are
 PAGE = 4096
@@ -43,7 +61,7 @@ def _timed(action: Any) -> int:
     return time.perf_counter_ns() - t0
 
 
-def measure(nbytes: int = CALIBRATION_BYTES, repeats: int = REPEATS) -> dict[str, int] | None:
+def measure(nbytes: int | None = CALIBRATION_BYTES, repeats: int = REPEATS) -> dict[str, int] | None:
     """Extra nanoseconds, over ordinary memory, to fill ``nbytes`` of a new shared-memory segment (the worker's
     collate) and to map that segment again, read it and let it go (the training process's side: it holds the
     batch last, so freeing the segment's pages falls to it, about a quarter of a write): the median of ``repeats``
@@ -51,7 +69,7 @@ def measure(nbytes: int = CALIBRATION_BYTES, repeats: int = REPEATS) -> dict[str
     (a full or missing /dev/shm), or batches would go through torch's file_system strategy (its own manager
     process)."""
     torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "UntypedStorage"):
+    if torch is None or not hasattr(torch, "UntypedStorage") or not nbytes:
         return None
     try:
         if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
