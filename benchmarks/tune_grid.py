@@ -15,6 +15,12 @@ grid) and its winner was the grid's best configuration (num_workers=2, persisten
 prefetch_factor=1): confirmed 525.4 samples/s against the grid's 580.5 (0.905, the grid's figure being the
 best of 25 noisy runs), and 0.988 head to head (medians of 3 alternating runs each). With --steps 40 the
 per-trial noise (+-10-15%) let tune settle on 2 workers alone (head to head 0.81-0.92).
+
+2026-12-01, --steps 100, quiet machine, 7 min 43 s: tune used 8 runs (0.32 of the 25-configuration grid), winner
+num_workers=3, persistent_workers=True, prefetch_factor=1, confirmed 318.6 samples/s against the grid's best (2
+workers, persistent, prefetch 1) 403.6: 0.790 against the best of 25 single runs, but **1.077 head to head** (medians
+of 3 alternating runs each: 366.3 vs 340.2). The machine's drift dwarfed the configurations: the original (0 workers)
+measured 220.1 in tune's first run and 343.6 in its confirmation, and 339.5 in the grid.
 """
 
 from __future__ import annotations
