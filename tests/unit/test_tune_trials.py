@@ -44,3 +44,29 @@ def test_pooled_rate_of_repeats() -> None:
     assert rate.value == 105.0
     assert abs(rate.se - (18 ** 0.5) / 2) < 1e-9
     assert rate.steps == 40
+
+
+def _tuned(original_rate: float, winner_rate: float, se: float) -> "TuneResult":
+    from stallscope.tuning.noise import Rate
+    from stallscope.tuning.tuning import TuneResult
+
+    original = TrialResult(1, "original", {}, {"num_workers": 0}, True, rate=Rate(340.0, 9.0, 100))
+    winner = TrialResult(4, "num_workers", {"num_workers": 3}, {"num_workers": 3}, True, rate=Rate(359.0, 9.0, 100))
+    return TuneResult(["python", "train.py"], 100, [original, winner], [], original, winner, {"num_workers": 3},
+                      Rate(original_rate, se, 100), Rate(winner_rate, se, 100), "trials", "/tmp/tune-folder")
+
+
+def test_a_winner_that_confirms_slower_is_not_handed_out():
+    from rich.console import Console
+
+    from stallscope.render.tune import render
+
+    console = Console(record=True, width=200)
+    render(_tuned(343.6, 318.6, 3.0), console)  # as measured by tune_grid.py on 2026-12-01: 0.93x, beyond noise
+    text = console.export_text()
+    assert "0.93x" in text and "Keep the original configuration" in text
+    assert "The change:" not in text and "--set" not in text.split("Confirmed:")[1]
+    console = Console(record=True, width=200)
+    render(_tuned(340.0, 380.0, 3.0), console)  # a gain that held: the change is printed as before
+    text = console.export_text()
+    assert "The change:" in text and "num_workers=3" in text and "Keep the original" not in text

@@ -49,6 +49,12 @@ def render(result: TuneResult, console: Console) -> None:
         console.print(f"Confirmed: original {o.value:.1f} ± {o.se:.1f} {result.unit}, winner {w.value:.1f} ± "
                       f"{w.se:.1f} {result.unit}: [bold]{result.speedup:.2f}x[/]"
                       + ("  (within noise of each other on confirmation)" if result.confirmed_within_noise else ""))
+        if result.speedup is not None and result.speedup < 1.0 and not result.confirmed_within_noise:
+            # The search's best was a lucky run, or the machine drifted: do not hand out a change that measured slower.
+            console.print("[yellow]On confirmation the winner ran slower than the original: the trials' gain did not "
+                          "hold. Keep the original configuration, or tune again with more --steps (longer runs "
+                          f"average out the machine's drift).[/]  Trial folders: {escape(result.folder)}")
+            return
     console.print(f"The change:  [bold]{escape(result.in_code())}[/]")
     console.print(f"Without editing code:  {shlex.join(result.rerun_command())}", markup=False)
     console.print(f"Trial folders: {result.folder}", markup=False)
