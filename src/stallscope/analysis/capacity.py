@@ -84,16 +84,8 @@ class ThroughputModel:
         return cpu, blocked
 
     def receive_s(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
-        """What the training process spends per sample taking batches from workers (none without them).
-
-        Its CPU part (rebuilding the batch) stays per sample. The rest is waiting for the sending worker to hand
-        over the tensors' file descriptors, which it does only once it lets go of the GIL: a worker inside a long
-        call (a tokenizer's batch encode) answers at that call's end. That wait is for a busy worker; with more
-        workers each makes a smaller share of the batches and is that much less often busy when asked, so the
-        wait measured with W workers is taken to fall as W / W' with W' > W of them (a 1-worker tokenizing run
-        waited 4.8 ms per sample, the same with 2 workers 1.5 ms), and to grow as W / W' with fewer; and to
-        follow each worker's CPU work per sample where a fix changes it (``scale``): a worker with half the work is
-        busy half as long."""
+        """What the training process spends per sample taking batches from workers (none without them): rebuilding
+        them (CPU, per sample), waiting for the sender to hand them over (``handover_wait_s``) and mapping them."""
         workers = self.workers if workers is None else workers
         if workers <= 0:
             return 0.0
@@ -105,7 +97,14 @@ class ThroughputModel:
         return self.receive_per_sample_s if recorded is None else min(recorded, self.receive_per_sample_s)
 
     def handover_wait_s(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
-        """The waiting part of ``receive_s``: for the sending worker to hand over the batch's descriptors."""
+        """The waiting part of ``receive_s``: for the sending worker to hand over the batch's descriptors.
+
+        A worker does that only once it lets go of the GIL: one inside a long call (a tokenizer's batch encode)
+        answers at that call's end. The wait is for a busy worker; with more workers each makes a smaller share of
+        the batches and is that much less often busy when asked, so the wait measured with W workers is taken to
+        scale as W / W' with W' of them (a 1-worker tokenizing run waited 4.8 ms per sample, the same with 2 workers
+        1.5 ms), and with each worker's CPU work per sample where a fix changes it (``scale``): a worker with half
+        the work is busy half as long."""
         workers = self.workers if workers is None else workers
         if workers <= 0:
             return 0.0

@@ -4,9 +4,9 @@ With ``num_workers=0`` a batch is collated into ordinary memory and used where i
 workers it is collated into a fresh shared-memory segment (torch's collate in a worker allocates one
 per batch) and mapped again in the training process. Both cost page faults that a 0-worker run never
 pays and cannot show, so a prediction of "add workers" from such a run would miss them. They scale
-with the batch's bytes; the per-byte cost depends on the kernel, the machine and the batch's size (about 0.75 ms
-per MiB to write and 0.3 ms per MiB to map, read and free, for batches of 2-18 MiB on the 2-core development VM). So the recorder measures
-it once, after the script is done (nothing of the training is slowed), in the training process where
+with the batch's bytes; the per-byte cost depends on the kernel, the machine and the batch's size (about
+0.75 ms per MiB to write and 0.3 ms per MiB to map, read and free, for batches of 2-18 MiB on the 2-core
+development VM). So the recorder measures it once, after the script is done (nothing of the training is slowed), in the training process where
 torch is already imported, and the throughput model scales it by the run's bytes per sample.
 """
 
@@ -28,6 +28,9 @@ CALIBRATION_BYTES = 2 << 20
 MIN_BYTES = 1 << 20
 MAX_BYTES = 32 << 20
 SHM = "/dev/shm"
+REPEATS = 3
+WARM_UP = 2  # rounds until ordinary memory is reused, not freshly mapped, as a training loop's batches are
+PAGE = 4096
 
 
 def calibration_bytes(batch_nbytes: int | None, shm_free: int | None = None) -> int | None:
@@ -35,8 +38,9 @@ def calibration_bytes(batch_nbytes: int | None, shm_free: int | None = None) -> 
     /dev/shm has too little room: the segment takes it, and where torch only truncates the file (older releases)
     a full /dev/shm would kill the process with SIGBUS after its training. At most a quarter of what is free is
     used (``shm_free``: bytes free there, read from the file system when not given)."""
-    size = CALIBRATION_BYTES if not batch_nbytes or batch_nbytes <= 0 else int(min(MAX_BYTES, max(MIN_BYTES,
-                                                                                                   batch_nbytes)))
+    size = CALIBRATION_BYTES
+    if batch_nbytes and batch_nbytes > 0:
+        size = int(min(MAX_BYTES, max(MIN_BYTES, batch_nbytes)))
     if shm_free is None:
         shm_free = _free_bytes(SHM)
     if shm_free is not None:
@@ -50,9 +54,6 @@ def _free_bytes(path: str) -> int | None:
     except (AttributeError, OSError):
         return None  # no /dev/shm (macOS): torch's own shared memory goes elsewhere
     return stat.f_bavail * stat.f_frsize
-REPEATS = 3
-WARM_UP = 2  # rounds until ordinary memory is reused, not freshly mapped, as a training loop's batches are
-PAGE = 4096
 
 
 def _timed(action: Any) -> int:
