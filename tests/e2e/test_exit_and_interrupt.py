@@ -99,14 +99,16 @@ def test_bad_set_is_refused_before_running(tmp_path):
 def test_killed_script_reports_signal(tmp_path):
     script = tmp_path / "suicide.py"
     # Killed outright (like the OOM killer): what was recorded more than ~0.5 s before survives. The script
-    # waits until the recorder's background flusher has written its 4 batches (no flush of its own: the
+    # waits until the recorder's background flusher has written the loader's end (no flush of its own: the
     # file is only read), so a slow flusher thread on a loaded machine delays the kill instead of losing them.
+    # It waits for the "stop" record, not for 4 "next" records: a flush that lands after the 4th batch but
+    # before the loop's end writes 4 nexts, and the last step is only complete once the loader has ended.
     script.write_text("import os, signal, time, torch\nfrom torch.utils.data import DataLoader\n"
                       "for b in DataLoader(list(range(8)), batch_size=2):\n    time.sleep(0.01)\n"
                       "path = os.path.join(os.environ['STALLSCOPE_RUN_DIR'], 'events', f'{os.getpid()}.jsonl')\n"
                       "deadline = time.time() + 60\n"
                       "while time.time() < deadline:\n"
-                      "    if os.path.exists(path) and open(path).read().count('[\"next\",') >= 4:\n"
+                      "    if os.path.exists(path) and open(path).read().count('[\"stop\",') >= 1:\n"
                       "        break\n"
                       "    time.sleep(0.1)\n"
                       "os.kill(os.getpid(), signal.SIGKILL)\n")
