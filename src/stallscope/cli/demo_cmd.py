@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,6 +13,13 @@ from stallscope.demo.scenarios import SCENARIOS, scenario_command
 from stallscope.render import words
 
 DEFAULT_STEPS = 40
+#: Before/after pairs measured by default. One pair is one run each way, and on a shared or virtual machine two runs
+#: of the same configuration differ by more than the predictions' error (2-core VM, 2026-12-01: the demo's baseline
+#: measured 178-250 samples/s in five consecutive fresh runs). Two pairs in the order before, after, after, before
+#: cancel a drift that is steady over the four runs and halve the variance of the ratio.
+DEFAULT_PAIRS = 2
+#: Pairs whose ratios differ by more than this factor say more about the machine than about the change.
+UNSTEADY_PAIRS = 1.25
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,13 +28,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "demo", help="run the reference training on a generated JPEG dataset",
         description="Generate (once, cached) a 2,000-image JPEG dataset from real photos, run the reference "
                     "training script under `stallscope run`, then apply the top recommendation with --set and "
-                    "run again: a measured before/after.",
+                    "measure it: runs with and without the change, alternated (--pairs), give a measured "
+                    "before/after beside the prediction.",
         epilog=f"scenarios (plant a known bottleneck):\n{lines}\n\n"
                "Arguments after -- go to the reference script, e.g.  stallscope demo -- --batch-size 64",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="starved",
                    help="which bottleneck to plant (default: starved, num_workers=0)")
     p.add_argument("--no-verify", action="store_true", help="do not re-run with the recommended change")
+    p.add_argument("--pairs", type=int, default=DEFAULT_PAIRS, metavar="N",
+                   help="before/after pairs to measure the change with, in the order before, after, after, before, "
+                        f"... (default {DEFAULT_PAIRS}; 1 is the quickest, more pairs cancel more of the "
+                        "machine's own drift); the speedup is the geometric mean of the pairs' ratios")
     add_run_options(p)
     p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(handler=handle, steps=None)
@@ -39,6 +52,8 @@ def handle(args: argparse.Namespace) -> int:
         return 2
     if (problem := run_options_error(args)) is not None:
         return fail("demo", problem)
+    if args.pairs < 1:
+        return fail("demo", f"--pairs must be at least 1, not {args.pairs}")
     console = Console(stderr=True)
     console.print(f"stallscope demo: preparing the dataset for scenario {args.scenario!r} "
                   "(generated once, then cached)")
@@ -58,18 +73,56 @@ def handle(args: argparse.Namespace) -> int:
     change = dict(top.overrides)
     shown = words.overrides(change)
     console.rule(f"[bold]verifying: {escape(shown)}")
-    code, second = record("demo", command, module=None, store=args.store, overrides={**overrides, **change},
-                          max_steps=steps, json_path=None, quiet=True, sample_interval_s=args.sample_interval,
-                          log_to=args.log_to, live=not args.quiet)
-    after = second.analysis if second is not None else None
-    if code != 0 or after is None or not before.samples_per_s or not after.samples_per_s:
+    rates: dict[str, list[float]] = {"before": [before.samples_per_s or 0.0], "after": []}
+    last_after = None
+    for side in verification_order(args.pairs):
+        if len(rates["after"]) + len(rates["before"]) >= 2:
+            console.print(f"run {sum(map(len, rates.values())) + 1} of {2 * args.pairs}: {side} again")
+        code, result = record("demo", command, module=None, store=args.store,
+                              overrides={**overrides, **change} if side == "after" else overrides,
+                              max_steps=steps, json_path=None, quiet=True, sample_interval_s=args.sample_interval,
+                              log_to=args.log_to, live=not args.quiet)
+        analysis = result.analysis if result is not None else None
+        if code != 0 or analysis is None or not analysis.samples_per_s:
+            return code
+        rates[side].append(analysis.samples_per_s)
+        if side == "after":
+            last_after = analysis
+    if not rates["before"][0] or last_after is None:
         return code
-    measured = after.samples_per_s / before.samples_per_s
-    console.print(f"before: {before.samples_per_s:.1f} samples/s ({before.verdict}, data wait "
+    measured, low, high = paired_speedup(rates["before"], rates["after"])
+    console.print(f"before: {_rates(rates['before'])} samples/s ({before.verdict}, data wait "
                   f"{100 * before.data_wait_fraction:.0f}%)")
-    console.print(f"after:  {after.samples_per_s:.1f} samples/s ({after.verdict}, data wait "
-                  f"{100 * after.data_wait_fraction:.0f}%)  with {shown}")
+    console.print(f"after:  {_rates(rates['after'])} samples/s ({last_after.verdict}, data wait "
+                  f"{100 * last_after.data_wait_fraction:.0f}%)  with {shown}")
     predicted = f"{top.predicted_speedup:.2f}x" if top.predicted_speedup else "no prediction"
-    console.print(f"[bold]measured speedup {measured:.2f}x[/bold] (predicted {predicted}); compare the two runs: "
-                  "stallscope compare last~1 last")
+    spread = f", pairs {low:.2f}x-{high:.2f}x" if args.pairs > 1 else ""
+    console.print(f"[bold]measured speedup {measured:.2f}x[/bold] (predicted {predicted}{spread}); compare two "
+                  f"of the runs: stallscope compare {_ref(2 * args.pairs - 1)} {_ref(2 * args.pairs - 2)}")
+    if high > low * UNSTEADY_PAIRS:
+        console.print(f"the pairs differ by {100 * (high / low - 1):.0f}%: this machine's speed changed between "
+                      f"runs of the same configuration; --pairs {2 * args.pairs} gives a firmer figure")
     return code
+
+
+def verification_order(pairs: int) -> list[str]:
+    """The runs after the first (a before), pairs alternating in order: before, after, after, before, before, ..."""
+    order = []
+    for pair in range(pairs):
+        order += ["after"] if pair == 0 else (["after", "before"] if pair % 2 else ["before", "after"])
+    return order
+
+
+def paired_speedup(before: list[float], after: list[float]) -> tuple[float, float, float]:
+    """The geometric mean of the pairs' after/before ratios, and the lowest and highest ratio."""
+    ratios = [a / b for b, a in zip(before, after, strict=True)]
+    return math.exp(sum(map(math.log, ratios)) / len(ratios)), min(ratios), max(ratios)
+
+
+def _rates(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+def _ref(back: int) -> str:
+    """How history names the run ``back`` runs before the last."""
+    return "last" if back == 0 else f"last~{back}"

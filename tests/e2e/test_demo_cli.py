@@ -1,0 +1,50 @@
+"""``stallscope demo``, the README's first command: diagnose the planted starved scenario, then measure the fix
+in alternated pairs of runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # the dataset is generated here, not in ~
+    return subprocess.run([sys.executable, "-m", "stallscope", "demo", "--store", str(tmp_path / "store"),
+                           "--json", str(tmp_path / "first.json"), *args],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+
+
+def test_demo_diagnoses_then_measures_the_fix_in_two_alternated_pairs(tmp_path):
+    done = _demo(tmp_path, "--steps", "10")
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = json.loads((tmp_path / "first.json").read_text())
+    assert first["verdict"] == "input-bound"
+    top = first["recommendations"][0]
+    assert top["overrides"] == {"num_workers": 2}
+    runs = [json.loads(path.read_text()) for path in (tmp_path / "store" / "runs").glob("*/run.json")]
+    runs.sort(key=lambda run: run["started_wall"])
+    assert [run["overrides"] for run in runs] == [{}, {"num_workers": 2}, {"num_workers": 2}, {}]
+    err = " ".join(done.stderr.split())
+    assert "run 3 of 4: after again" in err and "run 4 of 4: before again" in err
+    measured = re.search(r"measured speedup (\d+\.\d\d)x \(predicted (\d+\.\d\d)x, pairs (\d+\.\d\d)x-(\d+\.\d\d)x\)",
+                         err)
+    assert measured, err[-1500:]
+    speedup, low, high = float(measured[1]), float(measured[3]), float(measured[4])
+    assert low <= speedup <= high
+    assert float(measured[2]) == pytest.approx(top["predicted_speedup"], abs=0.005)
+    assert "stallscope compare last~3 last~2" in err
+
+
+def test_demo_refuses_zero_pairs_before_running(tmp_path):
+    done = _demo(tmp_path, "--pairs", "0")
+    assert done.returncode == 2
+    assert "--pairs must be at least 1" in done.stderr
+    assert not (tmp_path / "store").exists() and not (tmp_path / "cache").exists()
