@@ -50,6 +50,16 @@ def recorded_usable_cpus(environment: Mapping[str, Any], checks: Sequence[Mappin
     return int(environment.get("cpus_affinity") or environment.get("cpu_count") or 1)
 
 
+def recorded_physical_cores(checks: Sequence[Mapping[str, Any]]) -> int | None:
+    """The physical cores a recorded run's CPUs were hardware threads of (the doctor's ``cpu.usable`` check), or
+    None where the check did not see the topology (then each CPU counts as a core)."""
+    for check in checks:
+        cores = (check.get("data") or {}).get("physical_cores") if check.get("id") == "cpu.usable" else None
+        if isinstance(cores, int) and not isinstance(cores, bool) and cores > 0:
+            return cores
+    return None
+
+
 def _package_version(name: str) -> str | None:
     try:
         return metadata.version(name)

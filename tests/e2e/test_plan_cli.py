@@ -35,7 +35,7 @@ def test_plan_projects_the_run_to_a_machine_with_gpus(recorded):
     doc = json.loads(out.read_text())
     assert doc["schema"] == "stallscope.plan/1"
     assert doc["target"] == {"cores": 16.0, "gpus": 2, "step_ms": 5.0, "samples_per_s": None, "workers": 3,
-                             "cores_per_process": 8.0, "processes": 2}
+                             "cores_per_process": 8.0, "processes": 2, "threads_per_core": 1.0}
     assert doc["recorded"]["workers"] == 0 and doc["recorded"]["samples_per_step"] == 8.0
     rows = {r["workers"]: r for r in doc["rows"]}
     assert set(rows) == set(range(len(rows))) and len(rows) >= 8
@@ -61,6 +61,7 @@ def test_plan_json_to_stdout_is_the_document_alone(recorded):
 @pytest.mark.parametrize("args, message", [
     (["last", "--cores", "0"], "--cores must be a positive number"),
     (["last", "--step-ms", "-3"], "--step-ms must be a positive number"),
+    (["last", "--threads-per-core", "0"], "--threads-per-core must be between 1 and 8"),
     (["no-such-run"], "no run 'no-such-run'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(recorded, args, message):

@@ -268,3 +268,67 @@ def test_waiting_for_a_busy_worker_to_hand_over_falls_with_more_workers():
     # 6 ms per sample: 2 x 0.475 / 9 + 2 x 2.35 / 6 = 8/9 of a sample; the last 1/9 takes 6 ms / 2 alone
     made = 2 * 0.000475 / 0.009 + 2 * 0.00235 / 0.006
     assert slower.shared_cores_rate(2) == pytest.approx(1 / (0.000475 + 0.00235 + (1 - made) * 0.006 / 2))
+
+
+def test_a_cores_second_hardware_thread_adds_a_fraction_of_a_core():
+    # 8 CPUs that are the two hardware threads of 4 cores: 4 busy threads get 4 cores' work done, 8 get 4 + 4 x 0.25
+    m = model(usable_cpus=8.0, physical_cores=4.0, compute_on_cpu=False, main_cpu_per_sample_s=0.0, main_occupancy=0.0,
+              compute_per_sample_s=0.0005)
+    assert [m.core_capacity(b) for b in (2, 4, 6, 8, 12)] == pytest.approx([2.0, 4.0, 4.5, 5.0, 5.0])
+    assert m.smt_speed(8) == pytest.approx(5.0 / 8)
+    assert m.smt_speed(16) == pytest.approx(5.0 / 8)  # time-sharing beyond the CPUs is not the hardware threads'
+    assert m.rate(workers=4) == pytest.approx(500.0)  # 4 workers, 8 ms each, a core each
+    # 8 workers: each runs at 5/8 of a core, 8 / (8 ms / 0.625) = 625/s, not 1000/s
+    assert m.rate(workers=8) == pytest.approx(625.0)
+    assert m.speedup(workers=8) == pytest.approx(625.0 / 125.0)
+    plain = replace(m, physical_cores=None)
+    assert plain.rate(workers=8) == pytest.approx(1000.0)  # the same CPUs as cores of their own
+
+
+def test_a_compute_beside_workers_on_shared_cores_slows_by_their_hardware_threads():
+    # 4 CPUs on 2 cores; a single-threaded CPU compute (2 ms, one core) beside 3 busy workers: 4 threads, 2.5 cores
+    m = model(usable_cpus=4.0, physical_cores=2.0, workers=3, cost_s={"transform": 0.024, "storage": 0.0})
+    # everyone at 2.5 / 4 of a core: compute 2 ms / 0.625 = 3.2 ms; the workers make 3.2 x 3 / (24 / 0.625) = 0.25
+    # samples in it, and the rest (0.75 of a sample) alone, 3 threads on 2.25 cores: 0.75 x (24 ms / 0.75) / 3 = 8 ms
+    assert m.shared_cores_rate(3) == pytest.approx(1.0 / (0.0032 + 0.008))
+    # the same CPUs as cores of their own: 4 threads on 4 CPUs share nothing
+    assert replace(m, physical_cores=None).shared_cores_rate(3) is None
+
+
+def test_costs_recorded_with_hardware_threads_busy_are_taken_at_a_cores_speed():
+    from stallscope.analysis.capacity import build_model
+
+    # 4 CPUs on 2 cores, one worker: 2 threads busy on 2 cores (a core each), costs as measured
+    stats, train = _ten_steps_of_eight(workers=1)
+    alone = build_model(stats, train, 4.0, main_cpu_s=0.05, physical_cores=2.0)
+    assert alone.cost_s["transform"] == pytest.approx(0.24 / 80)
+    # on 1 core with 2 hardware threads, a training process busier on the CPU (0.3 s over the 0.4 s): the run kept
+    # 1.35 threads busy (200 samples/s x (3 + 3.75) ms of CPU per sample), each at (1 + 0.25 x 0.35) / 1.35 of a
+    # core; the costs are scaled to a core's speed
+    one_core = build_model(stats, train, 2.0, main_cpu_s=0.3, physical_cores=1.0)
+    busy = 200.0 * (0.003 + 0.3 / 80)
+    speed = (1.0 + 0.25 * (busy - 1.0)) / busy
+    assert busy == pytest.approx(1.35) and speed == pytest.approx(0.8056, abs=1e-4)
+    assert one_core.cost_s["transform"] == pytest.approx(0.003 * speed)
+    assert one_core.main_cpu_per_sample_s == pytest.approx(0.3 / 80 * speed)
+    assert one_core.compute_per_sample_s == pytest.approx(0.1 / 80 * speed)
+    # 2 CPUs as cores of their own: nothing to take out
+    assert build_model(stats, train, 2.0, main_cpu_s=0.3).cost_s["transform"] == pytest.approx(0.003)
+
+
+def test_a_recorded_run_whose_cpus_were_hardware_threads_of_fewer_cores_is_modelled_with_them():
+    """A real session (0 workers on 2 CPUs) with the doctor's check saying the 2 CPUs are one core's two threads."""
+    from pathlib import Path
+
+    from stallscope.analysis import analyze
+    from stallscope.session import Session
+
+    session = Session.load(Path(__file__).parent.parent / "data" / "summaries" / "image-pipeline" / "session.json")
+    checks = [dict(c, data={**c["data"], "physical_cores": 1}) if c["id"] == "cpu.usable" else c for c in session.checks]
+    plain, smt = analyze(session), analyze(replace(session, checks=checks))
+    assert plain.capacity.model.physical_cores is None
+    assert smt.capacity.model.physical_cores == pytest.approx(1.0 * smt.capacity.model.usable_cpus / 2)
+    (advice,) = [r for r in smt.recommendations if r.id == "num-workers"]
+    (plain_advice,) = [r for r in plain.recommendations if r.id == "num-workers"]
+    assert advice.predicted_speedup < plain_advice.predicted_speedup
+    assert advice.facts["physical_cores"] == pytest.approx(smt.capacity.model.physical_cores, abs=0.01)

@@ -83,6 +83,8 @@ def test_storage_bound_runs_tabulate_past_the_cores():
     ({"cores": 4, "step_s": -1}, "--step-ms"),
     ({"cores": 4, "samples_per_s": float("inf")}, "--samples-per-s"),
     ({"cores": 4, "workers": -2}, "--workers"),
+    ({"cores": 4, "threads_per_core": 0.5}, "--threads-per-core"),
+    ({"cores": 4, "threads_per_core": 16}, "--threads-per-core"),
 ])
 def test_impossible_targets_are_refused(kwargs, message):
     with pytest.raises(PlanError, match=message):
@@ -148,3 +150,33 @@ def test_small_per_sample_figures_are_said_in_microseconds():
     from stallscope.analysis.plan import _ms
 
     assert _ms(0.000004) == "4 us" and _ms(0.0025) == "2.500 ms"
+
+
+def test_a_target_with_hyper_threading_counts_a_cores_second_thread_as_a_quarter_core():
+    # a GPU step of 4 ms (0.25 ms per sample, a core busy meanwhile) on 8 CPUs: as 8 cores the CPU budget is
+    # 8 / (4 ms + 0.25 ms) = 1882/s; as 4 cores of 2 threads, every thread busy gets 4 + 4 x 0.25 = 5 cores' work
+    # done: 5 / 4.25 ms = 1176/s
+    target = {"cores": 8, "gpus": 1, "step_s": 0.004}
+    cores = project(recorded(), Target(**target), samples_per_step=16)
+    threads = project(recorded(), Target(**target, threads_per_core=2), samples_per_step=16)
+    assert max(r.samples_per_s for r in cores.rows) == pytest.approx(8 / 0.00425)
+    assert max(r.samples_per_s for r in threads.rows) == pytest.approx(5 / 0.00425)
+    assert threads.row(3).samples_per_s == pytest.approx(750.0)  # 3 workers and the training process: a core each
+    assert threads.row(4).samples_per_s < cores.row(4).samples_per_s == pytest.approx(1000.0)  # 5 threads, 4 cores
+    assert threads.limit == "cores" and threads.row(8).cores_wanted == pytest.approx(5.0)
+    assert any("8 CPU(s) per process are 4 core(s) with 2 hardware threads each (given)" in n
+               for n in threads.assumptions)
+    assert any("each CPU a core of its own (as recorded; --threads-per-core 2" in n for n in cores.assumptions)
+    doc = plan_dict(threads, "r1", PLAN_SCHEMA)
+    assert doc["target"]["threads_per_core"] == 2 and doc["recorded"]["threads_per_core"] == 1.0
+
+
+def test_a_run_recorded_with_hyper_threading_is_planned_with_it_unless_told_otherwise():
+    smt = recorded(usable_cpus=2.0, physical_cores=1.0)
+    target = {"cores": 8, "gpus": 1, "step_s": 0.004}
+    same = project(smt, Target(**target), samples_per_step=16)
+    assert any("are 4 core(s) with 2 hardware threads each (as recorded)" in n for n in same.assumptions)
+    assert max(r.samples_per_s for r in same.rows) == pytest.approx(5 / 0.00425)
+    plain = project(smt, Target(**target, threads_per_core=1), samples_per_step=16)
+    assert max(r.samples_per_s for r in plain.rows) == pytest.approx(8 / 0.00425)
+    assert plan_dict(same, "r1", PLAN_SCHEMA)["target"]["threads_per_core"] == 2.0

@@ -49,3 +49,25 @@ def test_batches_dropped_at_every_early_epoch_end_recommend_less_prefetch():
     assert rec_.predicted_speedup == round(1.40 / 1.20, 2)
     assert _discarded_prefetch(_train(fetched=104, used=100, epochs=10), model, 2) is None  # only the last queue
     assert _discarded_prefetch(_train(fetched=140, used=100, epochs=10, prefetch=1), model, 2) is None
+
+
+def test_the_worker_advice_says_how_hyper_threads_were_counted():
+    from dataclasses import replace
+
+    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.recommend import recommend
+    from tests.unit.test_analysis_capacity import _ten_steps_of_eight
+
+    stats, train = _ten_steps_of_eight(workers=0)
+    plain = build_model(stats, train, 4.0, main_cpu_s=0.34)
+    smt = replace(plain, physical_cores=2.0)
+    seconds = {"transform": 0.3, "compute": 0.1}
+    (advice, *_) = recommend("input-bound", stats, train, seconds, 4, model=smt)
+    (plain_advice, *_) = recommend("input-bound", stats, train, seconds, 4, model=plain)
+    assert advice.id == plain_advice.id == "num-workers"
+    assert advice.facts["physical_cores"] == 2.0 and "physical_cores" not in plain_advice.facts
+    assert advice.predicted_speedup < plain_advice.predicted_speedup  # 4 threads on 2 cores are 2.5 cores' work
+    reason = words.recommendation(advice).reason
+    assert reason.startswith("4 usable CPUs on 2 cores (hyper-threading: a thread on a core whose other thread is "
+                             "busy is counted as 25% of a core); each sample costs")
+    assert words.recommendation(plain_advice).reason.startswith("4 usable CPUs; each sample costs")

@@ -18,6 +18,7 @@ from stallscope.health.system import (
     check_numa,
     check_shm,
     machine_checks,
+    physical_cores,
     usable_cpu_count,
 )
 
@@ -65,8 +66,42 @@ def test_cpus_affinity_smaller_than_cpu_count_warns(tmp_path: Path) -> None:
     host = machine(tmp_path)
     check = check_cpus(host)
     assert check.status == "warn"
-    assert check.data == {"usable": 8, "affinity": 8, "quota_cpus": None, "online": 64}
+    assert check.data == {"usable": 8, "affinity": 8, "quota_cpus": None, "online": 64, "physical_cores": None}
     assert "sched_getaffinity" in check.fix
+
+
+def smt_topology(root: Path, cores: int, threads: int, name: str = "core_cpus_list") -> None:
+    """Linux's numbering on most x86 machines: CPU c and CPU c + cores are the two hardware threads of core c."""
+    for core in range(cores):
+        siblings = ",".join(str(core + t * cores) for t in range(threads))
+        for t in range(threads):
+            put(root, f"/sys/devices/system/cpu/cpu{core + t * cores}/topology/{name}", siblings + "\n")
+
+
+@pytest.mark.parametrize("name", ["core_cpus_list", "thread_siblings_list"])
+def test_hardware_threads_of_one_core_count_once(tmp_path: Path, name: str) -> None:
+    host = machine(tmp_path, cpus="0-15", online="0-15")
+    smt_topology(tmp_path, cores=8, threads=2, name=name)
+    assert physical_cores(host, set(range(16))) == 8
+    assert physical_cores(host, {0, 8}) == 1  # both threads of core 0
+    assert physical_cores(host, {0, 1, 2, 3}) == 4  # first threads only: a core each
+    check = check_cpus(host)
+    assert check.data["physical_cores"] == 8
+    assert "the affinity's 16 CPUs are 8 cores with 2 hardware threads each" in check.value
+
+
+def test_a_topology_that_cannot_be_read_is_unknown_not_guessed(tmp_path: Path) -> None:
+    host = machine(tmp_path, cpus="0-3", online="0-3")
+    smt_topology(tmp_path, cores=2, threads=2)
+    assert physical_cores(host, {0, 1, 2, 3}) == 2
+    (tmp_path / "sys/devices/system/cpu/cpu3/topology/core_cpus_list").unlink()  # one CPU without its topology
+    assert physical_cores(host, {0, 1, 2, 3}) is None
+    put(tmp_path, "/sys/devices/system/cpu/cpu3/topology/core_cpus_list", "garbage\n")
+    assert physical_cores(host, {0, 1, 2, 3}) is None
+    put(tmp_path, "/sys/devices/system/cpu/cpu3/topology/core_cpus_list", "0\n")  # a list without the CPU itself
+    assert physical_cores(host, {0, 1, 2, 3}) is None
+    assert physical_cores(host, set()) is None
+    assert "hardware threads" not in check_cpus(host).value
 
 
 def test_cpus_quota_tightens_affinity(tmp_path: Path) -> None:

@@ -29,6 +29,12 @@ is what a 0-worker run, where nothing ran beside the training process, cannot sh
 above over-predicts every CPU-bound job whose training also computes on the CPU. Compute on a GPU is
 not slowed (its process still takes its cores).
 
+A core's hardware threads (SMT, hyper-threading) are not cores: where the usable CPUs are ``physical_cores``
+cores with two or more hardware threads each, a thread that shares its core with another busy one adds only
+``SMT_YIELD`` of a core (``core_capacity``). Every thread on such a core then runs slower, so the budget, the
+workers' rate and the compute beside busy workers all count core capacity, not CPUs. A run recorded with more
+threads busy than cores measured its CPU costs slowed the same way; ``build_model`` takes that out first.
+
 Some costs exist only with workers: a worker collates each batch into a fresh shared-memory segment and
 the training process maps it again, both paying page faults an in-process batch never does. A run with
 workers measures them (in the workers' collate and the receive); from a 0-worker run they are estimated
@@ -38,6 +44,7 @@ from the batch's bytes per sample and a per-byte cost the recorder measured at e
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from stallscope.analysis.findings import LoaderSummary, StepStats
@@ -48,6 +55,10 @@ CPU_STAGES = ("decode", "transform", "loader")
 #: single-threaded compute measured at 1.003 was taken for a threaded one and predicted to slow to 0.67x beside
 #: a second, nearly idle worker (measured 0.88-1.06x).
 THREADED_OCCUPANCY = 1.2
+#: Cores' worth of work a core's second hardware thread adds when both are busy. Not measured here (the development
+#: machine shows no SMT siblings): vendors quote up to 30% more throughput from hyper-threading, least for dense
+#: floating point, most for integer and memory-bound work such as JPEG decoding and resizing.
+SMT_YIELD = 0.25
 #: Seconds per byte to fill a fresh shared-memory segment and to map it again, read it and free it, over
 #: ordinary memory; used where the recorder could not measure them (2-core development VM, 2026-12-01: 0.75 and
 #: 0.3 ms per MiB for batches of 2-18 MiB).
@@ -73,6 +84,23 @@ class ThroughputModel:
     worker_only_basis: str | None = None  # "measured at exit" or "typical" where estimated; None when not
     # the CPU part of receive_per_sample_s (rebuilding); the rest waited on a busy worker. None: all of it CPU
     receive_cpu_per_sample_s: float | None = None
+    # cores that usable_cpus are hardware threads of (SMT); None: every usable CPU is a core of its own
+    physical_cores: float | None = None
+
+    def core_capacity(self, busy: float) -> float:
+        """Cores' worth of work ``busy`` runnable threads get done at once: a core each up to the physical cores,
+        ``SMT_YIELD`` for each further one on a core's second hardware thread, never more than the usable CPUs."""
+        busy = max(0.0, min(busy, self.usable_cpus))
+        cores = self.physical_cores
+        if cores is None or cores >= self.usable_cpus:
+            return busy
+        return min(busy, cores) + SMT_YIELD * max(0.0, busy - cores)
+
+    def smt_speed(self, busy: float) -> float:
+        """How fast each of ``busy`` runnable threads runs against a core of its own, from shared cores' hardware
+        threads alone (time-sharing beyond the usable CPUs is not in it): 1 without SMT or up to the cores."""
+        running = min(busy, self.usable_cpus)
+        return self.core_capacity(running) / running if running > 0 else 1.0
 
     def costs(self, scale: dict[str, float] | None, workers: int | None = None) -> tuple[float, float]:
         scale = scale or {}
@@ -122,7 +150,7 @@ class ThroughputModel:
         workers = self.workers if workers is None else workers
         mapping = self.shm_read_per_sample_s if workers > 0 else 0.0  # the training process's, estimated
         demand = cpu + self.main_cpu_per_sample_s + self.helper_cpu_per_sample_s + mapping
-        return self.usable_cpus / demand if demand > 0 else float("inf")
+        return self.core_capacity(self.usable_cpus) / demand if demand > 0 else float("inf")
 
     def pipeline_rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         workers = self.workers if workers is None else workers
@@ -131,7 +159,8 @@ class ThroughputModel:
             return float("inf")
         if workers <= 0:
             return 1.0 / (cpu + blocked)
-        return min(workers / (cpu + blocked), self.cpu_rate(scale, workers))
+        speed = self.smt_speed(workers * cpu / (cpu + blocked))  # busy workers sharing cores' hardware threads
+        return min(workers / (cpu / speed + blocked), self.cpu_rate(scale, workers))
 
     def compute_rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         own = self.compute_per_sample_s + self.receive_s(workers, scale)
@@ -156,15 +185,17 @@ class ThroughputModel:
         on_cpu = cpu / (cpu + blocked)  # the share of a busy worker's time that wants a core
         occupancy = max(0.0, min(self.main_occupancy, cores))
         demand = occupancy + workers * on_cpu
-        if demand <= cores:
+        if self.core_capacity(demand) >= demand:  # a core each: no sharing
             return None
-        beside = cores / demand  # everyone's speed while the training computes beside busy workers
-        alone = min(1.0, cores / (workers * on_cpu))  # the workers' speed while it waits for a batch
-        threaded = self.compute_on_cpu and occupancy > THREADED_OCCUPANCY
+        beside = self.core_capacity(demand) / demand  # everyone's speed while the training computes beside busy workers
+        alone = min(1.0, self.core_capacity(workers * on_cpu) / (workers * on_cpu))  # the workers' while it waits
+        # Intra-op threads that cannot all hold a CPU (time-shared, not merely on a shared core): each parallel
+        # region waits for the thread that lost its CPU, so the compute runs at one core's speed at best.
+        held_back = self.compute_on_cpu and occupancy > THREADED_OCCUPANCY and demand > cores
         if not self.compute_on_cpu:
             slowdown = 1.0
-        elif threaded:  # intra-op threads that cannot all hold a core: each parallel region waits for the
-            slowdown = max(occupancy, 1.0 / beside)  # thread that lost its core: one core's speed at best
+        elif held_back:
+            slowdown = max(occupancy, 1.0 / beside)
         else:
             slowdown = 1.0 / beside
         receive = self.receive_s(workers, scale)
@@ -174,7 +205,7 @@ class ThroughputModel:
         if made_while_computing >= 1.0:
             # The workers keep up. A single-threaded compute is slowed only while they run (the pooled
             # budget covers that); threads held back at every batch's wake-up stay slow all along.
-            return 1.0 / (compute + handover) if threaded else None
+            return 1.0 / (compute + handover) if held_back else None
         waiting = (1.0 - made_while_computing) * (blocked + cpu / alone) / workers
         return 1.0 / (compute + handover + waiting)
 
@@ -206,11 +237,13 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                 main_cpu_s: float | None, startup_s: float = 0.0,
                 helper_cpu_s: float | None = None, compute_on_cpu: bool = True,
                 bytes_per_sample: float | None = None,
-                shm_calibration: dict | None = None) -> ThroughputModel | None:
+                shm_calibration: dict | None = None,
+                physical_cores: float | None = None) -> ThroughputModel | None:
     """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler);
     ``helper_cpu_s``: those of its child processes that are not DataLoader workers; ``compute_on_cpu``:
     False when the training computes on a GPU; ``bytes_per_sample`` of the batches the loader returns and
-    the recorder's ``shm_calibration`` (``Session.calibrations``) price the costs only workers bring."""
+    the recorder's ``shm_calibration`` (``Session.calibrations``) price the costs only workers bring;
+    ``physical_cores``: the cores ``usable_cpus`` are hardware threads of, where fewer (SMT)."""
     pipeline = train.pipeline if train else None
     steady = stats.steady
     if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
@@ -239,10 +272,31 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     basis = None
     if workers == 0 and bytes_per_sample:
         write, read, basis = _worker_only_costs(bytes_per_sample, shm_calibration)
-    return ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper,
-                           receive_cpu_per_sample_s=min(receive, receive_cpu),
-                           main_occupancy=min(occupancy, float(usable_cpus)), compute_on_cpu=compute_on_cpu,
-                           shm_write_per_sample_s=write, shm_read_per_sample_s=read, worker_only_basis=basis)
+    model = ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper,
+                            receive_cpu_per_sample_s=min(receive, receive_cpu),
+                            main_occupancy=min(occupancy, float(usable_cpus)), compute_on_cpu=compute_on_cpu,
+                            shm_write_per_sample_s=write, shm_read_per_sample_s=read, worker_only_basis=basis,
+                            physical_cores=physical_cores if physical_cores and physical_cores < usable_cpus else None)
+    return _at_full_core_speed(model)
+
+
+def _at_full_core_speed(model: ThroughputModel) -> ThroughputModel:
+    """The model with CPU costs as a core of its own would run them. A run that kept more threads busy than there
+    are cores measured every CPU second slowed by shared cores' hardware threads (``smt_speed`` of its average busy
+    CPUs: the CPU its processes used per second of the steady steps); the model applies that slowdown itself for
+    whatever configuration it is asked about, the recorded one included."""
+    if model.physical_cores is None or not model.measured_samples_per_s:
+        return model
+    worker_cpu, _ = model.costs(None)
+    busy = model.measured_samples_per_s * (worker_cpu + model.main_cpu_per_sample_s + model.helper_cpu_per_sample_s)
+    speed = model.smt_speed(busy)
+    if speed >= 1.0:
+        return model
+    cost = {node: seconds * speed if node in CPU_STAGES else seconds for node, seconds in model.cost_s.items()}
+    compute = model.compute_per_sample_s * speed if model.compute_on_cpu else model.compute_per_sample_s
+    return dataclasses.replace(model, cost_s=cost, compute_per_sample_s=compute,
+                               main_cpu_per_sample_s=model.main_cpu_per_sample_s * speed,
+                               helper_cpu_per_sample_s=model.helper_cpu_per_sample_s * speed)
 
 
 def _worker_only_costs(bytes_per_sample: float, calibration: dict | None) -> tuple[float, float, str]:

@@ -22,7 +22,7 @@ from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
 from stallscope.analysis.steps import step_stats
 from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
-from stallscope.environment import recorded_usable_cpus
+from stallscope.environment import recorded_physical_cores, recorded_usable_cpus
 from stallscope.session import LoaderRecord, Session
 
 
@@ -152,10 +152,12 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     if host_cpus == cpus:  # over the steady steps; over the whole run where no tick of them could be read
         other = (other_cores_between(session, *window) if stats.steady else None) or system.other_cores_mean or 0.0
     on_gpu = bool(session.transfers or session.gpu_spans) or any(p.cuda_device for p in session.processes)
-    model = build_model(stats, train, max(1.0, cpus - other), main_cpu, startup, helper_cpu,
+    usable = max(1.0, cpus - other)
+    model = build_model(stats, train, usable, main_cpu, startup, helper_cpu,
                         compute_on_cpu=not on_gpu, bytes_per_sample=_bytes_per_sample(session, stats),
                         shm_calibration=next((c for c in session.calibrations if c.get("kind") == "shared_memory"
-                                              and c.get("pid") == session.main_pid), None))
+                                              and c.get("pid") == session.main_pid), None),
+                        physical_cores=_physical_cores(session, usable))
     pitfalls = find_pitfalls(session, loaders, system, cpus)
     spots = session_hotspots(session, stats.loader_ids, seconds)
     conditions = []
@@ -185,6 +187,17 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         gpu_timing=gpu_timing(session),
         hotspots=spots,
     )
+
+
+def _physical_cores(session: Session, usable: float) -> float | None:
+    """The physical cores behind ``usable`` CPUs (a rank's share, less what other programs kept busy), where the
+    recorded CPUs were hardware threads of fewer cores. A cgroup quota below the cores leaves each busy thread a
+    core of its own (the scheduler spreads them over idle cores first), so the cores are capped at the quota."""
+    cores = recorded_physical_cores(session.checks)
+    total = usable_cpus(session)
+    if cores is None or total <= 0:
+        return None
+    return min(cores, total) * usable / total
 
 
 def _with_hotspots(recommendations: list[Recommendation], spots: list) -> list[Recommendation]:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stallscope.analysis.capacity import CPU_STAGES, ThroughputModel
+from stallscope.analysis.capacity import CPU_STAGES, SMT_YIELD, ThroughputModel
 
 if TYPE_CHECKING:
     from stallscope.analysis.findings import Analysis
@@ -40,6 +40,7 @@ FIX_SCALES: dict[str, dict[str, float]] = {
 FIX_STAGE = {"pack-dataset": "storage", "reduced-size-decode": "decode", "uint8-device-normalize": "transform"}
 #: More workers per process than any machine runs; the table is computed row by row up to the asked count.
 MAX_WORKERS = 1024
+MAX_THREADS_PER_CORE = 8  # the most any CPU has had (IBM POWER); x86 has 1 or 2
 
 
 class PlanError(ValueError):
@@ -62,6 +63,7 @@ class Target:
     samples_per_s: float | None = None
     workers: int | None = None
     ranks: int | None = None
+    threads_per_core: float | None = None  # hardware threads per core (SMT); None: as on the recorded machine
 
     def __post_init__(self) -> None:
         if not (self.cores > 0 and math.isfinite(self.cores)):
@@ -77,6 +79,8 @@ class Target:
             raise PlanError(f"--workers must be between 0 and {MAX_WORKERS}")
         if self.ranks is not None and self.ranks < 1:
             raise PlanError("a job has at least one training process")
+        if self.threads_per_core is not None and not 1 <= self.threads_per_core <= MAX_THREADS_PER_CORE:
+            raise PlanError(f"--threads-per-core must be between 1 and {MAX_THREADS_PER_CORE}")
 
     @property
     def processes(self) -> int:
@@ -221,8 +225,10 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         notes.append(f"no GPU: {target.processes} training process(es) computing on the CPU, each keeping "
                      f"{occupancy:.2f} core(s) busy while it computes, as recorded; {cores:g} core(s) for each and "
                      "its workers")
+    physical, smt_note = _target_cores(model, target, cores)
+    notes.append(smt_note)
     moved = dataclasses.replace(model, usable_cpus=cores, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
-                                main_occupancy=occupancy, compute_on_cpu=target.gpus == 0)
+                                main_occupancy=occupancy, compute_on_cpu=target.gpus == 0, physical_cores=physical)
     cpu = sum(model.cost_s.get(n, 0.0) for n in CPU_STAGES)
     notes.append(f"input costs per sample as recorded: {_ms(cpu)} of CPU (decode, transform, collate) and "
                  f"{_ms(model.cost_s.get('storage', 0.0))} blocked on storage, on cores as fast as the recorded "
@@ -240,6 +246,19 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
                      "to the training process) was not measured and is not in these figures")
     notes.append("workers are persistent: their start-up is not counted")
     return moved, notes
+
+
+def _target_cores(model: ThroughputModel, target: Target, cpus: float) -> tuple[float | None, str]:
+    """The physical cores behind the target's ``cpus`` per process (None: a core each), and the assumption."""
+    recorded = model.usable_cpus / model.physical_cores if model.physical_cores else 1.0
+    threads = target.threads_per_core if target.threads_per_core is not None else recorded
+    source = "given" if target.threads_per_core is not None else "as recorded"
+    if threads <= 1.0:
+        hint = "; --threads-per-core 2 for a target with hyper-threading" if target.threads_per_core is None else ""
+        return None, f"each CPU a core of its own ({source}{hint})"
+    return cpus / threads, (f"{cpus:g} CPU(s) per process are {cpus / threads:g} core(s) with {threads:g} hardware "
+                            f"threads each ({source}): a thread on a core whose other thread is busy adds "
+                            f"{100 * SMT_YIELD:.0f}% of a core (a typical figure for hyper-threading, not measured)")
 
 
 def _fixes(model: ThroughputModel, target: Target, ceiling: int, best: WorkerRow,
@@ -279,7 +298,7 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
         limit = "fed"
     elif best.workers == 0:
         limit = "no-worker-helps"
-    elif best.cores_wanted >= 0.95 * target.cores_per_process:
+    elif best.cores_wanted >= 0.95 * moved.core_capacity(target.cores_per_process):  # cores' worth, SMT counted
         limit = "cores"
     else:
         limit = "workers"
@@ -289,7 +308,8 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
     fixes = [] if needed is not None else _fixes(moved, target, ceiling, best, normalize_fraction)
     recorded = {"cpus_free": model.usable_cpus, "workers": model.workers,
                 "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
-                "compute_on_cpu": model.compute_on_cpu}
+                "compute_on_cpu": model.compute_on_cpu,
+                "threads_per_core": round(model.usable_cpus / model.physical_cores, 3) if model.physical_cores else 1.0}
     return Plan(target, recorded, 1.0 / moved.compute_per_sample_s, rows, needed, best.workers, limit, first, fixes,
                 notes)
 
@@ -303,7 +323,9 @@ def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
         "run_id": run_id,
         "target": {"cores": t.cores, "gpus": t.gpus, "step_ms": None if t.step_s is None else round(1000 * t.step_s, 3),
                    "samples_per_s": t.samples_per_s, "workers": t.workers,
-                   "cores_per_process": round(t.cores_per_process, 3), "processes": t.processes},
+                   "cores_per_process": round(t.cores_per_process, 3), "processes": t.processes,
+                   "threads_per_core": t.threads_per_core if t.threads_per_core is not None
+                   else plan.recorded["threads_per_core"]},
         "recorded": plan.recorded,
         "compute_samples_per_s": round(plan.compute_samples_per_s, 2),
         "workers_needed_per_process": plan.workers_needed,
@@ -319,7 +341,7 @@ def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
 
 def plan_run(session: Session, *, cores: float | None = None, gpus: int | None = None, step_ms: float | None = None,
              samples_per_s: float | None = None, workers: int | None = None,
-             analysis: Analysis | None = None) -> Plan:
+             analysis: Analysis | None = None, threads_per_core: float | None = None) -> Plan:
     """``stallscope plan``'s library twin: a recorded session projected to a machine with ``cores`` CPU cores and
     ``gpus`` GPUs (defaults: the recorded machine's usable CPUs, and its GPU count, one per rank), with the
     target's step time (``step_ms`` per step of one process) or job rate (``samples_per_s``) where known.
@@ -342,7 +364,8 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
         gpus = (ranks_here or 1) if on_gpu else 0
     target = Target(cores=float(cores if cores is not None else usable_cpus(session)), gpus=gpus,  # the host's
                     step_s=None if step_ms is None else step_ms / 1000, samples_per_s=samples_per_s,
-                    workers=workers, ranks=ranks_here if ranks_here > 1 and gpus == 0 else None)
+                    workers=workers, ranks=ranks_here if ranks_here > 1 and gpus == 0 else None,
+                    threads_per_core=threads_per_core)
     train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
     return project(model, target, stats.samples / len(stats.steady),
                    normalize_fraction(train.pipeline if train else None), stats.sync_s / stats.samples)

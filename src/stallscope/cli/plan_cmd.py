@@ -31,7 +31,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run", nargs="?", default="last", help="the recorded run (default: last)")
     p.add_argument("--cores", type=float, metavar="N",
                    help="CPU cores the job may use on the target (default: the recorded machine's usable CPUs: "
-                        "its affinity and cgroup quota)")
+                        "its affinity and cgroup quota); count hardware threads, as os.cpu_count() does")
+    p.add_argument("--threads-per-core", type=float, metavar="T",
+                   help="hardware threads per core on the target: 2 with hyper-threading (SMT), 1 without "
+                        "(default: as on the recorded machine); a core's second thread adds a fraction of a core")
     p.add_argument("--gpus", type=int, default=None, metavar="G",
                    help="GPUs on the target, one training process each (default: as recorded, one per rank on "
                         "the recorded machine; 0 without a GPU)")
@@ -59,7 +62,8 @@ def handle(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     try:
         plan = plan_run(session, cores=args.cores, gpus=args.gpus, step_ms=args.step_ms,
-                        samples_per_s=args.samples_per_s, workers=args.workers)
+                        samples_per_s=args.samples_per_s, workers=args.workers,
+                        threads_per_core=args.threads_per_core)
     except NothingToPlan as exc:
         return _fail(f"{exc} (`stallscope report {args.run}` shows what was recorded)")
     except PlanError as exc:

@@ -62,6 +62,32 @@ def online_cpus(host: Host) -> int | None:
     return os.cpu_count() if host.live else None
 
 
+def physical_cores(host: Host, cpus: set[int] | None) -> int | None:
+    """Physical cores that ``cpus`` span: hardware threads of one core (SMT, hyper-threading) count once. None
+    where the topology is not visible (no sysfs, a CPU without its ``topology`` folder): each CPU then stands
+    for a core of its own.
+
+    The model needs it because a core's second hardware thread adds only a fraction of a core: a job that keeps
+    all 16 CPUs of an 8-core, 16-thread machine busy gets nowhere near twice what 8 busy CPUs give."""
+    if not cpus:
+        return None
+    cores: set[frozenset[int]] = set()
+    for cpu in sorted(cpus):
+        siblings = None
+        for name in ("core_cpus_list", "thread_siblings_list"):  # the newer name, then the older one
+            text = host.read_or_none(f"/sys/devices/system/cpu/cpu{cpu}/topology/{name}")
+            if text is not None:
+                try:
+                    siblings = frozenset(parse_cpulist(text)) or None
+                except ValueError:
+                    siblings = None
+                break
+        if siblings is None or cpu not in siblings:
+            return None
+        cores.add(siblings)
+    return len(cores)
+
+
 def usable_cpu_count(host: Host) -> int | None:
     """CPUs this process can keep busy: affinity, tightened by the cgroup quota. None when neither is readable."""
     cpus, _ = allowed_cpus(host)
@@ -91,7 +117,12 @@ def check_cpus(host: Host) -> Check:
     else:
         parts.append(f"cgroup quota {quota.value:g}" if quota.value is not None else "no cgroup quota")
     parts.append(f"os.cpu_count {online}" if online is not None else "os.cpu_count unknown")
-    data = {"usable": usable, "affinity": affinity_n, "quota_cpus": quota.value, "online": online}
+    cores = physical_cores(host, cpus)
+    if cores is not None and affinity_n is not None and cores < affinity_n:
+        parts.append(f"the affinity's {affinity_n} CPUs are {cores} cores with {affinity_n / cores:g} hardware "
+                     "threads each")
+    data = {"usable": usable, "affinity": affinity_n, "quota_cpus": quota.value, "online": online,
+            "physical_cores": cores}
     if usable < MIN_CPUS:
         status, fix = WARN, (f"Run on a machine or container with at least {MIN_CPUS} CPUs for the input pipeline, "
                              "or move decode to the GPU (DALI, torchvision.io.decode_jpeg on cuda).")

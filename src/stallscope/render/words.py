@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallscope.analysis import Analysis, Failure, Recommendation
+from stallscope.analysis.capacity import SMT_YIELD
 from stallscope.settings import format_value
 
 MIB = 1 << 20
@@ -95,7 +96,8 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
         n = o["num_workers"]
         return (f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {f['workers']})",
                 _set_change(o, f),
-                f"{f['usable_cpus']} usable CPUs; each sample costs {1000 * f['loader_s_per_sample']:.1f} ms of "
+                f"{f['usable_cpus']} usable CPUs{_hardware_threads(f)}; each sample costs "
+                f"{1000 * f['loader_s_per_sample']:.1f} ms of "
                 f"loader work ({1000 * f['blocked_s_per_sample']:.1f} ms of it blocked) and "
                 f"{1000 * f['compute_s_per_sample']:.1f} ms of compute" + _shared_memory_estimate(f))
     if rid == "fewer-workers":
@@ -413,6 +415,15 @@ def overrides(values: dict[str, Any]) -> str:
 
 def _facts(facts: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in facts.items())
+
+
+def _hardware_threads(f: dict) -> str:
+    """Where the CPUs are hardware threads of fewer cores, how the prediction counts them."""
+    cores = f.get("physical_cores")
+    if not cores:
+        return ""
+    return (f" on {cores:g} cores (hyper-threading: a thread on a core whose other thread is busy is counted as "
+            f"{100 * SMT_YIELD:.0f}% of a core)")
 
 
 def _shared_memory_estimate(facts: dict) -> str:
