@@ -311,7 +311,7 @@ def test_costs_recorded_with_hardware_threads_busy_are_taken_at_a_cores_speed():
     assert busy == pytest.approx(1.35) and speed == pytest.approx(0.8056, abs=1e-4)
     assert one_core.cost_s["transform"] == pytest.approx(0.003 * speed)
     assert one_core.main_cpu_per_sample_s == pytest.approx(0.3 / 80 * speed)
-    assert one_core.compute_per_sample_s == pytest.approx(0.1 / 80 * speed)
+    assert one_core.compute_per_sample_s == pytest.approx(0.1 / 80)  # the compute's wall time stays as measured
     # 2 CPUs as cores of their own: nothing to take out
     assert build_model(stats, train, 2.0, main_cpu_s=0.3).cost_s["transform"] == pytest.approx(0.003)
 
@@ -331,4 +331,21 @@ def test_a_recorded_run_whose_cpus_were_hardware_threads_of_fewer_cores_is_model
     (advice,) = [r for r in smt.recommendations if r.id == "num-workers"]
     (plain_advice,) = [r for r in plain.recommendations if r.id == "num-workers"]
     assert advice.predicted_speedup < plain_advice.predicted_speedup
-    assert advice.facts["physical_cores"] == pytest.approx(smt.capacity.model.physical_cores, abs=0.01)
+    assert advice.facts["threads_per_core"] == 2.0
+
+
+def test_cpus_that_are_each_a_core_stay_so_whatever_other_programs_took():
+    """3 CPUs on 3 cores, less a fraction other programs kept busy: no hardware threads appear (no rounding)."""
+    from pathlib import Path
+
+    from stallscope.analysis import analyze
+    from stallscope.session import Session
+
+    session = Session.load(Path(__file__).parent.parent / "data" / "summaries" / "image-pipeline" / "session.json")
+    checks = [dict(c, data={**c["data"], "usable": 3, "affinity": 3, "physical_cores": 3})
+              if c["id"] == "cpu.usable" else c for c in session.checks]
+    three = analyze(replace(session, checks=checks, environment={**session.environment, "cpu_count": 3}))
+    model = three.capacity.model
+    assert 2.9 < model.usable_cpus < 3.0  # other programs' share taken off
+    assert model.physical_cores is None
+    assert all("threads_per_core" not in r.facts for r in three.recommendations)

@@ -65,9 +65,9 @@ def test_the_worker_advice_says_how_hyper_threads_were_counted():
     (advice, *_) = recommend("input-bound", stats, train, seconds, 4, model=smt)
     (plain_advice, *_) = recommend("input-bound", stats, train, seconds, 4, model=plain)
     assert advice.id == plain_advice.id == "num-workers"
-    assert advice.facts["physical_cores"] == 2.0 and "physical_cores" not in plain_advice.facts
+    assert advice.facts["threads_per_core"] == 2.0 and "threads_per_core" not in plain_advice.facts
     assert advice.predicted_speedup < plain_advice.predicted_speedup  # 4 threads on 2 cores are 2.5 cores' work
     reason = words.recommendation(advice).reason
-    assert reason.startswith("4 usable CPUs on 2 cores (hyper-threading: a thread on a core whose other thread is "
+    assert reason.startswith("4 usable CPUs (2 hardware threads per core: a thread on a core whose other thread is "
                              "busy is counted as 25% of a core); each sample costs")
     assert words.recommendation(plain_advice).reason.startswith("4 usable CPUs; each sample costs")

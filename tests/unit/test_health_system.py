@@ -90,6 +90,12 @@ def test_hardware_threads_of_one_core_count_once(tmp_path: Path, name: str) -> N
     assert "the affinity's 16 CPUs are 8 cores with 2 hardware threads each" in check.value
 
 
+def test_offline_cpus_in_the_mask_are_left_out_of_the_topology(tmp_path: Path) -> None:
+    host = machine(tmp_path, cpus="0-31", online="0-15")  # 32 possible CPUs, 16 online: 8 cores x 2 threads
+    smt_topology(tmp_path, cores=8, threads=2)
+    assert physical_cores(host, set(range(32))) == 8
+
+
 def test_a_topology_that_cannot_be_read_is_unknown_not_guessed(tmp_path: Path) -> None:
     host = machine(tmp_path, cpus="0-3", online="0-3")
     smt_topology(tmp_path, cores=2, threads=2)

@@ -30,10 +30,10 @@ above over-predicts every CPU-bound job whose training also computes on the CPU.
 not slowed (its process still takes its cores).
 
 A core's hardware threads (SMT, hyper-threading) are not cores: where the usable CPUs are ``physical_cores``
-cores with two or more hardware threads each, a thread that shares its core with another busy one adds only
-``SMT_YIELD`` of a core (``core_capacity``). Every thread on such a core then runs slower, so the budget, the
-workers' rate and the compute beside busy workers all count core capacity, not CPUs. A run recorded with more
-threads busy than cores measured its CPU costs slowed the same way; ``build_model`` takes that out first.
+cores with two or more hardware threads each, each busy thread beyond one per core adds only ``SMT_YIELD`` of a
+core (``core_capacity``). Every thread on such a core then runs slower, so the budget, the workers' rate and the
+compute beside busy workers all count core capacity, not CPUs. Workers recorded with more threads busy than cores
+measured their CPU costs slowed the same way; ``build_model`` takes that out first.
 
 Some costs exist only with workers: a worker collates each batch into a fresh shared-memory segment and
 the training process maps it again, both paying page faults an in-process batch never does. A run with
@@ -89,7 +89,8 @@ class ThroughputModel:
 
     def core_capacity(self, busy: float) -> float:
         """Cores' worth of work ``busy`` runnable threads get done at once: a core each up to the physical cores,
-        ``SMT_YIELD`` for each further one on a core's second hardware thread, never more than the usable CPUs."""
+        ``SMT_YIELD`` for each further one (on a core's second or later hardware thread), never more than the usable
+        CPUs."""
         busy = max(0.0, min(busy, self.usable_cpus))
         cores = self.physical_cores
         if cores is None or cores >= self.usable_cpus:
@@ -215,7 +216,7 @@ class ThroughputModel:
     def stage_capacity(self) -> dict[str, float | None]:
         """Samples/s each stage could sustain alone with the workers and cores it has now."""
         workers = max(1, self.workers)
-        cores = min(workers, self.usable_cpus) if self.workers > 0 else 1.0
+        cores = self.core_capacity(min(workers, self.usable_cpus)) if self.workers > 0 else 1.0
         out: dict[str, float | None] = {}
         for stage in (*CPU_STAGES, "storage"):
             cost = self.cost_s.get(stage, 0.0)
@@ -281,11 +282,13 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
 
 
 def _at_full_core_speed(model: ThroughputModel) -> ThroughputModel:
-    """The model with CPU costs as a core of its own would run them. A run that kept more threads busy than there
-    are cores measured every CPU second slowed by shared cores' hardware threads (``smt_speed`` of its average busy
-    CPUs: the CPU its processes used per second of the steady steps); the model applies that slowdown itself for
-    whatever configuration it is asked about, the recorded one included."""
-    if model.physical_cores is None or not model.measured_samples_per_s:
+    """The model with its CPU costs as a core of its own would run them. Workers that kept more threads busy than
+    there are cores measured every CPU second slowed by shared cores' hardware threads (``smt_speed`` of the busy
+    CPUs on average: the CPU the job used per second of the steady steps); the model applies that slowdown again
+    wherever it counts the workers' and the training process's CPU (the budget, the workers' rate, the shared-cores
+    phase). The compute's wall time stays as measured, and a run without workers is taken as measured: its loading
+    and its compute took turns on one thread."""
+    if model.physical_cores is None or not model.measured_samples_per_s or model.workers <= 0:
         return model
     worker_cpu, _ = model.costs(None)
     busy = model.measured_samples_per_s * (worker_cpu + model.main_cpu_per_sample_s + model.helper_cpu_per_sample_s)
@@ -293,9 +296,7 @@ def _at_full_core_speed(model: ThroughputModel) -> ThroughputModel:
     if speed >= 1.0:
         return model
     cost = {node: seconds * speed if node in CPU_STAGES else seconds for node, seconds in model.cost_s.items()}
-    compute = model.compute_per_sample_s * speed if model.compute_on_cpu else model.compute_per_sample_s
-    return dataclasses.replace(model, cost_s=cost, compute_per_sample_s=compute,
-                               main_cpu_per_sample_s=model.main_cpu_per_sample_s * speed,
+    return dataclasses.replace(model, cost_s=cost, main_cpu_per_sample_s=model.main_cpu_per_sample_s * speed,
                                helper_cpu_per_sample_s=model.helper_cpu_per_sample_s * speed)
 
 

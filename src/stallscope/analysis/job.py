@@ -191,13 +191,14 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
 
 def _physical_cores(session: Session, usable: float) -> float | None:
     """The physical cores behind ``usable`` CPUs (a rank's share, less what other programs kept busy), where the
-    recorded CPUs were hardware threads of fewer cores. A cgroup quota below the cores leaves each busy thread a
-    core of its own (the scheduler spreads them over idle cores first), so the cores are capped at the quota."""
+    recorded CPUs were hardware threads of fewer cores; None where each CPU was a core of its own. A cgroup quota
+    below the cores is taken to leave each busy thread a core of its own (the scheduler spreads threads over idle
+    cores first); that holds while no more threads are runnable than the affinity has cores."""
     cores = recorded_physical_cores(session.checks)
     total = usable_cpus(session)
-    if cores is None or total <= 0:
+    if cores is None or total <= 0 or cores >= total:
         return None
-    return min(cores, total) * usable / total
+    return cores * usable / total
 
 
 def _with_hotspots(recommendations: list[Recommendation], spots: list) -> list[Recommendation]:

@@ -16,7 +16,8 @@ DEFAULT_STEPS = 40
 #: Before/after pairs measured by default. One pair is one run each way, and on a shared or virtual machine two runs
 #: of the same configuration differ by more than the predictions' error (2-core VM, 2026-12-01: the demo's baseline
 #: measured 178-250 samples/s in five consecutive fresh runs). Two pairs in the order before, after, after, before
-#: cancel a drift that is steady over the four runs and halve the variance of the ratio.
+#: cancel a drift by a steady ratio per run (an even number of pairs does; an odd one leaves one pair's drift) and
+#: halve the variance of the ratio.
 DEFAULT_PAIRS = 2
 #: Pairs whose ratios differ by more than this factor say more about the machine than about the change.
 UNSTEADY_PAIRS = 1.25
@@ -38,8 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-verify", action="store_true", help="do not re-run with the recommended change")
     p.add_argument("--pairs", type=int, default=DEFAULT_PAIRS, metavar="N",
                    help="before/after pairs to measure the change with, in the order before, after, after, before, "
-                        f"... (default {DEFAULT_PAIRS}; 1 is the quickest, more pairs cancel more of the "
-                        "machine's own drift); the speedup is the geometric mean of the pairs' ratios")
+                        f"... (default {DEFAULT_PAIRS}; 1 is the quickest; an even number cancels a steady drift of "
+                        "the machine's own speed, and more pairs average out more of its noise); the speedup is the "
+                        "geometric mean of the pairs' ratios")
     add_run_options(p)
     p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(handler=handle, steps=None)
@@ -70,6 +72,9 @@ def handle(args: argparse.Namespace) -> int:
         console.print("[bold]no --set change to verify[/bold]: the top recommendation is a code change "
                       "(see above)." if before.recommendations else "nothing to change.")
         return code
+    if not before.samples_per_s:
+        console.print("[bold]nothing to verify against[/bold]: the run measured no throughput (see above).")
+        return code
     change = dict(top.overrides)
     shown = words.overrides(change)
     console.rule(f"[bold]verifying: {escape(shown)}")
@@ -84,11 +89,13 @@ def handle(args: argparse.Namespace) -> int:
                               log_to=args.log_to, live=not args.quiet)
         analysis = result.analysis if result is not None else None
         if code != 0 or analysis is None or not analysis.samples_per_s:
+            if code == 0:
+                console.print(f"the {side} run measured no throughput (see above): no speedup to report")
             return code
         rates[side].append(analysis.samples_per_s)
         if side == "after":
             last_after = analysis
-    if not rates["before"][0] or last_after is None:
+    if last_after is None:
         return code
     measured, low, high = paired_speedup(rates["before"], rates["after"])
     console.print(f"before: {_rates(rates['before'])} samples/s ({before.verdict}, data wait "

@@ -69,6 +69,12 @@ def physical_cores(host: Host, cpus: set[int] | None) -> int | None:
 
     The model needs it because a core's second hardware thread adds only a fraction of a core: a job that keeps
     all 16 CPUs of an 8-core, 16-thread machine busy gets nowhere near twice what 8 busy CPUs give."""
+    online = host.read_or_none("/sys/devices/system/cpu/online")
+    if cpus and online is not None:  # a mask may name possible CPUs that are offline (no topology folder)
+        try:
+            cpus = cpus & parse_cpulist(online)
+        except ValueError:
+            pass
     if not cpus:
         return None
     cores: set[frozenset[int]] = set()

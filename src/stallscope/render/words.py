@@ -419,10 +419,10 @@ def _facts(facts: dict[str, Any]) -> str:
 
 def _hardware_threads(f: dict) -> str:
     """Where the CPUs are hardware threads of fewer cores, how the prediction counts them."""
-    cores = f.get("physical_cores")
-    if not cores:
+    threads = f.get("threads_per_core")
+    if not threads:
         return ""
-    return (f" on {cores:g} cores (hyper-threading: a thread on a core whose other thread is busy is counted as "
+    return (f" ({threads:g} hardware threads per core: a thread on a core whose other thread is busy is counted as "
             f"{100 * SMT_YIELD:.0f}% of a core)")
 
 
