@@ -6,7 +6,10 @@ count, then run each planned configuration (``--set num_workers=W``) with the af
 ``--plan-cores`` cores, and compare. Then the reverse: record on ``--plan-cores``, plan for and measure on
 ``--record-cores``. The compared figure is the speedup over the recorded baseline (planned rate on the
 target over the model's rate for the recorded run, against measured over measured), as every prediction
-of stallscope is a ratio of the model's rates; the absolute planned samples/s are printed beside it.
+of stallscope is a ratio of the model's rates; the absolute planned samples/s are printed beside it. The baseline
+runs again after its planned runs (unless ``--no-again``) and the measured speedups are over the geometric mean of
+the two: on a shared or virtual machine one baseline run can be 15-25% off the next, and how far the second moved
+from the first is printed as the machine's drift.
 
 Every session is kept under ``--out`` with ``results.json``, so ``--rescore OUT`` re-plans from the saved
 recordings with the model as it is now, without running anything.
@@ -83,6 +86,8 @@ def measure(args: argparse.Namespace) -> dict:
                      "measured": {}}
             for w in args.workers:
                 entry["measured"][str(w)] = record(out / "store", command, args.steps, w, target, out / "s.json")
+            if args.again:  # the baseline once more, after: the machine's drift over the scenario shows, and halves
+                entry["recorded_again"] = record(out / "store", command, args.steps, None, source, out / "s.json")
             results[f"{name} [{direction}: {len(source)}->{len(target)} cores]"] = entry
             (out / "results.json").write_text(json.dumps(results, indent=1))
             print(f"measured {name} ({direction})", flush=True)
@@ -91,6 +96,7 @@ def measure(args: argparse.Namespace) -> dict:
 
 def rescore(results: dict) -> int:
     errors: dict[str, list[float]] = {"up": [], "down": []}
+    drifts: list[float] = []
     print("| scenario | recorded | planned | predicted | measured | error | planned samples/s | measured samples/s |")
     print("|---|---|---|--:|--:|--:|--:|--:|")
     for name, entry in results.items():
@@ -102,11 +108,16 @@ def rescore(results: dict) -> int:
             print(f"| {name} | (no model) | | | | | | |")
             continue
         direction = "up" if "[up" in name else "down"
+        baseline = rec["samples_per_s"]
+        if "recorded_again" in entry:  # the geometric mean of the baseline before and after the planned runs
+            again = entry["recorded_again"]["samples_per_s"]
+            drifts.append(again / baseline - 1)
+            baseline = (baseline * again) ** 0.5
         for w, run in entry["measured"].items():
             plan = plan_run(session, cores=run["cores"], workers=int(w), analysis=analysis)
             planned = plan.row(int(w)).samples_per_s
             predicted = planned / model.rate()
-            measured = run["samples_per_s"] / rec["samples_per_s"]
+            measured = run["samples_per_s"] / baseline
             error = predicted / measured - 1
             errors[direction].append(abs(error))
             print(f"| {name.split(' [')[0]} | {model.workers} w, {rec['cores']} cores | {w} w, {run['cores']} cores "
@@ -116,6 +127,10 @@ def rescore(results: dict) -> int:
         if values:
             print(f"\n{direction}: median absolute error {100 * statistics.median(values):.0f}%, worst "
                   f"{100 * max(values):.0f}%, {len(values)} planned configurations")
+    if drifts:
+        print(f"\nthe baseline run again after the planned runs: {', '.join(f'{100 * d:+.0f}%' for d in drifts)} "
+              f"(median absolute {100 * statistics.median(abs(d) for d in drifts):.0f}%): the machine's own drift, "
+              "in the measured speedups as noise")
     return 0
 
 
@@ -128,6 +143,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--only", nargs="*", help="scenario names (prefixes) to run")
+    p.add_argument("--no-again", dest="again", action="store_false",
+                   help="do not run each baseline a second time after its planned runs (by default the measured "
+                        "speedups are over the geometric mean of the two)")
     args = p.parse_args()
     if args.rescore:
         return rescore(json.loads((Path(args.rescore) / "results.json").read_text()))
