@@ -9,6 +9,11 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-01 (session 11, same code for these scenarios: no SMT visible here), --rounds 2 --steps 40: starved
+1.85x vs 1.44x (+28%), slow storage 8.00x vs 8.52x (-6%), large JPEGs 1.88x vs 1.78x (+6%), HTTP 8.00x vs 9.65x
+(-17%), tokenize 1.79x vs 1.58x (+14%), early exit 1.16x vs 1.17x (-1%), 2-thread compute 0.96x vs 0.71x (+36%), heavy
+model 1.00x vs 0.93x (+8%): median 11%, worst 36%; the machine was slower with both vCPUs busy than in the run below.
+
 Measured 2026-12-01 (later, after the model's receive, shared-memory and other-CPU terms were reworked) on the
 2-core machine, nothing else running, --rounds 2 --steps 40, 6 min 44 s: starved 0->2 workers predicted 1.87x
 measured 1.63x (+15%; the two rounds 1.89x and 1.38x); slow storage 1->8 7.97x vs 8.43x (-5%); large JPEGs 1->2 1.87x

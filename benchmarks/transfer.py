@@ -19,6 +19,13 @@ Score: python benchmarks/transfer.py --rescore /tmp/transfer
 
 Needs at least ``--plan-cores`` CPUs in this process's affinity (2 by default, as on the development machine).
 
+Measured 2026-12-01 (session 11, after the SMT term, which does not act on this machine), nothing else running,
+defaults with the baseline run again, 13 min: 1 -> 2 cores median absolute error 13%, worst 73%; 2 -> 1 cores median
+9%, worst 28%; the repeated baseline moved by median 5% (up to +68%). The same code with a single baseline an hour
+earlier: 17%/88% and 15%/43%. Within 20% in both directions: slow storage, large JPEGs, starved down. The heavy model
+ran 1.15-1.18x faster on one core than on two for the same work: a process beside a busy second vCPU runs slower on
+this VM than taking turns on one.
+
 Measured 2026-12-01 (later, after the receive, shared-memory and other-CPU terms were reworked), nothing else
 running, defaults, 11 min 16 s: 1 -> 2 cores median absolute error 13%, worst 61%; 2 -> 1 cores median 10%, worst
 30%. Within 20% everywhere: slow storage (-3..+10%), large JPEGs (-20..+8%). Tokenize up -12/-14% (was +28..+89%),
