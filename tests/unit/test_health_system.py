@@ -94,6 +94,9 @@ def test_offline_cpus_in_the_mask_are_left_out_of_the_topology(tmp_path: Path) -
     host = machine(tmp_path, cpus="0-31", online="0-15")  # 32 possible CPUs, 16 online: 8 cores x 2 threads
     smt_topology(tmp_path, cores=8, threads=2)
     assert physical_cores(host, set(range(32))) == 8
+    check = check_cpus(host)  # the mask as set names 32; like sched_getaffinity, only the 16 online count
+    assert check.data["usable"] == check.data["affinity"] == 16 and check.data["physical_cores"] == 8
+    assert "the affinity's 16 CPUs are 8 cores with 2 hardware threads each" in check.value
 
 
 def test_a_topology_that_cannot_be_read_is_unknown_not_guessed(tmp_path: Path) -> None:

@@ -40,16 +40,28 @@ class LoaderAssumptions:
 
 
 def allowed_cpus(host: Host) -> tuple[set[int] | None, str]:
-    """CPUs the scheduler may run this process on (affinity, which already reflects a cpuset)."""
+    """CPUs the scheduler may run this process on (affinity, which already reflects a cpuset). The status file shows
+    the mask as set, which may name possible CPUs that are offline (hot-pluggable vCPUs, SMT switched off); like
+    ``sched_getaffinity``, only the online ones count."""
     try:
         raw = parse_kv(host.read("/proc/self/status")).get("Cpus_allowed_list")
         if raw is None:
             raise SourceError("/proc/self/status", "/proc/self/status has no Cpus_allowed_list")
-        return parse_cpulist(raw), "/proc/self/status"
+        cpus = parse_cpulist(raw)
+        online = _online_set(host)
+        return (cpus & online if online and cpus & online else cpus), "/proc/self/status"
     except (SourceError, ValueError) as exc:
         if host.live and hasattr(os, "sched_getaffinity"):
             return set(os.sched_getaffinity(0)), "sched_getaffinity"
         return None, exc.reason if isinstance(exc, SourceError) else f"bad Cpus_allowed_list ({exc})"
+
+
+def _online_set(host: Host) -> set[int] | None:
+    text = host.read_or_none("/sys/devices/system/cpu/online")
+    try:
+        return parse_cpulist(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def online_cpus(host: Host) -> int | None:
@@ -69,12 +81,9 @@ def physical_cores(host: Host, cpus: set[int] | None) -> int | None:
 
     The model needs it because a core's second hardware thread adds only a fraction of a core: a job that keeps
     all 16 CPUs of an 8-core, 16-thread machine busy gets nowhere near twice what 8 busy CPUs give."""
-    online = host.read_or_none("/sys/devices/system/cpu/online")
-    if cpus and online is not None:  # a mask may name possible CPUs that are offline (no topology folder)
-        try:
-            cpus = cpus & parse_cpulist(online)
-        except ValueError:
-            pass
+    online = _online_set(host)
+    if cpus and online:  # a mask may name possible CPUs that are offline (no topology folder)
+        cpus = cpus & online
     if not cpus:
         return None
     cores: set[frozenset[int]] = set()
