@@ -78,7 +78,7 @@ def handle(args: argparse.Namespace) -> int:
     change = dict(top.overrides)
     shown = words.overrides(change)
     console.rule(f"[bold]verifying: {escape(shown)}")
-    rates: dict[str, list[float]] = {"before": [before.samples_per_s or 0.0], "after": []}
+    rates: dict[str, list[float]] = {"before": [before.samples_per_s], "after": []}
     last_after = None
     for side in verification_order(args.pairs):
         if len(rates["after"]) + len(rates["before"]) >= 2:
