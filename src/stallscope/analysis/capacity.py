@@ -97,6 +97,11 @@ class ThroughputModel:
             return busy
         return min(busy, cores) + SMT_YIELD * max(0.0, busy - cores)
 
+    @property
+    def threads_per_core(self) -> float:
+        """Hardware threads per core of the usable CPUs (1 where each is a core of its own)."""
+        return self.usable_cpus / self.physical_cores if self.physical_cores else 1.0
+
     def smt_speed(self, busy: float) -> float:
         """How fast each of ``busy`` runnable threads runs against a core of its own, from shared cores' hardware
         threads alone (time-sharing beyond the usable CPUs is not in it): 1 without SMT or up to the cores."""

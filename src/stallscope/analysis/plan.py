@@ -250,8 +250,7 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
 
 def _target_cores(model: ThroughputModel, target: Target, cpus: float) -> tuple[float | None, str]:
     """The physical cores behind the target's ``cpus`` per process (None: a core each), and the assumption."""
-    recorded = model.usable_cpus / model.physical_cores if model.physical_cores else 1.0
-    threads = target.threads_per_core if target.threads_per_core is not None else recorded
+    threads = target.threads_per_core if target.threads_per_core is not None else model.threads_per_core
     source = "given" if target.threads_per_core is not None else "as recorded"
     if threads <= 1.0:
         hint = "; --threads-per-core 2 for a target with hyper-threading" if target.threads_per_core is None else ""
@@ -309,7 +308,7 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
     recorded = {"cpus_free": model.usable_cpus, "workers": model.workers,
                 "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
                 "compute_on_cpu": model.compute_on_cpu,
-                "threads_per_core": round(model.usable_cpus / model.physical_cores, 3) if model.physical_cores else 1.0}
+                "threads_per_core": round(model.threads_per_core, 3)}
     return Plan(target, recorded, 1.0 / moved.compute_per_sample_s, rows, needed, best.workers, limit, first, fixes,
                 notes)
 

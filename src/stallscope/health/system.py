@@ -65,12 +65,9 @@ def _online_set(host: Host) -> set[int] | None:
 
 
 def online_cpus(host: Host) -> int | None:
-    text = host.read_or_none("/sys/devices/system/cpu/online")
-    if text is not None:
-        try:
-            return len(parse_cpulist(text))
-        except ValueError:
-            pass
+    online = _online_set(host)
+    if online is not None:
+        return len(online)
     return os.cpu_count() if host.live else None
 
 

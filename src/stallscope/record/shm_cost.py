@@ -6,8 +6,9 @@ per batch) and mapped again in the training process. Both cost page faults that 
 pays and cannot show, so a prediction of "add workers" from such a run would miss them. They scale
 with the batch's bytes; the per-byte cost depends on the kernel, the machine and the batch's size (about
 0.75 ms per MiB to write and 0.3 ms per MiB to map, read and free, for batches of 2-18 MiB on the 2-core
-development VM). So the recorder measures it once, after the script is done (nothing of the training is slowed), in the training process where
-torch is already imported, and the throughput model scales it by the run's bytes per sample.
+development VM). So the recorder measures it once, after the script is done (nothing of the training is
+slowed), in the training process where torch is already imported, and the throughput model scales it by the
+run's bytes per sample.
 """
 
 from __future__ import annotations
