@@ -103,6 +103,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8, help="rounds of three runs (plain, control, recorded)")
     p.add_argument("--jobs", default="images,small,toy", help=f"comma-separated, of: {', '.join(JOBS)}")
     p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: system sampler off)")
+    p.add_argument("--files", type=int, default=2000, help="JPEGs in the generated demo dataset (the images job)")
     p.add_argument("--without-sampler", action="store_true",
                    help="a fourth run per round: recorded with the system sampler off (its share of the cost)")
     a = p.parse_args()
@@ -111,9 +112,9 @@ def main() -> None:
     if unknown:
         p.error(f"unknown job(s) {', '.join(unknown)}; choose from {', '.join(JOBS)}")
     if any("{images}" in JOBS[job] for job in jobs):
-        from stallscope.demo.dataset import demo_dataset
+        from stallscope.demo.dataset import DatasetSpec, demo_dataset
 
-        images = str(demo_dataset(progress=True))
+        images = str(demo_dataset(DatasetSpec(n_files=a.files), progress=True))
         for job in jobs:
             JOBS[job] = [images if arg == "{images}" else arg for arg in JOBS[job]]
     sides = (*SIDES, "no sampler") if a.without_sampler else SIDES

@@ -1,59 +1,96 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one pass, for a lent GPU machine (see CONTRIBUTING notes in README):
-# the CUDA tests, a recorded GPU training run (NVML + CUDA events), the GPU fast-path benchmarks and the
-# recorder's overhead on a many-core machine. Writes its log and JSON under $OUT (default ./gpu-check).
-# Wheels for packages the machine lacks can be put in .whl/ beforehand.
+# Every GPU check of the project, for a lent GPU machine (one H200, 16 cores, 15 minutes of device time in all,
+# at most 10 minutes a call). Here first: `bash benchmarks/gpu_prepare.sh` (the fast path's decoder wheels into
+# .whl/). Then one call:  run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=590)
+# and, if device time is left, a second with the rest:  STEPS="fastpath overhead ddp" bash benchmarks/gpu_check.sh
+#
+# Steps (STEPS, in this order; the default is the first four, whose timeouts add up to under 9.5 minutes):
+#   tests     the CUDA tests (pytest -m gpu): device normalization, nvJPEG, NVML, a recorded GPU run
+#   runs      one recorded input-bound GPU run, with what NVML and the CUDA events saw printed
+#   plan      issue 16, acceptance 4: record the reference training (model on the GPU) on 2 cores, plan for 16,
+#             measure 4, 8 and 14 workers on 16 (benchmarks/transfer.py)
+#   fastgpu   issue 20, acceptance 4: benchmarks/gpu_fastpath.py (nvJPEG, uint8 to device, pinned copies)
+#   fastpath  benchmarks/fastpath.py --device cuda
+#   overhead  the recorder's overhead on a many-core machine (benchmarks/overhead.py)
+#   ddp       benchmarks/ddp_overhead.py
+# Writes its log and a few files under $OUT (the device tool's folder that comes back, at most 8 files;
+# ./gpu-check elsewhere); sessions and stores go to $WORK.
 set -u
 OUT=${OUT:-./gpu-check}
+WORK=${WORK:-/tmp/gpu-check-work}
+mkdir -p "$WORK"
+STEPS=${STEPS:-tests runs plan fastgpu}
+FILES=600  # demo dataset size for the benchmarks: generated in seconds there (scikit-image is installed)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
 step() { echo; echo "=== $* ($(date +%T))"; }
+want() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 {
-  step environment
+  step "environment (steps: $STEPS)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nproc
   if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-      && export PYTHONPATH=/tmp/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl 2>&1 | tail -2
   fi
-  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
-  python3 -c "import torch, stallscope; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+  # the source tree itself, ahead of anything installed: no build step, and child processes inherit it
+  export PYTHONPATH="$PWD/src:$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  python3 -c "import torch, stallscope; print('python', __import__('sys').version.split()[0], 'torch', \
+torch.__version__, 'cuda', torch.cuda.is_available(), 'stallscope from', stallscope.__file__)"
+  python3 -c "from stallscope.data.turbo import turbojpeg_library as t; import importlib.util as u; \
+print('turbojpeg', bool(t()), 'simplejpeg', bool(u.find_spec('simplejpeg')), 'cv2', bool(u.find_spec('cv2')))"
 
-  step "CUDA tests (pytest -m gpu)"
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/unit/test_data_device.py \
-    tests/unit/test_doctor_gpu.py tests/e2e/test_gpu.py 2>&1 | tail -15
+  if want tests; then
+    step "CUDA tests (pytest -m gpu)"
+    timeout -k 5 170 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/unit/test_data_device.py \
+      tests/unit/test_health_gpu.py tests/e2e/test_gpu.py 2>&1 | tail -25
+  fi
 
-  step "recorded GPU runs: starved and compute-heavy"
-  timeout 60 python3 -m stallscope run --json "$OUT/starved.json" -- \
-    python3 tests/scripts/gpu_train.py --workers 0 --sleep-ms 1 --width 16 2>&1 | tail -25
-  timeout 60 python3 -m stallscope run --json "$OUT/heavy.json" -- \
-    python3 tests/scripts/gpu_train.py --workers 4 --size 128 --width 256 2>&1 | tail -25
-  python3 - "$OUT" <<'PY'
-import json, sys, shutil
+  if want runs; then
+    step "a recorded input-bound GPU run"
+    timeout -k 5 60 python3 -m stallscope run --store "$WORK/store" --json "$OUT/starved.json" -- \
+      python3 tests/scripts/gpu_train.py --workers 0 --sleep-ms 1 --width 16 2>&1 | tail -30
+    python3 - "$OUT" <<'PY'
+import json, sys
 out = sys.argv[1]
-for name in ("starved", "heavy"):
-    s = json.load(open(f"{out}/{name}.json"))
-    sess = json.load(open(s["session"]))
-    gpu = sess["samples"].get("gpu") or {}
-    util = [v[0] for v in gpu.get("util_percent", []) if v and v[0] is not None]
-    print(name, "verdict", s["verdict"], "wait", s["data_wait_fraction"], "gpu_timing", s["gpu_timing"])
-    print("  NVML:", gpu.get("names"), "ticks", len(util), "util mean", sum(util) / max(1, len(util)),
-          "absent", sess["samples"].get("absent"), "sampler cost", sess["samples"].get("cost"))
-    if name == "starved":
-        shutil.copy(s["session"], f"{out}/starved_session.json")
+s = json.load(open(f"{out}/starved.json"))
+sess = json.load(open(s["session"]))
+gpu = sess["system_samples"].get("gpu") or {}
+util = [v[0] for v in gpu.get("util_percent", []) if v and v[0] is not None]
+print("verdict", s["verdict"], "wait", s["data_wait_fraction"], "gpu_timing", s["gpu_timing"])
+print("NVML:", gpu.get("names"), "ticks", len(util), "util mean", sum(util) / max(1, len(util)),
+      "absent", sess["system_samples"].get("absent"), "sampler cost", sess["system_samples"].get("cost"))
 PY
+  fi
 
-  step "benchmarks/gpu_fastpath.py"
-  timeout 150 python3 benchmarks/gpu_fastpath.py --rounds 2 2>&1
+  if want plan; then
+    step "issue 16 acceptance 4: record on 2 cores, plan for 16, measure on 16 (transfer.py)"
+    timeout -k 5 250 python3 benchmarks/transfer.py --out "$WORK/transfer" --only GPU --directions up \
+      --record-cores 2 --plan-cores 16 --workers 4 8 14 --steps 120 2>&1 | tail -20
+    # the sessions, to re-plan here later: unpack into $WORK here, then python benchmarks/transfer.py --rescore $WORK/transfer
+    tar czf "$OUT/transfer_sessions.tgz" -C "$WORK" transfer 2>/dev/null
+  fi
 
-  step "benchmarks/fastpath.py --device cuda"
-  timeout 200 python3 benchmarks/fastpath.py --device cuda --rounds 1 --seconds 2 2>&1 | grep -v "^\s*$"
+  if want fastgpu; then
+    step "issue 20 acceptance 4: benchmarks/gpu_fastpath.py"
+    timeout -k 5 120 python3 benchmarks/gpu_fastpath.py --files $FILES --rounds 1 2>&1
+  fi
 
-  step "benchmarks/overhead.py on this machine"
-  timeout 120 python3 benchmarks/overhead.py --pairs 4 2>&1
+  if want fastpath; then
+    step "benchmarks/fastpath.py --device cuda"
+    timeout -k 5 200 python3 benchmarks/fastpath.py --device cuda --files $FILES --rounds 1 --seconds 2 2>&1 \
+      | grep -v "^\s*$"
+  fi
 
-  step "benchmarks/ddp_overhead.py"
-  timeout 90 python3 benchmarks/ddp_overhead.py --pairs 3 2>&1
+  if want overhead; then
+    step "benchmarks/overhead.py on this machine"
+    timeout -k 5 120 python3 benchmarks/overhead.py --pairs 4 --files $FILES 2>&1
+  fi
+
+  if want ddp; then
+    step "benchmarks/ddp_overhead.py"
+    timeout -k 5 90 python3 benchmarks/ddp_overhead.py --rounds 2 --files $FILES 2>&1
+  fi
   step done
 } 2>&1 | tee "$LOG"

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from stallscope.demo.dataset import demo_dataset
+from stallscope.demo.dataset import DatasetSpec, demo_dataset
 from stallscope.demo.scenarios import REFERENCE_SCRIPT
 from stallscope.session import Session
 
@@ -94,9 +94,10 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=7)
     p.add_argument("--batches", type=int, default=60)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--files", type=int, default=2000, help="JPEGs in the generated demo dataset")
     p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: sampler off)")
     args = p.parse_args()
-    data = demo_dataset()
+    data = demo_dataset(DatasetSpec(n_files=args.files))
     script = [str(REFERENCE_SCRIPT), "--data", str(data), "--workers", str(args.workers), "--max-batches",
               str(args.batches), "--threads", "1", "--report-throughput"]
     plain_cmd = [sys.executable, *script]

@@ -19,6 +19,12 @@ Score: python benchmarks/transfer.py --rescore /tmp/transfer
 
 Needs at least ``--plan-cores`` CPUs in this process's affinity (2 by default, as on the development machine).
 
+On a GPU machine (issue 16, acceptance 4): ``--only GPU --directions up --record-cores 2 --plan-cores 16 --workers 4 8
+14`` records the reference training with its model on the GPU (``GPU images``: JPEG decode and augmentation in the
+workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (``gpu_check.sh`` runs it). Its dataset
+is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
+refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
+
 Measured 2026-12-01 (session 11, after the SMT term, which does not act on this machine), nothing else running,
 defaults with the baseline run again, 13 min: 1 -> 2 cores median absolute error 13%, worst 73%; 2 -> 1 cores median
 9%, worst 28%; the repeated baseline moved by median 5% (up to +68%). The same code with a single baseline an hour
@@ -60,6 +66,25 @@ from stallscope.session import Session
 
 #: The issue's scenarios: starved, large JPEGs, Python tokenizing, slow storage, heavy model, 2-thread compute.
 DEFAULT_SCENARIOS = ("starved", "large JPEGs", "tokenize (1", "slow storage", "heavy model", "2-thread compute")
+GPU_SCENARIO = "GPU images (1 worker)"
+GPU_FILES = 600  # a smaller demo dataset: generated in seconds on the GPU machine
+
+
+def scenario_pool(wanted: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
+    """The scenarios the names in ``wanted`` may pick from; the CPU ones (whose datasets need the sample photos)
+    only where one of them is wanted."""
+    pool: dict[str, list[str]] = {}
+    if any(GPU_SCENARIO.startswith(w) for w in wanted):
+        from stallscope.demo.dataset import DatasetSpec, demo_dataset
+        from stallscope.demo.reference_train import __file__ as reference_script
+
+        pool[GPU_SCENARIO] = [sys.executable, reference_script, "--device", "auto", "--data",
+                              str(demo_dataset(DatasetSpec(n_files=GPU_FILES))), "--repeat-dataset", "8", "--workers", "1",
+                              "--persistent-workers", "--pin-memory", "--batch-size", "32", "--threads", "1",
+                              "--epochs", "1000"]
+    if any(not GPU_SCENARIO.startswith(w) for w in wanted):
+        pool.update(sweep_scenarios())
+    return pool
 
 
 def record(store: Path, command: list[str], steps: int, workers: int | None, cpus: list[int], out: Path) -> dict:
@@ -85,10 +110,12 @@ def measure(args: argparse.Namespace) -> dict:
         raise SystemExit(f"needs {args.plan_cores} CPUs in this process's affinity, has {len(mine)}")
     wanted = args.only or DEFAULT_SCENARIOS
     results: dict = {}
-    for name, command in sweep_scenarios().items():
+    for name, command in scenario_pool(wanted).items():
         if not any(name.startswith(o) for o in wanted):
             continue
         for direction, source, target in (("up", small, large), ("down", large, small)):
+            if direction not in args.directions:
+                continue
             entry = {"recorded": record(out / "store", command, args.steps, None, source, out / "s.json"),
                      "measured": {}}
             for w in args.workers:
@@ -149,7 +176,9 @@ def main() -> int:
     p.add_argument("--plan-cores", type=int, default=2)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--only", nargs="*", help="scenario names (prefixes) to run")
+    p.add_argument("--only", nargs="*", help=f"scenario names (prefixes) to run; '{GPU_SCENARIO}' only when named")
+    p.add_argument("--directions", nargs="+", choices=["up", "down"], default=["up", "down"],
+                   help="up: record on --record-cores, plan and measure on --plan-cores; down: the reverse")
     p.add_argument("--no-again", dest="again", action="store_false",
                    help="do not run each baseline a second time after its planned runs (by default the measured "
                         "speedups are over the geometric mean of the two)")

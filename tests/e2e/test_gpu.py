@@ -37,13 +37,13 @@ def test_cuda_events_and_nvml_are_recorded_and_agree_with_the_verdict(tmp_path):
         assert g is not None and g["steps"] >= 30, g
         assert g["h2d_copies"] >= 60 and g["h2d_gb_per_s"] > 0.1, g
         assert any(s["kind"] == "idle" for s in session["gpu_spans"])
-        gpu = session["samples"].get("gpu")
+        gpu = session["system_samples"].get("gpu")
         try:
             import pynvml  # noqa: F401
         except ImportError:
-            assert "gpu" in session["samples"]["absent"]
+            assert "gpu" in session["system_samples"]["absent"]
         else:
-            assert gpu and gpu["names"] and any(v[0] is not None for v in gpu["util_percent"]), session["samples"]
+            assert gpu and gpu["names"] and any(v[0] is not None for v in gpu["util_percent"]), session["system_samples"]
     assert starved["verdict"] == "input-bound" and heavy["verdict"] == "compute-bound"
     # what the GPU saw agrees with the CPU-side verdict: starved means idle between steps
     assert starved["gpu_timing"]["idle_fraction"] > 0.5 > heavy["gpu_timing"]["idle_fraction"]

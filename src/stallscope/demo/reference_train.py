@@ -22,8 +22,8 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch import nn
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 from torchvision import datasets, transforms
 from torchvision.datasets.folder import default_loader
 
@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batches", type=int, default=None, help="stop each epoch after this many batches")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--model", choices=["small", "big"], default="small")
+    p.add_argument("--repeat-dataset", type=int, default=1, metavar="N",
+                   help="an epoch goes over the folder N times (long epochs from a small folder, for many workers)")
     p.add_argument("--heavy-transform", action="store_true")
     p.add_argument("--storage-latency-ms", type=float, default=0.0)
     p.add_argument("--in-memory", type=int, default=0, metavar="N",
@@ -54,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash", choices=["main", "worker"], default=None, help="raise on purpose (tests)")
     p.add_argument("--crash-at", type=int, default=3, help="step (main) or sample count (worker) at which --crash raises")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads in the training process")
+    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
+                   help="where the model trains (auto: cuda when a GPU is present); batches are copied there "
+                   "non-blocking, from pinned memory with --pin-memory")
     p.add_argument("--report-throughput", action="store_true",
                    help="print images/s measured by the script itself, after the first 3 steps")
     return p.parse_args(argv)
@@ -145,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(args.data):
         print(f"reference_train: no such dataset folder: {args.data}", file=sys.stderr)
         return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("reference_train: --device cuda, but torch sees no CUDA device (use --device auto to fall back to "
+              "the CPU)", file=sys.stderr)
+        return 2
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     if args.threads:
@@ -158,12 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     classes = len(datasets.ImageFolder(args.data).classes)
     if args.in_memory:
         dataset = InMemory(datasets.ImageFolder(args.data), args.in_memory, args.image_size)
+    if args.repeat_dataset > 1:
+        dataset = ConcatDataset([dataset] * args.repeat_dataset)
     if args.iterable:
         dataset = Streamed(dataset, args.seed)
 
     workers = args.workers
-    kwargs = dict(batch_size=args.batch_size, num_workers=workers, pin_memory=args.pin_memory,
-                  worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(args.seed))
+    kwargs = {"batch_size": args.batch_size, "num_workers": workers, "pin_memory": args.pin_memory,
+              "worker_init_fn": seed_worker, "generator": torch.Generator().manual_seed(args.seed)}
     if not args.iterable:
         kwargs["shuffle"] = True
     if workers > 0:
@@ -177,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
             transforms.Normalize(MEAN, STD)]))
         val_loader = DataLoader(val_set, batch_size=args.batch_size, num_workers=min(workers, 1))
 
-    model = build_model(args.model, classes)
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    model = build_model(args.model, classes).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     step = 0
@@ -187,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch_index, (images, labels) in enumerate(train_loader):
             if args.crash == "main" and step == args.crash_at:
                 raise RuntimeError(f"planted failure in the training loop at step {step}")
+            if device.type != "cpu":
+                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             loss = loss_fn(model(images), labels)
             optimizer.zero_grad()
             loss.backward()
@@ -204,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             model.eval()
             with torch.no_grad():
                 for i, (images, labels) in enumerate(val_loader):
-                    model(images)
+                    model(images.to(device, non_blocking=True))
                     if i + 1 >= args.val_batches:
                         break
     if args.report_throughput and timed_from is not None:
