@@ -6,6 +6,15 @@ the same in-memory files; the rate is the median of repeats. DCT-scaled variants
 1/8) decode at reduced size inside the IDCT, which is what a crop much larger than the model's
 input can use. nvJPEG (torchvision.io on the GPU) joins when a GPU is present; it is not
 single-core and is labelled so.
+
+stallscope's own TurboJPEG 3 binding (:mod:`stallscope.data.turbo`, extra ``turbo``) races at
+full size and at each DCT scale, with the fast IDCT ("turbojpeg-fast", what ``FastImageFolder``
+picks) and the accurate one, wherever its library loads; like every other missing library, an
+absent one just leaves its rows out. Its real advantage is the region decode, which no full-image
+row shows, so one more row decodes what the fast path decodes for an average RandomResizedCrop:
+the centre region of half the image's area (:func:`crop_plan`), at the DCT scale the fast path
+picks for it. That row is labelled a crop; its rate is images per second *of that crop*, so it
+reads against the full-image rows as the cost of a training sample, not of a whole decode.
 """
 
 from __future__ import annotations
@@ -18,13 +27,20 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stallscope.data.crops import CropPlan
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".JPG", ".JPEG")
 SCALES = (2, 4, 8)
+#: The crop row's region: RandomResizedCrop's scale range (0.08, 1) averages about half the area.
+CROP_AREA = 0.5
+#: ... and the output it is resized to, which bounds the DCT scale (the crop stays at least this size).
+CROP_OUTPUT = 224
 
 
 @dataclass(frozen=True)
@@ -61,13 +77,14 @@ def race_decoders(folder: str | os.PathLike[str], *, files: int = 64, repeats: i
     if not paths:
         raise FileNotFoundError(f"no JPEG files under {folder}")
     try:
-        cpu: int | None = sorted(os.sched_getaffinity(0))[-1]
+        cpu: int | None = max(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpu = None
     request = {"files": [str(p) for p in paths], "repeats": repeats, "min_seconds": min_seconds, "cpu": cpu}
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENCV_FOR_THREADS_NUM="1")
     proc = subprocess.run([sys.executable, "-c", "from stallscope.tuning.decoders import _child; _child()"],
-                          input=json.dumps(request), capture_output=True, text=True, timeout=timeout_s, env=env)
+                          input=json.dumps(request), capture_output=True, text=True, timeout=timeout_s, env=env,
+                          check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"decoder race failed: {proc.stderr.strip()[-500:]}")
     data = json.loads(proc.stdout)
@@ -75,8 +92,32 @@ def race_decoders(folder: str | os.PathLike[str], *, files: int = 64, repeats: i
                        results=data["results"])
 
 
-def _contenders() -> list[tuple[str, int, Callable[[bytes, int, int], Any]]]:
-    """(decoder, scale, decode(data, width, height)) for every installed backend and scale."""
+def crop_plan(width: int, height: int) -> CropPlan:
+    """The crop row's region of a ``width`` x ``height`` image: centred, half its area, its aspect ratio.
+
+    A fixed region rather than random ones, so every decoder-race run decodes the same pixels.
+    """
+    from stallscope.data.crops import CropPlan
+
+    side = math.sqrt(CROP_AREA)
+    w, h = max(1, round(width * side)), max(1, round(height * side))
+    return CropPlan((width - w) // 2, (height - h) // 2, w, h, CROP_OUTPUT, CROP_OUTPUT)
+
+
+def crop_scale(sizes: Sequence[tuple[int, int]]) -> int:
+    """The crop row's DCT scale: the fast path's choice (:meth:`CropPlan.dct_scale`) for every file's region.
+
+    One scale for the row, so its ``scale`` column is true: in a folder of one size it is the fast
+    path's, in a mixed folder the smallest of theirs (the row can then only understate the fast path).
+    """
+    return min((crop_plan(w, h).dct_scale() for w, h in sizes), default=1)
+
+
+def _contenders(sizes: Sequence[tuple[int, int]]) -> list[tuple[str, int, Callable[[bytes, int, int], Any]]]:
+    """(decoder, scale, decode(data, width, height)) for every installed backend and scale.
+
+    ``sizes`` are the (width, height) of the files, from which the crop row takes its DCT scale.
+    """
     out: list[tuple[str, int, Callable[[bytes, int, int], Any]]] = []
     try:
         import numpy as np
@@ -130,6 +171,17 @@ def _contenders() -> list[tuple[str, int, Callable[[bytes, int, int], Any]]]:
                     return turbo.decode(data, w, h, s)
 
                 out.append((turbo.name, s, tj))
+            if fast:  # the fast path's decoder, on the fast path's region
+                from stallscope.data.cropdecode import scaled_box
+
+                region_scale = crop_scale(sizes)
+
+                def tj_crop(data: bytes, w: int, h: int, s: int = region_scale, turbo: Any = turbo) -> Any:
+                    # as decode_jpeg_crop does it, less the resize: the box in the scaled image, then its region
+                    box = scaled_box(crop_plan(w, h), w, h, -(-w // s), -(-h // s))
+                    return turbo.decode_region(data, w, h, s, box)[0]
+
+                out.append((f"{turbo.name} crop (centre, {CROP_AREA:.0%} of area)", region_scale, tj_crop))
     except (ImportError, OSError, RuntimeError, MemoryError, ValueError):  # no extra, no libturbojpeg 3 loads
         pass
     try:
@@ -188,15 +240,15 @@ def _child() -> None:
         with Image.open(io.BytesIO(data)) as img:
             blobs.append((data, img.width, img.height))
     results = []
-    for name, scale, fn in _contenders():
+    for name, scale, fn in _contenders([(w, h) for _, w, h in blobs]):
         entry: dict[str, Any] = {"decoder": name, "scale": scale, "images_per_s": None, "error": None}
         try:
             entry["images_per_s"] = round(_measure(fn, blobs, request["repeats"], request["min_seconds"]), 2)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one decoder failing on these files is a row, not the race
             entry["error"] = f"{type(exc).__name__}: {exc}"[:200]
         results.append(entry)
     mp = sum(w * h for _, w, h in blobs) / len(blobs) / 1e6
     json.dump({"megapixels": round(mp, 3), "results": results}, sys.stdout)
 
 
-__all__ = ["DecoderRace", "find_jpegs", "race_decoders"]
+__all__ = ["DecoderRace", "crop_plan", "crop_scale", "find_jpegs", "race_decoders"]
