@@ -245,8 +245,7 @@ def save_session(session: Session, run_dir: Path) -> tuple[Path | None, str | No
     target = run_dir / "session.json"
     try:
         path = session.save(target)
-    except OSError as exc:
-        target.with_name(target.name + ".tmp").unlink(missing_ok=True)
+    except OSError as exc:  # Session.save leaves no partial file behind
         reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
         return None, f"the session could not be saved in {run_dir}: {reason}"
     shutil.rmtree(run_dir / "events", ignore_errors=True)

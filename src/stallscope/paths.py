@@ -1,9 +1,12 @@
-"""Where sessions live: ``./.stallscope`` unless ``--store`` or ``STALLSCOPE_HOME`` says otherwise."""
+"""Where sessions live (``./.stallscope`` unless ``--store`` or ``STALLSCOPE_HOME`` says otherwise), and how files
+the user names are written (``write_file``) without harming the store (``refuse_store_file``)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import stat
 import time
 from pathlib import Path
 
@@ -60,3 +63,55 @@ def resolve_run(ref: str, store: Path) -> Path:
         names = ", ".join(p.name for p in matches[:5])
         raise FileNotFoundError(f"run id {ref!r} is ambiguous under {base}: {names}")
     raise FileNotFoundError(f"no run {ref!r}: not a session file, run directory, or run id under {base}")
+
+
+def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """Write a file the user named, so that a crash or a full disk never leaves half of it, nor destroys what
+    the name pointed at.
+
+    A regular file (or a new one) is written to a uniquely named temporary file beside it and renamed over it
+    in one step; on any failure the temporary file is removed and the old file stays as it was. A symbolic
+    link is written through: its target is replaced and the link kept (renaming over the link would replace
+    the link itself). A FIFO, a device such as ``/dev/stdout``, or any other special file is written to
+    directly, since renaming over it would put a regular file in its place. A missing parent folder is made.
+    """
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    real = Path(os.path.realpath(path))
+    try:
+        mode = os.stat(real).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # a new file (or a file in the way, said below)
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(real, "wb") as fh:
+            fh.write(raw)
+        return path
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(errno.ENOTDIR, "a folder on its path is a file", str(path)) from None
+    tmp = real.with_name(f".{real.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+        if mode is not None:
+            os.chmod(tmp, stat.S_IMODE(mode))  # a replaced file keeps its permissions
+        os.replace(tmp, real)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def refuse_store_file(path: str | os.PathLike[str], store: Path) -> None:
+    """Raise ``ValueError`` where an output ``path`` would overwrite a file of the store itself (a saved session,
+    a run's record, the history database): writing a report over the session it was made from loses the
+    measurements for good."""
+    real = Path(os.path.realpath(path))
+    root = Path(os.path.realpath(store))
+    inside = real == root or root in real.parents
+    if inside and (real.exists() or runs_dir(root) in real.parents):
+        raise ValueError(f"{path} is inside the store {store} (its sessions and history): write it elsewhere")

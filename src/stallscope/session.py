@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.constants import SESSION_SCHEMA
+from stallscope.paths import write_file
 from stallscope.system_samples import SystemSamples
 
 
@@ -323,16 +324,7 @@ class Session:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a crash mid-save never leaves a truncated session behind."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
-            os.replace(tmp, path)
-        except OSError:  # a full disk: no half-written file stays behind
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return write_file(path, json.dumps(self.to_dict(), separators=(",", ":")))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Session:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -61,17 +62,31 @@ def test_a_disk_that_fills_during_training_keeps_the_exit_code_and_prints_the_su
 
 
 def test_a_session_save_that_fails_with_enospc_is_a_note_not_a_crash(tmp_path, monkeypatch):
-    from stallscope import session as session_module
+    from stallscope import paths
 
-    real_write = Path.write_text
+    real_fdopen = os.fdopen
 
-    def full_disk(path: Path, text: str, *args, **kwargs):
-        if path.name == "session.json.tmp":
-            real_write(path, text[: len(text) // 2], *args, **kwargs)  # part of it reached the disk
+    class HalfWritten:
+        """The session's temporary file: part of it reaches the disk, then the disk is full."""
+
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            self.fh.write(data[: len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(path, text, *args, **kwargs)
 
-    monkeypatch.setattr(session_module.Path, "write_text", full_disk)
+    def full_disk(fd, *args, **kwargs):
+        fh = real_fdopen(fd, *args, **kwargs)
+        return HalfWritten(fh) if ".session.json." in os.readlink(f"/proc/self/fd/{fd}") else fh
+
+    monkeypatch.setattr(paths.os, "fdopen", full_disk)
     script = tmp_path / "t.py"
     script.write_text("import sys\nfrom torch.utils.data import DataLoader\n"
                       "for b in DataLoader(list(range(20)), batch_size=2):\n    pass\nsys.exit(5)\n")

@@ -136,9 +136,41 @@ def test_report_writes_html_and_a_trace_with_one_track_per_worker(runs):
 
 
 def test_report_unwritable_output_is_a_clear_error(runs):
+    (runs["tmp"] / "a-file").write_text("")
     result = cli(runs["tmp"], "report", runs["workers"], "--store", str(runs["store"]),
-                 "--html", str(runs["tmp"] / "no-such-dir" / "r.html"))
-    assert result.returncode == 2 and "cannot write" in result.stderr
+                 "--html", str(runs["tmp"] / "a-file" / "r.html"))
+    assert result.returncode == 2 and "cannot write" in result.stderr and "a folder on its path is a file" in result.stderr
+
+
+def test_report_never_writes_over_the_store(runs):
+    """A report written over the session it is made from would lose the measurements for good."""
+    run_dir = runs["store"] / "runs" / runs["same"][0]
+    session = run_dir / "session.json"
+    before = session.read_bytes()
+    for option, target in (("--json", session), ("--html", runs["store"] / "history.sqlite3"),
+                           ("--trace", run_dir / "trace.json")):
+        result = cli(runs["tmp"], "report", runs["same"][0], "--store", str(runs["store"]), option, str(target))
+        assert result.returncode == 2 and "inside the store" in result.stderr, result.stderr
+    assert session.read_bytes() == before and not (run_dir / "trace.json").exists()
+    plan = cli(runs["tmp"], "plan", runs["same"][0], "--store", str(runs["store"]), "--json", str(session))
+    assert plan.returncode == 2 and "inside the store" in plan.stderr and session.read_bytes() == before
+
+
+def test_report_writes_through_a_link_and_survives_any_terminal(runs):
+    real = runs["tmp"] / "kept" / "summary.json"
+    real.parent.mkdir(exist_ok=True)
+    real.write_text("{}")
+    link = runs["tmp"] / "link.json"
+    link.unlink(missing_ok=True)
+    link.symlink_to(real)
+    args = ["report", runs["workers"], "--store", str(runs["store"])]
+    linked = cli(runs["tmp"], *args, "--json", str(link))
+    assert linked.returncode == 0 and link.is_symlink() and json.loads(real.read_text())["run_id"] == runs["workers"]
+    for env in ({"PYTHONIOENCODING": "ascii"}, {"COLUMNS": "0"}):  # once a traceback, and nothing at all
+        done = subprocess.run([sys.executable, "-m", "stallscope", *args], capture_output=True, text=True,
+                              timeout=120, cwd=runs["tmp"], env={**os.environ, **env})
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (env, done.stderr[-2000:])
+        assert "limiting stage" in done.stdout, env
 
 
 @pytest.mark.parametrize("content", [b"[1]", b'{"schema": "stallscope.session/1"}', b"[" * 100_000, b"\xff\xfe\x00",

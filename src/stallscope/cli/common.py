@@ -6,10 +6,11 @@ import argparse
 import math
 import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
-from stallscope import api
+from stallscope import api, paths
 from stallscope.api import LaunchError, RunResult
 from stallscope.render import terminal
 from stallscope.render.summary import write_summary
@@ -54,6 +55,21 @@ def run_options_error(args: argparse.Namespace) -> str | None:
         return "--steps must be at least 1"
     if not math.isfinite(args.sample_interval) or args.sample_interval < 0:
         return "--sample-interval must be 0 (off) or a positive number of seconds"
+    return output_error([args.json], getattr(args, "store", None))
+
+
+def output_error(outputs: list[str | None], store: str | None, source: Path | None = None) -> str | None:
+    """Why one of the ``outputs`` paths must not be written, if one must not: it would overwrite the store's own
+    files, or the session file ``source`` a report is made from."""
+    for out in outputs:
+        if not out or out == "-":
+            continue
+        try:
+            paths.refuse_store_file(out, paths.store_dir(store))
+        except ValueError as exc:
+            return str(exc)
+        if source is not None and os.path.realpath(out) == os.path.realpath(source):
+            return f"{out} is the session this report is made from: write it elsewhere"
     return None
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 
 from stallscope.analysis.plan import NothingToPlan, PlanError, plan_dict, plan_run
+from stallscope.cli.common import output_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.constants import PLAN_SCHEMA
 from stallscope.render import plan as plan_view
@@ -57,9 +58,11 @@ def _fail(message: str) -> int:
 
 def handle(args: argparse.Namespace) -> int:
     try:
-        session, _ = load_run(args.run, args.store)
+        session, source = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
+    if problem := output_error([args.json], args.store, source):
+        return _fail(problem)
     try:
         plan = plan_run(session, cores=args.cores, gpus=args.gpus, step_ms=args.step_ms,
                         samples_per_s=args.samples_per_s, workers=args.workers,

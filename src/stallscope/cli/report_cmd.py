@@ -15,6 +15,7 @@ from rich.console import Console
 from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.api import record_history
+from stallscope.cli.common import output_error
 from stallscope.collect import recover_session
 from stallscope.launcher import save_session
 from stallscope.render import speedscope, terminal
@@ -78,6 +79,8 @@ def handle(args: argparse.Namespace) -> int:
         session, path = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
+    if problem := output_error([args.json, args.trace, args.speedscope, args.html], args.store, path):
+        return _fail(problem)
     analysis = analyze(session)
     written: list[str] = []
     target = ""

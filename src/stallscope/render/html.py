@@ -22,6 +22,7 @@ from typing import Any
 import stallscope
 from stallscope.analysis import Analysis, shares
 from stallscope.constants import NODE_IDS
+from stallscope.paths import write_file
 from stallscope.render import hotspots_html, words
 from stallscope.session import Session
 from stallscope.system_samples import SystemSamples
@@ -442,8 +443,4 @@ def render(session: Session, analysis: Analysis, plotly_js: str | None = None) -
 
 
 def write_html(path: str | os.PathLike[str], text: str) -> Path:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_file(path, text)

@@ -19,6 +19,7 @@ import stallscope
 from stallscope.analysis import Analysis
 from stallscope.analysis.sampled_stacks import Frame, job_stacks
 from stallscope.constants import NODE_IDS
+from stallscope.paths import write_file
 from stallscope.session import Session
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
@@ -59,8 +60,4 @@ def render(session: Session, analysis: Analysis) -> dict[str, Any] | None:
 
 
 def write_speedscope(path: str | os.PathLike[str], document: dict[str, Any]) -> Path:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_file(path, json.dumps(document, separators=(",", ":")))

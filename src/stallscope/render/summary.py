@@ -10,6 +10,7 @@ from typing import Any
 
 from stallscope.analysis import Analysis, shares
 from stallscope.constants import NODE_IDS, SUMMARY_SCHEMA
+from stallscope.paths import write_file
 from stallscope.render import words
 from stallscope.session import Session
 
@@ -190,13 +191,5 @@ def _system_dict(system: Any) -> dict[str, Any] | None:
 
 
 def write_summary(path: str | os.PathLike[str], summary: dict[str, Any]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, path)
-    except OSError:  # a full disk: no half-written file stays behind
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """The summary JSON at ``path`` (``paths.write_file``: no half-written file on a full disk)."""
+    return write_file(path, json.dumps(summary, indent=2))

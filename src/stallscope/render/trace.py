@@ -32,6 +32,7 @@ from stallscope.analysis.sampled_stacks import (
     job_stacks,
 )
 from stallscope.constants import NODE_IDS
+from stallscope.paths import write_file
 from stallscope.session import Session
 
 MAIN_PID = 1
@@ -312,8 +313,4 @@ def render(session: Session, analysis: Analysis) -> dict[str, Any]:
 
 
 def write_trace(path: str | os.PathLike[str], trace: dict[str, Any]) -> Path:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(trace, separators=(",", ":")))
-    os.replace(tmp, path)
-    return path
+    return write_file(path, json.dumps(trace, separators=(",", ":")))

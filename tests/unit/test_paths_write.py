@@ -1,0 +1,104 @@
+"""``paths.write_file``: what a user names as an output is written whole or not at all, through links, and never
+destroys a special file; ``refuse_store_file`` keeps outputs off the store's own files."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+
+import pytest
+
+from stallscope import paths
+from stallscope.paths import refuse_store_file, write_file
+
+
+def test_a_new_file_and_a_replaced_one_keep_sane_permissions(tmp_path):
+    target = tmp_path / "deep" / "out.json"
+    write_file(target, "one")
+    assert target.read_text() == "one" and os.listdir(target.parent) == ["out.json"]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()
+    target.chmod(0o640)
+    write_file(target, b"two")
+    assert target.read_bytes() == b"two" and stat.S_IMODE(target.stat().st_mode) == 0o640
+
+
+def test_a_symbolic_link_is_written_through(tmp_path):
+    real = tmp_path / "real" / "target.json"
+    real.parent.mkdir()
+    real.write_text('{"mine": 1}')
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_file(link, "new")
+    assert link.is_symlink() and real.read_text() == "new"
+
+
+def test_a_fifo_is_written_to_not_replaced(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_file(fifo, "through the pipe")
+    reader.join(timeout=10)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_full_device_is_an_error_and_stays_a_device():
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with pytest.raises(OSError) as caught:
+        write_file("/dev/full", "x" * 100_000)
+    assert caught.value.errno == errno.ENOSPC and stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path, monkeypatch):
+    target = tmp_path / "out.json"
+    target.write_text("old")
+
+    def fail(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(paths.os, "replace", fail)
+    with pytest.raises(OSError):
+        write_file(target, "new")
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["out.json"]
+
+
+def test_a_user_file_named_like_the_temporary_one_is_not_touched(tmp_path):
+    mine = tmp_path / "out.json.tmp"
+    mine.write_text("mine")
+    write_file(tmp_path / "out.json", "new")
+    assert mine.read_text() == "mine"
+
+
+def test_folders_in_the_way_are_clear_errors(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(NotADirectoryError, match="a folder on its path is a file"):
+        write_file(tmp_path / "afile" / "out.json", "x")
+    with pytest.raises(IsADirectoryError):
+        write_file(tmp_path, "x")
+
+
+def test_outputs_stay_off_the_store(tmp_path):
+    store = tmp_path / "store"
+    run = store / "runs" / "20240101-000000-aaaaaa"
+    run.mkdir(parents=True)
+    (run / "session.json").write_text("{}")
+    (store / "history.sqlite3").write_text("")
+    for inside in (run / "session.json", store / "history.sqlite3", run / "new.json", store / "runs" / "x.json"):
+        with pytest.raises(ValueError, match="inside the store"):
+            refuse_store_file(inside, store)
+    link = tmp_path / "link.json"
+    link.symlink_to(run / "session.json")
+    with pytest.raises(ValueError, match="inside the store"):
+        refuse_store_file(link, store)
+    refuse_store_file(tmp_path / "summary.json", store)  # beside the store: fine
+    refuse_store_file(store / "summary.json", store)  # a new file at the store's top: fine
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
