@@ -23,6 +23,8 @@ ENV_MAX_STEPS = "STALLSCOPE_MAX_STEPS"
 ENV_HOME = "STALLSCOPE_HOME"
 #: Set to anything to keep the recorder out of a job that inherited the launcher's environment.
 ENV_DISABLE = "STALLSCOPE_DISABLE"
+#: Set to anything to see stallscope's own traceback on an internal error (by default it goes to a file).
+ENV_DEBUG = "STALLSCOPE_DEBUG"
 #: The launcher's pid: the process whose parent it is, is the script's main process.
 ENV_LAUNCHER_PID = "STALLSCOPE_LAUNCHER_PID"
 #: Where the ``stallscope`` package lives, for a job whose Python cannot import it otherwise.

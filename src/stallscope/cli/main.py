@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Sequence
 
 from stallscope import __version__
+from stallscope.settings import ENV_DEBUG
 
 #: verb -> module defining ``add_parser(subparsers)``; each parser sets ``handler(args) -> int``.
 VERBS: dict[str, str] = {
@@ -58,14 +63,56 @@ def _verb_in(argv: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(argv) if argv is not None else sys.argv[1:]
-    parser = build_parser(_verb_in(args_list))
-    args = parser.parse_args(args_list)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
+    """Run one verb. Whatever happens, the user sees a line, not a traceback: Ctrl-C (even while the verb's
+    modules are still importing) is ``interrupted`` with exit code 130, and an error stallscope did not expect
+    is one line naming the file that holds its traceback (``STALLSCOPE_DEBUG=1`` shows it instead)."""
+    _tolerant_output()
     try:
+        args_list = list(argv) if argv is not None else sys.argv[1:]
+        parser = build_parser(_verb_in(args_list))
+        args = parser.parse_args(args_list)
+        if not getattr(args, "handler", None):
+            parser.print_help()
+            return 2
         return int(args.handler(args))
     except KeyboardInterrupt:
         print("stallscope: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug must not end in a traceback
+        if os.environ.get(ENV_DEBUG):
+            raise
+        return _internal_error(exc)
+
+
+def _tolerant_output() -> None:
+    """Output that cannot fail on what it prints: on a terminal or pipe whose encoding lacks a character
+    (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``) that character is replaced instead of raising mid-report; and a
+    ``COLUMNS`` that is not a positive width (``COLUMNS=0`` made every table render as nothing) is ignored."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="replace")
+        except (AttributeError, ValueError, OSError):  # replaced by a caller (pytest's capture), or closed
+            pass
+    columns = os.environ.get("COLUMNS")
+    if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
+        del os.environ["COLUMNS"]
+
+
+def _internal_error(exc: BaseException) -> int:
+    """Say in one line that stallscope failed, and keep the traceback in a file for the bug report."""
+    detail = "".join(traceback.format_exception(exc))
+    where = None
+    try:
+        fd, where = tempfile.mkstemp(prefix=f"stallscope-error-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"stallscope {__version__}, python {sys.version.split()[0]}\nargv: {sys.argv}\n\n{detail}")
+    except OSError:
+        where = None
+    first = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
+    kept = f"the traceback is in {where}" if where else f"set {ENV_DEBUG}=1 to see the traceback"
+    try:
+        print(f"stallscope: internal error: {first}\n  this is a bug in stallscope; {kept} "
+              "(please include it when reporting)", file=sys.stderr)
+    except OSError:
+        pass
+    return 1

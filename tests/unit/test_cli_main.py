@@ -1,0 +1,49 @@
+"""The entry point's last line of defence: no traceback reaches the user, whatever goes wrong."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from stallscope.cli import history_cmd, main
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_is_kept(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(main.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("STALLSCOPE_DEBUG", raising=False)
+
+    def broken(_args):
+        raise RuntimeError("planted\nsecond line")
+
+    monkeypatch.setattr(history_cmd, "handle", broken)
+    assert main.main(["history", "--store", str(tmp_path / "store")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "internal error: RuntimeError: planted" in err and "second line" not in err
+    [kept] = list(tmp_path.glob("stallscope-error-*.txt"))
+    assert str(kept) in err
+    text = kept.read_text()
+    assert "Traceback" in text and "RuntimeError: planted" in text and "broken" in text
+
+
+def test_debug_shows_the_traceback(monkeypatch, tmp_path):
+    monkeypatch.setenv("STALLSCOPE_DEBUG", "1")
+    monkeypatch.setattr(history_cmd, "handle", lambda _args: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        main.main(["history", "--store", str(tmp_path / "store")])
+
+
+def test_ctrl_c_while_the_verbs_import_is_interrupted_not_a_traceback(monkeypatch, capsys):
+    def interrupted(_only=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(main, "build_parser", interrupted)
+    assert main.main(["run", "--", "python", "x.py"]) == 130
+    assert capsys.readouterr().err.strip() == "stallscope: interrupted"
+
+
+@pytest.mark.parametrize("columns, kept", [("0", False), ("-3", False), ("abc", False), ("", False), ("100", True)])
+def test_a_columns_value_that_is_no_width_is_ignored(monkeypatch, columns, kept):
+    monkeypatch.setenv("COLUMNS", columns)
+    main._tolerant_output()
+    assert (os.environ.get("COLUMNS") == columns) is kept
