@@ -81,6 +81,18 @@ def test_filters_and_references(tmp_path):
         get_run(tmp_path, "nope")
     with pytest.raises(HistoryError, match="holds 3 run"):
         get_run(tmp_path, "last~3")
+    for bad in ("last~-1", "last~-2", "last~ 1", "last~+1", "last~"):  # -1 once read as LIMIT 0, -2 as no LIMIT
+        with pytest.raises(HistoryError, match="bad run reference"):
+            get_run(tmp_path, bad)
+
+
+def test_a_working_directory_that_is_not_utf8_is_recorded(tmp_path):
+    """A folder named in another encoding reaches Python as surrogates, which SQLite cannot store as text."""
+    session = two_worker_session(run_id="20240101-000000-aaaaaa")
+    cwd = "/data/caf\udce9"  # 'café' in Latin-1, as os.getcwd() returns it
+    record_run(tmp_path, dataclasses.replace(session, cwd=cwd), analyze(session), None)
+    [row] = list_runs(tmp_path)
+    assert row.cwd == "/data/caf\ufffd"
 
 
 def test_recording_a_run_twice_replaces_its_row(tmp_path):

@@ -181,10 +181,18 @@ def _check_schema(conn: sqlite3.Connection) -> None:
 
 def insert_row(store_dir: str | os.PathLike[str], values: dict[str, Any]) -> None:
     names = [name for name, _ in _COLUMNS]
-    params = [json.dumps(values.get(n)) if n in _JSON_COLUMNS else values.get(n) for n in names]
+    params = [json.dumps(values.get(n)) if n in _JSON_COLUMNS else _text(values.get(n)) for n in names]
     sql = f"INSERT OR REPLACE INTO runs ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})"
     with _connect(store_dir, create=True) as conn, _transaction(conn):
         conn.execute(sql, params)
+
+
+def _text(value: Any) -> Any:
+    """``value`` as SQLite can store it: a path that is not valid UTF-8 (a folder named in another encoding; Python
+    holds its bytes as surrogates) is kept with those bytes shown as U+FFFD instead of failing the whole row."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return value
 
 
 def record_run(store_dir: str | os.PathLike[str], row: RunRow) -> None:
@@ -242,10 +250,9 @@ def get_run(store_dir: str | os.PathLike[str], ref: str) -> RunRow:
     if ref == "last" or ref.startswith("last~"):
         back = 0
         if ref != "last":
-            try:
-                back = int(ref[5:])
-            except ValueError:
-                raise HistoryError(f"bad run reference {ref!r}: use last or last~N") from None
+            if not ref[5:].isdigit():  # int() would take -1 (then LIMIT 0, or no LIMIT at all) and ' 1'
+                raise HistoryError(f"bad run reference {ref!r}: use last or last~N, N = 0, 1, 2, ... runs back")
+            back = int(ref[5:])
         rows = list_runs(store_dir, limit=back + 1)
         if len(rows) <= back:
             raise HistoryError(f"no run {ref!r}: the history holds {len(rows)} run(s)")
