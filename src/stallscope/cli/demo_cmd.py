@@ -89,8 +89,15 @@ def handle(args: argparse.Namespace) -> int:
                               log_to=args.log_to, live=not args.quiet)
         analysis = result.analysis if result is not None else None
         if code != 0 or analysis is None or not analysis.samples_per_s:
+            done = sum(map(len, rates.values()))
             if code == 0:
                 console.print(f"the {side} run measured no throughput (see above): no speedup to report")
+            elif code in (130, 143):  # Ctrl-C or a kill: what ran is saved, the comparison is not made
+                console.print(f"stallscope demo: interrupted during the {side} run; the {done + 1} run(s) so far are "
+                              "saved (stallscope history)")
+            else:
+                console.print(f"the {side} run failed (exit code {code}; stallscope report last says why): no "
+                              "speedup to report")
             return code
         rates[side].append(analysis.samples_per_s)
         if side == "after":

@@ -229,4 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C ends the demo's training: the shell's code for it, not a traceback
+        sys.exit(130)
