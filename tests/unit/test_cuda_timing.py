@@ -160,3 +160,21 @@ def test_only_copies_to_a_cuda_device_are_timed(args, kwargs, expected):
     assert _targets_cuda((torch.float16,), {}) is False
     assert _targets_cuda((torch.device("cuda", 0),), {}) is True
     assert _targets_cuda((torch.zeros(1),), {}) is False  # .to(other_tensor) on the host
+
+
+_DTYPE = object()  # where torch.float32 goes (only the bool after it is the flag)
+
+
+@pytest.mark.parametrize("name, args, kwargs, expected", [
+    ("to", ("cuda",), {"non_blocking": True}, True),
+    ("to", ("cuda", _DTYPE, True), {}, True),  # Module.to's positional call
+    ("to", ("cuda", _DTYPE, False), {}, False),
+    ("to", ("cuda",), {}, False),
+    ("cuda", (0, True), {}, True),  # Tensor.cuda(device, non_blocking)
+    ("cuda", (0,), {}, False),
+    ("cuda", (), {"non_blocking": True}, True),
+])
+def test_non_blocking_is_read_by_keyword_or_position(name, args, kwargs, expected):
+    from stallscope.record.transfer import _non_blocking
+
+    assert _non_blocking(name, args, kwargs) is expected

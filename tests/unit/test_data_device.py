@@ -63,6 +63,16 @@ def test_cuda_transfer_is_pinned_and_normalized_on_the_device():
 
 @cuda
 @pytest.mark.gpu
+def test_a_batch_already_on_the_gpu_is_normalized_where_it_is():
+    """decode_jpegs_on_gpu's output is on the GPU already: nothing to pin (pinning a CUDA tensor raises)."""
+    images, labels = collate_uint8(_batch())
+    out, out_labels = DeviceNormalizer("cuda")(images.cuda(), labels.cuda())
+    ref, _ = DeviceNormalizer("cpu")(images)
+    assert out.is_cuda and out_labels.is_cuda and torch.allclose(out.cpu(), ref, atol=1e-5)
+
+
+@cuda
+@pytest.mark.gpu
 def test_nvjpeg_decode_matches_cpu_decode():
     import io
 

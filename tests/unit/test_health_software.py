@@ -79,6 +79,15 @@ def test_versions_rules(tmp_path: Path, torch_build, cuda, driver, driver_cuda, 
     assert check.data["torch_cuda"] == cuda and check.data["driver"] == driver
 
 
+def test_a_passed_through_gpu_without_the_drivers_proc_file_is_unknown_not_no_driver(tmp_path: Path,
+                                                                                      torch_build) -> None:
+    """A sandbox (gVisor) or container may show /dev/nvidia0 but not /proc/driver/nvidia: that is not "no driver"."""
+    torch_build("2.11.0", "13.0")
+    put(tmp_path, "/dev/nvidia0", "")
+    check = software.check_versions(Host(tmp_path, environ={}))
+    assert check.status == "unknown" and "NVIDIA device is present" in check.value
+
+
 def test_versions_reads_driver_from_proc(tmp_path: Path, torch_build) -> None:
     torch_build("2.6.0", "12.4")
     put(tmp_path, "/proc/driver/nvidia/version", DRIVER_550)

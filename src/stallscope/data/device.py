@@ -108,11 +108,13 @@ class DeviceNormalizer:
             raise TypeError(f"expected a uint8 batch (use collate_uint8), got {images.dtype}")
         if images.dim() == 3:
             images = images.unsqueeze(0)
-        if self.device.type == "cuda" and not images.is_pinned():
-            # Pageable memory makes the copy synchronous and staged; pin_memory=True in the
-            # DataLoader does this on its own thread instead.
-            images = images.pin_memory()
-            if labels is not None and not labels.is_pinned():
+        if self.device.type == "cuda":
+            # Pageable memory makes the copy synchronous and staged; pin_memory=True in the DataLoader does this
+            # on its own thread instead. A batch already on the GPU (decode_jpegs_on_gpu's) needs no copy at all,
+            # and pinning it would raise: only CPU tensors can be pinned.
+            if images.device.type == "cpu" and not images.is_pinned():
+                images = images.pin_memory()
+            if labels is not None and labels.device.type == "cpu" and not labels.is_pinned():
                 labels = labels.pin_memory()
         x = images.to(self.device, non_blocking=non_blocking)
         if labels is not None:

@@ -155,6 +155,11 @@ def driver_version(host: Host) -> str | None:
     """
     path = "/proc/driver/nvidia/version"
     if not host.exists(path):
+        if host.exists("/dev/nvidiactl") or any(n.startswith("nvidia") and n[6:].isdigit()
+                                                 for n in host.listdir("/dev")):
+            # a sandbox or a container can pass the GPU through without the driver's /proc files
+            raise SourceError(path, f"an NVIDIA device is present but {path} is not (a container or sandbox): "
+                                    "stallscope doctor reads the driver through NVML")
         return None
     text = host.read(path)
     m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)

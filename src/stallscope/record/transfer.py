@@ -28,11 +28,21 @@ def _wrap_copy(original: Any, name: str) -> Any:
         else:
             result = original(self, *args, **kwargs)
         if result is not self and result.device.type != "cpu":
-            events.emit("h2d", t0, _perf(), nbytes, bool(self.is_pinned()),
-                        bool(kwargs.get("non_blocking", False)), name)
+            events.emit("h2d", t0, _perf(), nbytes, bool(self.is_pinned()), _non_blocking(name, args, kwargs), name)
         return result
 
     return copy
+
+
+def _non_blocking(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The copy's ``non_blocking``, by keyword or in its place: ``.cuda(device, non_blocking)``, and
+    ``.to(device, dtype, non_blocking)`` as ``Module.to`` calls it (``.to(other_tensor, non_blocking)`` too)."""
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    if name == "cuda":
+        return len(args) > 1 and bool(args[1])
+    flags = [a for a in args[1:] if isinstance(a, bool)]  # after the device (or tensor): dtype, then the flag
+    return bool(flags[0]) if flags else False
 
 
 def _targets_cuda(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
