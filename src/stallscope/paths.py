@@ -35,7 +35,7 @@ def new_run_id(now: float | None = None) -> str:
 
 
 def resolve_run(ref: str, store: Path) -> Path:
-    """Find a saved run from a path, a run id, a unique id prefix, or ``last``.
+    """Find a saved run from a path, a run id, a unique id prefix, ``last`` or ``last~N`` (N saved runs before it).
 
     A run whose session was never saved (its launcher was killed, or the disk was full) resolves to its
     run directory, for ``collect.recover_session``; ``last`` is the last saved session.
@@ -50,10 +50,11 @@ def resolve_run(ref: str, store: Path) -> Path:
         return candidate
     base = runs_dir(store)
     runs = sorted(p for p in base.glob("*") if (p / "session.json").is_file()) if base.is_dir() else []
-    if ref == "last":
-        if not runs:
-            raise FileNotFoundError(f"no saved runs under {base}")
-        return runs[-1] / "session.json"
+    if ref == "last" or (ref.startswith("last~") and ref[5:].isdigit()):
+        back = int(ref[5:]) if ref != "last" else 0
+        if len(runs) <= back:
+            raise FileNotFoundError(f"no saved run {ref!r} under {base}: it holds {len(runs)}")
+        return runs[-1 - back] / "session.json"
     unsaved = sorted(p for p in base.glob("*") if (p / "run.json").is_file() and not (p / "session.json").is_file()
                      ) if base.is_dir() else []
     matches = [p for p in runs + unsaved if p.name.startswith(ref)]

@@ -139,7 +139,7 @@ def test_report_unwritable_output_is_a_clear_error(runs):
     (runs["tmp"] / "a-file").write_text("")
     result = cli(runs["tmp"], "report", runs["workers"], "--store", str(runs["store"]),
                  "--html", str(runs["tmp"] / "a-file" / "r.html"))
-    assert result.returncode == 2 and "cannot write" in result.stderr and "a folder on its path is a file" in result.stderr
+    assert result.returncode == 2 and "cannot write" in result.stderr and "a-file is a file, not a folder" in result.stderr
 
 
 def test_report_never_writes_over_the_store(runs):
@@ -184,3 +184,15 @@ def test_report_of_a_malformed_session_is_one_line_and_exit_2(tmp_path, content)
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr, (verb, done.stderr[-2000:])
         assert str(bad) in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_report_takes_last_n_like_compare(runs):
+    ids = []
+    for ref in ("last~1", "last~2"):
+        out = runs["tmp"] / f"{ref}.json"
+        done = cli(runs["tmp"], "report", ref, "--store", str(runs["store"]), "--json", str(out))
+        assert done.returncode == 0, done.stderr
+        ids.append(json.loads(out.read_text())["run_id"])
+    assert sorted(ids) == sorted(runs["same"])
+    beyond = cli(runs["tmp"], "report", "last~3", "--store", str(runs["store"]))
+    assert beyond.returncode == 2 and "holds 3" in beyond.stderr and "Traceback" not in beyond.stderr

@@ -70,6 +70,23 @@ def output_error(outputs: list[str | None], store: str | None, source: Path | No
             return str(exc)
         if source is not None and os.path.realpath(out) == os.path.realpath(source):
             return f"{out} is the session this report is made from: write it elsewhere"
+        if problem := _unwritable(Path(out)):
+            return f"cannot write {out}: {problem}"
+    return None
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written, where that shows before anything runs (a run can take hours)."""
+    real = Path(os.path.realpath(path))
+    if real.is_dir():
+        return "it is a folder"
+    folder = real.parent
+    while not folder.exists() and folder != folder.parent:  # write_file makes the missing ones
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"no permission to write in {folder}"
     return None
 
 

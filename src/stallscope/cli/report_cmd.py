@@ -54,8 +54,10 @@ def _recover(run_dir: Path) -> tuple[Session, Path]:
     """Rebuild a run that was never saved from its raw events, save it, and add it to the history."""
     session = recover_session(run_dir)
     saved, error = save_session(session, run_dir)
-    if error:
-        raise OSError(error)
+    if error:  # a read-only store, a full disk: show it all the same, and keep the raw events for a later try
+        print(f"stallscope report: {run_dir} had no saved session; rebuilt it from its raw events, but could not "
+              f"save it ({error}): shown without saving", file=sys.stderr)
+        return session, run_dir
     assert saved is not None
     print(f"stallscope report: {run_dir} had no saved session; rebuilt it from its raw events into {saved}",
           file=sys.stderr)
