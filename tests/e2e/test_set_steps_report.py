@@ -28,6 +28,13 @@ def test_set_overrides_dataloader_arguments(tmp_path):
     assert result.summary["steps"] == 24
 
 
+def test_a_failure_after_a_set_change_names_the_change(tmp_path):
+    """shuffle=True is refused for an IterableDataset: the error comes from torch, the cause from --set."""
+    result = run_cli(tmp_path, ["--set", "shuffle=true", "--", sys.executable, TINY, "--iterable"])
+    assert result.returncode != 0 and result.summary["exit_code"] == result.returncode
+    assert "it ran with --set shuffle=true, a change stallscope made" in result.stderr, result.stderr[-2000:]
+
+
 def test_set_zero_workers_drops_worker_only_arguments(tmp_path):
     result = run_cli(tmp_path, ["--set", "num_workers=0", "--", sys.executable, TINY, "--workers", "2", "--persistent"])
     assert result.returncode == 0, result.stderr[-3000:]

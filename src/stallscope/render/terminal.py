@@ -86,6 +86,9 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         detail = f"{f.type}: {words.failure_message(f)}" + (f"  at {f.location}" if f.location else "")
         console.print(f"[bold red]the script failed[/bold red] in {words.failure_place(f)}: {escape(detail)}",
                       highlight=False)
+        if session.overrides and f.type != "KeyboardInterrupt":
+            console.print(f"  it ran with {escape(words.overrides(session.overrides))}, a change stallscope made to its "
+                          "DataLoader: run it without that to see whether the change caused this", highlight=False)
     for note in words.notes(analysis):
         console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
     if session.overrides:
