@@ -85,6 +85,7 @@ def test_storage_bound_runs_tabulate_past_the_cores():
     ({"cores": 4, "workers": -2}, "--workers"),
     ({"cores": 4, "threads_per_core": 0.5}, "--threads-per-core"),
     ({"cores": 4, "threads_per_core": 16}, "--threads-per-core"),
+    ({"cores": 4, "gpus": 100_000}, "at least a core of its own"),
 ])
 def test_impossible_targets_are_refused(kwargs, message):
     with pytest.raises(PlanError, match=message):

@@ -47,3 +47,18 @@ def test_a_columns_value_that_is_no_width_is_ignored(monkeypatch, columns, kept)
     monkeypatch.setenv("COLUMNS", columns)
     main._tolerant_output()
     assert (os.environ.get("COLUMNS") == columns) is kept
+
+
+@pytest.mark.parametrize("text, minimum, kind, ok", [("0", 0, int, True), ("-1", 0, int, False), ("x", 0, int, False),
+                                                      ("0", 1, int, False), ("2.5", 0, float, True),
+                                                      ("nan", 0, float, False), ("inf", 0, float, False)])
+def test_numbers_below_their_minimum_are_usage_errors(text, minimum, kind, ok):
+    import argparse
+
+    from stallscope.cli.args import at_least
+
+    if ok:
+        assert at_least(minimum, kind)(text) == kind(text)
+    else:
+        with pytest.raises(argparse.ArgumentTypeError):
+            at_least(minimum, kind)(text)

@@ -81,6 +81,9 @@ class Target:
             raise PlanError("a job has at least one training process")
         if self.threads_per_core is not None and not 1 <= self.threads_per_core <= MAX_THREADS_PER_CORE:
             raise PlanError(f"--threads-per-core must be between 1 and {MAX_THREADS_PER_CORE}")
+        if self.cores < self.processes:
+            raise PlanError(f"{self.processes} training processes (one per GPU) on {self.cores:g} cores: each needs at "
+                            "least a core of its own; give --cores at least the number of GPUs")
 
     @property
     def processes(self) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from stallscope.cli.args import at_least
 from stallscope.health import FAIL, LoaderAssumptions, run_doctor
 from stallscope.render.doctor import render
 
@@ -25,12 +26,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("data_dir", nargs="?", metavar="DATA_DIR", help="the dataset folder the DataLoader reads")
     parser.add_argument("--json", metavar="PATH", dest="json_path", help="also write the checks as JSON to PATH")
     parser.add_argument("--no-bench", action="store_true", help="skip the storage micro-benchmark")
-    parser.add_argument("--bench-seconds", type=float, default=3.0, metavar="S",
+    parser.add_argument("--bench-seconds", type=at_least(0, float), default=3.0, metavar="S",
                         help="time budget of the storage micro-benchmark (default 3)")
-    parser.add_argument("--num-workers", type=int, default=None, metavar="N",
+    parser.add_argument("--num-workers", type=at_least(0), default=None, metavar="N",
                         help="DataLoader num_workers to size /dev/shm against (default: usable CPUs)")
-    parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="samples per batch (default 256)")
-    parser.add_argument("--prefetch-factor", type=int, default=2, metavar="N", help="batches per worker (default 2)")
+    parser.add_argument("--batch-size", type=at_least(1), default=256, metavar="N", help="samples per batch (default 256)")
+    parser.add_argument("--prefetch-factor", type=at_least(1), default=2, metavar="N", help="batches per worker (default 2)")
     parser.add_argument("-v", "--verbose", action="store_true", help="explain every check, not only the problems")
     parser.set_defaults(handler=handle)
     return parser
