@@ -160,3 +160,14 @@ def test_a_dataloader_built_every_epoch_is_one_training_loader(helper_eval):
     assert (train.ids, train.batches, train.epochs) == ((0, 2, 4, 6), 12, 4)
     [evaluation] = [ld for ld in analysis.loaders if ld.role == "eval"]
     assert (evaluation.ids, evaluation.batches) == ((1, 3, 5, 7), 8)
+
+
+@pytest.mark.parametrize("code, said", [(3, "the script exited with code 3"),
+                                        (139, "the script was killed by SIGSEGV (exit code 139)"),
+                                        (137, "the script was killed by SIGKILL (exit code 137)"),
+                                        (200, "the script exited with code 200")])
+def test_an_exit_code_from_a_signal_names_the_signal(code, said):
+    from stallscope.analysis.findings import Failure
+    from stallscope.render import words
+
+    assert words.failure_message(Failure("main", "exit", None, None, exit_code=code)) == said

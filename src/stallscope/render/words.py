@@ -8,6 +8,7 @@ module does not know is shown by its id and facts rather than dropped.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -369,7 +370,8 @@ CONDITIONS = {
                             "sitecustomize that stallscope puts on PYTHONPATH, which python -I, -E and -S ignore, "
                             "as do Pythons older than 3.10 and those of another version without stallscope installed",
     "no-dataloader": "no torch DataLoader was created: stallscope measures DataLoader-fed training",
-    "no-training-step": "no training step completed",
+    "no-training-step": "no training step was recorded: none completed, or the script was killed before the "
+                        "recorder wrote its last records (it writes them every second or so)",
 }
 
 
@@ -380,7 +382,13 @@ def notes(analysis: Analysis) -> list[str]:
 
 def failure_message(failure: Failure) -> str:
     if failure.type == "exit" and failure.message is None:
-        return f"the script exited with code {failure.exit_code}"
+        code = failure.exit_code
+        if code is not None and 128 < code < 128 + 65:  # a shell's code for a signal: 139 is SIGSEGV
+            try:
+                return f"the script was killed by {signal.Signals(code - 128).name} (exit code {code})"
+            except ValueError:
+                pass
+        return f"the script exited with code {code}"
     return failure.message or ""
 
 
