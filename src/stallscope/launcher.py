@@ -260,11 +260,7 @@ def new_run(store: str | os.PathLike[str] | None, command: list[str], overrides:
     store_dir = paths.store_dir(store)
     run_id = paths.new_run_id()
     run_dir = paths.runs_dir(store_dir) / run_id
-    try:
-        (run_dir / "events").mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # nowhere to save what is measured: say so before the script runs, not after
-        raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; choose another place "
-                          "with --store DIR or $STALLSCOPE_HOME") from None
+    # The description first (its checks take a moment): a Ctrl-C meanwhile leaves no empty run folder behind.
     meta: dict[str, Any] = {
         "run_id": run_id,
         "command": command,
@@ -278,11 +274,19 @@ def new_run(store: str | os.PathLike[str] | None, command: list[str], overrides:
         "start_ns": time.perf_counter_ns(),
     }
     try:
+        (run_dir / "events").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # nowhere to save what is measured: say so before the script runs, not after
+        raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; choose another place "
+                          "with --store DIR or $STALLSCOPE_HOME") from None
+    try:
         (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
     except OSError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; free some space or "
                           "choose another place with --store DIR or $STALLSCOPE_HOME") from None
+    except BaseException:  # Ctrl-C between the two: nothing was measured, nothing to keep
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     return run_dir, meta
 
 
