@@ -5,9 +5,13 @@ No wall-clock thresholds: assertions compare rates measured within the same comm
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +112,107 @@ def _turbojpeg_loads() -> bool:
     except Exception:  # noqa: BLE001 - the extra is not installed here
         return False
     return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _wait_for(condition, timeout_s: float) -> bool:
+    """Poll ``condition``: a guard against hanging, not a timing assertion."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _default_sigint() -> None:
+    """In the child: SIGINT as a terminal user has it, even when pytest was started with it ignored (a
+    background job), since Python keeps an ignored SIGINT ignored and would never raise KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_tune_stops_its_trial_and_keeps_what_it_measured(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C once left the running trial (in a session of its own) hanging forever, reparented to init."""
+    import psutil
+
+    pid_file, out = tmp_path / "hung.pid", tmp_path / "result.json"
+    cmd = [sys.executable, "-m", "stallscope", "tune", "--json", str(out), "--store", str(tmp_path / "store"),
+           "--trials", "4", "--steps", "10", "--", sys.executable, FRAGILE, "--sleep-ms", "3",
+           "--hang-from-workers", "1", "--pid-file", str(pid_file)]
+    # A new session, as a terminal's foreground job is its own process group: the signal goes to the group.
+    tune = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            start_new_session=True,
+                            preexec_fn=_default_sigint)  # noqa: PLW1509 - sets one signal, takes no lock
+    try:
+        # The original runs with 0 workers; the next trial (1 or more workers) hangs after writing its pid.
+        assert _wait_for(lambda: pid_file.is_file() or tune.poll() is not None, 240), "no trial hung"
+        assert tune.poll() is None, tune.communicate()[1][-3000:]
+        hung = int(pid_file.read_text())
+        family = psutil.Process(tune.pid).children(recursive=True)
+        assert hung in {p.pid for p in family}
+        os.killpg(tune.pid, sig)
+        _, stderr = tune.communicate(timeout=60)
+    finally:
+        if tune.poll() is None:
+            os.killpg(tune.pid, signal.SIGKILL)
+            tune.wait()
+    try:
+        assert _wait_for(lambda: not any(_alive(p.pid) for p in family), 15), "a trial's process outlived tune"
+    finally:
+        for p in family:  # whatever the verdict, leave no hung trial behind
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    assert tune.returncode == 128 + sig, stderr[-3000:]
+    assert "Traceback" not in stderr
+    result = json.loads(out.read_text())  # the completed trials, written although interrupted
+    assert result["stopped_by"] == "interrupted" and result["winner_overrides"] == {}
+    assert [t["label"] for t in result["trials"]] == ["original"] and result["trials"][0]["ok"]
+    assert "interrupted" in " ".join(result["notes"]) and "(interrupted)" in stderr
+    # The hung trial got SIGINT first, so its own `stallscope run` stopped the script and saved its session.
+    [hung_dir] = [d for d in Path(result["folder"]).glob("trial-02-*")]
+    summary = json.loads((hung_dir / "summary.json").read_text())
+    assert summary["ended_by"] == "interrupt"
+
+
+def test_a_trial_budget_with_no_room_for_a_candidate_is_refused(tmp_path: Path) -> None:
+    """``--trials 3`` once ran only the original and said nothing beat it."""
+    proc, result = stallscope(tmp_path, ["tune", "--trials", "3", "--", sys.executable, FRAGILE])
+    assert proc.returncode == 2 and not result
+    assert "--trials 3 leaves no room for a candidate" in proc.stderr and "use --trials 4 or more" in proc.stderr
+    assert not (tmp_path / "store").exists(), "refused before any trial ran"
+    rounds = stallscope(tmp_path, ["tune", "--trials", "5", "--confirm-rounds", "2", "--", sys.executable, FRAGILE])[0]
+    assert rounds.returncode == 2 and "use --trials 6 or more" in rounds.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["tune", "--max-workers", "-1"], "--max-workers must be 0 or more"),
+    (["tune", "--trial-timeout", "0"], "--trial-timeout must be a positive number of seconds"),
+    (["tune", "--trial-timeout", "nan"], "--trial-timeout must be a positive number of seconds"),
+    (["tune", "--budget", "-1"], "--budget must be a positive number of seconds"),
+    (["tune", "--confirm-rounds", "-1"], "--confirm-rounds must be at least 1"),
+    (["tune", "--steps", "3"], "--steps must be at least 4"),
+    (["tune", "--", sys.executable, "nonexist.py"], "script not found: nonexist.py"),
+    (["bench", "--seconds", "-1"], "--seconds must be a positive number of seconds"),
+    (["bench", "--timeout", "0"], "--timeout must be a positive number of seconds"),
+    (["bench", "--ceiling-steps", "0"], "--ceiling-steps must be at least 1"),
+    (["bench", "--workers", "0,-2"], "--workers counts must be 0 or more"),
+    (["bench", "--workers", "two"], "--workers takes comma-separated integers"),
+    (["bench", "--", sys.executable, "nonexist.py"], "script not found: nonexist.py"),
+    (["bench", "--decoders", ".", "--files", "0"], "--files must be at least 1"),
+])
+def test_bad_values_are_refused_before_anything_runs(tmp_path: Path, args: list[str], message: str) -> None:
+    if "--" not in args and "--decoders" not in args:
+        args = [*args, "--", sys.executable, FRAGILE]
+    proc, result = stallscope(tmp_path, args, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"stallscope {args[0]}: ") and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not result
+    assert not (tmp_path / "store").exists(), "refused before any run"

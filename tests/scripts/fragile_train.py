@@ -5,6 +5,7 @@ decides whether this run crashes or hangs.
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -28,11 +29,16 @@ def main():
     p.add_argument("--sleep-ms", type=float, default=2.0)
     p.add_argument("--crash-workers", type=int, default=None, help="crash when run with exactly this many workers")
     p.add_argument("--hang-from-workers", type=int, default=None, help="hang when run with at least this many")
+    p.add_argument("--pid-file", default=None, help="when hanging, write this process's pid here first")
     a = p.parse_args()
     loader = DataLoader(Slow(10_000, a.sleep_ms), batch_size=8, num_workers=0)
     if a.crash_workers is not None and loader.num_workers == a.crash_workers:
         raise RuntimeError(f"planted failure with {loader.num_workers} workers")
     if a.hang_from_workers is not None and loader.num_workers >= a.hang_from_workers:
+        if a.pid_file:
+            with open(a.pid_file + ".tmp", "w") as fh:
+                fh.write(str(os.getpid()))
+            os.replace(a.pid_file + ".tmp", a.pid_file)  # whole or absent: the test polls for it
         while True:
             time.sleep(1)
     model = torch.nn.Linear(16, 4)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 
 from stallscope.cli.common import after_dashes, fail
+from stallscope.launcher import LaunchError, resolve_command
 from stallscope.render.bench import render, render_race
 from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, bench
 from stallscope.tuning.decoders import race_decoders
+from stallscope.tuning.trials import interrupt_on_sigterm, interrupted_exit_code
 
 EPILOG = """examples:
   stallscope bench -- python train.py            input capacity per worker count, ceiling, current throughput
@@ -45,7 +48,42 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle)
 
 
+def _positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+def worker_counts(text: str | None) -> list[int] | None:
+    """``--workers 0,2,4`` as a list (None: the default counts); ValueError says what is wrong."""
+    if not text:
+        return None
+    try:
+        counts = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise ValueError("--workers takes comma-separated integers, e.g. 0,2,4") from None
+    if any(n < 0 for n in counts):
+        raise ValueError("--workers counts must be 0 or more")
+    return counts
+
+
+def options_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the numbers given, if anything: refused before any run, since a bench with a negative
+    drain time or zero files would run and report on nothing."""
+    if args.files < 1:
+        return "--files must be at least 1"
+    if not _positive(args.seconds):
+        return "--seconds must be a positive number of seconds"
+    if args.ceiling_steps < 1:
+        return "--ceiling-steps must be at least 1"
+    if args.steps < 4:
+        return "--steps must be at least 4 (the first steps of the normal run are warm-up)"
+    if not _positive(args.timeout):
+        return "--timeout must be a positive number of seconds"
+    return None
+
+
 def handle(args: argparse.Namespace) -> int:
+    if (problem := options_error(args)) is not None:
+        return fail("bench", problem)
     console = Console(stderr=True)
     if not console.is_terminal:
         console.width = 140  # logs and CI: keep the table readable
@@ -65,15 +103,18 @@ def handle(args: argparse.Namespace) -> int:
     if not command:
         return fail("bench", "no command given; usage: stallscope bench -- python train.py ARGS (or --decoders DIR)")
     try:
-        workers = [int(w) for w in args.workers.split(",")] if args.workers else None
-    except ValueError:
-        print("stallscope bench: --workers takes comma-separated integers, e.g. 0,2,4", file=sys.stderr)
-        return 2
+        workers = worker_counts(args.workers)
+        resolve_command(command)  # the checks `stallscope run` makes: a missing script fails both runs
+    except (ValueError, LaunchError) as exc:
+        return fail("bench", str(exc))
     try:
-        with console.status("bench") as status:
+        with console.status("bench") as status, interrupt_on_sigterm():
             result = bench(command, workers=workers, seconds=args.seconds, ceiling_steps=args.ceiling_steps,
                            normal_steps=args.steps, normal=not args.no_normal, timeout_s=args.timeout,
                            store=args.store, progress=lambda text: status.update(escape(text)))
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the running trial was stopped and saved its session
+        print("stallscope bench: interrupted", file=sys.stderr)
+        return interrupted_exit_code(exc)
     except OSError as exc:  # the store cannot take the bench folders
         return fail("bench", f"cannot write {exc.filename or 'the store'}: {exc.strerror or exc}")
     if args.json:

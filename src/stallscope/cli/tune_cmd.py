@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 
 from stallscope.cli.common import after_dashes, fail
+from stallscope.launcher import LaunchError, resolve_command
 from stallscope.render.tune import config_text, rate_text, render
 from stallscope.settings import format_value
-from stallscope.tuning.trials import TrialResult
-from stallscope.tuning.tuning import DEFAULT_STEPS, tune
+from stallscope.tuning.trials import (
+    TrialResult,
+    interrupt_on_sigterm,
+    interrupted_exit_code,
+)
+from stallscope.tuning.tuning import (
+    DEFAULT_STEPS,
+    TuneInterrupted,
+    TuneResult,
+    min_trials,
+    reserved_runs,
+    tune,
+)
 
 EPILOG = """examples:
   stallscope tune -- python train.py --epochs 1
@@ -51,13 +64,58 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle)
 
 
+def options_error(args: argparse.Namespace, command: list[str]) -> str | None:
+    """What is wrong with the options or the command, if anything: refused before any trial runs, since a
+    bad value would otherwise surface trials later (a trial with -1 workers, an original killed at once)."""
+    if args.confirm_rounds < 1:
+        return "--confirm-rounds must be at least 1"
+    if args.trials is not None and args.trials < min_trials(args.confirm_rounds):
+        return (f"--trials {args.trials} leaves no room for a candidate: the original takes 1 run and confirming "
+                f"a winner keeps {reserved_runs(args.confirm_rounds)} (--confirm-rounds {args.confirm_rounds}); "
+                f"use --trials {min_trials(args.confirm_rounds)} or more")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        return "--budget must be a positive number of seconds"
+    if args.steps < 4:
+        return "--steps must be at least 4 (the first steps of each trial are warm-up)"
+    if args.max_workers is not None and args.max_workers < 0:
+        return "--max-workers must be 0 or more"
+    if args.trial_timeout is not None and not (math.isfinite(args.trial_timeout) and args.trial_timeout > 0):
+        return "--trial-timeout must be a positive number of seconds"
+    try:
+        resolve_command(command)  # the checks `stallscope run` makes: a missing script fails every trial
+    except LaunchError as exc:
+        return str(exc)
+    return None
+
+
+def write_json(path: str, result: TuneResult) -> None:
+    """The result as JSON; a path that cannot be written costs this file only, not the table."""
+    try:
+        with open(path, "w") as fh:
+            json.dump(result.to_dict(), fh, indent=1)
+    except OSError as exc:
+        print(f"stallscope tune: warning: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+
+
+def report_interrupted(exc: TuneInterrupted, json_path: str | None, console: Console) -> int:
+    """Ctrl-C or SIGTERM: the runs that completed, in the JSON and as a table, then 128 + the signal."""
+    partial = exc.result
+    if json_path:
+        write_json(json_path, partial)
+    if partial.original is not None:
+        render(partial, console)
+    else:  # interrupted during the original run: there is no table, and nothing failed
+        for note in partial.notes:
+            console.print(note, markup=False)
+    return interrupted_exit_code(exc)
+
+
 def handle(args: argparse.Namespace) -> int:
     command = after_dashes(args.command)
     if not command:
         return fail("tune", "no command given; usage: stallscope tune [options] -- python train.py ARGS")
-    if args.trials is not None and args.trials < 1 or args.steps < 4:
-        print("stallscope tune: --trials must be at least 1 and --steps at least 4", file=sys.stderr)
-        return 2
+    if (problem := options_error(args, command)) is not None:
+        return fail("tune", problem)
     console = Console(stderr=True)
     if not console.is_terminal:
         console.width = 140  # logs and CI: keep the table readable
@@ -75,17 +133,20 @@ def handle(args: argparse.Namespace) -> int:
                       f"({trial.wall_s:.0f} s) {mark}", highlight=False)
 
     try:
-        result = tune(command, trials=args.trials, budget_s=args.budget, steps=args.steps,
-                      tune_batch_size=args.tune_batch_size, max_workers=args.max_workers,
-                      trial_timeout_s=args.trial_timeout, confirm_rounds=args.confirm_rounds,
-                      store=args.store, on_start=on_start, on_done=on_done)
+        with interrupt_on_sigterm():
+            result = tune(command, trials=args.trials, budget_s=args.budget, steps=args.steps,
+                          tune_batch_size=args.tune_batch_size, max_workers=args.max_workers,
+                          trial_timeout_s=args.trial_timeout, confirm_rounds=args.confirm_rounds,
+                          store=args.store, on_start=on_start, on_done=on_done)
+    except TuneInterrupted as exc:
+        status.stop()
+        return report_interrupted(exc, args.json, console)
     except OSError as exc:  # the store cannot take the trial folders
         status.stop()
         return fail("tune", f"cannot write {exc.filename or 'the store'}: {exc.strerror or exc}")
     finally:
         status.stop()
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result.to_dict(), fh, indent=1)
+        write_json(args.json, result)
     render(result, console)
     return 0 if result.original is not None and result.original.ok else 1

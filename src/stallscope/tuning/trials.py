@@ -3,18 +3,23 @@
 Each trial is a subprocess (``python -m stallscope run``) in its own process group, so a crash,
 a hang or the kernel's out-of-memory killer ends that trial only. Its output goes to files in
 the trial's folder, never to the terminal. A trial past its timeout gets SIGTERM (the launcher
-forwards it and still saves the session), then SIGKILL for everything left.
+forwards it and still saves the session), then SIGKILL for everything left. Because the trial is in
+its own session, the terminal's Ctrl-C reaches only the tuner: when the tuner is interrupted, it
+forwards SIGINT to the trial itself (which stops the script and saves what it measured), then
+escalates, so no trial outlives the tuner.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,9 @@ from stallscope.tuning.noise import Rate, rate_of, warmup_steps
 KNOBS: tuple[str, ...] = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "batch_size")
 
 KILL_GRACE_S = 8.0
+#: After forwarding Ctrl-C, how long the trial has to save its session, then how long after SIGTERM.
+INTERRUPT_GRACE_S = 5.0
+TERM_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -74,32 +82,95 @@ def trial_command(command: list[str], overrides: Mapping[str, Any], steps: int |
     return [*cmd, *set_arguments(overrides), "--", *command]
 
 
-def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the launcher's group (it forwards to the script's own group), then SIGKILL what is left."""
+def _family(proc: subprocess.Popen[bytes]) -> list[Any]:
+    """The launcher and all its descendants now (the script runs in a session of its own, so signalling the
+    launcher's group does not reach it); empty when psutil cannot tell."""
     try:
         import psutil
 
-        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        root = psutil.Process(proc.pid)
+        return [root, *root.children(recursive=True)]
     except Exception:
-        family = []
+        return []
+
+
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _exited_within(proc: subprocess.Popen[bytes], seconds: float) -> bool:
     try:
-        proc.wait(KILL_GRACE_S)
+        proc.wait(seconds)
     except subprocess.TimeoutExpired:
-        pass
-    for p in family:
-        try:
-            p.kill()
-        except Exception:
-            pass
+        return False
+    return True
+
+
+def _stop_tree(proc: subprocess.Popen[bytes], steps: tuple[tuple[int, float], ...]) -> None:
+    """Send each (signal, grace) of ``steps`` to the launcher's group until it exits, then SIGKILL whatever is
+    left of the launcher's family (psutil checks a pid still names the same process before it signals)."""
+    family = _family(proc)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+        for signum, grace_s in steps:
+            _signal_group(proc, signum)
+            if _exited_within(proc, grace_s):
+                break
+    except KeyboardInterrupt:
+        pass  # Ctrl-C again while waiting: no more grace
+    finally:
+        for p in [*family, *_family(proc)]:
+            try:
+                p.kill()
+            except Exception:
+                pass
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """A trial past its timeout: SIGTERM the launcher's group (it forwards to the script's own group, and
+    still saves the session), then SIGKILL what is left."""
+    _stop_tree(proc, ((signal.SIGTERM, KILL_GRACE_S),))
+
+
+def _interrupt_tree(proc: subprocess.Popen[bytes]) -> None:
+    """The tuner is leaving mid-trial (Ctrl-C, SIGTERM, an error): SIGINT first, as the terminal would have
+    sent, so the trial's ``stallscope run`` stops the script and saves what it measured; then SIGTERM, then
+    SIGKILL."""
+    _stop_tree(proc, ((signal.SIGINT, INTERRUPT_GRACE_S), (signal.SIGTERM, TERM_GRACE_S)))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into the same unwinding as Ctrl-C by :func:`interrupt_on_sigterm`."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm() -> Iterator[None]:
+    """While trials run, SIGTERM (``kill``, a batch scheduler) ends the tuner as Ctrl-C does: the running trial
+    is stopped and saves its session, and what was measured is kept. Python's default for SIGTERM would die at
+    once and orphan the trial, which runs in a session of its own. Only the main thread may set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_exit_code(exc: KeyboardInterrupt) -> int:
+    """128 + the signal that interrupted: 130 for Ctrl-C, 143 for SIGTERM, as a shell reports them."""
+    return 128 + int(getattr(exc, "signum", signal.SIGINT))
 
 
 def _tail(path: Path, limit: int = 400) -> str:
@@ -186,6 +257,9 @@ def launch(cmd: list[str], trial_dir: Path, timeout_s: float, env: Mapping[str, 
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
             exit_code = None
+        except BaseException:  # Ctrl-C, SIGTERM (see interrupt_on_sigterm), an error: no orphaned trial
+            _interrupt_tree(proc)
+            raise
     return exit_code, time.monotonic() - t0
 
 

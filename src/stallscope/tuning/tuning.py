@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stallscope import paths
@@ -118,6 +121,35 @@ def pooled(results: list[TrialResult]) -> Rate | None:
     return Rate(value, se, sum(r.steps for r in rates))
 
 
+def reserved_runs(confirm_rounds: int = 1) -> int:
+    """Runs kept back for confirming a winner: each round is the winner and the original once."""
+    return 2 * max(1, confirm_rounds)
+
+
+def min_trials(confirm_rounds: int = 1) -> int:
+    """The smallest ``trials`` that tries any candidate: the original, one candidate, and the runs kept back to
+    confirm it. A smaller budget would measure only the original and then report that nothing beat it."""
+    return 2 + reserved_runs(confirm_rounds)
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during ``tune``: ``result`` holds the runs that completed, ``stopped_by="interrupted"``,
+    no change proposed (none was confirmed). Still a KeyboardInterrupt for callers that only stop."""
+
+    def __init__(self, result: TuneResult, signum: int) -> None:
+        super().__init__(f"tune interrupted after {result.runs} completed run(s)")
+        self.result = result
+        self.signum = signum
+
+
+@dataclass
+class _Confirmed:
+    runs: list[TrialResult] = field(default_factory=list)  # filled as they complete, so an interrupt keeps them
+    winner_overrides: dict[str, Any] = field(default_factory=dict)
+    original: Rate | None = None
+    winner: Rate | None = None
+
+
 def tune(command: list[str], *, trials: int | None = None, budget_s: float | None = None,
          steps: int = DEFAULT_STEPS, tune_batch_size: bool = False, max_workers: int | None = None,
          trial_timeout_s: float | None = None, confirm_rounds: int = 1, z: float = DEFAULT_Z,
@@ -125,15 +157,19 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
          on_done: OnDone | None = None) -> TuneResult:
     """Try DataLoader changes on the real script and confirm the fastest against the original.
 
-    ``trials`` bounds all runs, confirmation included; ``budget_s`` bounds wall time (the
-    confirmation's share is reserved from the mean trial time). Without either, 10 runs.
+    ``trials`` bounds all runs, confirmation included, and must leave room for one candidate
+    (:func:`min_trials`); ``budget_s`` bounds wall time (the confirmation's share is reserved from the
+    mean trial time). Without either, 10 runs. Interrupted, it raises :class:`TuneInterrupted` with
+    the runs that completed (also written to the folder's ``tune.json``).
     """
     if trials is None and budget_s is None:
         trials = DEFAULT_TRIALS
+    if trials is not None and trials < min_trials(confirm_rounds):
+        raise ValueError(f"trials={trials} leaves no room for a candidate; at least {min_trials(confirm_rounds)}")
     store_dir = paths.store_dir(store)
     folder = store_dir / "tune" / paths.new_run_id()
     folder.mkdir(parents=True, exist_ok=True)
-    reserve = 2 * max(1, confirm_rounds)
+    reserve = reserved_runs(confirm_rounds)
     budget = Budget(trials=trials, seconds=budget_s, reserve=reserve)
     counter = iter(range(1, 10_000))
     state: dict[str, Any] = {}
@@ -164,37 +200,79 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
         return result
 
     tuner = Tuner(evaluate, budget, tune_batch_size=tune_batch_size, z=z, max_workers=max_workers)
-    outcome: SearchOutcome = tuner.run()
-    original, best = outcome.original, outcome.best
-    notes: list[str] = []
-    confirmation: list[TrialResult] = []
-    winner_overrides: dict[str, Any] = {}
-    original_confirmed = winner_confirmed = None
-    if original is not None and best is not None:
-        winner_overrides = overrides_for(best.config, original.config) if best is not original else {}
-        if winner_overrides:
-            order = []
-            for r in range(max(1, confirm_rounds)):
-                order += [("winner", "original")] if r % 2 == 0 else [("original", "winner")]
-            runs: dict[str, list[TrialResult]] = {"winner": [], "original": []}
-            for pair in order:
-                for who in pair:
-                    result = evaluate_overrides(winner_overrides if who == "winner" else {},
-                                                f"confirm-{who}", best.config if who == "winner" else original.config)
-                    confirmation.append(result)
-                    runs[who].append(result)
-            original_confirmed, winner_confirmed = pooled(runs["original"]), pooled(runs["winner"])
-            if winner_confirmed is None:
-                notes.append("the winner's confirmation run failed; see its trial folder")
-        else:
-            original_confirmed = winner_confirmed = original.rate
-            notes.append("no configuration beat the original by more than the noise: keep it as it is")
-    result = TuneResult(command=list(command), steps=steps, trials=outcome.trials, confirmation=confirmation,
-                        original=original, winner=best, winner_overrides=winner_overrides,
-                        original_confirmed=original_confirmed, winner_confirmed=winner_confirmed,
-                        stopped_by=outcome.stopped_by, folder=str(folder), z=z, notes=notes)
-    (folder / "tune.json").write_text(json.dumps(result.to_dict(), indent=1))
+    confirmed = _Confirmed()
+    common: dict[str, Any] = {"command": list(command), "steps": steps, "folder": str(folder), "z": z}
+    try:
+        outcome: SearchOutcome = tuner.run()
+        notes = _confirm(outcome, confirm_rounds, evaluate_overrides, confirmed)
+    except KeyboardInterrupt as exc:
+        partial = TuneResult(**common, trials=list(tuner.trials), confirmation=confirmed.runs,
+                             original=tuner.original, winner=None, winner_overrides={}, original_confirmed=None,
+                             winner_confirmed=None, stopped_by="interrupted",
+                             notes=[_interrupted_note(len(tuner.trials) + len(confirmed.runs), str(folder))])
+        with contextlib.suppress(OSError):  # an unwritable folder must not hide the interrupt
+            _write(partial)
+        raise TuneInterrupted(partial, int(getattr(exc, "signum", signal.SIGINT))) from exc
+    notes += _untried_note(outcome, budget)
+    result = TuneResult(**common, trials=outcome.trials, confirmation=confirmed.runs, original=outcome.original,
+                        winner=outcome.best, winner_overrides=confirmed.winner_overrides,
+                        original_confirmed=confirmed.original, winner_confirmed=confirmed.winner,
+                        stopped_by=outcome.stopped_by, notes=notes)
+    _write(result)
     return result
 
 
-__all__ = ["TuneResult", "pooled", "tune"]
+def _interrupted_note(runs: int, folder: str) -> str:
+    return (f"interrupted: {runs} run(s) completed and nothing was confirmed, so no change is proposed. "
+            f"Trial folders: {folder}")
+
+
+def _write(result: TuneResult) -> None:
+    Path(result.folder, "tune.json").write_text(json.dumps(result.to_dict(), indent=1))
+
+
+def _confirm(outcome: SearchOutcome, confirm_rounds: int,
+             evaluate_overrides: Callable[[dict[str, Any], str, dict[str, Any]], TrialResult],
+             confirmed: _Confirmed) -> list[str]:
+    """Run the search's winner and the original again, alternately, into ``confirmed``; the notes to print."""
+    original, best = outcome.original, outcome.best
+    if original is None or best is None:
+        return []
+    confirmed.winner_overrides = overrides_for(best.config, original.config) if best is not original else {}
+    if not confirmed.winner_overrides:
+        confirmed.original = confirmed.winner = original.rate
+        if len(outcome.trials) == 1:
+            return []  # nothing else was tried: _untried_note says why
+        return ["no configuration beat the original by more than the noise: keep it as it is"]
+    order = []
+    for r in range(max(1, confirm_rounds)):
+        order += [("winner", "original")] if r % 2 == 0 else [("original", "winner")]
+    runs: dict[str, list[TrialResult]] = {"winner": [], "original": []}
+    for pair in order:
+        for who in pair:
+            result = evaluate_overrides(confirmed.winner_overrides if who == "winner" else {},
+                                        f"confirm-{who}", best.config if who == "winner" else original.config)
+            confirmed.runs.append(result)
+            runs[who].append(result)
+    confirmed.original, confirmed.winner = pooled(runs["original"]), pooled(runs["winner"])
+    if confirmed.winner is None:
+        return ["the winner's confirmation run failed; see its trial folder"]
+    return []
+
+
+def _untried_note(outcome: SearchOutcome, budget: Budget) -> list[str]:
+    """When the original was the only run, say so and why: "nothing beat the original" would claim a
+    comparison that never happened."""
+    original = outcome.original
+    if original is None or not original.ok or len(outcome.trials) > 1:
+        return []
+    if outcome.stopped_by == "budget":
+        need = math.ceil(original.wall_s * (2 + budget.reserve))
+        return [(f"no candidate was tried: the original run took {original.wall_s:.0f} s, and the budget kept no "
+                 f"room for a candidate plus its {budget.reserve} confirmation run(s); --budget {need} (or more) "
+                 "would try at least one")]
+    return [("no candidate was tried: no other configuration was left to try within the limits given "
+             "(see --max-workers)")]
+
+
+__all__ = ["TuneInterrupted", "TuneResult", "min_trials", "pooled", "reserved_runs", "tune"]
