@@ -203,3 +203,49 @@ def test_a_second_pack_into_the_same_out_is_refused_while_the_first_runs(source,
     assert first.returncode == 0, stderr
     assert stallscope("--verify", str(out)).returncode == 0
     assert not list(tmp_path.glob(".*lock")), "the lock is removed when the pack ends"
+
+
+def _default_sigint() -> None:
+    """In the child: SIGINT as a terminal user has it, even when pytest was started with it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_ctrl_c_mid_pack_with_workers_exits_130_quietly_then_resumes(source, tmp_path, fmt):
+    """Ctrl-C reached the pool's workers too: each printed a ``Process ForkPoolWorker`` traceback, and a worker
+    killed holding the task queue's lock could hang ``Pool.terminate()``."""
+    import psutil
+
+    args = ["--format", fmt, "--workers", "2", "--commit-every", "5", "--shard-size", "5"]
+    out = tmp_path / "out"
+    env = {**os.environ, ENV_PACK_THROTTLE: "0.1"}
+    # A new session, as a terminal's foreground job is its own process group: Ctrl-C goes to the whole group.
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "pack", str(source), str(out), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)  # noqa: PLW1509 - sets one signal, takes no lock
+    state = out.with_name("out.partial") / "state.json"
+    deadline = time.monotonic() + 120  # a guard against hanging, not a timing assertion
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if state.is_file() and json.loads(state.read_text())["next_position"] >= 10:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the pack finished before it could be interrupted"
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert len(workers) >= 2
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "ForkPoolWorker" not in stderr, stderr
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers), "a worker outlived it"
+    assert not out.exists()
+
+    rerun = stallscope(str(source), str(out), *args)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "resumed at source #" in rerun.stdout
+    verify = stallscope("--verify", str(out))
+    assert verify.returncode == 0 and "ok: 60 records" in verify.stdout

@@ -16,12 +16,23 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from stallscope.data.index import FORMATS, INDEX_NAME, PackIndex, Problem, Record, checksum, record_key, write_atomic
+from stallscope.data.index import (
+    FORMATS,
+    INDEX_NAME,
+    PackIndex,
+    Problem,
+    Record,
+    checksum,
+    record_key,
+    write_atomic,
+)
 from stallscope.data.packing.prepare import FATAL_KINDS, Prepared, prepare
 from stallscope.data.sources import SourceList, open_source
 from stallscope.settings import ENV_PACK_THROTTLE
@@ -99,13 +110,42 @@ def _name(path: Path, root: Path) -> str:
         return str(path)
 
 
+def _ignore_sigint() -> None:
+    """Pool worker initializer: Ctrl-C is the parent's to handle. A worker that dies of KeyboardInterrupt
+    prints a traceback, and one that dies holding the task queue's lock deadlocks ``Pool.terminate()``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _sigint_ignored_while_forking() -> Iterator[None]:
+    """Ignore SIGINT while the pool forks its workers, so none gets it before its initializer runs
+    (signal dispositions are inherited); a Ctrl-C in those milliseconds is lost. Only the main thread may change
+    them; elsewhere, nothing to do."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _prepared_stream(tasks: list[tuple], workers: int) -> Iterator[Prepared]:
+    """Prepared records in source order. With workers, Ctrl-C reaches only this process: leaving (by
+    KeyboardInterrupt or by ``close()``) terminates the pool, and the caller's resume logic takes over."""
     if workers <= 0 or len(tasks) < 2:
         yield from map(prepare, tasks)
         return
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers) as pool:
+    with _sigint_ignored_while_forking():
+        pool = ctx.Pool(workers, initializer=_ignore_sigint)
+    try:
         yield from pool.imap(prepare, tasks, chunksize=16)
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 class _Checkpointer:
@@ -289,8 +329,9 @@ def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, op
     tasks = [(i, str(p), _name(p, sources.root), label, options.max_side, options.quality)
              for i, (p, label) in enumerate(sources.samples)][resumed_at:]
     next_key, bytes_in = int(state["next_key"]), 0
+    stream = _prepared_stream(tasks, options.workers)
     try:
-        for item in _prepared_stream(tasks, options.workers):
+        for item in stream:
             if item.problem_kind:
                 fatal = item.problem_kind in FATAL_KINDS
                 if fatal and options.strict:
@@ -319,6 +360,7 @@ def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, op
         final.mkdir(exist_ok=True)
         sink.finalize(final)
     except BaseException as exc:
+        stream.close()  # stop the pool's workers now, not whenever the generator is collected
         sink.close()
         if isinstance(exc, PackError):  # strict stop or nothing usable: nothing to resume
             shutil.rmtree(work, ignore_errors=True)
