@@ -16,6 +16,15 @@ from tests import patch_guard
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 @dataclass
 class CliResult:
     returncode: int

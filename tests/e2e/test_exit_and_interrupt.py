@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SCRIPTS, run_cli
+from tests.conftest import SCRIPTS, process_alive, run_cli
 
 pytestmark = pytest.mark.e2e
 TINY = str(SCRIPTS / "tiny_train.py")
@@ -157,14 +157,6 @@ def _job_pids(store: Path) -> list[int]:
     return [int(p.stem) for p in store.glob("runs/*/events/*.jsonl")]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
@@ -192,7 +184,7 @@ def test_hangup_and_quit_end_the_job_like_plain_python_and_save_it(tmp_path, sig
     summary = json.loads(out.read_text())
     assert summary["ended_by"] == "interrupt" and summary["steps"] >= 19
     assert f"stopped by {signal.Signals(sig).name}" in " ".join(summary["notes"])
-    assert _wait_for(lambda: not any(_alive(p) for p in pids)), "the script or a worker outlived the run"
+    assert _wait_for(lambda: not any(process_alive(p) for p in pids)), "the script or a worker outlived the run"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
@@ -203,7 +195,7 @@ def test_killed_launcher_takes_the_job_with_it_and_report_rebuilds_the_run(tmp_p
         assert pids
         proc.kill()  # SIGKILL: no handler runs in stallscope
         proc.communicate(timeout=60)
-        assert _wait_for(lambda: not any(_alive(p) for p in pids)), "training outlived a killed stallscope"
+        assert _wait_for(lambda: not any(process_alive(p) for p in pids)), "training outlived a killed stallscope"
     finally:
         if proc.poll() is None:
             proc.kill()

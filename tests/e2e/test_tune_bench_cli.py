@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-from tests.conftest import SCRIPTS
+from tests.conftest import SCRIPTS, process_alive
 
 TINY = str(SCRIPTS / "tiny_train.py")
 FRAGILE = str(SCRIPTS / "fragile_train.py")
@@ -114,14 +114,6 @@ def _turbojpeg_loads() -> bool:
     return True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _wait_for(condition, timeout_s: float) -> bool:
     """Poll ``condition``: a guard against hanging, not a timing assertion."""
     deadline = time.monotonic() + timeout_s
@@ -165,7 +157,7 @@ def test_an_interrupted_tune_stops_its_trial_and_keeps_what_it_measured(tmp_path
             os.killpg(tune.pid, signal.SIGKILL)
             tune.wait()
     try:
-        assert _wait_for(lambda: not any(_alive(p.pid) for p in family), 15), "a trial's process outlived tune"
+        assert _wait_for(lambda: not any(process_alive(p.pid) for p in family), 15), "a trial's process outlived tune"
     finally:
         for p in family:  # whatever the verdict, leave no hung trial behind
             with contextlib.suppress(psutil.Error):

@@ -25,6 +25,7 @@ from stallscope.tuning.tuning import (
     min_trials,
     tune,
 )
+from tests.conftest import process_alive
 
 CHILD = """
 import os, signal, sys, time
@@ -45,14 +46,6 @@ while True:
 
 class LeftEarly(Exception):
     pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _interrupt_when_ready(ready: Path) -> threading.Thread:
@@ -91,7 +84,7 @@ def test_a_trial_is_sent_sigint_then_killed_when_the_tuner_leaves(tmp_path, monk
         launch([sys.executable, "-c", CHILD, str(ready), behaviour], tmp_path, 600, dict(os.environ))
     pid = int(ready.read_text())
     assert Path(f"{ready}.sigint").is_file(), "the trial was not given SIGINT first"
-    assert not _alive(pid), "the trial outlived the tuner"
+    assert not process_alive(pid), "the trial outlived the tuner"
 
 
 def test_min_trials_leaves_room_for_one_candidate_and_its_confirmation() -> None:
