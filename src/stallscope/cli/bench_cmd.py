@@ -10,12 +10,13 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
-from stallscope.cli.common import after_dashes, fail
+from stallscope.cli.common import after_dashes, fail, output_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.render.bench import render, render_race
 from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, bench
 from stallscope.tuning.decoders import race_decoders
 from stallscope.tuning.trials import interrupt_on_sigterm, interrupted_exit_code
+from stallscope.paths import write_file
 
 EPILOG = """examples:
   stallscope bench -- python train.py            input capacity per worker count, ceiling, current throughput
@@ -94,9 +95,8 @@ def handle(args: argparse.Namespace) -> int:
         except (FileNotFoundError, RuntimeError) as exc:
             print(f"stallscope bench: {exc}", file=sys.stderr)
             return 2
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump(race.to_dict(), fh, indent=1)
+        if args.json and not _saved(args.json, race.to_dict()):
+            return 2
         render_race(race, console)
         return 0
     command = after_dashes(args.command)
@@ -107,6 +107,8 @@ def handle(args: argparse.Namespace) -> int:
         resolve_command(command)  # the checks `stallscope run` makes: a missing script fails both runs
     except (ValueError, LaunchError) as exc:
         return fail("bench", str(exc))
+    if problem := output_error([args.json], args.store):  # known now, not after the runs
+        return fail("bench", problem)
     try:
         with console.status("bench") as status, interrupt_on_sigterm():
             result = bench(command, workers=workers, seconds=args.seconds, ceiling_steps=args.ceiling_steps,
@@ -117,8 +119,17 @@ def handle(args: argparse.Namespace) -> int:
         return interrupted_exit_code(exc)
     except OSError as exc:  # the store cannot take the bench folders
         return fail("bench", f"cannot write {exc.filename or 'the store'}: {exc.strerror or exc}")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result.to_dict(), fh, indent=1, default=str)
+    if args.json and not _saved(args.json, result.to_dict()):
+        return 2
     render(result, console)
     return 0 if result.ceiling_rate and result.capacity_rate else 1
+
+
+def _saved(path: str, document: dict) -> bool:
+    """Write ``--json`` (``paths.write_file``); False after saying why it could not be written."""
+    try:
+        write_file(path, json.dumps(document, indent=1, default=str))
+    except OSError as exc:
+        print(f"stallscope bench: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return False
+    return True

@@ -65,7 +65,7 @@ def handle(args: argparse.Namespace) -> int:
     text = render_compare(compare(runs, min_effect=args.min_effect))
     if args.output:
         try:
-            Path(args.output).write_text(text)
+            paths.write_file(args.output, text)
         except OSError as exc:
             print(f"stallscope compare: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
             return 2

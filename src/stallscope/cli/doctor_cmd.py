@@ -15,6 +15,7 @@ from rich.console import Console
 from stallscope.cli.args import at_least
 from stallscope.health import FAIL, LoaderAssumptions, run_doctor
 from stallscope.render.doctor import render
+from stallscope.paths import write_file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -50,10 +51,9 @@ def handle(args: argparse.Namespace) -> int:
     if args.json_path:
         out = Path(args.json_path)
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+            write_file(out, json.dumps(report.to_dict(), indent=1) + "\n")
         except OSError as exc:
-            print(f"stallscope doctor: cannot write {out}: {exc}", file=sys.stderr)
+            print(f"stallscope doctor: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         console.print(f"wrote {out}", highlight=False)
     return 1 if report.count(FAIL) else 0

@@ -146,5 +146,10 @@ def run(args: argparse.Namespace) -> int:
         doc = {"out": str(result.out), "format": result.format, "records": result.records,
                "digest": result.digest, "resumed_at": result.resumed_at,
                "skipped": [asdict(p) for p in result.skipped], "warnings": [asdict(p) for p in result.warnings]}
-        Path(args.report).write_text(json.dumps(doc, indent=1))
+        from stallscope.paths import write_file
+
+        try:
+            write_file(args.report, json.dumps(doc, indent=1))
+        except OSError as exc:  # the pack itself is done; only its report is lost
+            print(f"stallscope pack: warning: cannot write {args.report}: {exc.strerror or exc}", file=sys.stderr)
     return 0

@@ -10,8 +10,9 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
-from stallscope.cli.common import after_dashes, fail
+from stallscope.cli.common import after_dashes, fail, output_error
 from stallscope.launcher import LaunchError, resolve_command
+from stallscope.paths import write_file
 from stallscope.render.tune import config_text, rate_text, render
 from stallscope.settings import format_value
 from stallscope.tuning.trials import (
@@ -85,14 +86,13 @@ def options_error(args: argparse.Namespace, command: list[str]) -> str | None:
         resolve_command(command)  # the checks `stallscope run` makes: a missing script fails every trial
     except LaunchError as exc:
         return str(exc)
-    return None
+    return output_error([args.json], args.store)  # known now, not after the last trial
 
 
 def write_json(path: str, result: TuneResult) -> None:
     """The result as JSON; a path that cannot be written costs this file only, not the table."""
     try:
-        with open(path, "w") as fh:
-            json.dump(result.to_dict(), fh, indent=1)
+        write_file(path, json.dumps(result.to_dict(), indent=1))
     except OSError as exc:
         print(f"stallscope tune: warning: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
 
