@@ -302,13 +302,30 @@ def recover_session(run_dir: Path) -> Session:
     start_ns = meta.get("start_ns")
     if not isinstance(start_ns, int):
         start_ns = min((int(f.header["mono_ns"]) for f in processes), default=0)
-    exit_code, how = _inferred_exit(main.records if main else [])
-    meta = {**meta, "start_ns": start_ns, "end_ns": max([start_ns, *ends]), "exit_code": exit_code,
-            "ended_by": "recovered",
-            "notes": [*meta.get("notes", []),
-                      (f"rebuilt from raw events: stallscope ended before the script did (killed, or the session "
-                       f"could not be saved); the exit code {exit_code} is inferred ({how}); no system samples")]}
+    end_ns = max([start_ns, *ends])
+    ending = _recorded_ending(run_dir)
+    if ending is not None:  # the launcher saw the end but could not save the session (a full disk)
+        exit_code = ending["exit_code"]
+        end_ns = ending["end_ns"] if isinstance(ending.get("end_ns"), int) else end_ns
+        why = (f"rebuilt from raw events: the session could not be saved when the run ended; the exit code "
+               f"{exit_code} is the one stallscope recorded then; no system samples")
+    else:
+        exit_code, how = _inferred_exit(main.records if main else [])
+        why = (f"rebuilt from raw events: stallscope ended before the script did (killed, or the session could not "
+               f"be saved); the exit code {exit_code} is inferred ({how}); no system samples")
+    meta = {**meta, "start_ns": start_ns, "end_ns": end_ns, "exit_code": exit_code, "ended_by": "recovered",
+            "notes": [*meta.get("notes", []), why]}
     return build_session(run_dir, meta)
+
+
+def _recorded_ending(run_dir: Path) -> dict[str, Any] | None:
+    """How the run ended, where the launcher could write it (``launcher.write_ending``); None: not written (the
+    launcher was killed) or unreadable."""
+    try:
+        ending = json.loads((run_dir / "ending.json").read_text(encoding="utf-8") or "null")
+    except (OSError, ValueError):
+        return None
+    return ending if isinstance(ending, dict) and isinstance(ending.get("exit_code"), int) else None
 
 
 def _inferred_exit(records: list[list[Any]]) -> tuple[int, str]:

@@ -249,7 +249,33 @@ def save_session(session: Session, run_dir: Path) -> tuple[Path | None, str | No
         reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
         return None, f"the session could not be saved in {run_dir}: {reason}"
     shutil.rmtree(run_dir / "events", ignore_errors=True)
+    (run_dir / ENDING_FILE).unlink(missing_ok=True)
     return path, None
+
+
+#: Kept beside the raw events for ``collect.recover_session``: how the run ended, as the launcher saw it.
+ENDING_FILE = "ending.json"
+#: Its size, reserved when the run starts: a disk that fills during the run can still take the ending, written
+#: over bytes the file already holds (writing into a new file would fail there).
+ENDING_BYTES = 512
+
+
+def _reserve_ending(run_dir: Path) -> None:
+    (run_dir / ENDING_FILE).write_bytes(b" " * ENDING_BYTES)
+
+
+def write_ending(run_dir: Path, meta: dict[str, Any]) -> None:
+    """Write the exit code, how the run ended and when into the reserved ``ending.json``, in place; best effort
+    (nothing is lost but the exact code, which ``recover_session`` then infers from the events)."""
+    ending = {key: meta.get(key) for key in ("exit_code", "ended_by", "end_ns")}
+    text = json.dumps(ending).encode()
+    if len(text) > ENDING_BYTES:
+        return
+    try:
+        with open(run_dir / ENDING_FILE, "r+b") as fh:
+            fh.write(text.ljust(ENDING_BYTES))
+    except OSError:
+        pass
 
 
 def new_run(store: str | os.PathLike[str] | None, command: list[str], overrides: dict[str, Any],
@@ -280,6 +306,7 @@ def new_run(store: str | os.PathLike[str] | None, command: list[str], overrides:
                           "with --store DIR or $STALLSCOPE_HOME") from None
     try:
         (run_dir / "run.json").write_text(json.dumps(meta, indent=1))
+        _reserve_ending(run_dir)
     except OSError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; free some space or "
@@ -377,6 +404,7 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
     session = build_session(run_dir, meta)
     session_path, save_error = save_session(session, run_dir)
     if save_error:
+        write_ending(run_dir, meta)
         session.notes.append(f"{save_error}; its raw events stay in {run_dir / 'events'} "
                              f"(stallscope report {run_dir} rebuilds it once there is room)")
     return RunOutcome(session, session_path, meta["exit_code"], save_error)

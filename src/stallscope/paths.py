@@ -116,3 +116,9 @@ def refuse_store_file(path: str | os.PathLike[str], store: Path) -> None:
     inside = real == root or root in real.parents
     if inside and (real.exists() or runs_dir(root) in real.parents):
         raise ValueError(f"{path} is inside the store {store} (its sessions and history): write it elsewhere")
+    # any other store's files too (a verb without --store, a store named by its path)
+    folder = real.parent
+    if any((folder / name).is_file() for name in ("run.json", "session.json")):
+        raise ValueError(f"{path} is in a stallscope run folder ({folder}): write it elsewhere")
+    if real.name == "history.sqlite3" and (folder / "runs").is_dir():
+        raise ValueError(f"{path} is the run history of the store {folder}: write it elsewhere")

@@ -59,6 +59,8 @@ def test_a_disk_that_fills_during_training_keeps_the_exit_code_and_prints_the_su
     assert done.returncode == 0, done.stderr[-3000:]
     again = json.loads(rebuilt.read_text())
     assert again["ended_by"] == "recovered" and again["steps"] == 30
+    # the script's own code, kept by the launcher in space reserved at the start (it used to be inferred: 137)
+    assert again["exit_code"] == 3 and any("the one stallscope recorded" in n for n in again["notes"])
 
 
 def test_a_session_save_that_fails_with_enospc_is_a_note_not_a_crash(tmp_path, monkeypatch):

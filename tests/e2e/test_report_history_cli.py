@@ -154,6 +154,11 @@ def test_report_never_writes_over_the_store(runs):
     assert session.read_bytes() == before and not (run_dir / "trace.json").exists()
     plan = cli(runs["tmp"], "plan", runs["same"][0], "--store", str(runs["store"]), "--json", str(session))
     assert plan.returncode == 2 and "inside the store" in plan.stderr and session.read_bytes() == before
+    compared = cli(runs["tmp"], "compare", "last~1", "last", "--store", str(runs["store"]), "--output", str(session))
+    assert compared.returncode == 2 and "inside the store" in compared.stderr and session.read_bytes() == before
+    # a verb without --store (doctor) still knows a run folder when it sees one
+    doctor = cli(runs["tmp"], "doctor", "--no-bench", "--json", str(session))
+    assert doctor.returncode == 2 and "run folder" in doctor.stderr and session.read_bytes() == before
 
 
 def test_report_writes_through_a_link_and_survives_any_terminal(runs):
@@ -196,3 +201,14 @@ def test_report_takes_last_n_like_compare(runs):
     assert sorted(ids) == sorted(runs["same"])
     beyond = cli(runs["tmp"], "report", "last~3", "--store", str(runs["store"]))
     assert beyond.returncode == 2 and "holds 3" in beyond.stderr and "Traceback" not in beyond.stderr
+
+
+def test_json_to_standard_output_is_json_alone(runs):
+    """--json - is standard output for report and doctor as for plan (it used to make a file named '-')."""
+    for args in (["report", runs["workers"], "--store", str(runs["store"])], ["doctor", "--no-bench"]):
+        done = cli(runs["tmp"], *args, "--json", "-")
+        assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr[-2000:]
+        assert isinstance(json.loads(done.stdout), dict)
+    assert not (runs["tmp"] / "-").exists()
+    trace = cli(runs["tmp"], "report", runs["workers"], "--store", str(runs["store"]), "--trace", "-")
+    assert trace.returncode == 2 and "only for --json" in trace.stderr

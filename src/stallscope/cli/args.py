@@ -1,10 +1,15 @@
-"""Argument types the verbs share: light enough for every verb to import (no rich, no torch)."""
+"""Argument checks the verbs share: number types and output paths, light enough for every verb to import
+(no rich, no torch)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
+from pathlib import Path
+
+from stallscope import paths
 
 
 def at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
@@ -21,3 +26,35 @@ def at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
+
+
+def output_error(outputs: list[str | None], store: str | None, source: Path | None = None) -> str | None:
+    """Why one of the ``outputs`` paths must not be written, if one must not: it would overwrite the store's own
+    files, or the session file ``source`` a report is made from."""
+    for out in outputs:
+        if not out or out == "-":
+            continue
+        try:
+            paths.refuse_store_file(out, paths.store_dir(store))
+        except ValueError as exc:
+            return str(exc)
+        if source is not None and os.path.realpath(out) == os.path.realpath(source):
+            return f"{out} is the session this report is made from: write it elsewhere"
+        if problem := _unwritable(Path(out)):
+            return f"cannot write {out}: {problem}"
+    return None
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written, where that shows before anything runs (a run can take hours)."""
+    real = Path(os.path.realpath(path))
+    if real.is_dir():
+        return "it is a folder"
+    folder = real.parent
+    while not folder.exists() and folder != folder.parent:  # write_file makes the missing ones
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"no permission to write in {folder}"
+    return None

@@ -6,12 +6,12 @@ import argparse
 import math
 import os
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
-from stallscope import api, paths
+from stallscope import api
 from stallscope.api import LaunchError, RunResult
+from stallscope.cli.args import output_error
 from stallscope.render import terminal
 from stallscope.render.summary import write_summary
 from stallscope.settings import OverrideError, parse_overrides
@@ -56,38 +56,6 @@ def run_options_error(args: argparse.Namespace) -> str | None:
     if not math.isfinite(args.sample_interval) or args.sample_interval < 0:
         return "--sample-interval must be 0 (off) or a positive number of seconds"
     return output_error([args.json], getattr(args, "store", None))
-
-
-def output_error(outputs: list[str | None], store: str | None, source: Path | None = None) -> str | None:
-    """Why one of the ``outputs`` paths must not be written, if one must not: it would overwrite the store's own
-    files, or the session file ``source`` a report is made from."""
-    for out in outputs:
-        if not out or out == "-":
-            continue
-        try:
-            paths.refuse_store_file(out, paths.store_dir(store))
-        except ValueError as exc:
-            return str(exc)
-        if source is not None and os.path.realpath(out) == os.path.realpath(source):
-            return f"{out} is the session this report is made from: write it elsewhere"
-        if problem := _unwritable(Path(out)):
-            return f"cannot write {out}: {problem}"
-    return None
-
-
-def _unwritable(path: Path) -> str | None:
-    """Why ``path`` cannot be written, where that shows before anything runs (a run can take hours)."""
-    real = Path(os.path.realpath(path))
-    if real.is_dir():
-        return "it is a folder"
-    folder = real.parent
-    while not folder.exists() and folder != folder.parent:  # write_file makes the missing ones
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is a file, not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"no permission to write in {folder}"
-    return None
 
 
 def parse_set(verb: str, items: list[str]) -> dict | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from stallscope import paths
 from stallscope.analysis import analyze
+from stallscope.cli.args import output_error
 from stallscope.history.compare import MIN_RELATIVE_EFFECT, compare
 from stallscope.history.runs import RunRow, row_from_session
 from stallscope.history.store import HistoryError, get_run
@@ -52,6 +53,9 @@ def resolve(ref: str, store: Path) -> RunRow:
 def handle(args: argparse.Namespace) -> int:
     if len(args.runs) < 2:
         print("stallscope compare: give at least two runs (the first is the baseline)", file=sys.stderr)
+        return 2
+    if problem := output_error([args.output], args.store):
+        print(f"stallscope compare: {problem}", file=sys.stderr)
         return 2
     store = paths.store_dir(args.store)
     try:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from stallscope.cli.args import at_least
+from stallscope.cli.args import at_least, output_error
 from stallscope.health import FAIL, LoaderAssumptions, run_doctor
-from stallscope.render.doctor import render
 from stallscope.paths import write_file
+from stallscope.render.doctor import render
+from stallscope.render.summary import print_json
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -39,6 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def handle(args: argparse.Namespace) -> int:
+    if problem := output_error([args.json_path], None):
+        print(f"stallscope doctor: {problem}", file=sys.stderr)
+        return 2
     loader = LoaderAssumptions(num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
                                batch_size=args.batch_size)
     try:
@@ -46,6 +50,9 @@ def handle(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"stallscope doctor: {exc}", file=sys.stderr)
         return 2
+    if args.json_path == "-":  # the checks alone on standard output, for a pipe
+        print_json(report.to_dict())
+        return 1 if report.count(FAIL) else 0
     console = Console(width=None if sys.stdout.isatty() else 140)
     render(report, console, verbose=args.verbose)
     if args.json_path:

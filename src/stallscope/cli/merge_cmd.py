@@ -10,6 +10,7 @@ from rich.console import Console
 
 from stallscope import paths
 from stallscope.analysis import analyze
+from stallscope.cli.args import output_error
 from stallscope.merge import merge_sessions
 from stallscope.render import terminal
 from stallscope.render.summary import summary_dict, write_summary
@@ -40,10 +41,17 @@ def handle(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # MergeError is a ValueError
         print(f"stallscope merge: {exc}", file=sys.stderr)
         return 2
-    out = merged.save(Path(args.output))
+    if problem := output_error([args.output, args.json], args.store):
+        print(f"stallscope merge: {problem}", file=sys.stderr)
+        return 2
     analysis = analyze(merged)
-    if args.json:
-        write_summary(args.json, summary_dict(merged, analysis, out))
+    try:
+        out = merged.save(Path(args.output))
+        if args.json:
+            write_summary(args.json, summary_dict(merged, analysis, out))
+    except OSError as exc:
+        print(f"stallscope merge: cannot write {exc.filename or args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     if not args.quiet:
         terminal.render(merged, analysis, Console(stderr=True), session_ref=str(out))
     print(f"merged {len(sessions)} sessions into {out}   re-render: stallscope report {out}", file=sys.stderr)

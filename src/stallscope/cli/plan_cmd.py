@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 
 from stallscope.analysis.plan import NothingToPlan, PlanError, plan_dict, plan_run
-from stallscope.cli.common import output_error
+from stallscope.cli.args import output_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.constants import PLAN_SCHEMA
 from stallscope.render import plan as plan_view
-from stallscope.render.summary import write_summary
+from stallscope.render.summary import print_json, write_summary
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -73,12 +71,7 @@ def handle(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     document = plan_dict(plan, session.run_id, PLAN_SCHEMA)
     if args.json == "-":
-        try:
-            json.dump(document, sys.stdout, indent=2)
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-        except BrokenPipeError:  # `| head`: the reader has what it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print_json(document)
         return 0
     if args.json:
         try:

@@ -15,11 +15,11 @@ from rich.console import Console
 from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.api import record_history
-from stallscope.cli.common import output_error
+from stallscope.cli.args import output_error
 from stallscope.collect import recover_session
 from stallscope.launcher import save_session
 from stallscope.render import speedscope, terminal
-from stallscope.render.summary import summary_dict, write_summary
+from stallscope.render.summary import print_json, summary_dict, write_summary
 from stallscope.session import Session
 
 
@@ -83,6 +83,8 @@ def handle(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if problem := output_error([args.json, args.trace, args.speedscope, args.html], args.store, path):
         return _fail(problem)
+    if "-" in (args.trace, args.speedscope, args.html):
+        return _fail("'-' (standard output) is only for --json: give --trace, --speedscope and --html a file name")
     analysis = analyze(session)
     written: list[str] = []
     target = ""
@@ -93,7 +95,7 @@ def handle(args: argparse.Namespace) -> int:
             return _fail("--speedscope: this run has no stack samples of the training loader's fetches (where "
                          f"sampling could not run, `stallscope report {args.run}` says why in its notes)")
     try:
-        if args.json:
+        if args.json and args.json != "-":
             target = args.json
             write_summary(args.json, summary_dict(session, analysis, path))
         if args.trace:
@@ -118,6 +120,11 @@ def handle(args: argparse.Namespace) -> int:
             written.append(f"HTML report: {html.write_html(args.html, page)}")
     except OSError as exc:
         return _fail(f"cannot write {target}: {exc.strerror or exc}")
+    if args.json == "-":  # the JSON alone on standard output, for a pipe; what was written is said on stderr
+        print_json(summary_dict(session, analysis, path))
+        for line in written:
+            print(f"wrote {line}", file=sys.stderr)
+        return 0
     terminal.render(session, analysis, Console(), session_ref=str(path))
     for line in written:
         print(f"wrote {line}")

@@ -10,7 +10,8 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
-from stallscope.cli.common import after_dashes, fail, output_error
+from stallscope.cli.args import output_error
+from stallscope.cli.common import after_dashes, fail
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.paths import write_file
 from stallscope.render.tune import config_text, rate_text, render

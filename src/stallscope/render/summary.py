@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,16 @@ def _system_dict(system: Any) -> dict[str, Any] | None:
     if not system.present:
         data["absent"] = {"samples": words.NO_SAMPLES, **data["absent"]}
     return {k: _rounded(v, 3) if not isinstance(v, list) else v for k, v in data.items()}
+
+
+def print_json(document: dict[str, Any]) -> None:
+    """``--json -``: the document on standard output; a reader that stops early (``| head``) is not an error."""
+    try:
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader has what it wanted: later writes (and Python's exit flush) go nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def write_summary(path: str | os.PathLike[str], summary: dict[str, Any]) -> Path:
