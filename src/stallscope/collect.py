@@ -221,6 +221,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         environment=meta.get("environment", {}),
         checks=meta.get("checks", []),
         system_samples=meta.get("system_samples", {}),
+        pauses=list(meta.get("pauses") or []),
         notes=notes + meta.get("notes", []),
         batch_info=batch_info,
         lmdb_opens=lmdb_opens,

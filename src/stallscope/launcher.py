@@ -155,6 +155,7 @@ class _SignalForwarder:
         self.received: list[int] = []
         self.paused_ns = 0
         self.pauses = 0
+        self.pause_spans: list[dict[str, int]] = []
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _SignalForwarder:
@@ -185,8 +186,10 @@ class _SignalForwarder:
         os.kill(os.getpid(), signal.SIGTSTP)  # stops here until continued (discarded where nobody could)
         signal.signal(signal.SIGTSTP, self._suspend)
         self._signal_group(signal.SIGCONT)
+        resumed = time.perf_counter_ns()
         self.pauses += 1
-        self.paused_ns += time.perf_counter_ns() - stopped
+        self.paused_ns += resumed - stopped
+        self.pause_spans.append({"start_ns": stopped, "end_ns": resumed})
 
     def _resume(self, signum: int, frame: Any) -> None:
         self._signal_group(signal.SIGCONT)
@@ -228,7 +231,7 @@ def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str
     notes = []
     if forwarder.pauses:
         notes.append(f"the job was stopped (Ctrl-Z / SIGTSTP) {forwarder.pauses} time(s), "
-                     f"{forwarder.paused_ns / 1e9:.1f} s in all; a step that spans a stop includes it")
+                     f"{forwarder.paused_ns / 1e9:.1f} s in all, left out of the steps' times")
     if forwarder.received:
         sent = signal_name(forwarder.received[0])
         if returncode < 0 or returncode == 128 + forwarder.received[0]:
@@ -401,6 +404,7 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
         meta["system_samples"] = sampler.stop()
     meta["exit_code"] = 128 - returncode if returncode < 0 else returncode
     meta["ended_by"], meta["notes"] = _ending(forwarder, returncode)
+    meta["pauses"] = forwarder.pause_spans
     session = build_session(run_dir, meta)
     session_path, save_error = save_session(session, run_dir)
     if save_error:

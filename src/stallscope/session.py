@@ -285,6 +285,9 @@ class Session:
     #: frames (file:line:function, innermost first), count, sampler ("signal" or "thread"; absent in sessions
     #: recorded before it was)}; ``analysis/hotspots.py`` and ``analysis/sampled_stacks.py`` read them.
     stack_samples: list[dict[str, Any]] = field(default_factory=list)
+    #: the whole job stopped (Ctrl-Z, SIGTSTP) and continued: {start_ns, end_ns}, the launcher's clock (monotonic,
+    #: as every process's); steps leave these out (``analysis/steps.py``)
+    pauses: list[dict[str, Any]] = field(default_factory=list)
 
     @functools.cached_property
     def system(self) -> SystemSamples:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from stallscope.analysis.steps import step_stats
+from stallscope.session import Session
 from tests.conftest import SCRIPTS, process_alive, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -240,8 +242,13 @@ def test_ctrl_z_stops_the_job_and_fg_continues_it(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
-    notes = " ".join(json.loads(out.read_text())["notes"])
-    assert "stopped (Ctrl-Z / SIGTSTP) 1 time(s)" in notes
+    summary = json.loads(out.read_text())
+    assert "stopped (Ctrl-Z / SIGTSTP) 1 time(s)" in " ".join(summary["notes"])
+    # the half second (and more) it stood still is no step's time
+    session = Session.load(summary["session"])
+    [pause] = session.pauses
+    assert pause["end_ns"] - pause["start_ns"] >= 0.5e9
+    assert max(s.duration_ns for s in step_stats(session).steps) < 0.5e9, "a step kept the pause"
 
 
 def test_a_script_that_handles_sigint_and_finishes_is_not_reported_as_interrupted(tmp_path):

@@ -57,6 +57,26 @@ def test_optimizer_steps_delimit_steps_and_wait_is_measured():
     assert verdict_for(stats) == "input-bound"
 
 
+def test_a_ctrl_z_pause_is_left_out_of_the_steps():
+    """The job stood still for 2 s inside step 3's wait and 0.5 s inside step 4's compute: neither is its time."""
+    nexts = [nxt(100 * k, 100 * k + 30) for k in range(5)]
+    opts = [opt(100 * k + 90, 100 * k + 100) for k in range(5)]
+    shifted_nexts, shifted_opts = [], []
+    for k, (n, o) in enumerate(zip(nexts, opts, strict=True)):  # 2000 ms from step 3's wait on, 500 more in step 4
+        before = (2000 if k >= 4 else 0) + (500 if k >= 5 else 0)  # where its wait starts
+        after = (2000 if k >= 3 else 0) + (500 if k >= 5 else 0)  # where its wait ends
+        done = (2000 if k >= 3 else 0) + (500 if k >= 4 else 0)  # where its optimizer step is
+        shifted_nexts.append(NextRecord(0, 0, 0, n.start_ns + before * MS, n.end_ns + after * MS, -1, 4, PID))
+        shifted_opts.append(OptimizerStepRecord(1, "SGD", o.start_ns + done * MS, o.end_ns + done * MS, PID))
+    session = make_session(shifted_nexts, shifted_opts)
+    session = dataclasses.replace(session, pauses=[{"start_ns": 310 * MS, "end_ns": 2310 * MS},
+                                                   {"start_ns": 2450 * MS, "end_ns": 2950 * MS}])
+    stats = step_stats(session)
+    assert [s.duration_ns for s in stats.steps] == [100 * MS] * 5
+    assert [s.wait_ns for s in stats.steps] == [30 * MS] * 5
+    assert stats.wall_s == pytest.approx(0.4) and stats.data_wait_fraction == pytest.approx(0.3)
+
+
 def test_two_optimizers_on_one_batch_are_one_step():
     nexts = [nxt(100 * k, 100 * k + 5) for k in range(4)]
     opts = [o for k in range(4) for o in (opt(100 * k + 50, 100 * k + 60), opt(100 * k + 80, 100 * k + 90))]

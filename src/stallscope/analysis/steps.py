@@ -89,6 +89,10 @@ def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
     return max(0, min(a1, b1) - max(a0, b0))
 
 
+def _overlap_any(spans: list[tuple[int, int]], s0: int, s1: int) -> int:
+    return sum(_overlap(a, b, s0, s1) for a, b in spans)
+
+
 def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> StepStats:
     pid = session.main_pid if pid is None else pid
     train_ids, boundary = train_loader_ids(session, pid)
@@ -98,6 +102,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     iters = [it for it in session.iters if it.pid == pid and it.loader_id in train_ids]
     transfers = [t for t in session.transfers if t.pid == pid]
     others = _other_loader_spans(session, pid, train_ids)
+    # Ctrl-Z: the job stood still; like another loader's loop, not the step's time (nor its wait's)
+    paused = [(int(p["start_ns"]), int(p["end_ns"])) for p in session.pauses]
     waits_for_ranks = sync_intervals(session, pid)
 
     bounds: list[tuple[int, int]] = []
@@ -127,10 +133,10 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     steps: list[Step] = []
     for index, (s0, s1) in enumerate(bounds):
         inside = [n for n in nexts if n.start_ns >= s0 and n.end_ns <= s1]
-        wait = sum(n.end_ns - n.start_ns for n in inside)
+        wait = sum(n.end_ns - n.start_ns - _overlap_any(paused, n.start_ns, n.end_ns) for n in inside)
         wait += sum(_overlap(it.start_ns, it.end_ns, s0, s1) for it in iters)
         transfer = sum(_overlap(t.start_ns, t.end_ns, s0, s1) for t in transfers)
-        excluded = sum(_overlap(a, b, s0, s1) for a, b in others)
+        excluded = sum(_overlap(a, b, s0, s1) for a, b in others) + _overlap_any(paused, s0, s1)
         sizes = [n.batch_size for n in inside]
         samples = sum(sizes) if sizes and all(v is not None for v in sizes) else None
         unpickle = sum(n.unpickle_ns for n in inside)
