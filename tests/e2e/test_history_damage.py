@@ -52,7 +52,7 @@ def test_a_damaged_history_says_how_to_rebuild_it_and_rebuild_brings_the_runs_ba
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "from 2 saved session(s)" in rebuilt.stderr and "the old file is kept as" in rebuilt.stderr
     assert _run_ids(rebuilt.stdout) == before
-    assert list(copy.glob("history.sqlite3.damaged-*")), "the damaged file is kept, not deleted"
+    assert list(copy.glob("history.sqlite3.before-rebuild-*")), "the damaged file is kept, not deleted"
 
 
 def test_a_read_only_history_is_still_read(store, tmp_path):

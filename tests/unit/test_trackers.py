@@ -109,3 +109,17 @@ def test_sessions_saved_before_tracker_runs_load_without_them() -> None:
     for path in SUMMARIES.glob("*/session.json"):
         assert "tracker_runs" not in json.loads(path.read_text())
         assert Session.load(path).tracker_runs == []
+
+
+def test_a_file_in_the_way_of_a_trackers_folder_is_said_in_words(tmp_path):
+    from stallscope.trackers import failure_line
+
+    (tmp_path / "afile").write_text("")
+    for exc_type, target in ((FileExistsError, tmp_path / "afile"), (NotADirectoryError, tmp_path / "afile" / "x")):
+        try:
+            target.mkdir(parents=True) if exc_type is FileExistsError else (target / "y").mkdir(parents=True)
+        except exc_type as exc:
+            assert failure_line(exc).endswith("is a file, where a folder is needed"), failure_line(exc)
+        else:
+            raise AssertionError(f"no {exc_type.__name__}")
+    assert failure_line(ValueError("bad\nsecond")) == "ValueError: bad"

@@ -271,11 +271,11 @@ def get_run(store_dir: str | os.PathLike[str], ref: str) -> RunRow:
 
 def rebuild_history(store_dir: str | os.PathLike[str], rows: Iterator[RunRow]) -> tuple[int, Path | None]:
     """Make the history again from ``rows`` (read from the saved sessions by the caller): the old file, if
-    any, is kept beside it as ``history.sqlite3.damaged-STAMP``. Returns (rows written, where the old went)."""
+    any, is kept beside it as ``history.sqlite3.before-rebuild-STAMP`` (damaged or not). Returns (rows written, where the old went)."""
     path = history_path(store_dir)
     kept = None
     if path.exists():
-        kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        kept = path.with_name(f"{path.name}.before-rebuild-{time.strftime('%Y%m%d-%H%M%S')}")
         os.replace(path, kept)
         wal = Path(f"{path}-wal")
         if wal.exists():  # the old file's last commits travel with it

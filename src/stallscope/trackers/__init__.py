@@ -99,7 +99,10 @@ def write_files(summary: dict[str, Any], session: Session, analysis: Any, folder
 
 
 def failure_line(exc: BaseException) -> str:
-    """A tracker's exception as one line (their messages can run to pages)."""
+    """A tracker's exception as one line (their messages can run to pages); a file where a folder should be is
+    said in words (the OS's 'File exists' for mkdir over a file says the opposite of what is wrong)."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) and exc.filename:
+        return f"{exc.filename} (or a folder above it) is a file, where a folder is needed"
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else repr(exc)}"
 
