@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import shlex
 import shutil
@@ -73,6 +74,9 @@ class Recording:
 
     def __init__(self, *, store: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None,
                  sample_interval_s: float = 0.1, history: bool = True, label: str | None = None) -> None:
+        if not (sample_interval_s >= 0 and math.isfinite(sample_interval_s)):
+            raise ValueError(f"sample_interval_s must be 0 (sampler off) or a positive number of seconds, not "
+                             f"{sample_interval_s!r}")
         self.store = store
         self.overrides = dict(overrides or {})
         self.sample_interval_s = sample_interval_s

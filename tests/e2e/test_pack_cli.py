@@ -241,6 +241,7 @@ def test_ctrl_c_mid_pack_with_workers_exits_130_quietly_then_resumes(source, tmp
             proc.wait()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "ForkPoolWorker" not in stderr, stderr
+    assert "run the same command again to go on" in stderr, stderr
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers), "a worker outlived it"
     assert not out.exists()
 

@@ -36,3 +36,11 @@ def test_public_names_are_never_subpackages(first: str) -> None:
     done = subprocess.run([sys.executable, "-c", CHECK.format(first=first)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("interval", [-1, float("nan"), float("inf")])
+def test_record_refuses_a_sampler_period_that_is_no_period(interval):
+    import stallscope
+
+    with pytest.raises(ValueError, match="sample_interval_s"):
+        stallscope.record(sample_interval_s=interval)

@@ -135,6 +135,6 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     console = Console() if Console().is_terminal else Console(width=240)
     console.print(history_table(rows), highlight=False)
-    console.print(f"[dim]{len(rows)} run(s); compare two with: stallscope compare {rows[0].run_id} "
-                  f"{rows[-1].run_id}[/dim]", highlight=False)
+    hint = (f"; compare two with: stallscope compare {rows[0].run_id} {rows[-1].run_id}" if len(rows) > 1 else "")
+    console.print(f"[dim]{len(rows)} run(s){hint}[/dim]", highlight=False)
     return 0

@@ -121,6 +121,10 @@ def run(args: argparse.Namespace) -> int:
                 result = pack(args.src, args.out, options, progress=update, force=args.force)
         else:
             result = pack(args.src, args.out, options, force=args.force)
+    except KeyboardInterrupt:
+        print(f"stallscope pack: interrupted; run the same command again to go on from where it stopped (what is "
+              f"packed so far is kept in {args.out}.partial)", file=sys.stderr)
+        return 130
     except SourceError as exc:
         return _err(str(exc))
     except PackError as exc:
