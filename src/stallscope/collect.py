@@ -308,6 +308,10 @@ def recover_session(run_dir: Path) -> Session:
     if ending is not None:  # the launcher saw the end but could not save the session (a full disk)
         exit_code = ending["exit_code"]
         end_ns = ending["end_ns"] if isinstance(ending.get("end_ns"), int) else end_ns
+        pauses = ending.get("pauses")
+        if isinstance(pauses, list):
+            meta = {**meta, "pauses": [p for p in pauses if isinstance(p, dict)
+                                       and isinstance(p.get("start_ns"), int) and isinstance(p.get("end_ns"), int)]}
         why = (f"rebuilt from raw events: the session could not be saved when the run ended; the exit code "
                f"{exit_code} is the one stallscope recorded then; no system samples")
     else:

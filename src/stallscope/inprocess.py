@@ -197,6 +197,7 @@ class Recording:
             session = build_session(self.run_dir, self._meta)
             session_path, save_error = launcher.save_session(session, self.run_dir)
             if save_error:
+                launcher.write_ending(self.run_dir, self._meta)
                 session.notes.append(f"{save_error}; its raw events stay in {self.run_dir / 'events'} "
                                      f"(stallscope report {self.run_dir} rebuilds it once there is room)")
         finally:

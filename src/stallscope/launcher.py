@@ -259,8 +259,9 @@ def save_session(session: Session, run_dir: Path) -> tuple[Path | None, str | No
 #: Kept beside the raw events for ``collect.recover_session``: how the run ended, as the launcher saw it.
 ENDING_FILE = "ending.json"
 #: Its size, reserved when the run starts: a disk that fills during the run can still take the ending, written
-#: over bytes the file already holds (writing into a new file would fail there).
-ENDING_BYTES = 512
+#: over bytes the file already holds (writing into a new file would fail there). Room for the exit and some 60
+#: Ctrl-Z stops; beyond that the first ones are kept.
+ENDING_BYTES = 4096
 
 
 def _reserve_ending(run_dir: Path) -> None:
@@ -268,10 +269,14 @@ def _reserve_ending(run_dir: Path) -> None:
 
 
 def write_ending(run_dir: Path, meta: dict[str, Any]) -> None:
-    """Write the exit code, how the run ended and when into the reserved ``ending.json``, in place; best effort
-    (nothing is lost but the exact code, which ``recover_session`` then infers from the events)."""
+    """Write the exit code, how the run ended, when, and the job's Ctrl-Z stops into the reserved ``ending.json``,
+    in place; best effort (without it ``recover_session`` infers the code from the events)."""
     ending = {key: meta.get(key) for key in ("exit_code", "ended_by", "end_ns")}
-    text = json.dumps(ending).encode()
+    pauses = list(meta.get("pauses") or [])
+    text = json.dumps({**ending, "pauses": pauses}).encode()
+    while len(text) > ENDING_BYTES and pauses:
+        pauses = pauses[:len(pauses) // 2]
+        text = json.dumps({**ending, "pauses": pauses}).encode()
     if len(text) > ENDING_BYTES:
         return
     try:

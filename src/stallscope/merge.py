@@ -105,8 +105,10 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
     lists: dict[str, list[Any]] = {name: [] for name in RECORD_LISTS}
     alignment: list[dict[str, Any]] = []
     starts, ends, notes = [], [], []
+    pauses: list[dict[str, int]] = []  # each node's Ctrl-Z stops, on the reference's clock
     for node, s in enumerate(ordered):
         offset, low, high = (0, 0, 0) if s is reference else clock_offset(reference, s)
+        pauses += [{"start_ns": p["start_ns"] - offset, "end_ns": p["end_ns"] - offset} for p in s.pauses]
         own_pids = {p.pid for p in s.processes} | {r.pid for r in s.ranks}
         pids = {}
         for pid in sorted(own_pids):
@@ -138,5 +140,6 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
                        + ", ".join(f"{a['run_id']} (ranks {a['ranks']}, clock offset {a['offset_ns'] / 1e6:+.3f} ms"
                                    f" +/- {a['uncertainty_ns'] / 1e6:.3f})" for a in alignment)],
         clock_alignment=alignment,
+        pauses=sorted(pauses, key=lambda p: p["start_ns"]),
         **lists,
     )

@@ -4,9 +4,11 @@ the user names are written (``write_file``) without harming the store (``refuse_
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -50,7 +52,7 @@ def resolve_run(ref: str, store: Path) -> Path:
         return candidate
     base = runs_dir(store)
     runs = sorted(p for p in base.glob("*") if (p / "session.json").is_file()) if base.is_dir() else []
-    if ref == "last" or (ref.startswith("last~") and ref[5:].isdigit()):
+    if ref == "last" or (ref.startswith("last~") and ref[5:].isascii() and ref[5:].isdigit()):
         back = int(ref[5:]) if ref != "last" else 0
         if len(runs) <= back:
             raise FileNotFoundError(f"no saved run {ref!r} under {base}: it holds {len(runs)}")
@@ -73,11 +75,18 @@ def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
     A regular file (or a new one) is written to a uniquely named temporary file beside it and renamed over it
     in one step; on any failure the temporary file is removed and the old file stays as it was. A symbolic
     link is written through: its target is replaced and the link kept (renaming over the link would replace
-    the link itself). A FIFO, a device such as ``/dev/stdout``, or any other special file is written to
-    directly, since renaming over it would put a regular file in its place. A missing parent folder is made.
+    the link itself). ``/dev/stdout``, ``/dev/stderr`` and ``/dev/fd/N`` are written to the descriptor this
+    process already holds (reopening one would truncate the file a shell appends to, or fail on a pipe). A FIFO,
+    a device or any other special file is written to directly, since renaming over it would put a regular file
+    in its place; a FIFO that no program reads is an error, not a wait without end. A missing parent folder is
+    made.
     """
     path = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd = held_descriptor(path)
+    if fd is not None:
+        _write_descriptor(fd, raw)
+        return path
     real = Path(os.path.realpath(path))
     try:
         mode = os.stat(real).st_mode
@@ -86,14 +95,14 @@ def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
     if mode is not None and stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
     if mode is not None and not stat.S_ISREG(mode):
-        with open(real, "wb") as fh:
-            fh.write(raw)
+        _write_special(real, raw, fifo=stat.S_ISFIFO(mode))
         return path
     try:
         real.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise NotADirectoryError(errno.ENOTDIR, "a folder on its path is a file", str(path)) from None
-    tmp = real.with_name(f".{real.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    # a name of up to 255 bytes (NAME_MAX) must leave room for the temporary one's prefix and suffix
+    tmp = real.with_name(f".{real.name[:200]}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
         with os.fdopen(fd, "wb") as fh:
@@ -107,18 +116,71 @@ def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
     return path
 
 
+def held_descriptor(path: str | os.PathLike[str]) -> int | None:
+    """The descriptor ``path`` names when it is one this process holds (``/dev/stdout``, ``/dev/stderr``,
+    ``/dev/stdin``, ``/dev/fd/N``, ``/proc/self/fd/N``); None for any other path."""
+    text = os.path.normpath(os.path.abspath(os.fspath(path)))
+    named = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+    if text in named:
+        return named[text]
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        if text.startswith(prefix) and text[len(prefix):].isascii() and text[len(prefix):].isdigit():
+            return int(text[len(prefix):])
+    return None
+
+
+def _write_descriptor(fd: int, raw: bytes) -> None:
+    if fd in (1, 2):  # what Python printed before must come out first
+        (sys.stdout if fd == 1 else sys.stderr).flush()
+    view = memoryview(raw)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_special(real: Path, raw: bytes, fifo: bool) -> None:
+    """Write a FIFO or a device in place. A FIFO is opened without blocking first: with no reader that fails at
+    once (ENXIO) instead of waiting for one that never comes."""
+    flags = os.O_WRONLY | (os.O_NONBLOCK if fifo else 0)
+    try:
+        fd = os.open(real, flags)
+    except OSError as exc:
+        if fifo and exc.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "no program is reading from this FIFO", str(real)) from None
+        raise
+    try:
+        if fifo:
+            os.set_blocking(fd, True)
+        _write_descriptor(fd, raw)
+    finally:
+        os.close(fd)
+
+
 def refuse_store_file(path: str | os.PathLike[str], store: Path) -> None:
-    """Raise ``ValueError`` where an output ``path`` would overwrite a file of the store itself (a saved session,
-    a run's record, the history database): writing a report over the session it was made from loses the
-    measurements for good."""
+    """Raise ``ValueError`` where an output ``path`` would overwrite a file of a store (a saved session, a run's
+    record, the history database): writing a report over the session it was made from loses the measurements
+    for good. ``store`` is the one the verb uses; the run folders and history of any other store are recognised
+    by their shape (``runs/RUN_ID/run.json``), so a user's own folder holding a ``session.json`` or a
+    ``run.json`` of theirs is not one."""
     real = Path(os.path.realpath(path))
     root = Path(os.path.realpath(store))
     inside = real == root or root in real.parents
     if inside and (real.exists() or runs_dir(root) in real.parents):
         raise ValueError(f"{path} is inside the store {store} (its sessions and history): write it elsewhere")
-    # any other store's files too (a verb without --store, a store named by its path)
     folder = real.parent
-    if any((folder / name).is_file() for name in ("run.json", "session.json")):
-        raise ValueError(f"{path} is in a stallscope run folder ({folder}): write it elsewhere")
+    run_folder = folder if _is_run_folder(folder) else folder.parent if (
+        folder.name == "events" and _is_run_folder(folder.parent)) else None
+    if run_folder is not None and (real.exists() or folder != run_folder):
+        raise ValueError(f"{path} is a file of the stallscope run {run_folder}: write it elsewhere")
     if real.name == "history.sqlite3" and (folder / "runs").is_dir():
         raise ValueError(f"{path} is the run history of the store {folder}: write it elsewhere")
+
+
+def _is_run_folder(folder: Path) -> bool:
+    """A store's run folder: ``runs/RUN_ID`` holding the ``run.json`` a launcher wrote."""
+    if folder.parent.name != "runs":
+        return False
+    try:
+        meta = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("run_id") == folder.name

@@ -158,7 +158,7 @@ def test_report_never_writes_over_the_store(runs):
     assert compared.returncode == 2 and "inside the store" in compared.stderr and session.read_bytes() == before
     # a verb without --store (doctor) still knows a run folder when it sees one
     doctor = cli(runs["tmp"], "doctor", "--no-bench", "--json", str(session))
-    assert doctor.returncode == 2 and "run folder" in doctor.stderr and session.read_bytes() == before
+    assert doctor.returncode == 2 and "a file of the stallscope run" in doctor.stderr and session.read_bytes() == before
 
 
 def test_report_writes_through_a_link_and_survives_any_terminal(runs):
@@ -211,4 +211,4 @@ def test_json_to_standard_output_is_json_alone(runs):
         assert isinstance(json.loads(done.stdout), dict)
     assert not (runs["tmp"] / "-").exists()
     trace = cli(runs["tmp"], "report", runs["workers"], "--store", str(runs["store"]), "--trace", "-")
-    assert trace.returncode == 2 and "only for --json" in trace.stderr
+    assert trace.returncode == 2 and "is not taken here" in trace.stderr

@@ -19,6 +19,7 @@ from stallscope.session import (
     ProcessRecord,
     Session,
     StopRecord,
+    TransferRecord,
 )
 
 MS = 1_000_000
@@ -107,6 +108,20 @@ def test_validation_loop_is_excluded_from_the_training_step():
     assert last.duration_ns == 150 * MS
     roles = {ld.loader_id: ld.role for ld in analyze(session).loaders}
     assert roles == {0: "train", 1: "eval"}
+
+
+def test_a_pause_inside_a_validation_loop_or_a_copy_is_left_out_once():
+    """300..450 is the validation loop, and the job stood still 320..420 inside it: 150 ms left out, not 250."""
+    nexts = [nxt(0, 10), nxt(100, 110), nxt(200, 210),
+             nxt(300, 340, loader=1), nxt(350, 390, loader=1), nxt(500, 510)]
+    stops = [StopRecord(1, 1, 0, 400 * MS, 450 * MS, PID)]
+    opts = [opt(90, 100), opt(190, 200), opt(290, 300), opt(590, 600)]
+    copies = [TransferRecord(520 * MS, 570 * MS, 1 << 20, True, False, "to", PID)]  # stood still 540..560
+    session = dataclasses.replace(make_session(nexts, opts, stops, loaders=(0, 1)), transfers=copies, pauses=[
+        {"start_ns": 320 * MS, "end_ns": 420 * MS}, {"start_ns": 540 * MS, "end_ns": 560 * MS}])
+    last = step_stats(session).steps[-1]
+    assert last.excluded_ns == 170 * MS and last.duration_ns == 130 * MS
+    assert last.transfer_ns == 30 * MS and last.wait_ns == 10 * MS and last.compute_ns == 90 * MS
 
 
 def test_without_optimizer_each_batch_is_a_step():

@@ -45,6 +45,28 @@ def test_a_fifo_is_written_to_not_replaced(tmp_path):
     assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
+def test_a_fifo_nobody_reads_is_an_error_not_a_wait(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="no program is reading"):
+        write_file(fifo, "x")
+
+
+def test_dev_stdout_is_the_descriptor_held_not_the_file_reopened(tmp_path):
+    """Reopening /dev/stdout would truncate the file a shell appends to (>>), and fails on a pipe."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "log.txt"
+    log.write_text("precious\n")
+    code = "from stallscope.paths import write_file; print('before', flush=True); write_file('/dev/stdout', 'json\\n')"
+    with open(log, "a") as appended:
+        subprocess.run([sys.executable, "-c", code], stdout=appended, check=True)
+    assert log.read_text() == "precious\nbefore\njson\n"
+    piped = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert piped.stdout == "before\njson\n"
+
+
 def test_a_full_device_is_an_error_and_stays_a_device():
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
@@ -96,6 +118,28 @@ def test_outputs_stay_off_the_store(tmp_path):
         refuse_store_file(link, store)
     refuse_store_file(tmp_path / "summary.json", store)  # beside the store: fine
     refuse_store_file(store / "summary.json", store)  # a new file at the store's top: fine
+
+
+def test_another_stores_files_are_known_by_their_shape_and_a_users_own_are_not(tmp_path):
+    import json
+
+    other = tmp_path / "elsewhere" / "runs" / "20240101-000000-aaaaaa"
+    (other / "events").mkdir(parents=True)
+    (other / "run.json").write_text(json.dumps({"run_id": other.name}))
+    (other / "session.json").write_text("{}")
+    (tmp_path / "elsewhere" / "history.sqlite3").write_text("")
+    store = tmp_path / "store"  # the verb's own store is another one
+    for theirs in (other / "session.json", other / "run.json", other / "events" / "1.jsonl",
+                   tmp_path / "elsewhere" / "history.sqlite3"):
+        with pytest.raises(ValueError, match="stallscope run|run history"):
+            refuse_store_file(theirs, store)
+    refuse_store_file(other / "report.html", store)  # a new file beside a run's: nothing of it is lost
+    mine = tmp_path / "results"  # a user's folder with a session.json copied in and a run.json of their own
+    mine.mkdir()
+    (mine / "session.json").write_text("{}")
+    (mine / "run.json").write_text('{"lr": 0.1}')
+    refuse_store_file(mine / "report.html", store)
+    refuse_store_file(mine / "run.json", store)
 
 
 def _umask() -> int:

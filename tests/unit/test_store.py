@@ -81,7 +81,7 @@ def test_filters_and_references(tmp_path):
         get_run(tmp_path, "nope")
     with pytest.raises(HistoryError, match="holds 3 run"):
         get_run(tmp_path, "last~3")
-    for bad in ("last~-1", "last~-2", "last~ 1", "last~+1", "last~"):  # -1 once read as LIMIT 0, -2 as no LIMIT
+    for bad in ("last~-1", "last~-2", "last~ 1", "last~+1", "last~", "last~\u00b2"):  # -1 once read as LIMIT 0, -2 as no LIMIT
         with pytest.raises(HistoryError, match="bad run reference"):
             get_run(tmp_path, bad)
 

@@ -28,11 +28,19 @@ def at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
     return parse
 
 
-def output_error(outputs: list[str | None], store: str | None, source: Path | None = None) -> str | None:
-    """Why one of the ``outputs`` paths must not be written, if one must not: it would overwrite the store's own
-    files, or the session file ``source`` a report is made from."""
+def output_error(outputs: list[str | None], store: str | None, source: Path | None = None,
+                 dash_is_stdout: bool = False) -> str | None:
+    """Why one of the ``outputs`` paths must not be written, if one must not: it would overwrite a store's own
+    files or the session file ``source`` a report is made from, or it cannot be written at all. ``-`` is standard
+    output where the verb prints there (``dash_is_stdout``), and refused elsewhere rather than made a file."""
     for out in outputs:
-        if not out or out == "-":
+        if not out:
+            continue
+        if out == "-":
+            if not dash_is_stdout:
+                return "'-' (standard output) is not taken here: give a file name (or /dev/stdout)"
+            continue
+        if paths.held_descriptor(out) is not None:  # /dev/stdout and the like: written where they point
             continue
         try:
             paths.refuse_store_file(out, paths.store_dir(store))
@@ -50,6 +58,8 @@ def _unwritable(path: Path) -> str | None:
     real = Path(os.path.realpath(path))
     if real.is_dir():
         return "it is a folder"
+    if real.exists() and not real.is_file():  # a device or a FIFO, written in place
+        return None if os.access(real, os.W_OK) else "no permission to write it"
     folder = real.parent
     while not folder.exists() and folder != folder.parent:  # write_file makes the missing ones
         folder = folder.parent

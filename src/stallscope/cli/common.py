@@ -119,9 +119,10 @@ def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bo
         if not quiet:
             terminal.render(result.session, result.analysis, Console(stderr=True),
                             session_ref=str(result.session_path) if result.session_path else None)
-    except (OSError, SystemExit):
-        # stderr is gone (terminal hung up, a closed pipe; rich turns a broken pipe into SystemExit(1)): the
-        # session is saved all the same, and the exit code stays the script's. Later writes go nowhere.
+    except (OSError, SystemExit, KeyboardInterrupt):
+        # stderr is gone (terminal hung up, a closed pipe; rich turns a broken pipe into SystemExit(1)), or a
+        # Ctrl-C after the script ended: the session is saved all the same, and the exit code stays the
+        # script's. Later writes go nowhere.
         _silence_stderr()
 
 

@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def handle(args: argparse.Namespace) -> int:
-    if problem := output_error([args.json_path], None):
+    if problem := output_error([args.json_path], None, dash_is_stdout=True):
         print(f"stallscope doctor: {problem}", file=sys.stderr)
         return 2
     loader = LoaderAssumptions(num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,

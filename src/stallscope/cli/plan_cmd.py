@@ -59,7 +59,7 @@ def handle(args: argparse.Namespace) -> int:
         session, source = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
-    if problem := output_error([args.json], args.store, source):
+    if problem := output_error([args.json], args.store, source, dash_is_stdout=True):
         return _fail(problem)
     try:
         plan = plan_run(session, cores=args.cores, gpus=args.gpus, step_ms=args.step_ms,

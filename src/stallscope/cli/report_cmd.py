@@ -81,10 +81,9 @@ def handle(args: argparse.Namespace) -> int:
         session, path = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
         return _fail(str(exc))
-    if problem := output_error([args.json, args.trace, args.speedscope, args.html], args.store, path):
+    if problem := (output_error([args.json], args.store, path, dash_is_stdout=True)
+                   or output_error([args.trace, args.speedscope, args.html], args.store, path)):
         return _fail(problem)
-    if "-" in (args.trace, args.speedscope, args.html):
-        return _fail("'-' (standard output) is only for --json: give --trace, --speedscope and --html a file name")
     analysis = analyze(session)
     written: list[str] = []
     target = ""

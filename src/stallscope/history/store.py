@@ -250,7 +250,8 @@ def get_run(store_dir: str | os.PathLike[str], ref: str) -> RunRow:
     if ref == "last" or ref.startswith("last~"):
         back = 0
         if ref != "last":
-            if not ref[5:].isdigit():  # int() would take -1 (then LIMIT 0, or no LIMIT at all) and ' 1'
+            # int() would take -1 (then LIMIT 0, or no LIMIT at all), ' 1' and '²' (an internal error)
+            if not (ref[5:].isascii() and ref[5:].isdigit()):
                 raise HistoryError(f"bad run reference {ref!r}: use last or last~N, N = 0, 1, 2, ... runs back")
             back = int(ref[5:])
         rows = list_runs(store_dir, limit=back + 1)
