@@ -206,3 +206,20 @@ def test_an_exit_code_from_a_signal_names_the_signal(code, said):
     from stallscope.render import words
 
     assert words.failure_message(Failure("main", "exit", None, None, exit_code=code)) == said
+
+
+def test_only_copies_during_the_steps_count_toward_pinning_advice():
+    """A model's weights copied once before training are never pinned: they must not make pinned batches read as
+    pageable (a 400 MB model against twelve 1 MB batches)."""
+    from stallscope.analysis.job import _unpinned_fraction
+
+    nexts = [nxt(100 * k, 100 * k + 30) for k in range(5)]
+    opts = [opt(100 * k + 90, 100 * k + 100) for k in range(5)]
+    weights = TransferRecord(-50 * MS, -10 * MS, 400 << 20, False, False, "to", PID)
+    batches = [TransferRecord((100 * k + 40) * MS, (100 * k + 45) * MS, 1 << 20, True, True, "to", PID)
+               for k in range(5)]
+    session = dataclasses.replace(make_session(nexts, opts), transfers=[weights, *batches])
+    assert _unpinned_fraction(session, step_stats(session)) == 0.0
+    pageable = [dataclasses.replace(b, pinned=False) for b in batches]
+    session = dataclasses.replace(session, transfers=[weights, *pageable])
+    assert _unpinned_fraction(session, step_stats(session)) == 1.0

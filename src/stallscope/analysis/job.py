@@ -176,7 +176,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         bottleneck_share=share,
         loaders=loaders,
         recommendations=_with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
-                                                          _unpinned_fraction(session)), train), spots),
+                                                          _unpinned_fraction(session, stats)), train), spots),
         failure=_failure(session),
         usable_cpus=cpus,
         notes=list(session.notes),
@@ -227,8 +227,13 @@ def _bytes_per_sample(session: Session, stats: StepStats) -> float | None:
     return sorted(sizes)[len(sizes) // 2] / (stats.samples / batches)
 
 
-def _unpinned_fraction(session: Session) -> float | None:
-    total = sum(t.nbytes for t in session.transfers)
+def _unpinned_fraction(session: Session, stats: StepStats) -> float | None:
+    """The share of bytes copied to the device from pageable memory during the training steps. Copies before
+    the first step (``model.to(device)``, buffers made once) are left out: a big model's weights are never
+    pinned and would outweigh every batch of a short run."""
+    start = stats.steps[0].start_ns if stats.steps else None
+    copies = [t for t in session.transfers if start is None or t.start_ns >= start]
+    total = sum(t.nbytes for t in copies)
     if not total:
         return None
-    return sum(t.nbytes for t in session.transfers if not t.pinned) / total
+    return sum(t.nbytes for t in copies if not t.pinned) / total
