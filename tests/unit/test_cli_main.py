@@ -62,3 +62,10 @@ def test_numbers_below_their_minimum_are_usage_errors(text, minimum, kind, ok):
     else:
         with pytest.raises(argparse.ArgumentTypeError):
             at_least(minimum, kind)(text)
+
+
+def test_an_unknown_option_is_said_by_the_verbs_parser(capsys):
+    with pytest.raises(SystemExit) as done:
+        main.main(["history", "--nosuch"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "usage: stallscope history" in err and "unrecognized arguments: --nosuch" in err

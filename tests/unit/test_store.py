@@ -160,3 +160,9 @@ def test_git_commit_of_the_working_directory(tmp_path):
     assert git_commit(str(repo)) == head
     (repo / "f.txt").write_text("2")
     assert git_commit(str(repo)) == head + "+dirty"
+
+
+def test_a_store_that_is_a_file_is_said_so(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(HistoryError, match="is a file, not a folder"):
+        list_runs(tmp_path / "afile")

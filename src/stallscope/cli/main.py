@@ -70,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args_list = list(argv) if argv is not None else sys.argv[1:]
         parser = build_parser(_verb_in(args_list))
-        args = parser.parse_args(args_list)
+        args, unknown = parser.parse_known_args(args_list)
+        if unknown:  # said by the verb's own parser, with its usage, not the top-level one's
+            _verb_parser(parser, getattr(args, "verb", None)).error(f"unrecognized arguments: {' '.join(unknown)}")
         if not getattr(args, "handler", None):
             parser.print_help()
             return 2
@@ -82,6 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(ENV_DEBUG):
             raise
         return _internal_error(exc)
+
+
+def _verb_parser(parser: argparse.ArgumentParser, verb: str | None) -> argparse.ArgumentParser:
+    """The sub-parser of ``verb``, or ``parser`` itself when there is none."""
+    for action in parser._actions:  # argparse keeps its sub-parsers in the one _SubParsersAction
+        if isinstance(action, argparse._SubParsersAction) and verb in action.choices:
+            return action.choices[verb]
+    return parser
 
 
 def _tolerant_output() -> None:
