@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,16 @@ import pytest
 from tests import patch_guard
 
 SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def wait_for(condition, timeout_s: float = 30) -> bool:
+    """Poll ``condition`` until it holds: a guard against hanging, not a timing assertion."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def process_alive(pid: int) -> bool:

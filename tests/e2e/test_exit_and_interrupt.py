@@ -14,7 +14,7 @@ import pytest
 
 from stallscope.analysis.steps import step_stats
 from stallscope.session import Session
-from tests.conftest import SCRIPTS, process_alive, run_cli
+from tests.conftest import SCRIPTS, process_alive, run_cli, wait_for
 
 pytestmark = pytest.mark.e2e
 TINY = str(SCRIPTS / "tiny_train.py")
@@ -163,15 +163,6 @@ def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-def _wait_for(condition, timeout_s: float = 30) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT])
 def test_hangup_and_quit_end_the_job_like_plain_python_and_save_it(tmp_path, sig):
     proc, store, out = _start_forever(tmp_path)
@@ -186,7 +177,7 @@ def test_hangup_and_quit_end_the_job_like_plain_python_and_save_it(tmp_path, sig
     summary = json.loads(out.read_text())
     assert summary["ended_by"] == "interrupt" and summary["steps"] >= 19
     assert f"stopped by {signal.Signals(sig).name}" in " ".join(summary["notes"])
-    assert _wait_for(lambda: not any(process_alive(p) for p in pids)), "the script or a worker outlived the run"
+    assert wait_for(lambda: not any(process_alive(p) for p in pids)), "the script or a worker outlived the run"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
@@ -197,7 +188,7 @@ def test_killed_launcher_takes_the_job_with_it_and_report_rebuilds_the_run(tmp_p
         assert pids
         proc.kill()  # SIGKILL: no handler runs in stallscope
         proc.communicate(timeout=60)
-        assert _wait_for(lambda: not any(process_alive(p) for p in pids)), "training outlived a killed stallscope"
+        assert wait_for(lambda: not any(process_alive(p) for p in pids)), "training outlived a killed stallscope"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -228,11 +219,11 @@ def test_ctrl_z_stops_the_job_and_fg_continues_it(tmp_path):
         main = next(int(p.stem) for p in store.glob("runs/*/events/*.jsonl")
                     if '"role": "main"' in p.read_text().splitlines()[0])
         proc.send_signal(signal.SIGTSTP)
-        assert _wait_for(lambda: _state(proc.pid) == "T" and _state(main) == "T"), (_state(proc.pid), _state(main))
+        assert wait_for(lambda: _state(proc.pid) == "T" and _state(main) == "T"), (_state(proc.pid), _state(main))
         time.sleep(0.5)
         assert _state(main) == "T"
         proc.send_signal(signal.SIGCONT)  # what fg does
-        assert _wait_for(lambda: _state(main) != "T" and _state(proc.pid) != "T")
+        assert wait_for(lambda: _state(main) != "T" and _state(proc.pid) != "T")
         losses = 0
         while losses < 5:  # training goes on
             losses += proc.stdout.readline().startswith("loss")

@@ -11,14 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.e2e
 
-from tests.conftest import SCRIPTS, process_alive
+from tests.conftest import SCRIPTS, process_alive, wait_for
 
 TINY = str(SCRIPTS / "tiny_train.py")
 FRAGILE = str(SCRIPTS / "fragile_train.py")
@@ -114,16 +113,6 @@ def _turbojpeg_loads() -> bool:
     return True
 
 
-def _wait_for(condition, timeout_s: float) -> bool:
-    """Poll ``condition``: a guard against hanging, not a timing assertion."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _default_sigint() -> None:
     """In the child: SIGINT as a terminal user has it, even when pytest was started with it ignored (a
     background job), since Python keeps an ignored SIGINT ignored and would never raise KeyboardInterrupt."""
@@ -145,7 +134,7 @@ def test_an_interrupted_tune_stops_its_trial_and_keeps_what_it_measured(tmp_path
                             preexec_fn=_default_sigint)  # noqa: PLW1509 - sets one signal, takes no lock
     try:
         # The original runs with 0 workers; the next trial (1 or more workers) hangs after writing its pid.
-        assert _wait_for(lambda: pid_file.is_file() or tune.poll() is not None, 240), "no trial hung"
+        assert wait_for(lambda: pid_file.is_file() or tune.poll() is not None, 240), "no trial hung"
         assert tune.poll() is None, tune.communicate()[1][-3000:]
         hung = int(pid_file.read_text())
         family = psutil.Process(tune.pid).children(recursive=True)
@@ -157,7 +146,7 @@ def test_an_interrupted_tune_stops_its_trial_and_keeps_what_it_measured(tmp_path
             os.killpg(tune.pid, signal.SIGKILL)
             tune.wait()
     try:
-        assert _wait_for(lambda: not any(process_alive(p.pid) for p in family), 15), "a trial's process outlived tune"
+        assert wait_for(lambda: not any(process_alive(p.pid) for p in family), 15), "a trial's process outlived tune"
     finally:
         for p in family:  # whatever the verdict, leave no hung trial behind
             with contextlib.suppress(psutil.Error):

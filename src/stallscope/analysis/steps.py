@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from stallscope.analysis.findings import Step, StepStats
-from stallscope.analysis.sync import overlap_ns, sync_intervals
+from stallscope.analysis.sync import merge_intervals, overlap_ns, sync_intervals
 from stallscope.session import NextRecord, Session
 
 
@@ -89,26 +89,10 @@ def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
     return max(0, min(a1, b1) - max(a0, b0))
 
 
-def _overlap_any(spans: list[tuple[int, int]], s0: int, s1: int) -> int:
-    """Nanoseconds of [s0, s1) inside ``spans`` (which do not overlap each other: see ``_union``)."""
-    return sum(_overlap(a, b, s0, s1) for a, b in spans)
-
-
-def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The same time as ``spans``, as spans that do not overlap."""
-    merged: list[tuple[int, int]] = []
-    for a, b in sorted(spans):
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
-
-
 def _unpaused(paused: list[tuple[int, int]], a: int, b: int, s0: int, s1: int) -> int:
     """Nanoseconds of [a, b) inside the step [s0, s1), less those the job stood still."""
     lo, hi = max(a, s0), min(b, s1)
-    return max(0, hi - lo - _overlap_any(paused, lo, hi)) if hi > lo else 0
+    return max(0, hi - lo - overlap_ns(paused, lo, hi)) if hi > lo else 0
 
 
 def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> StepStats:
@@ -121,8 +105,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     transfers = [t for t in session.transfers if t.pid == pid]
     others = _other_loader_spans(session, pid, train_ids)
     # Ctrl-Z: the job stood still; like another loader's loop, not the step's time (nor its wait's, its copies')
-    paused = _union([(int(p["start_ns"]), int(p["end_ns"])) for p in session.pauses])
-    left_out = _union([*others, *paused])  # a stop inside a validation loop is left out once
+    paused = merge_intervals([(int(p["start_ns"]), int(p["end_ns"])) for p in session.pauses])
+    left_out = merge_intervals([*others, *paused])  # a stop inside a validation loop is left out once
     waits_for_ranks = sync_intervals(session, pid)
 
     bounds: list[tuple[int, int]] = []
@@ -155,7 +139,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         wait = sum(_unpaused(paused, n.start_ns, n.end_ns, n.start_ns, n.end_ns) for n in inside)
         wait += sum(_unpaused(paused, it.start_ns, it.end_ns, s0, s1) for it in iters)
         transfer = sum(_unpaused(paused, t.start_ns, t.end_ns, s0, s1) for t in transfers)
-        excluded = _overlap_any(left_out, s0, s1)
+        excluded = overlap_ns(left_out, s0, s1)
         sizes = [n.batch_size for n in inside]
         samples = sum(sizes) if sizes and all(v is not None for v in sizes) else None
         unpickle = sum(n.unpickle_ns for n in inside)
