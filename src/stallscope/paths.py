@@ -163,8 +163,12 @@ def refuse_store_file(path: str | os.PathLike[str], store: Path) -> None:
     ``run.json`` of theirs is not one."""
     real = Path(os.path.realpath(path))
     root = Path(os.path.realpath(store))
-    inside = real == root or root in real.parents
-    if inside and (real.exists() or runs_dir(root) in real.parents):
+    runs = runs_dir(root)
+    # The store owns its runs folder and the history database (with SQLite's -wal/-shm/-journal and the copies
+    # kept by --rebuild); a file of the user's own at its top, a summary written there by an earlier run, is not.
+    owned = real in (root, runs) or runs in real.parents or (
+        real.parent == root and real.name.startswith("history.sqlite3"))
+    if owned:
         raise ValueError(f"{path} is inside the store {store} (its sessions and history): write it elsewhere")
     folder = real.parent
     run_folder = folder if _is_run_folder(folder) else folder.parent if (

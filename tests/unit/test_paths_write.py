@@ -118,6 +118,11 @@ def test_outputs_stay_off_the_store(tmp_path):
         refuse_store_file(link, store)
     refuse_store_file(tmp_path / "summary.json", store)  # beside the store: fine
     refuse_store_file(store / "summary.json", store)  # a new file at the store's top: fine
+    (store / "summary.json").write_text("{}")
+    refuse_store_file(store / "summary.json", store)  # and written again by the next run: still the user's
+    for owned in (store, store / "runs", store / "history.sqlite3-wal", store / "history.sqlite3.before-rebuild-1"):
+        with pytest.raises(ValueError, match="inside the store"):
+            refuse_store_file(owned, store)
 
 
 def test_another_stores_files_are_known_by_their_shape_and_a_users_own_are_not(tmp_path):
