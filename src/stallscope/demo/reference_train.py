@@ -64,13 +64,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def slow_loader(latency_s: float):
-    """A file loader that waits before reading, like a high-latency network file system."""
-    def load(path: str):
-        if latency_s:
-            time.sleep(latency_s)
+class SlowLoader:
+    """A file loader that waits before reading, like a high-latency network file system.
+
+    A class, not a closure: spawned and forkserver workers receive the dataset pickled, loader included."""
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+
+    def __call__(self, path: str):
+        if self.latency_s:
+            time.sleep(self.latency_s)
         return default_loader(path)
-    return load
 
 
 class CrashingFolder(datasets.ImageFolder):
@@ -159,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     transform = build_transform(args.image_size, args.heavy_transform)
-    loader_fn = slow_loader(args.storage_latency_ms / 1000.0)
+    loader_fn = SlowLoader(args.storage_latency_ms / 1000.0)
     if args.crash == "worker":
         dataset: Dataset = CrashingFolder(args.data, transform=transform, loader=loader_fn, crash_at=args.crash_at)
     else:
