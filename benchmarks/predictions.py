@@ -51,6 +51,7 @@ from stallscope.analysis import analyze
 from stallscope.demo.dataset import DatasetSpec, demo_dataset
 from stallscope.demo.scenarios import LARGE, REFERENCE_SCRIPT
 from stallscope.session import Session
+from stallscope.settings import format_value
 
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
 
@@ -74,6 +75,9 @@ def scenarios() -> dict[str, list[str]]:
                                          "--data", images, "--workers", "0", "--batch-size", "16"],
         # compute-bound: a worker more cannot help
         "heavy model (1 worker)": [sys.executable, str(TESTS / "scenario_heavy_model.py"), "1"],
+        # short epochs (a loop that breaks after 5 batches): every epoch starts the workers and drops what is in flight
+        "short epochs (0 workers)": [*ref, "--data", images, "--workers", "0", "--batch-size", "32",
+                                     "--max-batches", "5", "--epochs", "1000"],
     }
 
 
@@ -105,7 +109,7 @@ def main() -> int:
             if top is None:  # nothing predicted to help: check that by adding a worker, priced by the same model
                 change, predicted = one_more_worker(base)
             else:
-                change = [part for part in top["change"].split()[1:] if "=" in part][:1]
+                change = [f"{key}={format_value(value)}" for key, value in top["overrides"].items()]
                 predicted = top["predicted_speedup"]
             ratios = []
             for round_index in range(args.rounds):

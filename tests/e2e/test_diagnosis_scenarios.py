@@ -120,3 +120,20 @@ for batch in loader:
     assert "lmdb-before-fork" in {p["id"] for p in eager.summary["pitfalls"]}
     lazy = run_cli(tmp_path, [str(script), "lazy"], json_name="lazy.json")
     assert "lmdb-before-fork" not in {p["id"] for p in lazy.summary["pitfalls"]}
+
+
+def test_short_epochs_price_every_epoch_start_and_keep_the_workers_alive(tmp_path):
+    """Eight epochs of six batches without workers: each new epoch would start the workers again and refill their
+    queue, so the worker advice keeps them alive and its prediction counts the epoch starts it still pays."""
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "tiny_train.py"), "--workers", "0", "--n", "48",
+                                "--batch-size", "8", "--epochs", "8", "--sleep-ms", "4"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    recs = {r["id"]: r for r in result.summary["recommendations"]}
+    assert "num-workers" in recs, list(recs)
+    advice = recs["num-workers"]
+    assert advice["overrides"]["persistent_workers"] is True and advice["overrides"]["num_workers"] >= 2
+    facts = advice["facts"]
+    assert facts["epoch_starts"] >= 5 and facts["left_early"] is False  # the sampler ran out: nothing dropped
+    assert facts["worker_start_basis"] != "measured" and facts["epoch_start_s"] == 0.0  # estimated; kept alive
+    assert facts["epoch_fill_s"] > 0 and advice["predicted_speedup"] < facts["steady_speedup"]
+    assert "--set persistent_workers=true" in advice["change"] and "new epochs" in advice["reason"]

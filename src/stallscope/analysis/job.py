@@ -13,6 +13,7 @@ from collections import defaultdict
 from stallscope.analysis import ranks as ranks_mod
 from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_for
 from stallscope.analysis.capacity import build_model, capacity_report
+from stallscope.analysis.epochs import epoch_shape
 from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.findings import Analysis, Failure, LoaderSummary, Recommendation, StepStats
 from stallscope.analysis.frameworks import code_site
@@ -176,7 +177,8 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         bottleneck_share=share,
         loaders=loaders,
         recommendations=_with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
-                                                          _unpinned_fraction(session, stats)), train), spots),
+                                                          _unpinned_fraction(session, stats),
+                                                          epoch_shape(session, stats, train)), train), spots),
         failure=_failure(session),
         usable_cpus=cpus,
         notes=list(session.notes),

@@ -9,6 +9,7 @@ it; ``render/words.py`` says it in words.
 from __future__ import annotations
 
 from stallscope.analysis.capacity import ThroughputModel
+from stallscope.analysis.epochs import EpochShape, best_over_epochs, epoch_cost, rate_over_epochs
 from stallscope.analysis.findings import (
     LoaderSummary,
     Recommendation,
@@ -23,11 +24,16 @@ SPECULATIVE_DISCOUNT = 0.8
 NORMALIZE_CALLS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "F.to_tensor", "F.normalize")
 
 
-def best_worker_count(model: ThroughputModel, usable_cpus: float) -> tuple[int, float]:
-    """The smallest worker count within 2% of the best predicted rate, and its speedup."""
+def worker_candidates(model: ThroughputModel, usable_cpus: float) -> list[int]:
+    """Worker counts worth predicting: up to the cores and two more, far more when waiting on storage dominates."""
     io_heavy = model.cost_s.get("storage", 0.0) > sum(v for k, v in model.cost_s.items() if k != "storage")
     ceiling = int(min(32, max(4 * usable_cpus, 8) if io_heavy else usable_cpus + 2))
-    rates = {w: model.rate(workers=w) for w in range(1, ceiling + 1)}
+    return list(range(1, ceiling + 1))
+
+
+def best_worker_count(model: ThroughputModel, usable_cpus: float) -> tuple[int, float]:
+    """The smallest worker count within 2% of the best predicted rate, and its speedup."""
+    rates = {w: model.rate(workers=w) for w in worker_candidates(model, usable_cpus)}
     top = max(rates.values())
     choice = min(w for w, r in rates.items() if r >= 0.98 * top)
     return choice, rates[choice] / model.rate()
@@ -35,7 +41,10 @@ def best_worker_count(model: ThroughputModel, usable_cpus: float) -> tuple[int, 
 
 def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, seconds: dict[str, float],
               usable_cpus: int, startup_s: float = 0.0, model: ThroughputModel | None = None,
-              transfer_unpinned_fraction: float | None = None) -> list[Recommendation]:
+              transfer_unpinned_fraction: float | None = None, epochs: EpochShape | None = None
+              ) -> list[Recommendation]:
+    """``epochs``: how the training loader's epochs fall in the measured steps, where they start inside them
+    (``epochs.py``); worker counts are then predicted over those epoch starts, not at the steady rate alone."""
     recs: list[Recommendation] = []
     if verdict == "compute-bound":
         recs.append(Recommendation("no-input-fix", "compute", None,
@@ -49,10 +58,25 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     best_workers = workers
     if model is not None and input_side:
         best_workers, gain = best_worker_count(model, model.usable_cpus)
+        change: dict[str, object] = {"num_workers": best_workers}
+        over_epochs: dict[str, object] = {}
+        if epochs is not None:
+            best_workers, keep_alive, gain = best_over_epochs(
+                model, epochs, worker_candidates(model, model.usable_cpus), workers)
+            change = {"num_workers": best_workers}
+            if keep_alive and not epochs.persistent:
+                change["persistent_workers"] = True
+            cost = epoch_cost(model, epochs, best_workers, keep_alive)
+            over_epochs = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s,
+                           "epoch_start_s": cost.start_s, "epoch_fill_s": cost.fill_s,
+                           "epoch_dropped_s": cost.dropped_s, "worker_start_s": epochs.worker_start_s,
+                           "worker_start_basis": epochs.start_basis, "left_early": epochs.left_early,
+                           "steady_speedup": round(model.speedup(best_workers), 2)}
         if best_workers != workers and gain >= MIN_GAIN:
             recs.append(Recommendation(
-                "num-workers", "loader", round(gain, 2), {"num_workers": best_workers},
-                {"workers": workers, "usable_cpus": usable_cpus, "loader_s_per_sample": sum(model.cost_s.values()),
+                "num-workers", "loader", round(gain, 2), change,
+                {**over_epochs,
+                 "workers": workers, "usable_cpus": usable_cpus, "loader_s_per_sample": sum(model.cost_s.values()),
                  "blocked_s_per_sample": model.cost_s.get("storage", 0.0),
                  "compute_s_per_sample": model.compute_per_sample_s,
                  **({"shared_memory_s_per_sample": model.shm_write_per_sample_s + model.shm_read_per_sample_s,
@@ -64,9 +88,15 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                 {"workers": workers, "usable_cpus": usable_cpus}))
     if input_side and pipeline is not None and workers > 0:
         rebuilt = len(train.ids) > 1  # a new DataLoader every epoch: persistent_workers cannot keep its workers
-        if (rebuilt or not config.get("persistent_workers")) and train.epochs > 1 \
+        persistent_advised = any(r.overrides.get("persistent_workers") for r in recs)
+        if (rebuilt or not config.get("persistent_workers")) and train.epochs > 1 and not persistent_advised \
                 and startup_s / max(stats.wall_s, 1e-9) > 0.03:
             gain = stats.wall_s / max(stats.wall_s - startup_s, 1e-9)
+            if epochs is not None and model is not None and not rebuilt:
+                # Kept alive, the workers still refill their queue at every epoch and finish what was in flight
+                # when the loop broke out; priced like the worker counts above, so the two advices agree.
+                gain = (rate_over_epochs(model, epochs, workers, True)
+                        / max(rate_over_epochs(model, epochs, workers, False), 1e-9))
             per_start = sum(pipeline.startup_s) / max(1, len(pipeline.startup_s))
             facts = {"startup_s_per_worker": per_start, "epochs": train.epochs, "restart_wait_s": startup_s}
             if rebuilt:
@@ -104,18 +134,26 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
         recs.extend(r for r in _stage_fixes(seconds, train, model, workers)
                     if r.predicted_speedup is None or r.predicted_speedup >= MIN_GAIN)
     if input_side and model is not None and not recs:
-        recs.append(_no_predicted_gain(model, workers))
+        recs.append(_no_predicted_gain(model, workers, epochs))
     recs.sort(key=lambda r: (r.id not in ("no-input-fix", "no-predicted-gain"), -_rank_value(r)))
     return recs
 
 
-def _no_predicted_gain(model: ThroughputModel, workers: int) -> Recommendation:
+def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape | None = None) -> Recommendation:
     """Input-side time was found but no change is predicted to gain 5%: say why, so the user is not left
     with a verdict and no next step. ``reason``: ``compute-takes-the-cores`` (the training process keeps
     most cores busy itself: a worker would take its core from the compute), ``cpu-budget`` (every core is
-    busy with loading and training already), or ``no-better-setting``."""
+    busy with loading and training already), ``epoch-starts`` (workers would gain in the steady state, but the
+    measured steps start so many epochs that starting and filling them again costs more), or
+    ``no-better-setting``."""
     best, gain = best_worker_count(model, model.usable_cpus)
-    if model.compute_on_cpu and model.main_occupancy >= 0.75 * model.usable_cpus:
+    extra: dict[str, object] = {}
+    if epochs is not None and gain >= MIN_GAIN:
+        cost = epoch_cost(model, epochs, best, epochs.persistent or not epochs.rebuilt)
+        reason = "epoch-starts"
+        extra = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s,
+                 "samples_per_epoch": epochs.samples / (epochs.restarts + 1)}
+    elif model.compute_on_cpu and model.main_occupancy >= 0.75 * model.usable_cpus:
         reason = "compute-takes-the-cores"
     elif workers > 0 and model.cpu_rate() <= 1.05 * model.rate():
         reason = "cpu-budget"
@@ -125,7 +163,7 @@ def _no_predicted_gain(model: ThroughputModel, workers: int) -> Recommendation:
         "reason": reason, "workers": workers, "best_workers": best, "best_speedup": round(gain, 2),
         "main_occupancy": round(model.main_occupancy, 2), "usable_cpus": round(model.usable_cpus, 2),
         "loader_cpu_s_per_sample": sum(v for k, v in model.cost_s.items() if k != "storage"),
-        "compute_s_per_sample": model.compute_per_sample_s})
+        "compute_s_per_sample": model.compute_per_sample_s, **extra})
 
 
 def _discarded_prefetch(train: LoaderSummary, model: ThroughputModel | None, workers: int) -> Recommendation | None:

@@ -85,22 +85,29 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
             "compute-takes-the-cores": f"the training process keeps {f['main_occupancy']:.1f} of {f['usable_cpus']:.1f} "
                                        "usable cores busy while it computes: a worker would take its core from the "
                                        "compute",
+            "epoch-starts": f"the measured steps start {f.get('epoch_starts')} new epochs of about "
+                            f"{f.get('samples_per_epoch', 0):.0f} samples each, and starting and refilling "
+                            f"{f['best_workers']} workers at each costs about {f.get('epoch_cost_s', 0):.2f} s: more "
+                            f"than their {f['best_speedup']:.2f}x steady-state gain saves (longer epochs, or one loop "
+                            "over more batches, would let workers pay off)",
             "cpu-budget": f"every core is busy already: {1000 * f['loader_cpu_s_per_sample']:.1f} ms of loader CPU and "
                           f"{1000 * f['compute_s_per_sample']:.1f} ms of compute per sample on "
                           f"{f['usable_cpus']:.1f} usable cores",
         }.get(f["reason"], "no DataLoader setting the model knows is predicted to gain 5%")
         best = (f"; the best worker count, {f['best_workers']}, is predicted at {f['best_speedup']:.2f}x"
-                if f["best_workers"] != f["workers"] else "")
+                if f["best_workers"] != f["workers"] and f["reason"] != "epoch-starts" else "")
         return ("No change is predicted to help", "none on this machine: more cores (or a GPU for the compute) "
                 "would; stallscope tune tries settings if you want to measure", why + best)
     if rid == "num-workers":
         n = o["num_workers"]
-        return (f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {f['workers']})",
+        kept = ", kept alive between epochs" if o.get("persistent_workers") else ""
+        return (f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {f['workers']}){kept}",
                 _set_change(o, f),
                 f"{f['usable_cpus']} usable CPUs{_hardware_threads(f)}; each sample costs "
                 f"{1000 * f['loader_s_per_sample']:.1f} ms of "
                 f"loader work ({1000 * f['blocked_s_per_sample']:.1f} ms of it blocked) and "
-                f"{1000 * f['compute_s_per_sample']:.1f} ms of compute" + _shared_memory_estimate(f))
+                f"{1000 * f['compute_s_per_sample']:.1f} ms of compute" + _shared_memory_estimate(f)
+                + _epoch_starts(f, n))
     if rid == "fewer-workers":
         n = o["num_workers"]
         return (f"Use {n} workers instead of {f['workers']}", _set_change(o, f),
@@ -432,6 +439,23 @@ def _hardware_threads(f: dict) -> str:
         return ""
     return (f" ({threads:g} hardware threads per core: a thread on a core whose other thread is busy is counted as "
             f"{100 * SMT_YIELD:.0f}% of a core)")
+
+
+def _epoch_starts(facts: dict, workers: int) -> str:
+    """Where the measured steps start new epochs: what each start costs the workers, counted in the prediction."""
+    if "epoch_starts" not in facts:
+        return ""
+    parts = [f"starting them {facts['epoch_start_s']:.2f} s" if facts["epoch_start_s"] > 0 else "",
+             f"refilling the queue {facts['epoch_fill_s']:.2f} s" if facts["epoch_fill_s"] > 0 else "",
+             f"batches in flight dropped when the loop leaves the epoch early {facts['epoch_dropped_s']:.2f} s"
+             if facts["epoch_dropped_s"] > 0 else ""]
+    basis = facts.get("worker_start_basis")
+    start = ("" if not facts["epoch_start_s"] else
+             f"; a worker takes {facts['worker_start_s']:.2f} s to start"
+             + (", measured" if basis == "measured" else f" ({basis}, estimated)"))
+    return (f"; the measured steps start {facts['epoch_starts']} new epochs, each costing {workers} workers about "
+            f"{facts['epoch_cost_s']:.2f} s ({', '.join(p for p in parts if p) or 'nothing'}){start}, counted in the "
+            f"prediction (steady state alone: {facts['steady_speedup']:.2f}x)")
 
 
 def _shared_memory_estimate(facts: dict) -> str:

@@ -1,0 +1,226 @@
+"""Epoch starts over the measured steps: exact costs on hand-set models, and the shape read from a session."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from stallscope.analysis.capacity import ThroughputModel
+from stallscope.analysis.epochs import (
+    TYPICAL_FORK_START_S,
+    EpochShape,
+    best_over_epochs,
+    epoch_cost,
+    epoch_shape,
+    rate_over_epochs,
+    start_method,
+)
+from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
+from stallscope.session import IterRecord, LoaderRecord, NextRecord, ProcessRecord, Session, WorkerStartRecord
+
+MS = 1_000_000
+
+
+def model(workers: int = 0) -> ThroughputModel:
+    """8 ms of loader CPU and 2 ms of compute per sample on 4 cores: 100/s without workers, 250/s with two."""
+    return ThroughputModel({"decode": 0.004, "transform": 0.004, "loader": 0.0, "storage": 0.0}, 0.002, 0.002,
+                           workers, 4.0)
+
+
+def shape(**kw) -> EpochShape:
+    base = dict(restarts=9, samples=800, batch_size=8, prefetch_factor=2, persistent=False, left_early=False,
+                worker_start_s=0.03, serial_start=True, start_basis="typical fork")
+    base.update(kw)
+    return EpochShape(**base)
+
+
+def test_each_epoch_start_pays_the_forks_and_the_first_batch():
+    m = model()
+    assert m.rate(2) == pytest.approx(250.0)
+    cost = epoch_cost(m, shape(), 2, persistent=False)
+    assert cost.start_s == pytest.approx(2 * 0.03)  # forked one after another
+    assert cost.fill_s == pytest.approx(8 * 0.008 - 8 / 250)  # one worker's batch, less the steady interval
+    assert cost.dropped_s == 0.0
+    # 800 samples at 250/s, and 9 starts of 0.092 s
+    assert rate_over_epochs(m, shape(), 2, persistent=False) == pytest.approx(800 / (3.2 + 9 * 0.092))
+
+
+def test_persistent_workers_start_once():
+    cost = epoch_cost(model(), shape(), 2, persistent=True)
+    assert (cost.start_s, cost.total_s) == (0.0, pytest.approx(0.032))
+    assert rate_over_epochs(model(), shape(), 2, persistent=True) == pytest.approx(800 / (3.2 + 9 * 0.032))
+
+
+def test_spawned_workers_start_side_by_side_one_round_per_core_count():
+    spawned = shape(worker_start_s=2.0, serial_start=False)
+    assert epoch_cost(model(), spawned, 2, persistent=False).start_s == pytest.approx(2.0)
+    assert epoch_cost(model(), spawned, 6, persistent=False).start_s == pytest.approx(4.0)  # 6 workers, 4 cores
+
+
+def test_leaving_epochs_early_drops_the_batches_in_flight():
+    cost = epoch_cost(model(), shape(left_early=True), 2, persistent=True)
+    # 2 workers x prefetch 2 - 1 = 3 batches of 8 samples at 8 ms of CPU, on 4 cores
+    assert cost.dropped_s == pytest.approx(3 * 8 * 0.008 / 4)
+
+
+def test_without_workers_an_epoch_start_costs_nothing():
+    assert epoch_cost(model(), shape(left_early=True), 0, persistent=False).total_s == 0.0
+    assert rate_over_epochs(model(), shape(), 0, persistent=False) == pytest.approx(100.0)
+
+
+def test_the_best_setting_keeps_workers_alive_where_restarting_them_costs_five_percent():
+    workers, keep, gain = best_over_epochs(model(), shape(), [1, 2], workers_now=0)
+    # 1 worker: 125/s steady; 2 workers: 198.6/s restarted, 229.4/s kept alive
+    assert (workers, keep) == (2, True)
+    assert gain == pytest.approx((800 / (3.2 + 9 * 0.032)) / 100.0)
+
+
+def test_a_loader_built_anew_every_epoch_is_never_told_to_keep_its_workers():
+    workers, keep, gain = best_over_epochs(model(), shape(rebuilt=True), [1, 2], workers_now=0)
+    assert (workers, keep) == (2, False)
+    assert gain == pytest.approx((800 / (3.2 + 9 * 0.092)) / 100.0)
+
+
+def test_short_epochs_can_make_workers_a_loss_and_the_advice_says_so():
+    from stallscope.analysis.recommend import _no_predicted_gain
+    from stallscope.render import words
+
+    tiny = shape(restarts=99, samples=800, worker_start_s=2.0, serial_start=False, rebuilt=True)
+    workers, keep, gain = best_over_epochs(model(), tiny, [1, 2], workers_now=0)
+    assert gain < 1.0
+    rec = _no_predicted_gain(model(), 0, tiny)
+    assert rec.facts["reason"] == "epoch-starts" and rec.facts["epoch_starts"] == 99
+    said = words.recommendation(rec)
+    assert "the measured steps start 99 new epochs of about 8 samples each" in said.reason
+
+
+def test_the_recommendation_carries_both_settings_and_the_epoch_costs():
+    from stallscope.analysis.recommend import recommend
+    from stallscope.render import words
+
+    stats = StepStats(0, "optimizer", [Step(k, k * 80 * MS, (k + 1) * 80 * MS, 60 * MS, 0, 1, 8) for k in range(100)],
+                      0, 8.0, 6.0, 0.0, 2.0, 0.0, 0.0, 800, 0.08, 0.08, 0.06, 0.08)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 0, "batch_size": 8}, {}, 100, 10, 6.0, 0.0, None)
+    recs = recommend("input-bound", stats, train, {"transform": 6.0, "compute": 2.0}, 4, model=model(),
+                     epochs=shape())
+    rec = next(r for r in recs if r.id == "num-workers")
+    assert rec.overrides["persistent_workers"] is True
+    assert rec.predicted_speedup == pytest.approx(best_over_epochs(model(), shape(), list(range(1, 7)), 0)[2], abs=0.01)
+    assert rec.facts["epoch_starts"] == 9 and rec.facts["steady_speedup"] == pytest.approx(
+        model().speedup(rec.overrides["num_workers"]), abs=0.01)
+    said = words.recommendation(rec)
+    assert said.title.endswith("kept alive between epochs")
+    assert "--set persistent_workers=true" in said.change
+    assert "the measured steps start 9 new epochs" in said.reason and "counted in the prediction" in said.reason
+    assert not any(r.id == "persistent-workers" for r in recs)
+
+
+@pytest.mark.parametrize("platform, python, context, expected", [
+    ("Linux-6.1-x86_64", "3.11.7", "default", "fork"),
+    ("Linux-6.1-x86_64", "3.14.0", "default", "forkserver"),
+    ("macOS-14.2-arm64", "3.11.7", "default", "spawn"),
+    ("Windows-10", "3.12.1", None, "spawn"),
+    ("Linux-6.1-x86_64", "3.11.7", "spawn", "spawn"),
+])
+def test_start_method_follows_the_loader_then_the_platform(platform, python, context, expected):
+    session = _session(environment={"platform": platform, "python": python})
+    assert start_method(session, {"multiprocessing_context": context}) == expected
+
+
+# --- the shape, read from a recorded session ----------------------------------------------------------------------
+
+
+def _session(epochs: int = 0, used_per_epoch: int = 5, workers: int = 0, environment: dict | None = None,
+             worker_ready_ms: tuple[float, ...] = ()) -> Session:
+    """A training process that ran ``epochs`` epochs of ``used_per_epoch`` batches of 8, 100 ms per batch."""
+    session = Session("stallscope.session/1", "r", ["python", "train.py"], "/", 0.0, 0, 10**12, 0, "exit", {}, None,
+                      environment or {"platform": "Linux-6.1-x86_64", "python": "3.11.7"})
+    session.processes.append(ProcessRecord(100, 1, "main", ["train.py"], 0, 0, start_ns=0))
+    config = {"num_workers": workers, "batch_size": 8, "dataset_len": 80, "prefetch_factor": 2,
+              "persistent_workers": False, "drop_last": False, "iterable": False, "multiprocessing_context": "default"}
+    session.loaders.append(LoaderRecord(0, 100, 1500 * MS, "train.py:10", config, {}))
+    t = 2000 * MS
+    for e in range(epochs):
+        session.iters.append(IterRecord(0, e, e, t, t + 1 * MS, workers, 100))
+        for k, ready in enumerate(worker_ready_ms):
+            session.worker_starts.append(WorkerStartRecord(0, e, k, 200 + k, t, t + int(ready * MS // 2),
+                                                           t + int(ready * MS), {}))
+        t += 1 * MS
+        for _ in range(used_per_epoch):
+            session.nexts.append(NextRecord(0, e, e, t, t + 60 * MS, 0, 8, 100))
+            t += 100 * MS
+    return session
+
+
+def _stats_and_train(session: Session, workers: int = 0, startup: list[float] | None = None):
+    nexts = session.nexts
+    steps = [Step(k, n.start_ns, n.start_ns + 100 * MS, 60 * MS, 0, 1, 8) for k, n in enumerate(nexts)]
+    stats = StepStats(0, "optimizer", steps, 1, 0.1 * (len(steps) - 1), 0.06 * (len(steps) - 1), 0.0,
+                      0.04 * (len(steps) - 1), 0.0, 0.0, 8 * (len(steps) - 1), 0.1, 0.1, 0.06, 0.1)
+    pipeline = None
+    if workers:
+        pipeline = WorkerPipeline(0, workers, len(nexts), 1.0, {}, {}, 8 * len(nexts), 1.0, 1.0, 0.0, None, {}, None,
+                                  None, startup or [], None, None, None, 0.0, 0)
+    train = LoaderSummary(0, "train", "train.py:10", session.loaders[0].config, {}, len(nexts), 4, 0.0, 0.0, pipeline)
+    return stats, train
+
+
+def test_the_shape_counts_epoch_starts_inside_the_measured_steps_and_sees_the_early_exit():
+    session = _session(epochs=4, used_per_epoch=5)  # 5 of the sampler's 10 batches, every epoch
+    stats, train = _stats_and_train(session)
+    got = epoch_shape(session, stats, train)
+    assert got is not None
+    assert (got.restarts, got.samples, got.batch_size, got.prefetch_factor) == (3, 152, 8, 2)  # the first is warm-up
+    assert got.left_early and not got.persistent and got.serial_start
+    # 0 workers under fork: the typical fork figure, said as such
+    assert (got.worker_start_s, got.start_basis) == (TYPICAL_FORK_START_S, "typical fork")
+
+
+def test_epochs_that_run_to_the_end_of_the_sampler_are_not_left_early():
+    session = _session(epochs=3, used_per_epoch=10)
+    stats, train = _stats_and_train(session)
+    assert epoch_shape(session, stats, train).left_early is False
+
+
+def test_one_epoch_over_the_measured_steps_has_no_shape():
+    session = _session(epochs=1, used_per_epoch=10)
+    stats, train = _stats_and_train(session)
+    assert epoch_shape(session, stats, train) is None
+
+
+def test_spawn_without_workers_takes_the_training_processs_own_start_up():
+    session = _session(epochs=3, environment={"platform": "macOS-14.2-arm64", "python": "3.11.7"})
+    stats, train = _stats_and_train(session)
+    got = epoch_shape(session, stats, train)
+    # the loader was built 1.5 s after the recorder started in the training process
+    assert got.worker_start_s == pytest.approx(1.5) and got.serial_start is False
+    assert got.start_basis.startswith("as long as the training process took")
+
+
+def test_measured_forks_give_each_workers_share_of_the_last_ready():
+    session = _session(epochs=3, workers=2, worker_ready_ms=(20.0, 40.0))
+    stats, train = _stats_and_train(session, workers=2, startup=[0.02, 0.04])
+    got = epoch_shape(session, stats, train)
+    assert (got.worker_start_s, got.start_basis) == (pytest.approx(0.02), "measured")
+    assert replace(got, persistent=True).persistent  # a plain dataclass: the tuner may vary it
+
+
+def test_keeping_the_recorded_workers_alive_is_priced_over_the_same_epoch_starts():
+    from stallscope.analysis.recommend import recommend
+
+    # on 2 cores two workers are already the best count (200/s, as three would be): only their restarts can go
+    two = replace(model(workers=2), usable_cpus=2.0, measured_samples_per_s=200.0)
+    assert two.rate(2) == pytest.approx(200.0) and two.rate(3) == pytest.approx(200.0)
+    steps = [Step(k, k * 80 * MS, (k + 1) * 80 * MS, 60 * MS, 0, 1, 8) for k in range(100)]
+    stats = StepStats(0, "optimizer", steps, 0, 8.0, 6.0, 0.0, 2.0, 0.0, 0.0, 800, 0.08, 0.08, 0.06, 0.08)
+    pipeline = WorkerPipeline(0, 2, 100, 1.0, {}, {}, 800, 1.0, 1.0, 0.0, None, {}, None, None, [0.03, 0.03], None,
+                              None, None, 0.0, 0)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 2, "batch_size": 8}, {}, 100, 10, 6.0, 0.5,
+                          pipeline)
+    recs = recommend("input-bound", stats, train, {"transform": 6.0, "compute": 2.0}, 2, startup_s=0.5, model=two,
+                     epochs=shape())
+    kept = next(r for r in recs if r.id == "persistent-workers")
+    # restarted: 2 forks (0.06 s) + filling (8 x 8 ms - 8 / 200 = 0.024 s) at each of 9 starts; kept: filling alone
+    assert kept.predicted_speedup == pytest.approx(round((4.0 + 9 * 0.084) / (4.0 + 9 * 0.024), 2))
+    assert not any(r.id == "num-workers" for r in recs)
