@@ -163,12 +163,7 @@ def refuse_store_file(path: str | os.PathLike[str], store: Path) -> None:
     ``run.json`` of theirs is not one."""
     real = Path(os.path.realpath(path))
     root = Path(os.path.realpath(store))
-    runs = runs_dir(root)
-    # The store owns its runs folder and the history database (with SQLite's -wal/-shm/-journal and the copies
-    # kept by --rebuild); a file of the user's own at its top, a summary written there by an earlier run, is not.
-    owned = real in (root, runs) or runs in real.parents or (
-        real.parent == root and real.name.startswith("history.sqlite3"))
-    if owned:
+    if _owned_by_store(real, root):
         raise ValueError(f"{path} is inside the store {store} (its sessions and history): write it elsewhere")
     folder = real.parent
     run_folder = folder if _is_run_folder(folder) else folder.parent if (
@@ -177,6 +172,30 @@ def refuse_store_file(path: str | os.PathLike[str], store: Path) -> None:
         raise ValueError(f"{path} is a file of the stallscope run {run_folder}: write it elsewhere")
     if real.name == "history.sqlite3" and (folder / "runs").is_dir():
         raise ValueError(f"{path} is the run history of the store {folder}: write it elsewhere")
+
+
+def _owned_by_store(real: Path, root: Path) -> bool:
+    """True where ``real`` is the store, its runs folder or anything in it, its history database (with SQLite's
+    -wal/-shm/-journal and the copies ``--rebuild`` keeps), or an existing file in one of its other folders (a
+    tuner's or bench's record). A file of the user's own at the store's top is theirs, even when an earlier run
+    wrote it. Existing folders are compared by identity, so a case-insensitive file system's ``RUNS`` or
+    ``History.sqlite3`` is the store's too."""
+    existing = [p for p in (real, *real.parents) if p.exists()]
+    if (real.exists() and _same(real, root)) or any(_same(p, runs_dir(root)) for p in existing):
+        return True
+    top = _same(real.parent, root) if real.parent.exists() else False
+    if top:
+        return real.name.lower().startswith("history.sqlite3") or (
+            real.exists() and _same(real, root / "history.sqlite3"))
+    inside = any(_same(p, root) for p in existing)
+    return inside and real.exists()
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _is_run_folder(folder: Path) -> bool:

@@ -120,9 +120,32 @@ def test_outputs_stay_off_the_store(tmp_path):
     refuse_store_file(store / "summary.json", store)  # a new file at the store's top: fine
     (store / "summary.json").write_text("{}")
     refuse_store_file(store / "summary.json", store)  # and written again by the next run: still the user's
-    for owned in (store, store / "runs", store / "history.sqlite3-wal", store / "history.sqlite3.before-rebuild-1"):
+    (store / "tune" / "20240101-000000").mkdir(parents=True)
+    (store / "tune" / "20240101-000000" / "tune.json").write_text("{}")
+    for owned in (store, store / "runs", store / "history.sqlite3-wal", store / "history.sqlite3.before-rebuild-1",
+                  store / "tune" / "20240101-000000" / "tune.json"):  # an existing record in another folder of it
         with pytest.raises(ValueError, match="inside the store"):
             refuse_store_file(owned, store)
+    refuse_store_file(store / "tune" / "new.json", store)  # a new file there overwrites nothing
+
+
+def test_a_case_insensitive_spelling_of_the_stores_files_is_still_the_store(tmp_path):
+    """On macOS's and Windows' default file systems ``RUNS/x/session.json`` is ``runs/x/session.json``: the
+    check compares existing files and folders by identity, not by name. Shown with another name for the same
+    folder (a link) and for the same file (a hard link, which keeps its own name)."""
+    store = tmp_path / "store"
+    run = store / "runs" / "20240101-000000-aaaaaa"
+    run.mkdir(parents=True)
+    (run / "session.json").write_text("{}")
+    (store / "history.sqlite3").write_text("")
+    (store / "RUNS").symlink_to(store / "runs")  # another name for the same folder
+    (store / "History.sqlite3").symlink_to(store / "history.sqlite3")
+    import os
+
+    os.link(store / "history.sqlite3", store / "db")
+    for other in (store / "RUNS" / run.name / "session.json", store / "History.sqlite3", store / "db"):
+        with pytest.raises(ValueError, match="inside the store"):
+            refuse_store_file(other, store)
 
 
 def test_another_stores_files_are_known_by_their_shape_and_a_users_own_are_not(tmp_path):
