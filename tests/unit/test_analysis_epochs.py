@@ -8,7 +8,10 @@ import pytest
 
 from stallscope.analysis.capacity import ThroughputModel
 from stallscope.analysis.epochs import (
+    FORK_BASE_S,
+    FORK_S_PER_GIB,
     TYPICAL_FORK_START_S,
+    TYPICAL_SPAWN_START_S,
     EpochShape,
     best_over_epochs,
     epoch_cost,
@@ -60,8 +63,11 @@ def test_spawned_workers_start_side_by_side_one_round_per_core_count():
 
 def test_leaving_epochs_early_drops_the_batches_in_flight():
     cost = epoch_cost(model(), shape(left_early=True), 2, persistent=True)
-    # 2 workers x prefetch 2 - 1 = 3 batches of 8 samples at 8 ms of CPU, on 4 cores
-    assert cost.dropped_s == pytest.approx(3 * 8 * 0.008 / 4)
+    # 2 workers x prefetch 2 - 1 = 3 batches of 8 samples at 8 ms of CPU, made by the 2 workers (of 4 cores)
+    assert cost.dropped_s == pytest.approx(3 * 8 * 0.008 / 2)
+    slow_storage = ThroughputModel({"decode": 0.001, "storage": 0.010}, 0.002, 0.002, 0, 4.0)
+    # blocked time overlaps across the workers, not beyond them: 3 x 8 x 11 ms over 2 workers
+    assert epoch_cost(slow_storage, shape(left_early=True), 2, True).dropped_s == pytest.approx(3 * 8 * 0.011 / 2)
 
 
 def test_without_workers_an_epoch_start_costs_nothing():
@@ -132,13 +138,14 @@ def test_start_method_follows_the_loader_then_the_platform(platform, python, con
 
 
 def _session(epochs: int = 0, used_per_epoch: int = 5, workers: int = 0, environment: dict | None = None,
-             worker_ready_ms: tuple[float, ...] = ()) -> Session:
+             worker_ready_ms: tuple[float, ...] = (), config: dict | None = None) -> Session:
     """A training process that ran ``epochs`` epochs of ``used_per_epoch`` batches of 8, 100 ms per batch."""
     session = Session("stallscope.session/1", "r", ["python", "train.py"], "/", 0.0, 0, 10**12, 0, "exit", {}, None,
                       environment or {"platform": "Linux-6.1-x86_64", "python": "3.11.7"})
     session.processes.append(ProcessRecord(100, 1, "main", ["train.py"], 0, 0, start_ns=0))
     config = {"num_workers": workers, "batch_size": 8, "dataset_len": 80, "prefetch_factor": 2,
-              "persistent_workers": False, "drop_last": False, "iterable": False, "multiprocessing_context": "default"}
+              "persistent_workers": False, "drop_last": False, "iterable": False, "multiprocessing_context": "default",
+              "batches_per_epoch": 10, "sampler": "RandomSampler", **(config or {})}
     session.loaders.append(LoaderRecord(0, 100, 1500 * MS, "train.py:10", config, {}))
     t = 2000 * MS
     for e in range(epochs):
@@ -189,13 +196,49 @@ def test_one_epoch_over_the_measured_steps_has_no_shape():
     assert epoch_shape(session, stats, train) is None
 
 
-def test_spawn_without_workers_takes_the_training_processs_own_start_up():
-    session = _session(epochs=3, environment={"platform": "macOS-14.2-arm64", "python": "3.11.7"})
+def test_spawn_without_workers_takes_the_training_processs_own_import_of_torch():
+    mac = {"platform": "macOS-14.2-arm64", "python": "3.11.7"}
+    session = _session(epochs=3, environment=mac, config={"torch_import_s": 1.2})
     stats, train = _stats_and_train(session)
     got = epoch_shape(session, stats, train)
-    # the loader was built 1.5 s after the recorder started in the training process
-    assert got.worker_start_s == pytest.approx(1.5) and got.serial_start is False
-    assert got.start_basis.startswith("as long as the training process took")
+    assert got.worker_start_s == pytest.approx(1.2) and got.serial_start is False
+    assert got.start_basis == "as long as the training process took to import torch"
+    # recorded after torch was imported (stallscope.record()): a typical figure, said as such
+    session = _session(epochs=3, environment=mac)
+    stats, train = _stats_and_train(session)
+    got = epoch_shape(session, stats, train)
+    assert (got.worker_start_s, got.start_basis) == (TYPICAL_SPAWN_START_S, "typical spawn start")
+
+
+def test_a_recorded_start_method_comes_before_the_platforms_default():
+    session = _session(epochs=3, config={"start_method": "forkserver", "torch_import_s": 0.8})
+    stats, train = _stats_and_train(session)
+    got = epoch_shape(session, stats, train)
+    assert got.serial_start is False and got.worker_start_s == pytest.approx(0.8)
+
+
+def test_a_bigger_training_process_forks_more_slowly():
+    session = replace(_session(epochs=3), system_samples={"t_ns": [0, 10**8], "interval_s": 0.1, "processes": {"100": {
+        "ticks": [0, 1], "cpu_s": [0.0, 0.1], "rss_bytes": [4 * 2**30, 4 * 2**30], "read_bytes": [None, None]}}})
+    stats, train = _stats_and_train(session)
+    got = epoch_shape(session, stats, train)
+    assert got.worker_start_s == pytest.approx(FORK_BASE_S + 4 * FORK_S_PER_GIB)
+    assert got.start_basis == "typical fork of a 4.0 GiB training process"
+
+
+def test_an_epoch_is_the_loaders_length_not_the_datasets():
+    """Under a DistributedSampler (or a train/val SubsetRandomSampler) an epoch is a share of the dataset: five
+    batches of a 5-batch share run to its end."""
+    session = _session(epochs=4, used_per_epoch=5, config={"batches_per_epoch": 5, "sampler": "DistributedSampler"})
+    stats, train = _stats_and_train(session)
+    assert epoch_shape(session, stats, train).left_early is False
+    # a session recorded before len(loader) was: the dataset's length is an epoch only for the whole-dataset samplers
+    old = _session(epochs=4, used_per_epoch=5, config={"batches_per_epoch": None, "sampler": "DistributedSampler"})
+    stats, train = _stats_and_train(old)
+    assert epoch_shape(old, stats, train).left_early is False
+    old = _session(epochs=4, used_per_epoch=5, config={"batches_per_epoch": None})
+    stats, train = _stats_and_train(old)
+    assert epoch_shape(old, stats, train).left_early is True
 
 
 def test_measured_forks_give_each_workers_share_of_the_last_ready():
@@ -203,7 +246,16 @@ def test_measured_forks_give_each_workers_share_of_the_last_ready():
     stats, train = _stats_and_train(session, workers=2, startup=[0.02, 0.04])
     got = epoch_shape(session, stats, train)
     assert (got.worker_start_s, got.start_basis) == (pytest.approx(0.02), "measured")
-    assert replace(got, persistent=True).persistent  # a plain dataclass: the tuner may vary it
+
+
+def test_measured_spawns_count_one_round_per_core_count():
+    """Four spawned workers on 2 CPUs start in two rounds: the last was ready after both, and epoch_cost counts the
+    rounds again for the count it prices."""
+    session = _session(epochs=3, workers=4, worker_ready_ms=(1500.0, 1600.0, 3000.0, 3200.0),
+                       config={"start_method": "spawn"})
+    stats, train = _stats_and_train(session, workers=4, startup=[1.5, 1.6, 3.0, 3.2])
+    got = epoch_shape(session, stats, train, cpus=2.0)
+    assert got.worker_start_s == pytest.approx(1.6) and got.serial_start is False
 
 
 def test_keeping_the_recorded_workers_alive_is_priced_over_the_same_epoch_starts():
@@ -224,3 +276,33 @@ def test_keeping_the_recorded_workers_alive_is_priced_over_the_same_epoch_starts
     # restarted: 2 forks (0.06 s) + filling (8 x 8 ms - 8 / 200 = 0.024 s) at each of 9 starts; kept: filling alone
     assert kept.predicted_speedup == pytest.approx(round((4.0 + 9 * 0.084) / (4.0 + 9 * 0.024), 2))
     assert not any(r.id == "num-workers" for r in recs)
+
+
+def test_keeping_workers_alive_is_not_advised_below_five_percent():
+    """Long epochs: 2 starts over 8000 samples cost the kept-alive workers almost nothing less."""
+    from stallscope.analysis.recommend import recommend
+
+    two = replace(model(workers=2), usable_cpus=2.0, measured_samples_per_s=200.0)
+    steps = [Step(k, k * 80 * MS, (k + 1) * 80 * MS, 60 * MS, 0, 1, 8) for k in range(1000)]
+    stats = StepStats(0, "optimizer", steps, 0, 80.0, 60.0, 0.0, 20.0, 0.0, 0.0, 8000, 0.08, 0.08, 0.06, 0.08)
+    pipeline = WorkerPipeline(0, 2, 1000, 1.0, {}, {}, 8000, 1.0, 1.0, 0.0, None, {}, None, None, [0.03, 0.03], None,
+                              None, None, 0.0, 0)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 2, "batch_size": 8}, {}, 1000, 3, 60.0, 3.0,
+                          pipeline)
+    # the measured restart wait (3 s of 80) alone would have advised it; priced over the epochs it gains 0.2%
+    recs = recommend("input-bound", stats, train, {"transform": 60.0, "compute": 20.0}, 2, startup_s=3.0, model=two,
+                     epochs=shape(restarts=2, samples=8000))
+    assert not any(r.id == "persistent-workers" for r in recs)
+
+
+def test_when_even_kept_alive_workers_cannot_pay_off_the_words_say_refilling_not_starting():
+    from stallscope.analysis.recommend import _no_predicted_gain
+    from stallscope.render import words
+
+    # epochs of 8 samples left early: each start refills one batch and finishes 3 dropped ones
+    tiny = shape(restarts=99, samples=800, left_early=True)
+    assert best_over_epochs(model(), tiny, [2], 0)[2] < 1.05
+    rec = _no_predicted_gain(model(), 0, tiny)
+    assert rec.facts["reason"] == "epoch-starts" and rec.facts["epoch_start_s"] == 0.0
+    said = words.recommendation(rec)
+    assert "refilling the queue of" in said.reason and "starting" not in said.reason

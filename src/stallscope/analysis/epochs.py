@@ -30,8 +30,17 @@ from stallscope.analysis.findings import LoaderSummary, StepStats
 from stallscope.session import Session
 
 #: Seconds to fork one worker and have it ready, where no worker of the run was measured: 20-35 ms per worker
-#: for a training process of 0.7 GiB on the 2-core development VM (2026-12-01).
+#: for a training process of 0.7 GiB on the 2-core development VM (2026-12-01). Forking copies the page tables,
+#: so a bigger process takes longer: 10 ms plus 30 ms per GiB resident, where its size was sampled.
 TYPICAL_FORK_START_S = 0.03
+FORK_BASE_S = 0.01
+FORK_S_PER_GIB = 0.03
+#: Seconds for a spawned or forkserver worker to start Python and import torch, where neither a worker nor the
+#: training process's own import of torch was measured (a recording started after torch was imported).
+TYPICAL_SPAWN_START_S = 2.0
+#: Samplers that walk the whole dataset: with one of them an epoch is ``len(dataset)`` samples, for sessions
+#: recorded before ``len(loader)`` was.
+WHOLE_DATASET_SAMPLERS = ("RandomSampler", "SequentialSampler")
 
 
 @dataclass(frozen=True)
@@ -56,9 +65,10 @@ class EpochShape:
     rebuilt: bool = False
 
 
-def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None) -> EpochShape | None:
-    """The shape of the training loader's epochs over the steady steps; None where it cannot matter (no
-    training loader, fewer than two steady steps, no epoch start inside them, no batch size)."""
+def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None,
+                cpus: float = 1.0) -> EpochShape | None:
+    """The shape of the training loader's epochs over the steady steps, on ``cpus`` usable CPUs; None where it
+    cannot matter (no training loader, fewer than two steady steps, no epoch start inside them, no batch size)."""
     if train is None or len(stats.steady) < 2 or not stats.samples:
         return None
     t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
@@ -68,7 +78,7 @@ def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None)
     batch_size = config.get("batch_size")
     if restarts == 0 or not isinstance(batch_size, int) or batch_size <= 0:
         return None
-    start_s, serial, basis = _worker_start(session, train)
+    start_s, serial, basis = _worker_start(session, train, cpus)
     rebuilt = len(train.ids) > 1
     return EpochShape(
         restarts=restarts, samples=int(stats.samples), batch_size=batch_size,
@@ -79,11 +89,18 @@ def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None)
 
 
 def _left_early(session: Session, train: LoaderSummary, batch_size: int) -> bool:
-    """True when most epochs that ended stopped before the sampler ran out (the loop broke out)."""
-    length = train.config.get("dataset_len")
-    if not isinstance(length, int) or length <= 0 or train.config.get("iterable"):
+    """True when most epochs that ended stopped before the sampler ran out (the loop broke out). An epoch is
+    ``len(loader)`` batches as recorded (a DistributedSampler's or a subset's share); older sessions know only the
+    dataset's length, which is an epoch only for the samplers that walk all of it."""
+    config = train.config
+    full = config.get("batches_per_epoch")
+    if not isinstance(full, int):
+        length = config.get("dataset_len")
+        if not isinstance(length, int) or config.get("iterable") or config.get("sampler") not in WHOLE_DATASET_SAMPLERS:
+            return False
+        full = length // batch_size if config.get("drop_last") else math.ceil(length / batch_size)
+    if full <= 0:
         return False
-    full = length // batch_size if train.config.get("drop_last") else math.ceil(length / batch_size)
     per_epoch: dict[tuple[int, int], int] = {}
     ids = set(train.ids)
     for n in session.nexts:
@@ -97,9 +114,10 @@ def _left_early(session: Session, train: LoaderSummary, batch_size: int) -> bool
 def start_method(session: Session, config: dict) -> str:
     """The multiprocessing start method the loader's workers use (or would use): its own context, else the
     platform's default (fork on Linux up to Python 3.13, forkserver from 3.14, spawn on macOS and Windows)."""
-    chosen = str(config.get("multiprocessing_context") or "default")
-    if chosen not in ("default", "None"):
-        return chosen
+    for key in ("start_method", "multiprocessing_context"):  # as recorded; the first is the newer, for 0 workers too
+        chosen = str(config.get(key) or "default")
+        if chosen not in ("default", "None"):
+            return chosen
     env = session.environment
     system = str(env.get("platform", "")).lower()
     if system.startswith(("macos", "darwin", "windows")):
@@ -111,31 +129,38 @@ def start_method(session: Session, config: dict) -> str:
     return "forkserver" if (major, minor) >= (3, 14) else "fork"
 
 
-def _worker_start(session: Session, train: LoaderSummary) -> tuple[float, bool, str]:
+def _worker_start(session: Session, train: LoaderSummary, cpus: float) -> tuple[float, bool, str]:
     """(seconds to start one worker, started one after another, how the figure was obtained)."""
     method = start_method(session, train.config)
     serial = method == "fork"
-    pipeline = train.pipeline
-    if pipeline is not None and pipeline.startup_s:
-        ids = set(train.ids)
-        per_iter: dict[tuple[int, int], list[float]] = {}
-        for w in session.worker_starts:
-            if w.loader_id in ids:
-                per_iter.setdefault((w.loader_id, w.iter_id), []).append((w.ready_ns - w.created_ns) / 1e9)
-        if per_iter:
-            if serial:  # the last worker of a start was ready after all the forks before it
-                each = [max(times) / len(times) for times in per_iter.values()]
-            else:
-                each = [max(times) for times in per_iter.values()]
-            return sorted(each)[len(each) // 2], serial, "measured"
+    ids = set(train.ids)
+    per_iter: dict[tuple[int, int], list[float]] = {}
+    for w in session.worker_starts:
+        if w.loader_id in ids:
+            per_iter.setdefault((w.loader_id, w.iter_id), []).append((w.ready_ns - w.created_ns) / 1e9)
+    if per_iter:
+        if serial:  # the last worker of a start was ready after all the forks before it
+            each = [max(times) / len(times) for times in per_iter.values()]
+        else:  # side by side, one round per core count: the last was ready after that many rounds
+            each = [max(times) / math.ceil(len(times) / max(1.0, cpus)) for times in per_iter.values()]
+        return sorted(each)[len(each) // 2], serial, "measured"
     if serial:
-        return TYPICAL_FORK_START_S, True, "typical fork"
-    main = next((p for p in session.processes if p.pid == session.main_pid), None)
-    loader = next((ld for ld in session.loaders if ld.loader_id == train.loader_id), None)
-    if main is not None and main.start_ns is not None and loader is not None and loader.created_ns > main.start_ns:
-        return (loader.created_ns - main.start_ns) / 1e9, False, \
-            "as long as the training process took to start and build its DataLoader"
-    return TYPICAL_FORK_START_S, False, "typical fork"
+        rss = _resident_bytes(session)
+        if rss is None:
+            return TYPICAL_FORK_START_S, True, "typical fork"
+        return FORK_BASE_S + FORK_S_PER_GIB * rss / 2**30, True, \
+            f"typical fork of a {rss / 2**30:.1f} GiB training process"
+    imported = train.config.get("torch_import_s")
+    if isinstance(imported, (int, float)) and imported > 0:
+        return float(imported), False, "as long as the training process took to import torch"
+    return TYPICAL_SPAWN_START_S, False, f"typical {method} start"
+
+
+def _resident_bytes(session: Session) -> int | None:
+    """The training process's median resident memory over the run, where it was sampled."""
+    series = session.system.processes.get(session.main_pid) if session.main_pid is not None else None
+    values = sorted(v for v in series.rss_bytes if v) if series is not None else []
+    return values[len(values) // 2] if values else None
 
 
 @dataclass(frozen=True)
@@ -171,8 +196,11 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
     fill = max(0.0, batch * (cpu + blocked) - (batch / rate if rate > 0 else 0.0))
     dropped = 0.0
     if shape.left_early:
-        in_flight = max(0, workers * shape.prefetch_factor - 1)
-        dropped = in_flight * batch * cpu / max(1.0, model.core_capacity(model.usable_cpus))
+        # About every batch in flight is finished and thrown away: the workers' share of it in parallel, and
+        # no faster than the cores they have for its CPU part (measured: 3 of 2 workers x prefetch 2).
+        work = max(0, workers * shape.prefetch_factor - 1) * batch
+        cores = max(1e-9, model.core_capacity(min(float(workers), model.usable_cpus)))
+        dropped = max(work * (cpu + blocked) / workers, work * cpu / cores)
     return EpochCost(start, fill, dropped)
 
 

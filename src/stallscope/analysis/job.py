@@ -178,7 +178,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         loaders=loaders,
         recommendations=_with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
                                                           _unpinned_fraction(session, stats),
-                                                          epoch_shape(session, stats, train)), train), spots),
+                                                          epoch_shape(session, stats, train, usable)), train), spots),
         failure=_failure(session),
         usable_cpus=cpus,
         notes=list(session.notes),

@@ -89,14 +89,18 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     if input_side and pipeline is not None and workers > 0:
         rebuilt = len(train.ids) > 1  # a new DataLoader every epoch: persistent_workers cannot keep its workers
         persistent_advised = any(r.overrides.get("persistent_workers") for r in recs)
-        if (rebuilt or not config.get("persistent_workers")) and train.epochs > 1 and not persistent_advised \
-                and startup_s / max(stats.wall_s, 1e-9) > 0.03:
+        priced = epochs is not None and model is not None and not rebuilt
+        if priced:
+            # Kept alive, the workers still refill their queue at every epoch and finish what was in flight when
+            # the loop broke out: priced over the same epoch starts as the worker counts above, so the two agree.
+            gain = (rate_over_epochs(model, epochs, workers, True)
+                    / max(rate_over_epochs(model, epochs, workers, False), 1e-9))
+            wanted = not config.get("persistent_workers") and gain >= MIN_GAIN
+        else:
             gain = stats.wall_s / max(stats.wall_s - startup_s, 1e-9)
-            if epochs is not None and model is not None and not rebuilt:
-                # Kept alive, the workers still refill their queue at every epoch and finish what was in flight
-                # when the loop broke out; priced like the worker counts above, so the two advices agree.
-                gain = (rate_over_epochs(model, epochs, workers, True)
-                        / max(rate_over_epochs(model, epochs, workers, False), 1e-9))
+            wanted = ((rebuilt or not config.get("persistent_workers")) and train.epochs > 1
+                      and startup_s / max(stats.wall_s, 1e-9) > 0.03)
+        if wanted and not persistent_advised:
             per_start = sum(pipeline.startup_s) / max(1, len(pipeline.startup_s))
             facts = {"startup_s_per_worker": per_start, "epochs": train.epochs, "restart_wait_s": startup_s}
             if rebuilt:
@@ -148,10 +152,11 @@ def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape 
     ``no-better-setting``."""
     best, gain = best_worker_count(model, model.usable_cpus)
     extra: dict[str, object] = {}
-    if epochs is not None and gain >= MIN_GAIN:
-        cost = epoch_cost(model, epochs, best, epochs.persistent or not epochs.rebuilt)
+    over_epochs = best_over_epochs(model, epochs, [best], workers) if epochs is not None else None
+    if over_epochs is not None and gain >= MIN_GAIN and over_epochs[2] < MIN_GAIN:
+        cost = epoch_cost(model, epochs, best, over_epochs[1])
         reason = "epoch-starts"
-        extra = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s,
+        extra = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s, "epoch_start_s": cost.start_s,
                  "samples_per_epoch": epochs.samples / (epochs.restarts + 1)}
     elif model.compute_on_cpu and model.main_occupancy >= 0.75 * model.usable_cpus:
         reason = "compute-takes-the-cores"

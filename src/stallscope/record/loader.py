@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from stallscope.record import batches, events, steps, workers
+from stallscope.record import batches, events, importhook, steps, workers
 from stallscope.record.overrides import apply_overrides
 
 _perf = time.perf_counter_ns
@@ -80,7 +80,28 @@ def _describe(loader: Any) -> dict[str, Any]:
         config["dataset_len"] = len(dataset)
     except Exception:
         config["dataset_len"] = None
+    try:  # what one epoch is: a DistributedSampler's or a subset sampler's share, not the whole dataset
+        config["batches_per_epoch"] = len(loader)
+    except Exception:
+        config["batches_per_epoch"] = None
+    config["start_method"] = _start_method(config["multiprocessing_context"])
+    torch_import = importhook.import_seconds.get("torch")
+    if torch_import is not None:
+        config["torch_import_s"] = round(torch_import, 3)
     return config
+
+
+def _start_method(context: str | None) -> str:
+    """How the loader's workers start, or would with ``num_workers > 0``: its own context, else the one the
+    script set, else the platform's default (the first of ``get_all_start_methods``). Read without fixing it."""
+    if context and context != "default":
+        return context
+    import multiprocessing
+
+    try:
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    except Exception:
+        return "default"
 
 
 def _is_iterable_dataset(dataset: Any) -> bool:

@@ -86,10 +86,11 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                                        "usable cores busy while it computes: a worker would take its core from the "
                                        "compute",
             "epoch-starts": f"the measured steps start {f.get('epoch_starts')} new epochs of about "
-                            f"{f.get('samples_per_epoch', 0):.0f} samples each, and starting and refilling "
-                            f"{f['best_workers']} workers at each costs about {f.get('epoch_cost_s', 0):.2f} s: more "
-                            f"than their {f['best_speedup']:.2f}x steady-state gain saves (longer epochs, or one loop "
-                            "over more batches, would let workers pay off)",
+                            f"{f.get('samples_per_epoch', 0):.0f} samples each, and "
+                            + ("starting and refilling" if f.get("epoch_start_s") else "refilling the queue of")
+                            + f" {f['best_workers']} workers at each costs about {f.get('epoch_cost_s', 0):.2f} s: "
+                            f"more than their {f['best_speedup']:.2f}x steady-state gain saves (longer epochs, or one "
+                            "loop over more batches, would let workers pay off)",
             "cpu-budget": f"every core is busy already: {1000 * f['loader_cpu_s_per_sample']:.1f} ms of loader CPU and "
                           f"{1000 * f['compute_s_per_sample']:.1f} ms of compute per sample on "
                           f"{f['usable_cpus']:.1f} usable cores",
