@@ -101,11 +101,11 @@ def _left_early(session: Session, train: LoaderSummary, batch_size: int) -> bool
         full = length // batch_size if config.get("drop_last") else math.ceil(length / batch_size)
     if full <= 0:
         return False
-    per_epoch: dict[tuple[int, int], int] = {}
+    per_epoch: dict[tuple[int, int, int], int] = {}
     ids = set(train.ids)
     for n in session.nexts:
-        if n.loader_id in ids:
-            key = (n.loader_id, n.iter_id)
+        if n.loader_id in ids:  # persistent workers keep one iterator: its epochs tell them apart
+            key = (n.loader_id, n.iter_id, n.epoch)
             per_epoch[key] = per_epoch.get(key, 0) + 1
     ended = list(per_epoch.values())[:-1]  # the last epoch may have been cut by the run's end
     return bool(ended) and sum(1 for used in ended if used < full) > len(ended) / 2
@@ -196,9 +196,12 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
     fill = max(0.0, batch * (cpu + blocked) - (batch / rate if rate > 0 else 0.0))
     dropped = 0.0
     if shape.left_early:
-        # About every batch in flight is finished and thrown away: the workers' share of it in parallel, and
-        # no faster than the cores they have for its CPU part (measured: 3 of 2 workers x prefetch 2).
-        work = max(0, workers * shape.prefetch_factor - 1) * batch
+        # The batches in flight are finished and thrown away, by the workers in parallel and no faster than the
+        # cores they have for the CPU part. Persistent workers finish all of them before the next epoch starts
+        # (the iterator's reset waits for them); restarted ones the ones under way, one fewer in practice
+        # (measured with 2 workers x prefetch 2: 4 and 3 per epoch).
+        in_flight = workers * shape.prefetch_factor - (0 if persistent else 1)
+        work = max(0, in_flight) * batch
         cores = max(1e-9, model.core_capacity(min(float(workers), model.usable_cpus)))
         dropped = max(work * (cpu + blocked) / workers, work * cpu / cores)
     return EpochCost(start, fill, dropped)
