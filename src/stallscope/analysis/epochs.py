@@ -10,9 +10,10 @@ and each new ``iter(loader)`` pays again for what the steady rate leaves out:
   side by side on the cores.
 - **filling**: the first batch of an epoch is made from scratch by one worker (``batch_size`` samples at
   its per-sample cost), where in the steady state a batch arrives every ``batch_size / rate``.
-- **dropped batches**: a loop that leaves an epoch early (``break``) leaves about
-  ``num_workers x prefetch_factor - 1`` batches in flight; the workers finish them (the training process
-  waits for that when the iterator shuts down or resets) and they are thrown away.
+- **dropped batches**: a loop that leaves an epoch early (``break``) leaves up to
+  ``num_workers x prefetch_factor`` batches in flight; the workers finish them and they are thrown away.
+  Persistent workers finish all of them before the next epoch (the iterator's reset waits for them);
+  restarted ones, the ones under way.
 
 A run of a few long epochs pays this a few times and the steady rate holds; a run of short epochs
 (a small dataset, a loop that breaks after N batches, a new DataLoader every epoch) may pay more than
@@ -61,7 +62,7 @@ class EpochShape:
     left_early: bool
     worker_start_s: float
     serial_start: bool
-    start_basis: str  # "measured" | "typical fork" | "as long as the training process took to build its loader"
+    start_basis: str  # "measured", or how it was estimated: a typical fork or spawn, or torch's import time
     rebuilt: bool = False
 
 
