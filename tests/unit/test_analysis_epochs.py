@@ -269,20 +269,27 @@ def test_measured_spawns_count_one_round_per_core_count():
     assert got.worker_start_s == pytest.approx(1.6) and got.serial_start is False
 
 
-def test_keeping_the_recorded_workers_alive_is_priced_over_the_same_epoch_starts():
+def _two_workers_recommended(batches: int, epochs: int, startup_s: float, epoch_shape_: EpochShape):
+    """What ``recommend`` advises a run of 2 restarted workers on 2 cores: ``batches`` steps of 8 samples, 80 ms each
+    (60 ms of it waiting), over ``epochs`` epochs with ``startup_s`` of measured restart waits. On 2 cores two
+    workers are already the best count (200/s, as three would be): only their restarts can go."""
     from stallscope.analysis.recommend import recommend
 
-    # on 2 cores two workers are already the best count (200/s, as three would be): only their restarts can go
     two = replace(model(workers=2), usable_cpus=2.0, measured_samples_per_s=200.0)
     assert two.rate(2) == pytest.approx(200.0) and two.rate(3) == pytest.approx(200.0)
-    steps = [Step(k, k * 80 * MS, (k + 1) * 80 * MS, 60 * MS, 0, 1, 8) for k in range(100)]
-    stats = StepStats(0, "optimizer", steps, 0, 8.0, 6.0, 0.0, 2.0, 0.0, 0.0, 800, 0.08, 0.08, 0.06, 0.08)
-    pipeline = WorkerPipeline(0, 2, 100, 1.0, {}, {}, 800, 1.0, 1.0, 0.0, None, {}, None, None, [0.03, 0.03], None,
-                              None, None, 0.0, 0)
-    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 2, "batch_size": 8}, {}, 100, 10, 6.0, 0.5,
-                          pipeline)
-    recs = recommend("input-bound", stats, train, {"transform": 6.0, "compute": 2.0}, 2, startup_s=0.5, model=two,
-                     epochs=shape())
+    steps = [Step(k, k * 80 * MS, (k + 1) * 80 * MS, 60 * MS, 0, 1, 8) for k in range(batches)]
+    stats = StepStats(0, "optimizer", steps, 0, 0.08 * batches, 0.06 * batches, 0.0, 0.02 * batches, 0.0, 0.0,
+                      8 * batches, 0.08, 0.08, 0.06, 0.08)
+    pipeline = WorkerPipeline(0, 2, batches, 1.0, {}, {}, 8 * batches, 1.0, 1.0, 0.0, None, {}, None, None,
+                              [0.03, 0.03], None, None, None, 0.0, 0)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 2, "batch_size": 8}, {}, batches, epochs,
+                          0.06 * batches, startup_s, pipeline)
+    return recommend("input-bound", stats, train, {"transform": 0.06 * batches, "compute": 0.02 * batches}, 2,
+                     startup_s=startup_s, model=two, epochs=epoch_shape_)
+
+
+def test_keeping_the_recorded_workers_alive_is_priced_over_the_same_epoch_starts():
+    recs = _two_workers_recommended(100, 10, 0.5, shape())
     kept = next(r for r in recs if r.id == "persistent-workers")
     # restarted: 2 forks (0.06 s) + filling (8 x 8 ms - 8 / 200 = 0.024 s) at each of 9 starts; kept: filling alone
     assert kept.predicted_speedup == pytest.approx(round((4.0 + 9 * 0.084) / (4.0 + 9 * 0.024), 2))
@@ -290,19 +297,9 @@ def test_keeping_the_recorded_workers_alive_is_priced_over_the_same_epoch_starts
 
 
 def test_keeping_workers_alive_is_not_advised_below_five_percent():
-    """Long epochs: 2 starts over 8000 samples cost the kept-alive workers almost nothing less."""
-    from stallscope.analysis.recommend import recommend
-
-    two = replace(model(workers=2), usable_cpus=2.0, measured_samples_per_s=200.0)
-    steps = [Step(k, k * 80 * MS, (k + 1) * 80 * MS, 60 * MS, 0, 1, 8) for k in range(1000)]
-    stats = StepStats(0, "optimizer", steps, 0, 80.0, 60.0, 0.0, 20.0, 0.0, 0.0, 8000, 0.08, 0.08, 0.06, 0.08)
-    pipeline = WorkerPipeline(0, 2, 1000, 1.0, {}, {}, 8000, 1.0, 1.0, 0.0, None, {}, None, None, [0.03, 0.03], None,
-                              None, None, 0.0, 0)
-    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 2, "batch_size": 8}, {}, 1000, 3, 60.0, 3.0,
-                          pipeline)
-    # the measured restart wait (3 s of 80) alone would have advised it; priced over the epochs it gains 0.2%
-    recs = recommend("input-bound", stats, train, {"transform": 60.0, "compute": 20.0}, 2, startup_s=3.0, model=two,
-                     epochs=shape(restarts=2, samples=8000))
+    """Long epochs: 2 starts over 8000 samples cost the kept-alive workers almost nothing less. The measured
+    restart wait (3 s of 80) alone would have advised it; priced over the epochs it gains 0.2%."""
+    recs = _two_workers_recommended(1000, 3, 3.0, shape(restarts=2, samples=8000))
     assert not any(r.id == "persistent-workers" for r in recs)
 
 
