@@ -100,7 +100,8 @@ def test_short_epochs_can_make_workers_a_loss_and_the_advice_says_so():
     rec = _no_predicted_gain(model(), 0, tiny)
     assert rec.facts["reason"] == "epoch-starts" and rec.facts["epoch_starts"] == 99
     said = words.recommendation(rec)
-    assert "the measured steps start 99 new epochs of about 8 samples each" in said.reason
+    assert ("the measured steps start 99 new epochs of about 8 samples each, and each would cost 4 workers about "
+            "2.04 s (starting them 2.00 s, refilling the queue 0.04 s)") in said.reason
 
 
 def test_the_recommendation_carries_both_settings_and_the_epoch_costs():
@@ -313,4 +314,8 @@ def test_when_even_kept_alive_workers_cannot_pay_off_the_words_say_refilling_not
     rec = _no_predicted_gain(model(), 0, tiny)
     assert rec.facts["reason"] == "epoch-starts" and rec.facts["epoch_start_s"] == 0.0
     said = words.recommendation(rec)
-    assert "refilling the queue of" in said.reason and "starting" not in said.reason
+    # the best steady count, 4 workers (4.00x): refilling 8 x 8 ms - 8 / 400 = 0.044 s, and 4 x 2 dropped batches
+    # of 8 samples at 8 ms made by the 4 workers = 0.128 s, at each of the 99 starts
+    assert ("each would cost 4 workers about 0.17 s (refilling the queue 0.04 s, batches in flight dropped when the "
+            "loop leaves the epoch early 0.13 s)") in said.reason
+    assert "starting them" not in said.reason

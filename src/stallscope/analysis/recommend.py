@@ -157,6 +157,7 @@ def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape 
         cost = epoch_cost(model, epochs, best, over_epochs[1])
         reason = "epoch-starts"
         extra = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s, "epoch_start_s": cost.start_s,
+                 "epoch_fill_s": cost.fill_s, "epoch_dropped_s": cost.dropped_s,
                  "samples_per_epoch": epochs.samples / (epochs.restarts + 1)}
     elif model.compute_on_cpu and model.main_occupancy >= 0.75 * model.usable_cpus:
         reason = "compute-takes-the-cores"

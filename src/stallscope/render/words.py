@@ -86,11 +86,10 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                                        "usable cores busy while it computes: a worker would take its core from the "
                                        "compute",
             "epoch-starts": f"the measured steps start {f.get('epoch_starts')} new epochs of about "
-                            f"{f.get('samples_per_epoch', 0):.0f} samples each, and "
-                            + ("starting and refilling" if f.get("epoch_start_s") else "refilling the queue of")
-                            + f" {f['best_workers']} workers at each costs about {f.get('epoch_cost_s', 0):.2f} s: "
-                            f"more than their {f['best_speedup']:.2f}x steady-state gain saves (longer epochs, or one "
-                            "loop over more batches, would let workers pay off)",
+                            f"{f.get('samples_per_epoch', 0):.0f} samples each, and each would cost "
+                            f"{f['best_workers']} workers about {f.get('epoch_cost_s', 0):.2f} s "
+                            f"({_epoch_cost_parts(f)}): more than their {f['best_speedup']:.2f}x steady-state gain "
+                            "saves (longer epochs, or one loop over more batches, would let workers pay off)",
             "cpu-budget": f"every core is busy already: {1000 * f['loader_cpu_s_per_sample']:.1f} ms of loader CPU and "
                           f"{1000 * f['compute_s_per_sample']:.1f} ms of compute per sample on "
                           f"{f['usable_cpus']:.1f} usable cores",
@@ -446,17 +445,22 @@ def _epoch_starts(facts: dict, workers: int) -> str:
     """Where the measured steps start new epochs: what each start costs the workers, counted in the prediction."""
     if "epoch_starts" not in facts:
         return ""
-    parts = [f"starting them {facts['epoch_start_s']:.2f} s" if facts["epoch_start_s"] > 0 else "",
-             f"refilling the queue {facts['epoch_fill_s']:.2f} s" if facts["epoch_fill_s"] > 0 else "",
-             f"batches in flight dropped when the loop leaves the epoch early {facts['epoch_dropped_s']:.2f} s"
-             if facts["epoch_dropped_s"] > 0 else ""]
     basis = facts.get("worker_start_basis")
     start = ("" if not facts["epoch_start_s"] else
              f"; a worker takes {facts['worker_start_s']:.2f} s to start"
              + (", measured" if basis == "measured" else f" ({basis}, estimated)"))
     return (f"; the measured steps start {facts['epoch_starts']} new epochs, each costing {workers} workers about "
-            f"{facts['epoch_cost_s']:.2f} s ({', '.join(p for p in parts if p) or 'nothing'}){start}, counted in the "
+            f"{facts['epoch_cost_s']:.2f} s ({_epoch_cost_parts(facts)}){start}, counted in the "
             f"prediction (steady state alone: {facts['steady_speedup']:.2f}x)")
+
+
+def _epoch_cost_parts(facts: dict) -> str:
+    """What one epoch start costs the workers, by part, as the facts give it."""
+    parts = [f"starting them {facts.get('epoch_start_s', 0):.2f} s" if facts.get("epoch_start_s") else "",
+             f"refilling the queue {facts.get('epoch_fill_s', 0):.2f} s" if facts.get("epoch_fill_s") else "",
+             f"batches in flight dropped when the loop leaves the epoch early {facts.get('epoch_dropped_s', 0):.2f} s"
+             if facts.get("epoch_dropped_s") else ""]
+    return ", ".join(p for p in parts if p) or "nothing"
 
 
 def _shared_memory_estimate(facts: dict) -> str:
