@@ -27,6 +27,18 @@ def wait_for(condition, timeout_s: float = 30) -> bool:
     return False
 
 
+def can_mount_tmpfs(where: Path) -> bool:
+    """True where this machine lets a private mount namespace (``unshare -rm``) mount a tmpfs on ``where``: the way
+    the tests fill a real disk without touching the machine's own."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {where}"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
     try:

@@ -9,31 +9,21 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from stallscope import api
-from tests.conftest import SCRIPTS
+from tests.conftest import SCRIPTS, can_mount_tmpfs
 
 FILL = str(SCRIPTS / "fill_disk.py")
-
-
-def _can_mount_tmpfs(where: Path) -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {where}"],
-                           capture_output=True, timeout=30)
-    return probe.returncode == 0
 
 
 def test_a_disk_that_fills_during_training_keeps_the_exit_code_and_prints_the_summary(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
-    if not _can_mount_tmpfs(store):
+    if not can_mount_tmpfs(store):
         pytest.skip("this machine does not allow mounting a tmpfs (the simulated ENOSPC test still runs)")
     out, rebuilt, leftovers = tmp_path / "summary.json", tmp_path / "rebuilt.json", tmp_path / "leftovers.txt"
     py = sys.executable

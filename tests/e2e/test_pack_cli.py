@@ -250,3 +250,29 @@ def test_ctrl_c_mid_pack_with_workers_exits_130_quietly_then_resumes(source, tmp
     assert "resumed at source #" in rerun.stdout
     verify = stallscope("--verify", str(out))
     assert verify.returncode == 0 and "ok: 60 records" in verify.stdout
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_a_full_disk_mid_pack_is_one_clear_line_and_the_same_command_resumes(source, tmp_path, fmt):
+    """A 256 KiB tmpfs fills part-way through 60 images: one line saying so (not "a bug in stallscope"), the
+    unfinished pack kept; with room again the same command finishes it and it verifies."""
+    from tests.conftest import can_mount_tmpfs
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not can_mount_tmpfs(disk):
+        pytest.skip("this machine does not allow mounting a tmpfs")
+    out = disk / "pack"
+    command = f"{sys.executable} -m stallscope pack {source} {out} --format {fmt} --no-progress --commit-every 8"
+    driver = (f"mount -t tmpfs -o size=256k tmpfs {disk} && {command} 2> {tmp_path / 'full.err'}; "
+              f"echo $? > {tmp_path / 'full.rc'}; ls {disk} > {tmp_path / 'kept'}; "
+              f"mount -o remount,size=8m {disk} && {command} && {sys.executable} -m stallscope pack --verify {out}")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path)
+    full = (tmp_path / "full.err").read_text()
+    assert (tmp_path / "full.rc").read_text().strip() == "1", full
+    assert "internal error" not in full and "Traceback" not in full, full
+    assert f"packing into {out}.partial failed" in full and "run the same command again" in full, full
+    assert "pack.partial" in (tmp_path / "kept").read_text()  # what was packed so far, kept to resume from
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: 60 records" in done.stdout

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_verify(args.verify)
     if not args.src or not args.out:
         return _err("give SRC and OUT: stallscope pack SRC OUT --format lmdb|wds (or --verify OUT)")
-    from stallscope.data.packing import PackError, PackOptions, pack
+    from stallscope.data.packing import PackError, PackOptions, PackWriteError, pack
     from stallscope.data.sources import SourceError
 
     options = PackOptions(format=args.format, max_side=args.max_side, quality=args.quality, workers=args.workers,
@@ -127,6 +127,11 @@ def run(args: argparse.Namespace) -> int:
         return 130
     except SourceError as exc:
         return _err(str(exc))
+    except PackWriteError as exc:
+        print(f"stallscope pack: {exc}", file=sys.stderr)
+        print(f"stallscope pack: what was packed so far is kept in {exc.work} (if that folder is still there): "
+              "make room (or mend the folder) and run the same command again to go on from it", file=sys.stderr)
+        return 1
     except PackError as exc:
         print(f"stallscope pack: {exc}", file=sys.stderr)
         print(f"stallscope pack: nothing was written to {args.out}", file=sys.stderr)

@@ -44,6 +44,24 @@ class PackError(RuntimeError):
     """The pack cannot proceed (bad options, conflicting output, a bad file under ``strict``)."""
 
 
+class PackWriteError(RuntimeError):
+    """Writing the pack failed part-way (a full disk, the folder removed, an I/O error): what was packed and
+    checkpointed so far stays in ``work``, and the same command resumes from it once the cause is fixed."""
+
+    def __init__(self, message: str, work: Path) -> None:
+        super().__init__(message)
+        self.work = work
+
+
+def _write_failure(exc: BaseException) -> str | None:
+    """What went wrong, where ``exc`` is a failure to write (the file system's, or LMDB's own); None otherwise."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    if type(exc).__module__.split(".")[0] == "lmdb":  # lmdb.Error and its kinds (MapFullError, DiskError, ...)
+        return str(exc)
+    return None
+
+
 @dataclass(frozen=True)
 class PackOptions:
     format: str = "lmdb"
@@ -291,7 +309,14 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], options: Pack
     _check_output_location(Path(src), out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _only_writer(out):
-        return _pack_locked(src, sources, out, options, progress, force, started)
+        try:
+            return _pack_locked(src, sources, out, options, progress, force, started)
+        except Exception as exc:
+            reason = _write_failure(exc)
+            if reason is None or isinstance(exc, PackError):
+                raise
+            work = out.with_name(out.name + ".partial")
+            raise PackWriteError(f"packing into {work} failed: {reason}", work) from exc
 
 
 def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, options: PackOptions,
@@ -359,16 +384,19 @@ def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, op
         final = work / "final"
         final.mkdir(exist_ok=True)
         sink.finalize(final)
+        index = PackIndex(options.format, list(sources.classes), records, problems,
+                          {**options.content_options(), "fingerprint": fingerprint}, sink.shards, str(Path(src)))
+        index.write(final)
+        os.replace(final, out)
     except BaseException as exc:
         stream.close()  # stop the pool's workers now, not whenever the generator is collected
-        sink.close()
+        try:
+            sink.close()
+        except Exception:  # noqa: BLE001 - closing after a failed write may fail the same way; the first error counts
+            pass
         if isinstance(exc, PackError):  # strict stop or nothing usable: nothing to resume
             shutil.rmtree(work, ignore_errors=True)
         raise
-    index = PackIndex(options.format, list(sources.classes), records, problems,
-                      {**options.content_options(), "fingerprint": fingerprint}, sink.shards, str(Path(src)))
-    index.write(final)
-    os.replace(final, out)
     shutil.rmtree(work, ignore_errors=True)
     bytes_out = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     return PackResult(out, options.format, len(records), [p for p in problems if p.action == "skipped"],
