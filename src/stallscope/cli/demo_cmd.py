@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from stallscope.cli.common import add_run_options, after_dashes, fail, parse_set, record, run_options_error
+from stallscope.demo.dataset import default_cache_dir
 from stallscope.demo.scenarios import SCENARIOS, scenario_command
 from stallscope.render import words
 
@@ -59,7 +60,12 @@ def handle(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     console.print(f"stallscope demo: preparing the dataset for scenario {args.scenario!r} "
                   "(generated once, then cached)")
-    command = scenario_command(args.scenario, extra, progress=True)
+    try:
+        command = scenario_command(args.scenario, extra, progress=True)
+    except OSError as exc:
+        return fail("demo", f"cannot write the demo dataset in {default_cache_dir()}: {exc.strerror or exc} (it "
+                    "takes about 80 MB; what was written is kept and finished next time): make room there, or set "
+                    "XDG_CACHE_HOME to a folder that has it")
     steps = args.steps if args.steps is not None else DEFAULT_STEPS
     code, first = record("demo", command, module=None, store=args.store, overrides=overrides, max_steps=steps,
                          json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval,

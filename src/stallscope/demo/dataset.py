@@ -117,8 +117,12 @@ def make_dataset(root: str | os.PathLike[str], spec: DatasetSpec = DatasetSpec()
         final = class_dir / f"img_{index:05d}.jpg"
         if not final.exists():
             tmp = final.with_suffix(".tmp")
-            img.save(tmp, format="JPEG", quality=quality)
-            os.replace(tmp, final)
+            try:
+                img.save(tmp, format="JPEG", quality=quality)
+                os.replace(tmp, final)
+            except OSError:
+                tmp.unlink(missing_ok=True)  # a full disk leaves half a file: take it back, the next call redoes it
+                raise
         total += 1
         if progress and total % 250 == 0:
             print(f"  generated {total}/{spec.n_files} JPEGs", flush=True)
