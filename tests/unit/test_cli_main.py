@@ -69,3 +69,19 @@ def test_an_unknown_option_is_said_by_the_verbs_parser(capsys):
         main.main(["history", "--nosuch"])
     err = capsys.readouterr().err
     assert done.value.code == 2 and "usage: stallscope history" in err and "unrecognized arguments: --nosuch" in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_standard_output_on_a_full_disk_is_one_line_not_a_bug(tmp_path):
+    """``stallscope doctor > file`` on a full disk: the medium failed, not stallscope (/dev/full: every write is
+    ENOSPC), and Python's own flush at exit must not fail again after the line."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "stallscope", "doctor", "--no-bench"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("stallscope: cannot write the output (standard output): "
+                                                    "No space left on device"), done.stderr
+    assert "internal error" not in done.stderr and "Exception ignored" not in done.stderr

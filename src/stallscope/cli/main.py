@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -76,10 +77,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "handler", None):
             parser.print_help()
             return 2
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # redirected output is buffered: a full disk shows here, not after the last line
+        return code
     except KeyboardInterrupt:
         print("stallscope: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in OUTPUT_ERRNOS:
+            if os.environ.get(ENV_DEBUG):
+                raise
+            return _internal_error(exc)
+        return _output_failed(exc)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a bug must not end in a traceback
         if os.environ.get(ENV_DEBUG):
             raise
@@ -106,6 +115,28 @@ def _tolerant_output() -> None:
     columns = os.environ.get("COLUMNS")
     if columns is not None and not (columns.strip().isdigit() and int(columns) > 0):
         del os.environ["COLUMNS"]
+
+
+#: Failures of the medium, not of stallscope: where one reaches here it was writing its own output (the verbs
+#: say so themselves for the files they are given), most often standard output redirected to a full disk.
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+
+
+def _output_failed(exc: OSError) -> int:
+    """One line for output that could not be written, and standard output pointed at /dev/null so that Python's
+    own flush at exit does not fail the same way again."""
+    where = exc.filename or "the output (standard output)"
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        print(f"stallscope: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+    except OSError:
+        pass
+    return 2
 
 
 def _internal_error(exc: BaseException) -> int:
