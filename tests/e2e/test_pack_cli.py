@@ -276,3 +276,19 @@ def test_a_full_disk_mid_pack_is_one_clear_line_and_the_same_command_resumes(sou
     assert "pack.partial" in (tmp_path / "kept").read_text()  # what was packed so far, kept to resume from
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok: 60 records" in done.stdout
+
+
+def test_an_out_folder_that_cannot_be_written_is_one_clear_line(source, tmp_path):
+    from tests.conftest import can_mount_tmpfs
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if not can_mount_tmpfs(ro):
+        pytest.skip("this machine does not allow private mounts")
+    command = f"{sys.executable} -m stallscope pack {source} {ro / 'pack'} --no-progress"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount --bind -o ro {ro} {ro} && {command}"],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert f"packing into {ro / 'pack'} failed: Read-only file system" in done.stderr
+    assert "nothing was written" in done.stderr

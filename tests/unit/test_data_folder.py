@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -227,3 +229,40 @@ def test_default_collate_gives_the_same_batches_and_workers_keep_recycling(folde
     in_process = default_collate(reference.__getitems__(list(range(8))))[0]  # num_workers=0
     assert torch.equal(in_process, collate_uint8([reference[i] for i in range(8)])[0])
     del loader
+
+
+def test_a_class_folder_that_cannot_be_read_is_an_error_not_a_silent_gap(tmp_path):
+    """os.walk skips a folder it cannot list without a word: its images would be missing from the dataset and
+    from a pack. As root nothing is unreadable, so there the listing runs as an unprivileged user (setpriv)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="stallscope-unreadable-", dir="/tmp"))
+    try:
+        for name in ("a", "b"):
+            (root / name).mkdir()
+            (root / name / "x.jpg").write_bytes(b"\xff\xd8\xff")
+        os.chmod(root, 0o755)
+        os.chmod(root / "a", 0o755)
+        os.chmod(root / "b", 0)
+        probe = ("import sys\nfrom stallscope.data.sources import SourceError, list_image_folder\n"
+                 f"try:\n    list_image_folder({str(root)!r})\nexcept SourceError as exc:\n    print(exc); sys.exit(3)\n")
+        if os.geteuid() != 0:
+            command = [sys.executable, "-c", probe]
+        elif shutil.which("setpriv"):
+            command = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c", probe]
+        else:
+            pytest.skip("running as root without setpriv: nothing can be made unreadable")
+        src = str(Path(__file__).resolve().parents[2] / "src")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": src}, cwd="/")
+        if done.returncode != 3 and "Permission denied" not in done.stdout and os.geteuid() == 0:
+            pytest.skip(f"the unprivileged user could not run the probe here: {done.stderr[-300:]}")
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert f"{root / 'b'}: cannot read this folder (Permission denied); its images would be left out" in done.stdout
+    finally:
+        os.chmod(root / "b", 0o755)
+        shutil.rmtree(root, ignore_errors=True)

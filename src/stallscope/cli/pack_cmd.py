@@ -58,6 +58,8 @@ def _run_verify(path: str) -> int:
         return _err(str(exc))
     except ImportError as exc:
         return _err(f"{exc} (pip install 'stallscope[data]')")
+    except OSError as exc:
+        return _err(f"cannot read {exc.filename or path}: {exc.strerror or exc}")
     if result.ok:
         print(f"ok: {result.checked} records in {path} ({result.format}) match their checksums and labels")
         return 0
@@ -129,8 +131,12 @@ def run(args: argparse.Namespace) -> int:
         return _err(str(exc))
     except PackWriteError as exc:
         print(f"stallscope pack: {exc}", file=sys.stderr)
-        print(f"stallscope pack: what was packed so far is kept in {exc.work} (if that folder is still there): "
-              "make room (or mend the folder) and run the same command again to go on from it", file=sys.stderr)
+        if exc.work.exists():
+            print(f"stallscope pack: what was packed so far is kept in {exc.work}: make room (or mend the folder) "
+                  "and run the same command again to go on from it", file=sys.stderr)
+        else:
+            print("stallscope pack: nothing was written; choose an OUT where you can write, or make room",
+                  file=sys.stderr)
         return 1
     except PackError as exc:
         print(f"stallscope pack: {exc}", file=sys.stderr)

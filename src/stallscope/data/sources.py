@@ -46,13 +46,21 @@ def list_image_folder(root: str | os.PathLike[str], extensions: tuple[str, ...] 
         raise SourceError(f"{root}: no such folder")
     if not root.is_dir():
         raise SourceError(f"{root}: not a folder (give an ImageFolder tree root/<class>/<image>, or a file list)")
-    classes = find_classes(root)
+    try:
+        classes = find_classes(root)
+    except OSError as exc:
+        raise SourceError(f"{root}: cannot read this folder ({exc.strerror})") from exc
     if not classes:
         raise SourceError(f"{root}: no class folders (expected root/<class>/<image>)")
     exts = tuple(e.lower() for e in extensions)
     samples: list[tuple[Path, int]] = []
+
+    def unreadable(exc: OSError) -> None:  # os.walk would skip the folder, and every image in it, without a word
+        raise SourceError(f"{exc.filename}: cannot read this folder ({exc.strerror}); its images would be left out: "
+                          f"fix its permissions, or move it out of {root}")
+
     for label, name in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
+        for dirpath, dirnames, filenames in os.walk(root / name, onerror=unreadable, followlinks=True):
             dirnames.sort()
             for filename in sorted(filenames):
                 if filename.lower().endswith(exts) and not _special(Path(dirpath) / filename):

@@ -307,16 +307,17 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], options: Pack
     sources = open_source(src)
     out = Path(out)
     _check_output_location(Path(src), out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _only_writer(out):
-        try:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with _only_writer(out):
             return _pack_locked(src, sources, out, options, progress, force, started)
-        except Exception as exc:
-            reason = _write_failure(exc)
-            if reason is None or isinstance(exc, PackError):
-                raise
-            work = out.with_name(out.name + ".partial")
-            raise PackWriteError(f"packing into {work} failed: {reason}", work) from exc
+    except Exception as exc:
+        reason = _write_failure(exc)
+        if reason is None or isinstance(exc, PackError):
+            raise
+        work = out.with_name(out.name + ".partial")
+        where = work if work.exists() else out
+        raise PackWriteError(f"packing into {where} failed: {reason}", work) from exc
 
 
 def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, options: PackOptions,
