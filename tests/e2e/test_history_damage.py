@@ -70,3 +70,29 @@ def test_a_read_only_history_is_still_read(store, tmp_path):
         pytest.skip("this machine does not allow a read-only bind mount")
     assert done.returncode == 0, done.stderr
     assert len(_run_ids(done.stdout)) == 2
+
+
+def test_a_rebuild_that_cannot_read_every_session_leaves_the_history_as_it_was(store, tmp_path):
+    """A session the file system will not read (here a folder where the file should be, an OSError even for root;
+    permissions do the same) still is a run: rebuilding without it would drop it from the history for good."""
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    before = (copy / "history.sqlite3").read_bytes()
+    blocked = copy / "runs" / "20000101-000000-abcdef"
+    (blocked / "session.json").mkdir(parents=True)
+    done = stallscope("history", "--rebuild", "--store", str(copy), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot read {blocked / 'session.json'}: Is a directory" in done.stderr
+    assert "the history is left as it was" in done.stderr and "Traceback" not in done.stderr
+    assert (copy / "history.sqlite3").read_bytes() == before
+    assert not list(copy.glob("history.sqlite3.before-rebuild-*"))
+
+
+def test_two_rebuilds_in_one_second_keep_both_old_files(store, tmp_path):
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    for _ in range(2):
+        done = stallscope("history", "--rebuild", "--store", str(copy), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    kept = sorted(p.name for p in copy.glob("history.sqlite3.before-rebuild-*") if not p.name.endswith("-wal"))
+    assert len(kept) == 2, kept  # named by the second, then -2 when they share it: never one over the other

@@ -166,3 +166,18 @@ def test_a_store_that_is_a_file_is_said_so(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(HistoryError, match="is a file, not a folder"):
         list_runs(tmp_path / "afile")
+
+
+def test_old_histories_set_aside_in_the_same_second_never_overwrite_each_other(tmp_path, monkeypatch):
+    from stallscope.history import store as store_mod
+
+    monkeypatch.setattr(store_mod.time, "strftime", lambda fmt, *a: "20260101-000000")  # one second for all
+    history = tmp_path / "history.sqlite3"
+    names = []
+    for content in ("first", "second", "third"):
+        history.write_text(content)
+        names.append(store_mod._set_aside(history))
+    assert [p.name for p in names] == ["history.sqlite3.before-rebuild-20260101-000000",
+                                       "history.sqlite3.before-rebuild-20260101-000000-2",
+                                       "history.sqlite3.before-rebuild-20260101-000000-3"]
+    assert [p.read_text() for p in names] == ["first", "second", "third"] and not history.exists()

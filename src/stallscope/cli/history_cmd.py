@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 import time
 
-from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -49,25 +49,45 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle)
 
 
-def _rows_from_sessions(store: Path, skipped: list[str]) -> Iterator[RunRow]:
-    """Each saved session of the store as a history row, oldest first; unreadable ones are named in ``skipped``."""
+def _rows_from_sessions(store: Path, skipped: list[str], unreadable: list[str]) -> list[RunRow]:
+    """Each saved session of the store as a history row, oldest first. Damaged ones are named in ``skipped``
+    and left out; ones the file system would not let us read (permissions, I/O) go to ``unreadable``: their runs
+    still exist, so a history without them would lose them."""
     files = sorted(paths.runs_dir(store).glob("*/session.json"))
+    rows: list[RunRow] = []
     with Progress(TextColumn("rebuilding the history"), BarColumn(), MofNCompleteColumn(),
                   console=Console(stderr=True), disable=not sys.stderr.isatty() or len(files) < 5) as progress:
         task = progress.add_task("sessions", total=len(files))
         for path in files:
             try:
                 session = Session.load(path)
-                yield row_from_session(session, analyze(session), path)
-            except (OSError, ValueError) as exc:
+                rows.append(row_from_session(session, analyze(session), path))
+            except OSError as exc:
+                unreadable.append(f"{path}: {exc.strerror or exc}")
+            except ValueError as exc:
                 skipped.append(f"{path.parent.name}: {exc}")
             progress.advance(task)
+    return rows
 
 
 def rebuild(store: Path) -> int:
     skipped: list[str] = []
+    unreadable: list[str] = []
+    runs = paths.runs_dir(store)
     try:
-        written, kept = rebuild_history(store, _rows_from_sessions(store, skipped))
+        if runs.exists():
+            os.listdir(runs)  # glob() takes a folder it cannot list for an empty one
+        rows = _rows_from_sessions(store, skipped, unreadable)
+    except OSError as exc:
+        unreadable.append(f"{exc.filename or runs}: {exc.strerror or exc}")
+    if unreadable:
+        print(f"stallscope history: cannot read {unreadable[0]}"
+              + (f" (and {len(unreadable) - 1} more)" if len(unreadable) > 1 else "")
+              + "; the history is left as it was, since rebuilding it now would leave those runs out: fix the "
+              "permissions and run --rebuild again", file=sys.stderr)
+        return 2
+    try:
+        written, kept = rebuild_history(store, iter(rows))
     except (HistoryError, OSError) as exc:
         print(f"stallscope history: cannot rebuild the history in {store}: {exc}", file=sys.stderr)
         return 2

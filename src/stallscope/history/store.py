@@ -274,14 +274,32 @@ def get_run(store_dir: str | os.PathLike[str], ref: str) -> RunRow:
     raise HistoryError(f"no run {ref!r} in the history at {history_path(store_dir)}")
 
 
+def _set_aside(path: Path) -> Path:
+    """Move ``path`` to ``NAME.before-rebuild-STAMP`` (``-2``, ``-3``... after it when two rebuilds share a
+    second), never over an earlier copy: a hard link claims the name atomically, then the old name goes."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        kept = path.with_name(f"{path.name}.before-rebuild-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            os.link(path, kept)
+        except FileExistsError:
+            continue
+        except OSError:  # a file system without hard links: the name is free now, take it the plain way
+            if kept.exists():
+                continue
+            os.replace(path, kept)
+            return kept
+        os.unlink(path)
+        return kept
+    raise HistoryError(f"cannot keep the old history beside {path}: too many copies named {path.name}.before-rebuild-*")
+
+
 def rebuild_history(store_dir: str | os.PathLike[str], rows: Iterator[RunRow]) -> tuple[int, Path | None]:
     """Make the history again from ``rows`` (read from the saved sessions by the caller): the old file, if
     any, is kept beside it as ``history.sqlite3.before-rebuild-STAMP`` (damaged or not). Returns (rows written, where the old went)."""
     path = history_path(store_dir)
-    kept = None
-    if path.exists():
-        kept = path.with_name(f"{path.name}.before-rebuild-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(path, kept)
+    kept = _set_aside(path) if path.exists() else None
+    if kept is not None:
         wal = Path(f"{path}-wal")
         if wal.exists():  # the old file's last commits travel with it
             os.replace(wal, Path(f"{kept}-wal"))
