@@ -201,6 +201,11 @@ def test_two_nodes_merge_with_aligned_clocks(tmp_path):
     assert cli.returncode == 0, cli.stderr[-2000:]
     summary = json.loads((tmp_path / "m.json").read_text())
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    if os.path.exists("/dev/full"):  # the summary cannot be written: its own name is said, not the session's
+        full = subprocess.run([sys.executable, "-m", "stallscope", "merge", *(str(s) for s in _session_paths(tmp_path)),
+                               "-o", str(tmp_path / "again.json"), "--json", "/dev/full", "--quiet"],
+                              capture_output=True, text=True, timeout=120)
+        assert full.returncode == 2 and "cannot write /dev/full: No space left on device" in full.stderr, full.stderr
 
 
 def _session_paths(tmp_path: Path) -> list[Path]:

@@ -45,12 +45,14 @@ def handle(args: argparse.Namespace) -> int:
         print(f"stallscope merge: {problem}", file=sys.stderr)
         return 2
     analysis = analyze(merged)
+    writing = args.output
     try:
         out = merged.save(Path(args.output))
         if args.json:
+            writing = args.json  # a failure writing it is said with its own name, not the session's
             write_summary(args.json, summary_dict(merged, analysis, out))
     except OSError as exc:
-        print(f"stallscope merge: cannot write {exc.filename or args.output}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"stallscope merge: cannot write {exc.filename or writing}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if not args.quiet:
         terminal.render(merged, analysis, Console(stderr=True), session_ref=str(out))
