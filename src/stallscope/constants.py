@@ -15,3 +15,7 @@ SUMMARY_SCHEMA = "stallscope.summary/1"
 PLAN_SCHEMA = "stallscope.plan/1"
 
 DEFAULT_STORE_DIRNAME = ".stallscope"
+
+#: The launcher's note when the run's folder disappeared while the job ran (a cleanup script, ``rm -rf``): it
+#: begins every such note, so the analysis tells "events lost" from "the recorder never started".
+EVENTS_LOST_NOTE = "the run's folder was removed while the job ran"

@@ -30,6 +30,7 @@ from typing import Any
 
 import stallscope
 from stallscope import environment, paths
+from stallscope.constants import EVENTS_LOST_NOTE
 from stallscope.collect import build_session
 from stallscope.sample import SystemSampler
 from stallscope.session import Session
@@ -410,6 +411,9 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
     meta["exit_code"] = 128 - returncode if returncode < 0 else returncode
     meta["ended_by"], meta["notes"] = _ending(forwarder, returncode)
     meta["pauses"] = forwarder.pause_spans
+    if not (run_dir / "events").is_dir():
+        meta["notes"] = [*meta["notes"], f"{EVENTS_LOST_NOTE} ({run_dir}): the events recorded in it went with it, "
+                         "so nothing was measured; the script's exit code is kept"]
     session = build_session(run_dir, meta)
     session_path, save_error = save_session(session, run_dir)
     if save_error:

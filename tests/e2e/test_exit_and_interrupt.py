@@ -347,3 +347,12 @@ def test_output_piped_into_head_keeps_the_scripts_exit_code(tmp_path, stderr_too
     proc.stdout.close()  # what head does after its line
     assert proc.wait(timeout=120) == 0
     assert list((tmp_path / "store").glob("runs/*/session.json")), "the session is saved all the same"
+
+
+def test_a_run_folder_removed_while_the_job_runs_is_said_as_lost_events(tmp_path):
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "remove_run_folder.py")])
+    assert result.returncode == 0, result.stderr[-2000:]  # the script's own exit code
+    assert "Traceback" not in result.stderr
+    assert "the run's folder was removed while the job ran" in result.stderr
+    assert "the recorder started in no process" not in result.stderr
+    assert "nothing was measured" in result.stderr

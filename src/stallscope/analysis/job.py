@@ -23,6 +23,7 @@ from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
 from stallscope.analysis.steps import step_stats
 from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
+from stallscope.constants import EVENTS_LOST_NOTE
 from stallscope.environment import recorded_physical_cores, recorded_usable_cpus
 from stallscope.session import LoaderRecord, Session
 
@@ -163,7 +164,8 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     spots = session_hotspots(session, stats.loader_ids, seconds)
     conditions = []
     if not session.processes:
-        conditions.append("recorder-not-started")
+        lost = any(note.startswith(EVENTS_LOST_NOTE) for note in session.notes)
+        conditions.append("events-lost" if lost else "recorder-not-started")
     elif not session.loaders:
         conditions.append("no-dataloader")
     elif not stats.steps:

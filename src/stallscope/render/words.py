@@ -376,6 +376,8 @@ CONDITIONS = {
     "recorder-not-started": "the recorder started in no process of the command: it starts through the "
                             "sitecustomize that stallscope puts on PYTHONPATH, which python -I, -E and -S ignore, "
                             "as do Pythons older than 3.10 and those of another version without stallscope installed",
+    "events-lost": "nothing was measured: the run's folder, and the events recorded in it, were removed while "
+                   "the job ran (see the note)",
     "no-dataloader": "no torch DataLoader was created: stallscope measures DataLoader-fed training",
     "no-training-step": "no training step was recorded: none completed, or the script was killed before the "
                         "recorder wrote its last records (it writes them every second or so)",
