@@ -51,14 +51,21 @@ def resolve_run(ref: str, store: Path) -> Path:
     if candidate.is_dir() and (candidate / "run.json").is_file():
         return candidate
     base = runs_dir(store)
+    if base.is_dir():
+        try:
+            os.listdir(base)  # glob() takes a folder it cannot list for an empty one
+        except OSError as exc:
+            raise FileNotFoundError(f"cannot read {base}: {exc.strerror}") from exc
     runs = sorted(p for p in base.glob("*") if (p / "session.json").is_file()) if base.is_dir() else []
+    unsaved = sorted(p for p in base.glob("*") if (p / "run.json").is_file() and not (p / "session.json").is_file()
+                     ) if base.is_dir() else []
     if ref == "last" or (ref.startswith("last~") and ref[5:].isascii() and ref[5:].isdigit()):
         back = int(ref[5:]) if ref != "last" else 0
         if len(runs) <= back:
-            raise FileNotFoundError(f"no saved run {ref!r} under {base}: it holds {len(runs)}")
+            never = (f"; {len(unsaved)} more never saved their session (a full disk, a killed launcher): name one "
+                     f"by its id to rebuild it, the newest is {unsaved[-1].name}") if unsaved else ""
+            raise FileNotFoundError(f"no saved run {ref!r} under {base}: it holds {len(runs)}{never}")
         return runs[-1 - back] / "session.json"
-    unsaved = sorted(p for p in base.glob("*") if (p / "run.json").is_file() and not (p / "session.json").is_file()
-                     ) if base.is_dir() else []
     matches = [p for p in runs + unsaved if p.name.startswith(ref)]
     if len(matches) == 1:
         return matches[0] / "session.json" if matches[0] in runs else matches[0]

@@ -7,6 +7,7 @@ import errno
 import os
 import stat
 import threading
+import time
 
 import pytest
 
@@ -38,10 +39,21 @@ def test_a_fifo_is_written_to_not_replaced(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
-    write_file(fifo, "through the pipe")
-    reader.join(timeout=10)
+    try:
+        for _ in range(200):  # until the reader has the FIFO open: before that, no program reads it (ENXIO)
+            try:
+                write_file(fifo, "through the pipe")
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                time.sleep(0.02)
+        reader.join(timeout=10)
+    finally:
+        if reader.is_alive():  # never leave the reader blocked in open(): pytest would not exit
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
@@ -174,3 +186,19 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_last_names_the_runs_that_never_saved_their_session(tmp_path):
+    """A full disk left a run without its session: ``last`` means the last saved one, and says where the other is."""
+    import json
+
+    from stallscope.paths import resolve_run
+
+    store = tmp_path / "store"
+    unsaved = store / "runs" / "20240101-000000-aaaaaa"
+    unsaved.mkdir(parents=True)
+    (unsaved / "run.json").write_text(json.dumps({"run_id": unsaved.name}))
+    with pytest.raises(FileNotFoundError, match="it holds 0; 1 more never saved their session .* the newest is "
+                                                "20240101-000000-aaaaaa"):
+        resolve_run("last", store)
+    assert resolve_run("20240101", store) == unsaved  # by its id it resolves, to be rebuilt
