@@ -96,3 +96,17 @@ def test_two_rebuilds_in_one_second_keep_both_old_files(store, tmp_path):
         assert done.returncode == 0, done.stderr
     kept = sorted(p.name for p in copy.glob("history.sqlite3.before-rebuild-*") if not p.name.endswith("-wal"))
     assert len(kept) == 2, kept  # named by the second, then -2 when they share it: never one over the other
+
+
+def test_a_run_the_history_could_not_take_says_how_to_get_it_back(tmp_path):
+    """The session is saved but the history cannot be written (here a folder where the database should be): the
+    warning says that a rebuild adds it later, and a rebuild does once the history can be written."""
+    store = tmp_path / "store"
+    (store / "history.sqlite3").mkdir(parents=True)
+    done = stallscope("run", "--quiet", "--store", str(store), "--", sys.executable, TINY, "--n", "48", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "the run was not added to the history" in done.stderr
+    assert "stallscope history --rebuild adds it from its saved session" in done.stderr
+    (store / "history.sqlite3").rmdir()
+    rebuilt = stallscope("history", "--rebuild", "--store", str(store), cwd=tmp_path)
+    assert rebuilt.returncode == 0 and len(_run_ids(rebuilt.stdout)) == 1, rebuilt.stderr

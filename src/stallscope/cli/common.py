@@ -103,14 +103,18 @@ def log_to_tracker(verb: str, result: RunResult, target: str) -> None:
             pass
 
 
+#: Said after "the run was not added to the history": its session is saved, so the history can get it back.
+HISTORY_REBUILD_HINT = "; once the store can be written again, stallscope history --rebuild adds it from its saved session"
+
+
 def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bool) -> None:
     """After a recorded run: the history warning if any, the summary JSON, the terminal summary. Nothing
     here may change the exit code: a full disk or a closed terminal (SIGHUP) costs the output, not the
     script's code."""
     try:
         if result.history_error:
-            print(f"stallscope {verb}: warning: the run was not added to the history: {result.history_error}",
-                  file=sys.stderr)
+            print(f"stallscope {verb}: warning: the run was not added to the history: {result.history_error}"
+                  f"{HISTORY_REBUILD_HINT if result.session_path else ''}", file=sys.stderr)
         if json_path:
             try:
                 write_summary(json_path, result.summary)

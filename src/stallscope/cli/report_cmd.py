@@ -16,6 +16,7 @@ from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.api import record_history
 from stallscope.cli.args import output_error
+from stallscope.cli.common import HISTORY_REBUILD_HINT
 from stallscope.collect import recover_session
 from stallscope.launcher import save_session
 from stallscope.render import speedscope, terminal
@@ -65,7 +66,8 @@ def _recover(run_dir: Path) -> tuple[Session, Path]:
         return session, saved
     history_error = record_history(run_dir.parent.parent, session, analyze(session), saved)
     if history_error:
-        print(f"stallscope report: warning: the run was not added to the history: {history_error}", file=sys.stderr)
+        print(f"stallscope report: warning: the run was not added to the history: {history_error}"
+              f"{HISTORY_REBUILD_HINT}", file=sys.stderr)
     return session, saved
 
 
