@@ -43,4 +43,4 @@ def test_a_lightning_job_is_pointed_at_its_train_dataloader_hook(tmp_path):
     assert train["code"]["framework"] == "lightning" and train["code"]["function"] == "train_dataloader"
     assert train["code"]["site"].endswith(hook_line)
     [workers] = [r for r in summary["recommendations"] if r["id"] == "num-workers"]
-    assert f"in train_dataloader() at" in workers["change"] and hook_line in workers["change"]
+    assert "in train_dataloader() at" in workers["change"] and hook_line in workers["change"]

@@ -161,7 +161,7 @@ def test_unsupported_queries_are_unknown_not_crashes(tmp_path: Path) -> None:
 
 
 def test_sysfs_numa_unreadable_is_unknown(tmp_path: Path) -> None:
-    host = two_socket(tmp_path)
+    two_socket(tmp_path)
     denied = Host(tmp_path, environ={}, opener=lambda p: (_ for _ in ()).throw(PermissionError(13, "denied"))
                   if p.name == "numa_node" else p.read_text())
     check = by_id(gpu.gpu_checks(denied, gpu.read_gpus(denied, FakeNVML([healthy("00000000:1B:00.0")]))))["gpu.numa"]

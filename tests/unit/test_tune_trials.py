@@ -6,6 +6,7 @@ from stallscope.tuning.trials import failure_reason, normalize, set_arguments
 from stallscope.tuning.tuning import pooled
 from stallscope.tuning.noise import Rate
 from stallscope.tuning.trials import TrialResult
+from stallscope.tuning.tuning import TuneResult
 
 
 def test_failure_reasons() -> None:
@@ -46,10 +47,7 @@ def test_pooled_rate_of_repeats() -> None:
     assert rate.steps == 40
 
 
-def _tuned(original_rate: float, winner_rate: float, se: float) -> "TuneResult":
-    from stallscope.tuning.noise import Rate
-    from stallscope.tuning.tuning import TuneResult
-
+def _tuned(original_rate: float, winner_rate: float, se: float) -> TuneResult:
     original = TrialResult(1, "original", {}, {"num_workers": 0}, True, rate=Rate(340.0, 9.0, 100))
     winner = TrialResult(4, "num_workers", {"num_workers": 3}, {"num_workers": 3}, True, rate=Rate(359.0, 9.0, 100))
     return TuneResult(["python", "train.py"], 100, [original, winner], [], original, winner, {"num_workers": 3},

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from stallscope.analysis.capacity import ThroughputModel
 from stallscope.analysis.findings import LoaderSummary, StepStats
+from stallscope.analysis.steps import epochs_of
 from stallscope.session import Session
 
 #: Seconds to fork one worker and have it ready, where no worker of the run was measured: 20-35 ms per worker
@@ -102,13 +103,7 @@ def _left_early(session: Session, train: LoaderSummary, batch_size: int) -> bool
         full = length // batch_size if config.get("drop_last") else math.ceil(length / batch_size)
     if full <= 0:
         return False
-    per_epoch: dict[tuple[int, int, int], int] = {}
-    ids = set(train.ids)
-    for n in session.nexts:
-        if n.loader_id in ids:  # persistent workers keep one iterator: its epochs tell them apart
-            key = (n.loader_id, n.iter_id, n.epoch)
-            per_epoch[key] = per_epoch.get(key, 0) + 1
-    ended = list(per_epoch.values())[:-1]  # the last epoch may have been cut by the run's end
+    ended = [len(batches) for batches in epochs_of(session, train.ids).values()][:-1]  # the last: cut by the run's end
     return bool(ended) and sum(1 for used in ended if used < full) > len(ended) / 2
 
 
@@ -177,16 +172,17 @@ class EpochCost:
 
 
 def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persistent: bool,
-               scale: dict[str, float] | None = None) -> EpochCost:
+               rate: float | None = None) -> EpochCost:
     """What each epoch start costs ``workers`` workers (none without workers: loading then restarts with nothing
     to refill). Start-up: ``workers x worker_start_s`` when forked one after another, else ``worker_start_s``
     once per round of as many workers as there are cores; none with persistent workers. Filling: one worker's
     batch at its per-sample cost, less the steady interval between batches. Dropped: the batches in flight when
-    an epoch is left early, their CPU shared by the cores."""
+    an epoch is left early, made by the workers side by side and no faster than the cores they have allow.
+    ``rate``: the model's steady rate with ``workers``, where the caller has it already."""
     if workers <= 0:
         return EpochCost(0.0, 0.0, 0.0)
-    cpu, blocked = model.costs(scale, workers)
-    rate = model.rate(workers, scale)
+    cpu, blocked = model.costs(None, workers)
+    rate = model.rate(workers) if rate is None else rate
     if persistent:
         start = 0.0
     elif shape.serial_start:
@@ -208,14 +204,13 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
     return EpochCost(start, fill, dropped)
 
 
-def rate_over_epochs(model: ThroughputModel, shape: EpochShape, workers: int, persistent: bool,
-                     scale: dict[str, float] | None = None) -> float:
+def rate_over_epochs(model: ThroughputModel, shape: EpochShape, workers: int, persistent: bool) -> float:
     """Samples/s over the steady steps' samples when each of their ``restarts`` epoch starts costs
     :func:`epoch_cost` on top of the model's steady rate."""
-    rate = model.rate(workers, scale)
+    rate = model.rate(workers)
     if rate <= 0:
         return 0.0
-    seconds = shape.samples / rate + shape.restarts * epoch_cost(model, shape, workers, persistent, scale).total_s
+    seconds = shape.samples / rate + shape.restarts * epoch_cost(model, shape, workers, persistent, rate).total_s
     return shape.samples / seconds if seconds > 0 else rate
 
 

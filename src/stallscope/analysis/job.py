@@ -21,7 +21,7 @@ from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
-from stallscope.analysis.steps import step_stats
+from stallscope.analysis.steps import epochs_of, step_stats
 from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
 from stallscope.constants import EVENTS_LOST_NOTE
 from stallscope.environment import recorded_physical_cores, recorded_usable_cpus
@@ -80,17 +80,10 @@ def _startup_in_steady(session: Session, stats: StepStats, train: LoaderSummary 
     total = sum(max(0, min(it.end_ns, t1) - max(it.start_ns, t0)) for it in session.iters
                 if it.loader_id in ids) / 1e9
     if int(train.config.get("num_workers") or 0) > 0 and stats.median_wait_s is not None:
-        first_of_epoch: dict[tuple[int, int], int] = {}
-        for n in session.nexts:
-            if n.loader_id in ids:
-                first_of_epoch.setdefault((n.iter_id, n.epoch), n.start_ns)
-        very_first = min(first_of_epoch, key=first_of_epoch.get) if first_of_epoch else None
+        # the first batch of each epoch after the very first: the queue filling again
+        later_firsts = [batches[0] for batches in epochs_of(session, ids).values()][1:]
         typical = stats.median_wait_s / max(1.0, sum(s.batches for s in stats.steady) / len(stats.steady))
-        for n in session.nexts:
-            key = (n.iter_id, n.epoch)
-            if n.loader_id in ids and first_of_epoch.get(key) == n.start_ns and t0 <= n.start_ns < t1 \
-                    and key != very_first:
-                total += max(0.0, (n.end_ns - n.start_ns) / 1e9 - typical)
+        total += sum(max(0.0, (n.end_ns - n.start_ns) / 1e9 - typical) for n in later_firsts if t0 <= n.start_ns < t1)
     return total
 
 

@@ -35,6 +35,17 @@ def same_site(session: Session, loader_id: int) -> list[int]:
     return [ld.loader_id for ld in session.loaders if ld.pid == first.pid and ld.site == first.site]
 
 
+def epochs_of(session: Session, loader_ids: Sequence[int]) -> dict[tuple[int, int, int], list[NextRecord]]:
+    """The batches taken from ``loader_ids``, per epoch, in the order the epochs began: keyed by (loader,
+    iterator, epoch). A new ``iter(loader)`` starts an epoch; a loader with persistent workers keeps one
+    iterator across epochs, so its epochs are told apart by ``epoch`` too."""
+    ids = set(loader_ids)
+    epochs: dict[tuple[int, int, int], list[NextRecord]] = {}
+    for n in sorted((n for n in session.nexts if n.loader_id in ids), key=lambda n: n.start_ns):
+        epochs.setdefault((n.loader_id, n.iter_id, n.epoch), []).append(n)
+    return epochs
+
+
 def train_loader_ids(session: Session, pid: int | None) -> tuple[tuple[int, ...], str]:
     """The training loader(s) and how steps end. Its batches precede optimizer steps (without optimizer
     steps: the busiest loader). Every loader built at its line whose batches also feed optimizer steps is

@@ -96,7 +96,7 @@ def run_doctor(data_dir: str | os.PathLike[str] | None = None, *, root: str | os
     return DoctorReport(tuple(checks), str(folder) if folder else None, time.perf_counter() - start)
 
 
-__all__ = sorted([
-    "BenchOptions", "Check", "DOCTOR_SCHEMA", "DoctorReport", "FAIL", "Host", "LoaderAssumptions", "NA", "PASS",
-    "STATUSES", "UNKNOWN", "WARN", "quick_checks", "run_doctor", "validate_data_dir",
-])
+__all__ = [
+    "DOCTOR_SCHEMA", "FAIL", "NA", "PASS", "STATUSES", "UNKNOWN", "WARN", "BenchOptions", "Check", "DoctorReport",
+    "Host", "LoaderAssumptions", "quick_checks", "run_doctor", "validate_data_dir",
+]
