@@ -9,12 +9,15 @@ library is imported only here, on use: none of them is a dependency of stallscop
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
+import logging
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +74,40 @@ def log_run(summary: dict[str, Any], session: Session, target: str, *, analysis:
         backend.require()
     except ImportError as exc:
         raise TrackerUnavailable(needs(target)) from exc
-    with tempfile.TemporaryDirectory(prefix="stallscope-export-") as folder:
+    with tempfile.TemporaryDirectory(prefix="stallscope-export-") as folder, _library_threads_contained() as failed:
         files = write_files(summary, session, analysis, Path(folder), warn or _stderr)
         if target == "mlflow":
-            return backend.log(summary, session, files, uri=uri)
-        if target == "wandb":
-            return backend.log(summary, session, files, project=project)
-        return backend.log(summary, session, files, log_dir=log_dir)
+            where = backend.log(summary, session, files, uri=uri)
+        elif target == "wandb":
+            where = backend.log(summary, session, files, project=project)
+        else:
+            where = backend.log(summary, session, files, log_dir=log_dir)
+        if failed:  # a writer thread lost what it was given while the calls above returned as if all went well
+            raise failed[0]
+        return where
+
+
+@contextlib.contextmanager
+def _library_threads_contained() -> Iterator[list[BaseException]]:
+    """Keep the trackers' own threads and loggers from printing tracebacks over our one-line error.
+
+    TensorBoard writes event files from a thread of its own, and W&B logs from several: on a full disk or a
+    read-only folder each prints a traceback ("Exception in thread ...", "--- Logging error ---", hundreds of
+    lines from W&B) before the export's own error says what went wrong. Their exceptions are collected
+    instead (the yielded list, the first is raised by the caller when nothing else was) and logging's own
+    failures are not printed; both are restored afterwards."""
+    failed: list[BaseException] = []
+    previous_hook, previous_raise = threading.excepthook, logging.raiseExceptions
+
+    def collect(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
+            failed.append(args.exc_value)
+
+    threading.excepthook, logging.raiseExceptions = collect, False
+    try:
+        yield failed
+    finally:
+        threading.excepthook, logging.raiseExceptions = previous_hook, previous_raise
 
 
 def write_files(summary: dict[str, Any], session: Session, analysis: Any, folder: Path,
