@@ -75,6 +75,25 @@ def resolve_run(ref: str, store: Path) -> Path:
     raise FileNotFoundError(f"no run {ref!r}: not a session file, run directory, or run id under {base}")
 
 
+#: Less free space than this on a file system counts as full: SQLite grows its files a page (and its -shm index
+#: 32 KiB) at a time, so a disk with a few KiB left fails as surely as one with none.
+LOW_SPACE_BYTES = 1 << 20
+
+
+def disk_full(path: str | os.PathLike[str]) -> bool:
+    """Whether the file system holding ``path`` (or the nearest folder above it that exists) has no room left for
+    this user. Used to name the cause where a failure does not: SQLite's "disk I/O error", an empty file, a child
+    process whose output went to the same full disk. False where it cannot be told."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        fs = os.statvfs(where)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < LOW_SPACE_BYTES
+
+
 def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
     """Write a file the user named, so that a crash or a full disk never leaves half of it, nor destroys what
     the name pointed at.

@@ -1,7 +1,9 @@
 """A full disk costs the saved session, never the script's exit code or the summary (issue 18, case 5).
 
 Two ways: a real full file system (a 16 MiB tmpfs in a private mount namespace, where the machine
-allows mounting one), and a simulated ENOSPC from the session save (always).
+allows mounting one), and a simulated ENOSPC from the session save (always). Then what each verb says on a
+real full disk: the history names it and the full disk (never SQLite's "no such table"), tune and bench name the
+store, a tune trial says its summary was lost and why, and a --json file that could not be written is an error line.
 """
 
 from __future__ import annotations
@@ -91,3 +93,131 @@ def test_a_session_save_that_fails_with_enospc_is_a_note_not_a_crash(tmp_path, m
     assert not list(run_dir.glob("*.tmp")) and not (run_dir / "session.json").exists()
     assert list((run_dir / "events").glob("*.jsonl")), "the raw events are kept"
     assert any("could not be saved" in n and "the disk is full" in n for n in result.summary["notes"])
+
+
+def _on_a_full_disk(tmp_path, disk, commands: str, size: str = "64k") -> subprocess.CompletedProcess:
+    """``commands`` (shell) with a ``size`` tmpfs mounted on ``disk`` and filled to the last byte."""
+    disk.mkdir(exist_ok=True)
+    if not can_mount_tmpfs(disk):
+        pytest.skip("this machine does not allow mounting a tmpfs")
+    driver = f"mount -t tmpfs -o size={size} tmpfs {disk} && head -c {size} /dev/zero > {disk}/filler; "
+    return subprocess.run(["unshare", "-rm", "sh", "-c", driver + commands], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+
+
+LEAVE_ROOM = """\
+import os, sys, time
+from torch.utils.data import DataLoader
+for _batch in DataLoader(list(range(60)), batch_size=2):
+    time.sleep(0.005)
+time.sleep(1.5)  # the recorder's flusher writes the steps out before the disk fills
+path = os.path.join(os.environ["FILL_DIR"], "filler")
+with open(path, "wb", buffering=0) as filler:
+    for size in (1 << 20, 4096, 1):
+        try:
+            while True:
+                filler.write(b"\\0" * size)
+        except OSError:
+            pass
+os.truncate(path, os.path.getsize(path) - 48 * 1024)  # room for the session, none for the history's files
+"""
+
+
+def test_a_history_the_full_disk_never_let_be_written_says_the_disk_is_full(tmp_path):
+    """The session fits on the nearly full disk but the history's database does not: SQLite says "disk I/O error"
+    (its -shm index cannot grow) and leaves a file without tables, which `history` then read as "no such table:
+    schema_version". Both say the disk holding the history is full, naming it."""
+    store = tmp_path / "store"
+    store.mkdir()
+    if not can_mount_tmpfs(store):
+        pytest.skip("this machine does not allow mounting a tmpfs")
+    script = tmp_path / "leave_room.py"
+    script.write_text(LEAVE_ROOM)
+    py = sys.executable
+    driver = (f"mount -t tmpfs -o size=1m tmpfs {store} && FILL_DIR={store} {py} -m stallscope run --quiet "
+              f"--store {store} --json {tmp_path / 's.json'} -- {py} {script} 2> {tmp_path / 'run.err'}; "
+              f"echo $? > {tmp_path / 'run.rc'}; {py} -m stallscope history --store {store}")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    run_err = (tmp_path / "run.err").read_text()
+    full = f"the run history {store / 'history.sqlite3'} cannot be written: the disk holding it is full"
+    assert (tmp_path / "run.rc").read_text().strip() == "0", run_err
+    assert json.loads((tmp_path / "s.json").read_text())["session"], "the session itself was saved"
+    assert full in run_err and "disk I/O error" not in run_err, run_err
+    assert done.returncode == 2 and "no such table" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"stallscope history: {full}; free some space there, or choose another store with --store DIR"]
+
+
+def test_a_fresh_store_on_a_full_disk_says_the_disk_is_full_not_no_such_table(tmp_path):
+    store = tmp_path / "store"
+    py = sys.executable
+    rebuild = f"{py} -m stallscope history --rebuild --store {store} 2> {tmp_path / 'rebuild.err'}"
+    done = _on_a_full_disk(tmp_path, store, f"{rebuild}; {py} -m stallscope history --store {store}")
+    full = f"the run history {store / 'history.sqlite3'} cannot be written: the disk holding it is full"
+    assert full in (tmp_path / "rebuild.err").read_text()
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"stallscope history: {full}; free some space there, or choose another store with --store DIR"], done.stderr
+
+
+@pytest.mark.parametrize("verb", ["tune", "bench"])
+def test_tune_and_bench_on_a_full_store_name_it_and_the_reason(tmp_path, verb):
+    store = tmp_path / "store"
+    done = _on_a_full_disk(tmp_path, store, f"{sys.executable} -m stallscope {verb} --store {store} -- "
+                                            f"{sys.executable} {SCRIPTS / 'tiny_train.py'} --n 32")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        (f"stallscope {verb}: cannot write in the store {store}: No space left on device; free some space there, or "
+         "choose another store with --store DIR")]
+
+
+FILL_FIRST = """\
+import os, sys
+from torch.utils.data import DataLoader
+with open(os.path.join(os.environ["FILL_DIR"], "filler"), "wb", buffering=0) as filler:
+    for size in (1 << 20, 4096, 1):
+        try:
+            while True:
+                filler.write(b"\\0" * size)
+        except OSError:
+            pass
+for _batch in DataLoader(list(range(60)), batch_size=2):
+    pass
+sys.exit(0)
+"""
+
+
+def test_a_tune_trial_whose_summary_the_full_disk_lost_says_so_not_run_failed_exit_0(tmp_path):
+    """The script fills the store's disk and exits 0: the trial's summary (and its stderr, on the same disk) are
+    lost. The trial line says the summary could not be written and why, not "stallscope run failed (exit 0)"."""
+    store = tmp_path / "store"
+    store.mkdir()
+    if not can_mount_tmpfs(store):
+        pytest.skip("this machine does not allow mounting a tmpfs")
+    script = tmp_path / "fill_first.py"
+    script.write_text(FILL_FIRST)
+    py = sys.executable
+    driver = (f"mount -t tmpfs -o size=16m tmpfs {store} && FILL_DIR={store} {py} -m stallscope tune --trials 4 "
+              f"--steps 4 --store {store} -- {py} {script}")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    said = " ".join(done.stderr.split())  # the trial line may be wrapped
+    assert "failed (exit 0)" not in said, said
+    assert ("failed: the run ended (exit 0) but its summary could not be written: the disk holding the trial folder "
+            "is full") in said, said
+    assert done.stderr.strip().splitlines()[-1] == (f"stallscope tune: cannot write in the store {store}: No space "
+                                                    "left on device; free some space there, or choose another store "
+                                                    "with --store DIR")
+
+
+def test_a_summary_json_the_full_disk_refused_is_an_error_line_and_the_script_keeps_its_exit_code(tmp_path):
+    full = tmp_path / "full"
+    py = sys.executable
+    done = _on_a_full_disk(tmp_path, full, f"{py} -m stallscope run --store {tmp_path / 'store'} --json "
+                                           f"{full}/summary.json -- {py} {SCRIPTS / 'tiny_train.py'} --n 32 "
+                                           "--exit-code 4")
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert "verdict:" in done.stderr  # the summary is still printed
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"stallscope run: error: the summary JSON was not written to {full}/summary.json: No space left on device "
+        "(the exit code is still the script's, 4)")

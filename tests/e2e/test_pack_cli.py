@@ -292,3 +292,24 @@ def test_an_out_folder_that_cannot_be_written_is_one_clear_line(source, tmp_path
     assert "internal error" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert f"packing into {ro / 'pack'} failed: Read-only file system" in done.stderr
     assert "nothing was written" in done.stderr
+
+
+def test_a_report_the_full_disk_refused_exits_1_with_one_line(source, tmp_path):
+    """The pack is made but the --report file asked for is not: whatever reads it next would not find it, so the
+    command does not succeed (exit 1), and says so in one line with the pack's place."""
+    from tests.conftest import can_mount_tmpfs
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if not can_mount_tmpfs(full):
+        pytest.skip("this machine does not allow mounting a tmpfs")
+    out = tmp_path / "out"
+    command = f"{sys.executable} -m stallscope pack {source} {out} --no-progress --report {full / 'report.json'}"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {full} && "
+                           f"head -c 64k /dev/zero > {full}/filler; {command}"],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        (f"stallscope pack: error: the report was not written to {full / 'report.json'}: No space left on device "
+         f"(the pack itself is complete in {out})")]
+    assert stallscope("--verify", str(out)).returncode == 0

@@ -71,6 +71,13 @@ def test_an_unknown_option_is_said_by_the_verbs_parser(capsys):
     assert done.value.code == 2 and "usage: stallscope history" in err and "unrecognized arguments: --nosuch" in err
 
 
+@pytest.mark.parametrize("verb", ["run", "demo"])
+def test_q_is_the_short_form_of_quiet(verb):
+    parser = main.build_parser(verb)
+    args, unknown = parser.parse_known_args([verb, "-q", "--", "python", "train.py"])
+    assert args.quiet and not unknown
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_standard_output_on_a_full_disk_is_one_line_not_a_bug(tmp_path):
     """``stallscope doctor > file`` on a full disk: the medium failed, not stallscope (/dev/full: every write is

@@ -27,6 +27,19 @@ def test_failure_reasons() -> None:
         == "the script exited with code 3"
 
 
+def test_a_run_that_ended_well_without_a_summary_says_why_not_that_it_failed() -> None:
+    """Exit 0 and no summary: the trial's run ended well but its summary could not be written (a full disk, where
+    its stderr is lost too), which "stallscope run failed (exit 0)" misread."""
+    ended = "the run ended (exit 0) but its summary could not be written: "
+    assert failure_reason(0, None, "", disk_full=True) == ended + "the disk holding the trial folder is full"
+    said = "stallscope run: error: the summary JSON was not written to s.json: Disk quota exceeded"
+    assert failure_reason(0, None, said) == ended + said
+    assert "failed (exit 0)" not in failure_reason(0, None, "")
+    assert failure_reason(2, None, "", disk_full=True) == \
+        "stallscope run failed (exit 2): the disk holding the trial folder is full"
+    assert failure_reason(2, None, "") == "stallscope run failed (exit 2): no summary written"
+
+
 def test_set_arguments_in_knob_order() -> None:
     assert set_arguments({"persistent_workers": True, "num_workers": 4, "prefetch_factor": None}) == [
         "--set", "num_workers=4", "--set", "persistent_workers=true", "--set", "prefetch_factor=none"]

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from stallscope.cli.args import output_error
-from stallscope.cli.common import after_dashes, fail
+from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.render.bench import render, render_race
 from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, bench
@@ -119,7 +119,7 @@ def handle(args: argparse.Namespace) -> int:
         print("stallscope bench: interrupted", file=sys.stderr)
         return interrupted_exit_code(exc)
     except OSError as exc:  # the store cannot take the bench folders
-        return fail("bench", f"cannot write {exc.filename or 'the store'}: {exc.strerror or exc}")
+        return fail("bench", store_write_error(exc, args.store))
     if args.json and not _saved(args.json, result.to_dict()):
         return 2
     render(result, console)

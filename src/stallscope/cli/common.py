@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
 
 from rich.console import Console
 
-from stallscope import api
+from stallscope import api, paths
 from stallscope.api import LaunchError, RunResult
 from stallscope.cli.args import output_error
 from stallscope.render import terminal
@@ -29,13 +30,40 @@ def fail(verb: str, message: str) -> int:
     return 2
 
 
+def store_write_error(exc: OSError, store: str | None) -> str:
+    """Why the store could not take what ``tune`` or ``bench`` writes there (trial folders, their records), in one
+    line naming where: a write that fails for want of room names no file (only opening one does), so the store
+    folder is named then, with the system's reason and what to do about it."""
+    where = exc.filename or f"in the store {paths.store_dir(store)}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space there, or choose another store with --store DIR"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "make it writable, or choose another store with --store DIR"
+    else:
+        fix = "choose another store with --store DIR"
+    return f"cannot write {where}: {exc.strerror or exc}; {fix}"
+
+
+def load_error(exc: OSError | ValueError) -> str:
+    """Why a saved run (a RUN argument: its session file, run folder or raw events) could not be loaded, in one
+    line: a file the system would not let us read is named with the reason in words, never as Python's
+    ``[Errno 13] Permission denied: '...'``; anything else (no such run, not a session) says it already."""
+    if not isinstance(exc, OSError) or not exc.filename or not exc.strerror:
+        return str(exc)
+    reason = exc.strerror[:1].lower() + exc.strerror[1:]
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return (f"cannot read {exc.filename}: {reason}; its owner can make it readable with: chmod a+r "
+                f"{exc.filename}")
+    return f"cannot read {exc.filename}: {reason}"
+
+
 def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the summary JSON (schema stallscope.summary/1) here")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                    help="override a DataLoader argument at construction, e.g. --set num_workers=4 (repeatable)")
     p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
     p.add_argument("--store", metavar="DIR", help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
-    p.add_argument("--quiet", action="store_true",
+    p.add_argument("-q", "--quiet", action="store_true",
                    help="do not print the summary, nor the status line shown under the script's output while it runs")
     p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
                    help="period of the system sampler (CPU, memory, GPU); 0 turns it off (default 0.1)")
@@ -110,19 +138,24 @@ HISTORY_REBUILD_HINT = "; once the store can be written again, stallscope histor
 def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bool) -> None:
     """After a recorded run: the history warning if any, the summary JSON, the terminal summary. Nothing
     here may change the exit code: a full disk or a closed terminal (SIGHUP) costs the output, not the
-    script's code."""
+    script's code. A ``--json`` file that could not be written is an error all the same (what reads it will not
+    find it), said last, under the summary, where it is seen."""
     try:
         if result.history_error:
             print(f"stallscope {verb}: warning: the run was not added to the history: {result.history_error}"
                   f"{HISTORY_REBUILD_HINT if result.session_path else ''}", file=sys.stderr)
+        json_error = None
         if json_path:
             try:
                 write_summary(json_path, result.summary)
             except OSError as exc:
-                print(f"stallscope {verb}: warning: cannot write {json_path}: {exc.strerror or exc}", file=sys.stderr)
+                json_error = (f"stallscope {verb}: error: the summary JSON was not written to {json_path}: "
+                              f"{exc.strerror or exc} (the exit code is still the script's, {result.exit_code})")
         if not quiet:
             terminal.render(result.session, result.analysis, Console(stderr=True),
                             session_ref=str(result.session_path) if result.session_path else None)
+        if json_error:
+            print(json_error, file=sys.stderr)
     except (OSError, SystemExit, KeyboardInterrupt):
         # stderr is gone (terminal hung up, a closed pipe; rich turns a broken pipe into SystemExit(1)), or a
         # Ctrl-C after the script ended: the session is saved all the same, and the exit code stays the

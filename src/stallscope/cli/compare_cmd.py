@@ -9,6 +9,7 @@ from pathlib import Path
 from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.cli.args import output_error
+from stallscope.cli.common import load_error
 from stallscope.history.compare import MIN_RELATIVE_EFFECT, compare
 from stallscope.history.runs import RunRow, row_from_session
 from stallscope.history.store import HistoryError, get_run
@@ -46,7 +47,7 @@ def resolve(ref: str, store: Path) -> RunRow:
         try:
             session = Session.load(path)
         except (OSError, ValueError) as exc:
-            raise HistoryError(str(exc)) from None
+            raise HistoryError(load_error(exc)) from None
         return row_from_session(session, analyze(session), path)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -63,9 +65,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         command = scenario_command(args.scenario, extra, progress=True)
     except OSError as exc:
-        return fail("demo", f"cannot write the demo dataset in {default_cache_dir()}: {exc.strerror or exc} (it "
-                    "takes about 80 MB; what was written is kept and finished next time): make room there, or set "
-                    "XDG_CACHE_HOME to a folder that has it")
+        return fail("demo", cache_error(exc))
     steps = args.steps if args.steps is not None else DEFAULT_STEPS
     code, first = record("demo", command, module=None, store=args.store, overrides=overrides, max_steps=steps,
                          json_path=args.json, quiet=args.quiet, sample_interval_s=args.sample_interval,
@@ -123,6 +123,20 @@ def handle(args: argparse.Namespace) -> int:
         console.print(f"the pairs differ by {100 * (high / low - 1):.0f}%: this machine's speed changed between "
                       f"runs of the same configuration; --pairs {2 * args.pairs} gives a firmer figure")
     return code
+
+
+def cache_error(exc: OSError) -> str:
+    """Why the demo dataset could not be written to the cache, and the fix that fits the cause: room for a full
+    disk, another folder for one this user may not write (making room there would change nothing)."""
+    cache = default_cache_dir()
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        where = Path(exc.filename or cache)
+        while not where.exists() and where != where.parent:  # a folder that could not be made: its parent refused
+            where = where.parent
+        return (f"cannot write the demo dataset in {cache}: {where} is not writable ({exc.strerror}): set "
+                "XDG_CACHE_HOME to a folder you can write (the dataset takes about 80 MB)")
+    return (f"cannot write the demo dataset in {cache}: {exc.strerror or exc} (it takes about 80 MB; what was written "
+            "is kept and finished next time): make room there, or set XDG_CACHE_HOME to a folder that has it")
 
 
 def verification_order(pairs: int) -> list[str]:

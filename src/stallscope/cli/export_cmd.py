@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from stallscope.analysis import analyze
+from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.render.summary import summary_dict
 from stallscope.trackers import TRACKERS, TrackerUnavailable, failure_line, log_run
@@ -61,7 +62,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         session, path = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(load_error(exc))
     analysis = analyze(session)
     summary = summary_dict(session, analysis, path)
     try:

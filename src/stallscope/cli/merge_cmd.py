@@ -11,6 +11,7 @@ from rich.console import Console
 from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.cli.args import output_error
+from stallscope.cli.common import load_error
 from stallscope.merge import merge_sessions
 from stallscope.render import terminal
 from stallscope.render.summary import summary_dict, write_summary
@@ -39,7 +40,7 @@ def handle(args: argparse.Namespace) -> int:
         sessions = [Session.load(paths.resolve_run(ref, store)) for ref in args.runs]
         merged = merge_sessions(sessions)
     except (OSError, ValueError) as exc:  # MergeError is a ValueError
-        print(f"stallscope merge: {exc}", file=sys.stderr)
+        print(f"stallscope merge: {load_error(exc)}", file=sys.stderr)
         return 2
     if problem := output_error([args.output, args.json], args.store):
         print(f"stallscope merge: {problem}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """``stallscope pack SRC OUT --format lmdb|wds`` and ``stallscope pack --verify OUT``.
 
 A thin wrapper over :func:`stallscope.data.pack` and :func:`stallscope.data.verify`: exit 0
-on success, 1 when bad files stopped a ``--strict`` pack or verification found damage, 2 for
-bad arguments (missing source, empty folder, unknown format, conflicting output).
+on success, 1 when bad files stopped a ``--strict`` pack, verification found damage or the pack
+was made but its ``--report`` file could not be written, 2 for bad arguments (missing source,
+empty folder, unknown format, conflicting output).
 """
 
 from __future__ import annotations
@@ -165,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             write_file(args.report, json.dumps(doc, indent=1))
-        except OSError as exc:  # the pack itself is done; only its report is lost
-            print(f"stallscope pack: warning: cannot write {args.report}: {exc.strerror or exc}", file=sys.stderr)
+        except OSError as exc:  # the pack itself is done, but what asked for the report will not find it
+            print(f"stallscope pack: error: the report was not written to {args.report}: {exc.strerror or exc} "
+                  f"(the pack itself is complete in {result.out})", file=sys.stderr)
+            return 1
     return 0

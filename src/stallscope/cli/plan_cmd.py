@@ -7,6 +7,7 @@ import sys
 
 from stallscope.analysis.plan import NothingToPlan, PlanError, plan_dict, plan_run
 from stallscope.cli.args import output_error
+from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.constants import PLAN_SCHEMA
 from stallscope.render import plan as plan_view
@@ -58,7 +59,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         session, source = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(load_error(exc))
     if problem := output_error([args.json], args.store, source, dash_is_stdout=True):
         return _fail(problem)
     try:

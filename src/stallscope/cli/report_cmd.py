@@ -16,7 +16,7 @@ from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.api import record_history
 from stallscope.cli.args import output_error
-from stallscope.cli.common import HISTORY_REBUILD_HINT
+from stallscope.cli.common import HISTORY_REBUILD_HINT, load_error
 from stallscope.collect import recover_session
 from stallscope.launcher import save_session
 from stallscope.render import speedscope, terminal
@@ -82,7 +82,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         session, path = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(load_error(exc))
     if problem := (output_error([args.json], args.store, path, dash_is_stdout=True)
                    or output_error([args.trace, args.speedscope, args.html], args.store, path)):
         return _fail(problem)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from stallscope.cli.args import output_error
-from stallscope.cli.common import after_dashes, fail
+from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.paths import write_file
 from stallscope.render.tune import config_text, rate_text, render
@@ -144,7 +144,7 @@ def handle(args: argparse.Namespace) -> int:
         return report_interrupted(exc, args.json, console)
     except OSError as exc:  # the store cannot take the trial folders
         status.stop()
-        return fail("tune", f"cannot write {exc.filename or 'the store'}: {exc.strerror or exc}")
+        return fail("tune", store_write_error(exc, args.store))
     finally:
         status.stop()
     if args.json:

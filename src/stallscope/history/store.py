@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from stallscope import paths
 from stallscope.history.runs import RunRow
 
 HISTORY_FILENAME = "history.sqlite3"
@@ -69,16 +70,51 @@ _DAMAGED = ("file is not a database", "malformed", "corrupt")
 _READ_ONLY = ("readonly", "read-only", "unable to open", "access permission")
 
 
-def _explained(path: Path, exc: sqlite3.Error) -> HistoryError:
-    """The error in words, with what to do about it."""
+def _explained(path: Path, exc: sqlite3.Error, writing: bool = True) -> HistoryError:
+    """The error in words, with what to do about it. ``writing``: whether the history was being written (a run
+    recorded) or only read (``history``, ``compare``), which decides the permissions it needs."""
     text = str(exc)
     if any(word in text for word in _DAMAGED):
         return HistoryError(f"the run history {path} is damaged ({text}); rebuild it from the saved sessions "
                             f"with: stallscope history --rebuild --store {path.parent}", damaged=True)
+    if _out_of_room(path, exc):
+        return _full(path)
     if any(word in text for word in _READ_ONLY):
+        if fix := _permission_fix(path, writing):
+            return HistoryError(f"the run history {path} cannot be {'written' if writing else 'read'}: permission "
+                                f"denied; {fix}, or choose another store with --store DIR")
         return HistoryError(f"the run history {path} cannot be written ({text}): make it and its folder writable "
                             f"(chmod u+w {path} {path.parent}), or choose another store with --store DIR")
     return HistoryError(f"run history {path}: {text}")
+
+
+def _out_of_room(path: Path, exc: sqlite3.Error) -> bool:
+    """SQLite says "database or disk is full" for a full disk, but only "disk I/O error" where growing its -shm
+    index or -wal log ran out of room: that one counts as a full disk where the disk has (almost) no room left."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name.startswith("SQLITE_FULL") or "database or disk is full" in str(exc):
+        return True
+    return (name.startswith("SQLITE_IOERR") or "disk I/O error" in str(exc)) and paths.disk_full(path)
+
+
+def _full(path: Path) -> HistoryError:
+    return HistoryError(f"the run history {path} cannot be written: the disk holding it is full; free some space "
+                        "there, or choose another store with --store DIR")
+
+
+def _permission_fix(path: Path, writing: bool) -> str | None:
+    """The chmod that gives back the access the permission bits deny (reading needs the file readable, writing
+    needs it readable and writable and its folder writable, for SQLite's -wal and -shm files beside it); None
+    where the bits allow it and something else refuses (a read-only mount, a folder where the file should be)."""
+    fixes = []
+    if path.exists():
+        wanted = (("r", os.R_OK), ("w", os.W_OK)) if writing else (("r", os.R_OK),)
+        if missing := "".join(bit for bit, mode in wanted if not os.access(path, mode)):
+            fixes.append(f"chmod u+{missing} {path}")
+    folder_wanted = (("w", os.W_OK), ("x", os.X_OK)) if writing else (("x", os.X_OK),)
+    if missing := "".join(bit for bit, mode in folder_wanted if not os.access(path.parent, mode)):
+        fixes.append(f"chmod u+{missing} {path.parent}")
+    return f"give yourself access with: {' && '.join(fixes)}" if fixes else None
 
 
 def history_path(store_dir: str | os.PathLike[str]) -> Path:
@@ -150,15 +186,15 @@ def _connect(store_dir: str | os.PathLike[str], create: bool) -> Iterator[sqlite
         try:  # a history we may read but not write (a shared, read-only store) is still readable
             conn = _open_read_only(path)
         except sqlite3.Error:
-            raise _explained(path, exc) from None
+            raise _explained(path, exc, writing=False) from None
     try:
         if create:
             _ensure_schema(conn)
         else:
-            _check_schema(conn)
+            _check_schema(conn, path)
         yield conn
     except sqlite3.Error as exc:
-        raise _explained(path, exc) from None
+        raise _explained(path, exc, writing=create) from None
     finally:
         conn.close()
 
@@ -175,7 +211,13 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
         return sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=BUSY_TIMEOUT_S)
 
 
-def _check_schema(conn: sqlite3.Connection) -> None:
+def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone() is None:
+        # The file is there but its tables are not: SQLite made it, then could not write them (a full disk).
+        if paths.disk_full(path):
+            raise _full(path)
+        raise HistoryError(f"no run history at {path} yet: the file holds no runs (record a run with: "
+                           "stallscope run -- python train.py)")
     row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
     version = row[0] if row else None
     if version is not None and version > SCHEMA_VERSION:

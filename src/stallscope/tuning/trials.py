@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallscope import settings
+from stallscope import paths, settings
 from stallscope.tuning.noise import Rate, rate_of, warmup_steps
 
 #: The DataLoader arguments tuning may change, in the order the search visits them.
@@ -191,10 +191,15 @@ def _is_oom(exit_code: int, failure: Mapping[str, Any] | None) -> bool:
     return "memoryerror" in text or "out of memory" in text or "outofmemory" in text
 
 
-def failure_reason(exit_code: int, summary: Mapping[str, Any] | None, stderr_tail: str) -> str | None:
-    """Why a finished trial does not count, or None when it does."""
+def failure_reason(exit_code: int, summary: Mapping[str, Any] | None, stderr_tail: str,
+                   disk_full: bool = False) -> str | None:
+    """Why a finished trial does not count, or None when it does. ``disk_full``: the trial folder's disk has no
+    room left, which explains a missing summary when the trial's own stderr (on the same disk) is empty too."""
     if summary is None:
-        return f"stallscope run failed (exit {exit_code}): {stderr_tail or 'no summary written'}"
+        why = stderr_tail or ("the disk holding the trial folder is full" if disk_full else "")
+        if exit_code == 0:  # the run ended well: only its summary is missing, so it cannot be measured
+            return f"the run ended (exit 0) but its summary could not be written: {why or 'no reason was given'}"
+        return f"stallscope run failed (exit {exit_code}): {why or 'no summary written'}"
     failure = summary.get("failure")
     code = summary.get("exit_code", exit_code)
     if _is_oom(code, failure):
@@ -284,7 +289,8 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
         reason = "out of memory (killed by SIGKILL)" if exit_code == -signal.SIGKILL \
             else f"killed by signal {-exit_code}"
         return TrialResult(**base, config=intended_config, ok=False, wall_s=wall, reason=reason)
-    reason = failure_reason(exit_code, summary, _tail(trial_dir / "stderr.txt"))
+    reason = failure_reason(exit_code, summary, _tail(trial_dir / "stderr.txt"),
+                            disk_full=summary is None and paths.disk_full(trial_dir))
     train = next((ld for ld in (summary or {}).get("loaders", []) if ld.get("role") == "train"), None)
     config = loader_knobs(train["config"]) if train else intended_config
     if reason is not None:
