@@ -198,9 +198,11 @@ def test_a_tune_trial_whose_summary_the_full_disk_lost_says_so_not_run_failed_ex
     script.write_text(FILL_FIRST)
     py = sys.executable
     driver = (f"mount -t tmpfs -o size=16m tmpfs {store} && FILL_DIR={store} {py} -m stallscope tune --trials 4 "
-              f"--steps 4 --store {store} -- {py} {script}")
+              f"--steps 4 --store {store} -- {py} {script}; "
+              f"find {store} -name tune.json -size 0 | wc -l > {tmp_path / 'empty'}")
     done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)
+    assert (tmp_path / "empty").read_text().strip() == "0", "an empty tune.json was left on the full disk"
     said = " ".join(done.stderr.split())  # the trial line may be wrapped
     assert "failed (exit 0)" not in said, said
     assert ("failed: the run ended (exit 0) but its summary could not be written: the disk holding the trial folder "

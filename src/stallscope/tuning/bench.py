@@ -130,7 +130,7 @@ def bench(command: list[str], *, workers: Sequence[int] | None = None, seconds: 
     result = BenchResult(command=list(command), normal=normal_result, capacity=report.get("capacity", []),
                          ceiling=report.get("ceiling"), script_num_workers=report.get("script_num_workers"),
                          folder=str(folder), errors=errors)
-    (folder / "bench.json").write_text(json.dumps(result.to_dict(), indent=1, default=str))
+    paths.write_file(folder / "bench.json", json.dumps(result.to_dict(), indent=1, default=str))  # never a half file
     return result
 
 

@@ -228,7 +228,7 @@ def _interrupted_note(runs: int, folder: str) -> str:
 
 
 def _write(result: TuneResult) -> None:
-    Path(result.folder, "tune.json").write_text(json.dumps(result.to_dict(), indent=1))
+    paths.write_file(Path(result.folder, "tune.json"), json.dumps(result.to_dict(), indent=1))  # never a half file
 
 
 def _confirm(outcome: SearchOutcome, confirm_rounds: int,
