@@ -32,6 +32,7 @@ from stallscope.session import (
     RankRecord,
     SendRecord,
     Session,
+    ShutdownRecord,
     StallRecord,
     StopRecord,
     TransferRecord,
@@ -87,6 +88,7 @@ def _read_events(events_dir: Path) -> list[EventFile]:
 #: Events whose named fields are their record's fields, one for one: kind -> (Session list, record type).
 _BY_NAME: dict[str, tuple[str, type]] = {
     "iter": ("iters", IterRecord), "next": ("nexts", NextRecord), "stop": ("stops", StopRecord),
+    "shutdown": ("shutdowns", ShutdownRecord),
     "next_stall": ("stalls", StallRecord),
     "send": ("sends", SendRecord), "worker_start": ("worker_starts", WorkerStartRecord),
     "opt": ("optimizer_steps", OptimizerStepRecord), "pin": ("pins", PinRecord), "h2d": ("transfers", TransferRecord),

@@ -85,6 +85,20 @@ class StopRecord:
 
 
 @dataclass(frozen=True)
+class ShutdownRecord:
+    """A multi-process iterator stopping its workers: when an epoch ends without ``persistent_workers`` (inside
+    the last ``next()``, or when a loop that broke out drops the iterator), or when the loader is freed. The
+    training process waits through it: the workers finish the batch they are on and exit, which for a spawned
+    worker means tearing down a whole interpreter (seconds with torch imported)."""
+    loader_id: int
+    iter_id: int
+    start_ns: int
+    end_ns: int
+    num_workers: int
+    pid: int
+
+
+@dataclass(frozen=True)
 class StallRecord:
     """A ``__next__`` that never returned a batch: still blocked when the process ended (``how`` is how
     it ended: ``exit``, ``SIGTERM``...), or ended by an exception (``how`` is its type, such as the
@@ -260,6 +274,7 @@ class Session:
     iters: list[IterRecord] = field(default_factory=list)
     nexts: list[NextRecord] = field(default_factory=list)
     stops: list[StopRecord] = field(default_factory=list)
+    shutdowns: list[ShutdownRecord] = field(default_factory=list)
     stalls: list[StallRecord] = field(default_factory=list)
     sends: list[SendRecord] = field(default_factory=list)
     fetches: list[FetchRecord] = field(default_factory=list)
@@ -363,8 +378,8 @@ CLOCK_FIELDS = frozenset({"start_ns", "end_ns", "t_ns", "created_ns", "entered_n
 #: Record fields that hold an os pid (``merge`` renumbers them across nodes).
 PID_FIELDS = ("pid", "ppid", "owner")
 #: Lists kept in time order (by ``start_ns``, or ``t_ns``); the others keep the order they were recorded in.
-TIME_ORDERED = ("nexts", "fetches", "iters", "sends", "optimizer_steps", "pins", "transfers", "collectives",
-                "gpu_spans")
+TIME_ORDERED = ("nexts", "fetches", "iters", "shutdowns", "sends", "optimizer_steps", "pins", "transfers",
+                "collectives", "gpu_spans")
 #: Lists whose records belong to one process (its ``pid``): a rank's view keeps those of its own processes.
 PER_PROCESS = tuple(name for name, kind in RECORD_LISTS.items()
                     if name not in ("processes", "ranks") and "pid" in {f.name for f in dataclasses.fields(kind)})

@@ -41,6 +41,11 @@ def test_round_trip_through_the_real_recorder(tmp_path) -> None:
     assert start.created_ns <= start.entered_ns <= start.ready_ns and start.worker == 0
     assert any(f.pid == start.pid for f in fetched)
     assert len(s.sends) >= 4 and all(send.worker == 0 for send in s.sends)
+    [shutdown] = s.shutdowns  # the 1-worker loader's, at the end of its epoch: inside its last next()
+    [with_workers] = [i for i, ld in loaders.items() if ld.config["num_workers"] == 1]
+    [stop] = [st for st in s.stops if st.loader_id == with_workers]
+    assert (shutdown.loader_id, shutdown.num_workers, shutdown.pid) == (with_workers, 1, main.pid)
+    assert stop.start_ns <= shutdown.start_ns <= shutdown.end_ns <= stop.end_ns
     assert [info["loader_id"] for info in s.batch_info] == sorted(loaders)
     assert len(s.optimizer_steps) == 8 and {o.kind for o in s.optimizer_steps} == {"SGD"}
 

@@ -1,6 +1,6 @@
 """Exercises every emitter the recorder has on the CPU, for the event round-trip test (run under the recorder).
 
-Writes, through the real patches: loader, iter, next, stop, send, fetch, worker_start, batch_info, pin
+Writes, through the real patches: loader, iter, next, stop, shutdown, send, fetch, worker_start, batch_info, pin
 (pin_memory needs no GPU to be called), opt, step_limit is not reached; rank, pg_init and coll through a
 one-process gloo group; lmdb_open when lmdb is installed; then an uncaught exception."""
 

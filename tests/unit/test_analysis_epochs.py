@@ -10,6 +10,8 @@ from stallscope.analysis.capacity import ThroughputModel
 from stallscope.analysis.epochs import (
     FORK_BASE_S,
     FORK_S_PER_GIB,
+    SPAWN_TEARDOWN_SHARE,
+    TYPICAL_FORKED_STOP_S,
     TYPICAL_FORK_START_S,
     TYPICAL_SPAWN_START_S,
     EpochShape,
@@ -20,7 +22,16 @@ from stallscope.analysis.epochs import (
     start_method,
 )
 from stallscope.analysis.findings import LoaderSummary, Step, StepStats, WorkerPipeline
-from stallscope.session import IterRecord, LoaderRecord, NextRecord, ProcessRecord, Session, WorkerStartRecord
+from stallscope.session import (
+    FetchRecord,
+    IterRecord,
+    LoaderRecord,
+    NextRecord,
+    ProcessRecord,
+    Session,
+    ShutdownRecord,
+    WorkerStartRecord,
+)
 
 MS = 1_000_000
 
@@ -59,6 +70,17 @@ def test_spawned_workers_start_side_by_side_one_round_per_core_count():
     spawned = shape(worker_start_s=2.0, serial_start=False)
     assert epoch_cost(model(), spawned, 2, persistent=False).start_s == pytest.approx(2.0)
     assert epoch_cost(model(), spawned, 6, persistent=False).start_s == pytest.approx(4.0)  # 6 workers, 4 cores
+
+
+def test_restarted_workers_are_stopped_at_every_epoch_end_kept_alive_ones_never():
+    """A spawned worker tears down an interpreter when it is stopped: 0.9 s each round of as many as there are
+    cores (4 here), on top of starting the next epoch's."""
+    spawned = shape(worker_start_s=2.0, serial_start=False, worker_stop_s=0.9)
+    cost = epoch_cost(model(), spawned, 2, persistent=False)
+    assert (cost.start_s, cost.stop_s) == (pytest.approx(2.0), pytest.approx(0.9))
+    assert cost.total_s == pytest.approx(2.0 + 0.9 + cost.fill_s)
+    assert epoch_cost(model(), spawned, 6, persistent=False).stop_s == pytest.approx(2 * 0.9)  # two rounds
+    assert epoch_cost(model(), spawned, 2, persistent=True).stop_s == 0.0
 
 
 def test_leaving_epochs_early_drops_the_batches_in_flight():
@@ -268,6 +290,44 @@ def test_measured_spawns_count_one_round_per_core_count():
     stats, train = _stats_and_train(session, workers=4, startup=[1.5, 1.6, 3.0, 3.2])
     got = epoch_shape(session, stats, train, cpus=2.0)
     assert got.worker_start_s == pytest.approx(1.6) and got.serial_start is False
+
+
+def _stopped(session: Session, stops_ms: list[tuple[float, float]], workers: int = 1) -> Session:
+    """``session`` with its epochs' workers stopped after each epoch's last batch: (wait, still finishing a batch)
+    in ms per stop; the finishing batch is a fetch of that epoch's iterator that ends that long into the stop."""
+    ends = {}
+    for n in session.nexts:
+        ends[n.iter_id] = max(ends.get(n.iter_id, 0), n.end_ns + 40 * MS)
+    shutdowns, fetches = [], []
+    for (iter_id, t0), (wait, finishing) in zip(sorted(ends.items()), stops_ms):
+        shutdowns.append(ShutdownRecord(0, iter_id, t0, t0 + int(wait * MS), workers, 100))
+        finished = t0 + int(finishing * MS)
+        fetches.append(FetchRecord(0, iter_id, 0, 9, t0 - 50 * MS, finished, 0, 0, 8, {}, {}, "ok", 200))
+    return replace(session, shutdowns=shutdowns, fetches=fetches)
+
+
+def test_measured_stops_count_the_exit_not_the_batch_the_workers_were_finishing():
+    session = _stopped(_session(epochs=3, workers=1, config={"start_method": "spawn"}),
+                       [(600.0, 100.0), (800.0, 0.0), (1000.0, 300.0)])
+    stats, train = _stats_and_train(session, workers=1)
+    got = epoch_shape(session, stats, train, cpus=2.0)
+    assert (got.worker_stop_s, got.stop_basis) == (pytest.approx(0.7), "measured")  # the median of 0.5, 0.8, 0.7
+    # three workers on 2 cores exit in two rounds: each stop is two of them
+    session = _stopped(_session(epochs=3, workers=3, config={"start_method": "spawn"}),
+                       [(1000.0, 0.0)] * 3, workers=3)
+    stats, train = _stats_and_train(session, workers=3)
+    assert epoch_shape(session, stats, train, cpus=2.0).worker_stop_s == pytest.approx(0.5)
+
+
+def test_unmeasured_stops_are_estimated_from_the_start_method():
+    stats, train = _stats_and_train(fork := _session(epochs=3))
+    got = epoch_shape(fork, stats, train)
+    assert (got.worker_stop_s, got.stop_basis) == (TYPICAL_FORKED_STOP_S, "typical exit of a worker started by fork")
+    spawn = _session(epochs=3, config={"start_method": "spawn", "torch_import_s": 3.0})
+    stats, train = _stats_and_train(spawn)
+    got = epoch_shape(spawn, stats, train)
+    assert got.worker_stop_s == pytest.approx(SPAWN_TEARDOWN_SHARE * 3.0)
+    assert got.stop_basis == "a third of the training process's import of torch"
 
 
 def _two_workers_recommended(batches: int, epochs: int, startup_s: float, epoch_shape_: EpochShape):

@@ -17,7 +17,9 @@ from stallscope.session import (
     NextRecord,
     OptimizerStepRecord,
     ProcessRecord,
+    IterRecord,
     Session,
+    ShutdownRecord,
     StopRecord,
     TransferRecord,
 )
@@ -56,6 +58,20 @@ def test_optimizer_steps_delimit_steps_and_wait_is_measured():
     assert stats.wait_s == pytest.approx(0.120)
     assert stats.data_wait_fraction == pytest.approx(0.3)
     assert verdict_for(stats) == "input-bound"
+
+
+def test_stopping_and_starting_an_epochs_workers_is_data_wait_not_compute():
+    """A loop that breaks out of its epoch drops the iterator: its workers are stopped (300-600 ms, a spawned worker
+    tearing down) and the next iter() starts new ones (500-700 ms, overlapping the stop: counted once)."""
+    nexts = [nxt(100 * k, 100 * k + 30) for k in range(3)] + [nxt(700, 730, epoch=1), nxt(800, 830, epoch=1)]
+    opts = [opt(100 * k + 90, 100 * k + 100) for k in range(3)] + [opt(790, 800), opt(890, 900)]
+    stop = ShutdownRecord(0, 0, 300 * MS, 600 * MS, 1, PID)
+    started = IterRecord(0, 1, 0, 500 * MS, 700 * MS, 1, PID)
+    stats = step_stats(dataclasses.replace(make_session(nexts, opts), shutdowns=[stop], iters=[started]))
+    step = stats.steps[3]  # from the third optimizer step (300 ms) to the fourth (800 ms)
+    assert (step.start_ns, step.end_ns) == (300 * MS, 800 * MS)
+    assert step.wait_ns == 400 * MS + 30 * MS  # stopping and starting the workers, then its batch
+    assert step.compute_ns == 70 * MS
 
 
 def test_a_ctrl_z_pause_is_left_out_of_the_steps():

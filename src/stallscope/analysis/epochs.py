@@ -8,6 +8,9 @@ and each new ``iter(loader)`` pays again for what the steady rate leaves out:
   up to Python 3.13) starts them one after another in the training process, tens of milliseconds each;
   ``spawn`` and ``forkserver`` start new interpreters that import the script's modules again, seconds each,
   side by side on the cores.
+- **stopping**: the same workers are stopped at the epoch's end, and the training process waits while they
+  finish the batch they are on and exit. A forked worker leaves at once (``os._exit``); a spawned one tears
+  down a whole interpreter first, a third of its import time (0.5 s with torch, 0.9 s with torchvision too).
 - **filling**: the first batch of an epoch is made from scratch by one worker (``batch_size`` samples at
   its per-sample cost), where in the steady state a batch arrives every ``batch_size / rate``.
 - **dropped batches**: a loop that leaves an epoch early (``break``) leaves up to
@@ -40,6 +43,12 @@ FORK_S_PER_GIB = 0.03
 #: Seconds for a spawned or forkserver worker to start Python and import torch, where neither a worker nor the
 #: training process's own import of torch was measured (a recording started after torch was imported).
 TYPICAL_SPAWN_START_S = 2.0
+#: Seconds for a stopped worker to exit once its batch is done, where no stop of the run was measured. A worker
+#: made by fork or forkserver leaves through ``os._exit``: milliseconds. A spawned worker runs the interpreter's
+#: full teardown, measured at 0.28-0.30 of its import time on the development VM (2026-12-02: 0.5 s after 1.7 s
+#: importing torch, 0.9 s after 3.1 s importing torch and torchvision).
+TYPICAL_FORKED_STOP_S = 0.005
+SPAWN_TEARDOWN_SHARE = 0.3
 #: Samplers that walk the whole dataset: with one of them an epoch is ``len(dataset)`` samples, for sessions
 #: recorded before ``len(loader)`` was.
 WHOLE_DATASET_SAMPLERS = ("RandomSampler", "SequentialSampler")
@@ -53,7 +62,9 @@ class EpochShape:
     ``samples``: the samples of those steps; ``left_early``: the epochs end before the sampler runs out;
     ``worker_start_s``: seconds from creating a worker to its being ready to load, per ``start_basis``;
     ``serial_start``: workers start one after another (fork) rather than side by side (spawn, forkserver);
-    ``rebuilt``: the script builds a new DataLoader every epoch, so ``persistent_workers`` cannot keep them.
+    ``rebuilt``: the script builds a new DataLoader every epoch, so ``persistent_workers`` cannot keep them;
+    ``worker_stop_s``: seconds for a round of stopped workers (one per core) to exit once their batch is done,
+    per ``stop_basis``.
     """
     restarts: int
     samples: int
@@ -65,6 +76,8 @@ class EpochShape:
     serial_start: bool
     start_basis: str  # "measured", or how it was estimated: a typical fork or spawn, or torch's import time
     rebuilt: bool = False
+    worker_stop_s: float = 0.0
+    stop_basis: str = "measured"
 
 
 def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None,
@@ -81,13 +94,14 @@ def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None,
     if restarts == 0 or not isinstance(batch_size, int) or batch_size <= 0:
         return None
     start_s, serial, basis = _worker_start(session, train, cpus)
+    stop_s, stop_basis = _worker_stop(session, train, cpus)
     rebuilt = len(train.ids) > 1
     return EpochShape(
         restarts=restarts, samples=int(stats.samples), batch_size=batch_size,
         prefetch_factor=int(config.get("prefetch_factor") or 2),
         persistent=bool(config.get("persistent_workers")) and not rebuilt,
         left_early=_left_early(session, train, batch_size), worker_start_s=start_s, serial_start=serial,
-        start_basis=basis, rebuilt=rebuilt)
+        start_basis=basis, rebuilt=rebuilt, worker_stop_s=stop_s, stop_basis=stop_basis)
 
 
 def _left_early(session: Session, train: LoaderSummary, batch_size: int) -> bool:
@@ -152,6 +166,36 @@ def _worker_start(session: Session, train: LoaderSummary, cpus: float) -> tuple[
     return TYPICAL_SPAWN_START_S, False, f"typical {method} start"
 
 
+def _worker_stop(session: Session, train: LoaderSummary, cpus: float) -> tuple[float, str]:
+    """(seconds for one round of stopped workers to exit after their last batch, how the figure was obtained).
+
+    Measured from the run's stops of the loader's workers: each stop's wait less the time the workers were still
+    finishing a batch (their fetches that ended inside it), over the rounds of as many workers as there are cores;
+    the median. Otherwise estimated from how the workers are started (see ``TYPICAL_FORKED_STOP_S``)."""
+    ids = set(train.ids)
+    ends: dict[tuple[int, int], list[int]] = {}
+    for f in session.fetches:
+        if f.loader_id in ids:
+            ends.setdefault((f.loader_id, f.iter_id), []).append(f.end_ns)
+    each = []
+    for stop in session.shutdowns:
+        if stop.loader_id not in ids or stop.num_workers <= 0 or stop.pid != session.main_pid:
+            continue
+        finishing = max((end for end in ends.get((stop.loader_id, stop.iter_id), ()) if stop.start_ns < end),
+                        default=stop.start_ns)
+        exiting = max(0, stop.end_ns - min(finishing, stop.end_ns)) / 1e9
+        each.append(exiting / math.ceil(stop.num_workers / max(1.0, cpus)))
+    if each:
+        return sorted(each)[len(each) // 2], "measured"
+    method = start_method(session, train.config)
+    if method != "spawn":
+        return TYPICAL_FORKED_STOP_S, f"typical exit of a worker started by {method}"
+    imported = train.config.get("torch_import_s")
+    if isinstance(imported, (int, float)) and imported > 0:
+        return SPAWN_TEARDOWN_SHARE * float(imported), "a third of the training process's import of torch"
+    return SPAWN_TEARDOWN_SHARE * TYPICAL_SPAWN_START_S, "typical spawned worker's exit"
+
+
 def _resident_bytes(session: Session) -> int | None:
     """The training process's median resident memory over the run, where it was sampled."""
     series = session.system.processes.get(session.main_pid) if session.main_pid is not None else None
@@ -161,21 +205,24 @@ def _resident_bytes(session: Session) -> int | None:
 
 @dataclass(frozen=True)
 class EpochCost:
-    """Seconds one epoch start costs beyond the steady rate, by part."""
+    """Seconds one epoch start costs beyond the steady rate, by part (``stop_s``: the previous epoch's workers
+    exiting)."""
     start_s: float
     fill_s: float
     dropped_s: float
+    stop_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.start_s + self.fill_s + self.dropped_s
+        return self.start_s + self.fill_s + self.dropped_s + self.stop_s
 
 
 def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persistent: bool,
                rate: float | None = None) -> EpochCost:
     """What each epoch start costs ``workers`` workers (none without workers: loading then restarts with nothing
     to refill). Start-up: ``workers x worker_start_s`` when forked one after another, else ``worker_start_s``
-    once per round of as many workers as there are cores; none with persistent workers. Filling: one worker's
+    once per round of as many workers as there are cores; stopping the previous epoch's, ``worker_stop_s`` per
+    round; neither with persistent workers. Filling: one worker's
     batch at its per-sample cost, less the steady interval between batches. Dropped: the batches in flight when
     an epoch is left early, made by the workers side by side and no faster than the cores they have allow.
     ``rate``: the model's steady rate with ``workers``, where the caller has it already."""
@@ -183,12 +230,12 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
         return EpochCost(0.0, 0.0, 0.0)
     cpu, blocked = model.costs(None, workers)
     rate = model.rate(workers) if rate is None else rate
+    rounds = math.ceil(workers / max(1.0, model.usable_cpus))
     if persistent:
-        start = 0.0
-    elif shape.serial_start:
-        start = workers * shape.worker_start_s
+        start = stop = 0.0
     else:
-        start = shape.worker_start_s * math.ceil(workers / max(1.0, model.usable_cpus))
+        start = workers * shape.worker_start_s if shape.serial_start else shape.worker_start_s * rounds
+        stop = shape.worker_stop_s * rounds
     batch = shape.batch_size
     fill = max(0.0, batch * (cpu + blocked) - (batch / rate if rate > 0 else 0.0))
     dropped = 0.0
@@ -201,7 +248,7 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
         work = max(0, in_flight) * batch
         cores = max(1e-9, model.core_capacity(min(float(workers), model.usable_cpus)))
         dropped = max(work * (cpu + blocked) / workers, work * cpu / cores)
-    return EpochCost(start, fill, dropped)
+    return EpochCost(start, fill, dropped, stop)
 
 
 def rate_over_epochs(model: ThroughputModel, shape: EpochShape, workers: int, persistent: bool) -> float:

@@ -22,6 +22,7 @@ from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
 from stallscope.analysis.steps import epochs_of, step_stats
+from stallscope.analysis.sync import merge_intervals, overlap_ns
 from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
 from stallscope.constants import EVENTS_LOST_NOTE
 from stallscope.environment import recorded_physical_cores, recorded_usable_cpus
@@ -72,13 +73,16 @@ def _loader_summaries(session: Session, train_ids: tuple[int, ...]) -> list[Load
 
 
 def _startup_in_steady(session: Session, stats: StepStats, train: LoaderSummary | None) -> float:
-    """Iterator creation, and first batches of later epochs beyond the usual wait, inside steady steps."""
+    """Iterator creation, stopping the workers of the epoch before, and first batches of later epochs beyond the
+    usual wait, inside steady steps."""
     if train is None or not stats.steady:
         return 0.0
     t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
     ids = train.ids
-    total = sum(max(0, min(it.end_ns, t1) - max(it.start_ns, t0)) for it in session.iters
-                if it.loader_id in ids) / 1e9
+    spans = merge_intervals([(it.start_ns, it.end_ns) for it in session.iters if it.loader_id in ids]
+                            + [(sd.start_ns, sd.end_ns) for sd in session.shutdowns
+                               if sd.loader_id in ids and sd.pid == session.main_pid])
+    total = overlap_ns(spans, t0, t1) / 1e9
     if int(train.config.get("num_workers") or 0) > 0 and stats.median_wait_s is not None:
         # the first batch of each epoch after the very first: the queue filling again
         later_firsts = [batches[0] for batches in epochs_of(session, ids).values()][1:]

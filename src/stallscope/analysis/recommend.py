@@ -67,10 +67,15 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
             if keep_alive and not epochs.persistent:
                 change["persistent_workers"] = True
             cost = epoch_cost(model, epochs, best_workers, keep_alive)
+            now = epoch_cost(model, epochs, workers, epochs.persistent)
             over_epochs = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s,
+                           "epoch_cost_now_s": now.total_s, "epoch_start_now_s": now.start_s,
+                           "epoch_stop_now_s": now.stop_s,
                            "epoch_start_s": cost.start_s, "epoch_fill_s": cost.fill_s,
-                           "epoch_dropped_s": cost.dropped_s, "worker_start_s": epochs.worker_start_s,
-                           "worker_start_basis": epochs.start_basis, "left_early": epochs.left_early,
+                           "epoch_dropped_s": cost.dropped_s, "epoch_stop_s": cost.stop_s,
+                           "worker_start_s": epochs.worker_start_s, "worker_start_basis": epochs.start_basis,
+                           "worker_stop_s": epochs.worker_stop_s, "worker_stop_basis": epochs.stop_basis,
+                           "left_early": epochs.left_early,
                            "steady_speedup": round(model.speedup(best_workers), 2)}
         if best_workers != workers and gain >= MIN_GAIN:
             recs.append(Recommendation(
@@ -157,7 +162,7 @@ def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape 
         cost = epoch_cost(model, epochs, best, over_epochs[1])
         reason = "epoch-starts"
         extra = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s, "epoch_start_s": cost.start_s,
-                 "epoch_fill_s": cost.fill_s, "epoch_dropped_s": cost.dropped_s,
+                 "epoch_fill_s": cost.fill_s, "epoch_dropped_s": cost.dropped_s, "epoch_stop_s": cost.stop_s,
                  "samples_per_epoch": epochs.samples / (epochs.restarts + 1)}
     elif model.compute_on_cpu and model.main_occupancy >= 0.75 * model.usable_cpus:
         reason = "compute-takes-the-cores"

@@ -106,6 +106,11 @@ def _unpaused(paused: list[tuple[int, int]], a: int, b: int, s0: int, s1: int) -
     return max(0, hi - lo - overlap_ns(paused, lo, hi)) if hi > lo else 0
 
 
+def _inside_a_next(nexts: list[NextRecord], start: int, end: int) -> bool:
+    """Whether [start, end) lies within one of ``nexts`` (already counted as its wait)."""
+    return any(n.start_ns <= start and end <= n.end_ns for n in nexts)
+
+
 def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> StepStats:
     pid = session.main_pid if pid is None else pid
     train_ids, boundary = train_loader_ids(session, pid)
@@ -113,6 +118,11 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         return StepStats(None, "none", [], 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
     nexts = [n for n in session.nexts if n.pid == pid and n.loader_id in train_ids]
     iters = [it for it in session.iters if it.pid == pid and it.loader_id in train_ids]
+    # Starting and stopping the training loader's workers (a new epoch without persistent_workers) is time
+    # the training process spends on its data, not on compute: counted as data wait, once where they overlap.
+    boundaries = merge_intervals([(it.start_ns, it.end_ns) for it in iters]
+                                 + [(sd.start_ns, sd.end_ns) for sd in session.shutdowns
+                                    if sd.pid == pid and sd.loader_id in train_ids])
     transfers = [t for t in session.transfers if t.pid == pid]
     others = _other_loader_spans(session, pid, train_ids)
     # Ctrl-Z: the job stood still; like another loader's loop, not the step's time (nor its wait's, its copies')
@@ -148,7 +158,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     for index, (s0, s1) in enumerate(bounds):
         inside = [n for n in nexts if n.start_ns >= s0 and n.end_ns <= s1]
         wait = sum(_unpaused(paused, n.start_ns, n.end_ns, n.start_ns, n.end_ns) for n in inside)
-        wait += sum(_unpaused(paused, it.start_ns, it.end_ns, s0, s1) for it in iters)
+        wait += sum(_unpaused(paused, b0, b1, s0, s1) for b0, b1 in boundaries if not _inside_a_next(inside, b0, b1))
         transfer = sum(_unpaused(paused, t.start_ns, t.end_ns, s0, s1) for t in transfers)
         excluded = overlap_ns(left_out, s0, s1)
         sizes = [n.batch_size for n in inside]

@@ -10,6 +10,7 @@ What the main process records per DataLoader:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -314,6 +315,22 @@ def patch_dataloader(module: Any) -> None:
                         self._task_info[before][0], _perf())
 
     mp_iter._try_put_index = _try_put_index
+
+    original_shutdown = mp_iter._shutdown_workers
+
+    def _shutdown_workers(self: Any) -> None:
+        # Only a shutdown that stops workers (the first call; not the no-op at interpreter exit) is recorded.
+        stopping = not getattr(self, "_shutdown", True)
+        t0 = _perf()
+        try:
+            original_shutdown(self)
+        finally:
+            if stopping and getattr(self, "_shutdown", False):
+                with contextlib.suppress(Exception):  # from __del__: never an error of ours in the script
+                    events.emit("shutdown", getattr(self, "_stallscope_lid", -1),
+                                getattr(self, "_stallscope_iter", -1), t0, _perf(), len(getattr(self, "_workers", ())))
+
+    mp_iter._shutdown_workers = _shutdown_workers
 
 
 #: The iterator whose ``__next__`` is blocked right now and since when: written at process end if set.

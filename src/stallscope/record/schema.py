@@ -24,6 +24,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "next": ("loader_id", "iter_id", "epoch", "start_ns", "end_ns", "worker", "batch_size", "unpickle_ns",
              "unpickle_cpu_ns"),
     "stop": ("loader_id", "iter_id", "epoch", "start_ns", "end_ns"),
+    "shutdown": ("loader_id", "iter_id", "start_ns", "end_ns", "num_workers"),
     "next_stall": ("loader_id", "iter_id", "epoch", "start_ns", "end_ns", "how", "message", "pending", "awaited",
                    "dead"),
     "send": ("loader_id", "iter_id", "epoch", "send_idx", "worker", "t_ns"),

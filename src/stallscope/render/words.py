@@ -451,14 +451,26 @@ def _epoch_starts(facts: dict, workers: int) -> str:
     start = ("" if not facts["epoch_start_s"] else
              f"; a worker takes {facts['worker_start_s']:.2f} s to start"
              + (", measured" if basis == "measured" else f" ({basis}, estimated)"))
-    return (f"; the measured steps start {facts['epoch_starts']} new epochs, each costing {workers} workers about "
-            f"{facts['epoch_cost_s']:.2f} s ({_epoch_cost_parts(facts)}){start}, counted in the "
+    stop_basis = facts.get("worker_stop_basis")
+    if facts.get("epoch_stop_s"):
+        start += (f"; a stopped worker takes {facts['worker_stop_s']:.2f} s to exit"
+                  + (", measured" if stop_basis == "measured" else f" ({stop_basis}, estimated)"))
+    now = ""
+    if facts.get("epoch_cost_now_s") and (facts.get("epoch_start_now_s") or facts.get("epoch_stop_now_s")):
+        now = (f" (now {facts['epoch_cost_now_s']:.2f} s each"
+               + "".join(f", {what} {facts[key]:.2f} s" for what, key in
+                         (("stopping the workers", "epoch_stop_now_s"), ("starting them", "epoch_start_now_s"))
+                         if facts.get(key))
+               + ")")
+    return (f"; the measured steps start {facts['epoch_starts']} new epochs{now}, each costing {workers} workers "
+            f"about {facts['epoch_cost_s']:.2f} s ({_epoch_cost_parts(facts)}){start}, counted in the "
             f"prediction (steady state alone: {facts['steady_speedup']:.2f}x)")
 
 
 def _epoch_cost_parts(facts: dict) -> str:
     """What one epoch start costs the workers, by part, as the facts give it."""
-    parts = [f"starting them {facts.get('epoch_start_s', 0):.2f} s" if facts.get("epoch_start_s") else "",
+    parts = [f"stopping the last epoch's {facts.get('epoch_stop_s', 0):.2f} s" if facts.get("epoch_stop_s") else "",
+             f"starting them {facts.get('epoch_start_s', 0):.2f} s" if facts.get("epoch_start_s") else "",
              f"refilling the queue {facts.get('epoch_fill_s', 0):.2f} s" if facts.get("epoch_fill_s") else "",
              f"batches in flight dropped when the loop leaves the epoch early {facts.get('epoch_dropped_s', 0):.2f} s"
              if facts.get("epoch_dropped_s") else ""]
