@@ -31,14 +31,14 @@ def test_record_run_stores_the_metrics(tmp_path):
     assert row.overrides == {"num_workers": 2}
     assert row.environment == {"cpus_affinity": 4} and len(row.env_fingerprint) == 12
     assert row.git_commit is None  # the session's cwd is not a directory here
-    assert row.steady_steps == 9
+    assert row.steady_steps == 8  # of 10: the warm-up runs to the two workers' first batches
     assert row.step_median_s == pytest.approx(0.100)
     assert row.steps_per_s == pytest.approx(10.0)
     assert row.samples_per_s == pytest.approx(40.0)
     assert row.data_wait_fraction == pytest.approx(0.4)
-    assert sum(row.node_seconds.values()) == pytest.approx(0.9)
-    assert row.step_durations_s == [pytest.approx(0.1)] * 9
-    assert row.step_wait_fractions == [pytest.approx(0.4)] * 9
+    assert sum(row.node_seconds.values()) == pytest.approx(0.8)
+    assert row.step_durations_s == [pytest.approx(0.1)] * 8
+    assert row.step_wait_fractions == [pytest.approx(0.4)] * 8
     assert row.peak_rss_bytes == 150 * 2**20  # main 100 MiB + worker 50 MiB from tick 3 on
     assert row.gpu_util_mean is None and row.peak_device_mem_bytes is None
     assert row.exit_code == 1 and row.verdict == "input-bound"
