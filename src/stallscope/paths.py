@@ -85,7 +85,7 @@ def disk_full(path: str | os.PathLike[str]) -> bool:
     this user. Used to name the cause where a failure does not: SQLite's "disk I/O error", an empty file, a child
     process whose output went to the same full disk. False where it cannot be told."""
     where = Path(path)
-    while not where.exists() and where != where.parent:
+    while not os.path.exists(where) and where != where.parent:  # never raises (Path.exists does for EACCES)
         where = where.parent
     try:
         fs = os.statvfs(where)

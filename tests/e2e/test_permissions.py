@@ -68,14 +68,18 @@ def test_a_history_that_cannot_be_read_asks_for_read_permission(shared):
                     f"access with: chmod u+r {db}, or choose another store with --store DIR")
 
 
-def test_a_demo_cache_that_is_not_writable_says_so_not_make_room(shared):
-    cache = shared / "cache"
-    cache.mkdir(mode=0o555)
-    os.chmod(cache, 0o555)
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_demo_cache_that_is_not_writable_says_so_not_make_room(shared, inside):
+    """A read-only cache folder; or one inside a folder this user may not even search (where asking whether a
+    path exists raises, which once turned the message into an internal error)."""
+    refused = shared / "cache"
+    refused.mkdir()
+    os.chmod(refused, 0o600 if inside else 0o555)
+    cache = refused / "inner" if inside else refused
     done = as_user(["demo", "--store", str(shared / "store")], cwd=shared, env={"XDG_CACHE_HOME": str(cache)})
     assert done.returncode == 2, done.stderr
     line = done.stderr.strip().splitlines()[-1]
-    assert line == (f"stallscope demo: cannot write the demo dataset in {cache}/stallscope/datasets: {cache} is not "
+    assert line == (f"stallscope demo: cannot write the demo dataset in {cache}/stallscope/datasets: {refused} is not "
                     "writable (Permission denied): set XDG_CACHE_HOME to a folder you can write (the dataset takes "
                     "about 80 MB)")
     assert "Traceback" not in done.stderr

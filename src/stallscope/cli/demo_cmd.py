@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import math
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -131,7 +132,8 @@ def cache_error(exc: OSError) -> str:
     cache = default_cache_dir()
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         where = Path(exc.filename or cache)
-        while not where.exists() and where != where.parent:  # a folder that could not be made: its parent refused
+        # a folder that could not be made: its parent refused (os.path.exists: a folder we may not search is no error)
+        while not os.path.exists(where) and where != where.parent:
             where = where.parent
         return (f"cannot write the demo dataset in {cache}: {where} is not writable ({exc.strerror}): set "
                 "XDG_CACHE_HOME to a folder you can write (the dataset takes about 80 MB)")
