@@ -9,6 +9,17 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-02 (session 14) on the 2-core machine, nothing else running, --rounds 2 --steps 40, two runs. Before
+the steady steps started after the workers' first round (68a8f99; with the stop cost of 6196f75): starved 1.87x vs
+1.87x (0%; rounds 2.18x and 1.55x), slow storage 7.98x vs 8.32x (-4%), large JPEGs 1.74x vs 1.87x (-7%), HTTP 8.00x vs
+9.79x (-18%), tokenize 1.83x vs 1.75x (+5%), early exit 1.16x vs 1.23x (-6%), 2-thread compute 0.95x vs 0.80x (+19%),
+heavy model 1.00x vs 1.01x (-1%), short epochs 1.09x vs 1.02x (+7%): median 6%, worst 19%. After it: starved 1.85x vs
+1.73x (+7%), slow storage 7.96x vs 7.75x (+3%), large JPEGs 1.76x vs 1.56x (+13%), HTTP 8.00x vs 8.26x (-3%), tokenize
+1.84x vs 1.94x (-5%), early exit 1.15x vs 1.01x (+14%), 2-thread compute 0.96x vs 0.81x (+19%), heavy model 1.00x vs
+1.12x (-11%), short epochs 1.11x vs 0.85x (+31%; rounds 0.96x and 0.74x): median 11%, worst 31%. HTTP's -17% of
+every earlier run was the measurement (8 workers' first batches arriving together); the rest moves from run to run
+by more than the change between these two (the same short-epoch pair has measured 0.74x to 1.20x this week).
+
 Measured 2026-12-01 (session 11, same code for these scenarios: no SMT visible here), --rounds 2 --steps 40: starved
 1.85x vs 1.44x (+28%), slow storage 8.00x vs 8.52x (-6%), large JPEGs 1.88x vs 1.78x (+6%), HTTP 8.00x vs 9.65x
 (-17%), tokenize 1.79x vs 1.58x (+14%), early exit 1.16x vs 1.17x (-1%), 2-thread compute 0.96x vs 0.71x (+36%), heavy
