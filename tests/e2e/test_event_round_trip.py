@@ -63,3 +63,15 @@ def test_round_trip_through_the_real_recorder(tmp_path) -> None:
     except ImportError:
         return
     assert [o["pid"] for o in s.lmdb_opens] == [main.pid]
+
+
+def test_workers_stopped_by_the_loop_are_recorded_and_those_freed_on_another_thread_are_not(tmp_path) -> None:
+    pytest.importorskip("torch")
+    outcome = launch([sys.executable, str(SCRIPTS / "worker_stops.py")], store=tmp_path, sample_interval_s=0,
+                     stdout=open(tmp_path / "out.txt", "w"), stderr=open(tmp_path / "err.txt", "w"))
+    s = outcome.session
+    assert outcome.exit_code == 0, (tmp_path / "err.txt").read_text()
+    first, second = sorted({n.iter_id for n in s.nexts})
+    [stop] = s.shutdowns
+    assert (stop.iter_id, stop.num_workers) == (first, 1) and stop.start_ns <= stop.end_ns
+    assert stop.start_ns >= max(n.end_ns for n in s.nexts if n.iter_id == first)  # after the loop broke out

@@ -319,6 +319,13 @@ def test_measured_stops_count_the_exit_not_the_batch_the_workers_were_finishing(
     assert epoch_shape(session, stats, train, cpus=2.0).worker_stop_s == pytest.approx(0.5)
 
 
+def test_restarted_workers_recorded_before_stops_were_have_them_in_their_steps_already():
+    session = _session(epochs=3, workers=1, config={"start_method": "spawn", "torch_import_s": 3.0})
+    stats, train = _stats_and_train(session, workers=1)
+    got = epoch_shape(session, stats, train)
+    assert (got.worker_stop_s, got.stop_basis) == (0.0, "in the measured steps' compute (recorded before stops were)")
+
+
 def test_unmeasured_stops_are_estimated_from_the_start_method():
     stats, train = _stats_and_train(fork := _session(epochs=3))
     got = epoch_shape(fork, stats, train)

@@ -74,6 +74,23 @@ def test_stopping_and_starting_an_epochs_workers_is_data_wait_not_compute():
     assert step.compute_ns == 70 * MS
 
 
+def test_the_steady_steps_start_after_the_workers_first_round():
+    """Four workers started together deliver their first four batches together: steps 1-3 waited for nothing and
+    would flatter the rate. The count is the one the iterator ran with, not the constructor's (a script may set
+    ``loader.num_workers`` after building it)."""
+    nexts = [nxt(100 * k, 100 * k + 30) for k in range(15)]
+    opts = [opt(100 * k + 90, 100 * k + 100) for k in range(15)]
+    started = IterRecord(0, 0, 0, 0, 1 * MS, 4, PID)
+    stats = step_stats(dataclasses.replace(make_session(nexts, opts), iters=[started]))
+    assert stats.warmup_steps == 4 and len(stats.steady) == 11
+    # at most a third of the steps goes to the first round
+    eight = dataclasses.replace(started, num_workers=8)
+    stats = step_stats(dataclasses.replace(make_session(nexts, opts), iters=[eight]))
+    assert stats.warmup_steps == 5
+    # without workers: the recorder's one warm-up step
+    assert step_stats(make_session(nexts, opts)).warmup_steps == 1
+
+
 def test_a_ctrl_z_pause_is_left_out_of_the_steps():
     """The job stood still for 2 s inside step 3's wait and 0.5 s inside step 4's compute: neither is its time."""
     nexts = [nxt(100 * k, 100 * k + 30) for k in range(5)]

@@ -12,12 +12,16 @@ RECORD = Path(schema.__file__).parent
 
 
 def _emit_calls() -> list[tuple[str, int, str]]:
-    """(kind, number of fields, where) of every ``events.emit("kind", ...)`` in the recorder's source."""
+    """(kind, number of fields, where) of every ``events.emit("kind", ...)`` (or ``events.append``, which never
+    flushes) in the recorder's source."""
     found = []
     for path in sorted(RECORD.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
+            name = getattr(node.func, "attr", getattr(node.func, "id", None)) if isinstance(node, ast.Call) else None
+            if name == "append" and getattr(getattr(node.func, "value", None), "id", None) != "events":
+                continue  # a list's append, not the recorder's
             if isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)) \
-                    and getattr(node.func, "attr", getattr(node.func, "id", None)) == "emit" and node.args \
+                    and name in ("emit", "append") and node.args \
                     and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 found.append((node.args[0].value, len(node.args) - 1, f"{path.name}:{node.lineno}"))
     return found

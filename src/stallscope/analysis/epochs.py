@@ -187,6 +187,11 @@ def _worker_stop(session: Session, train: LoaderSummary, cpus: float) -> tuple[f
         each.append(exiting / math.ceil(stop.num_workers / max(1.0, cpus)))
     if each:
         return sorted(each)[len(each) // 2], "measured"
+    if int(train.config.get("num_workers") or 0) > 0 and not train.config.get("persistent_workers") \
+            and not any(stop.pid == session.main_pid for stop in session.shutdowns):
+        # Restarted workers, and not one stop recorded: a session from before stops were, whose steps hold them
+        # in their compute already (a recorder that records them records one at every restart).
+        return 0.0, "in the measured steps' compute (recorded before stops were)"
     method = start_method(session, train.config)
     if method != "spawn":
         return TYPICAL_FORKED_STOP_S, f"typical exit of a worker started by {method}"

@@ -106,10 +106,12 @@ def _unpaused(paused: list[tuple[int, int]], a: int, b: int, s0: int, s1: int) -
     return max(0, hi - lo - overlap_ns(paused, lo, hi)) if hi > lo else 0
 
 
-def _first_round(session: Session, train_ids: tuple[int, ...]) -> int:
-    """Batches the training loader's workers deliver together when they start: one from each."""
-    loader = next((ld for ld in session.loaders if ld.loader_id == train_ids[0]), None)
-    return int(loader.config.get("num_workers") or 0) if loader is not None else 0
+def _first_round(session: Session, pid: int | None, train_ids: tuple[int, ...]) -> int:
+    """Batches the training loader's workers deliver together when they start: one from each, as many as its
+    first ``iter()`` of this process started (what ran, even where the script changed ``num_workers`` after
+    building the loader)."""
+    first = next((it for it in session.iters if it.pid == pid and it.loader_id in train_ids), None)
+    return max(0, first.num_workers) if first is not None else 0
 
 
 def _warm_up(steps: list[Step], warmup: int, first_round: int) -> int:
@@ -188,7 +190,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle_ns=unpickle,
                           unpickle_cpu_ns=sum(n.unpickle_cpu_ns for n in inside), sync_ns=sync))
 
-    warm = _warm_up(steps, warmup, _first_round(session, train_ids))
+    warm = _warm_up(steps, warmup, _first_round(session, pid, train_ids))
     steady = steps[warm:]
     # A next() that never returned (hung workers, a timeout) is data wait no step shows: count it.
     stalled = sum(_unpaused(paused, s.start_ns, s.end_ns, s.start_ns, s.end_ns)

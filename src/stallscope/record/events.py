@@ -91,6 +91,14 @@ def emit(*record: Any) -> None:
         flush()
 
 
+def append(*record: Any) -> None:
+    """Append one record without ever flushing: for code that may run inside a flush (a finalizer the garbage
+    collector calls while ``flush`` holds its lock, which is not re-entrant). The next ``emit`` or the exit
+    writes it."""
+    if _run_dir is not None:
+        _buffer.append(record)
+
+
 def _open_file():
     global _file, _pid, _last_flush_ns
     assert _run_dir is not None

@@ -225,6 +225,7 @@ def patch_dataloader(module: Any) -> None:
     def mp_init(self: Any, loader: Any) -> None:
         _patch_batch_unpickling()
         self._stallscope_iter = iter_id = next(_iter_ids)
+        self._stallscope_thread = threading.get_ident()  # the loop's thread: only its stops make the loop wait
         user_fn = loader.worker_init_fn
         loader.worker_init_fn = workers.WorkerInit(user_fn, getattr(loader, "_stallscope_id", -1), iter_id, _perf())
         try:
@@ -319,16 +320,19 @@ def patch_dataloader(module: Any) -> None:
     original_shutdown = mp_iter._shutdown_workers
 
     def _shutdown_workers(self: Any) -> None:
-        # Only a shutdown that stops workers (the first call; not the no-op at interpreter exit) is recorded.
+        # Recorded: a shutdown that stops workers (the first call; not the no-op at interpreter exit), on the thread
+        # that iterates the loader (not a garbage collection that freed the iterator on another thread: the loop did
+        # not wait for that one). It may run from __del__, even inside a flush: appended, never flushed from here.
         stopping = not getattr(self, "_shutdown", True)
         t0 = _perf()
         try:
             original_shutdown(self)
         finally:
-            if stopping and getattr(self, "_shutdown", False):
-                with contextlib.suppress(Exception):  # from __del__: never an error of ours in the script
-                    events.emit("shutdown", getattr(self, "_stallscope_lid", -1),
-                                getattr(self, "_stallscope_iter", -1), t0, _perf(), len(getattr(self, "_workers", ())))
+            if stopping and getattr(self, "_shutdown", False) \
+                    and getattr(self, "_stallscope_thread", None) == threading.get_ident():
+                with contextlib.suppress(Exception):  # never an error of ours in the script
+                    lid, iter_id = getattr(self, "_stallscope_lid", -1), getattr(self, "_stallscope_iter", -1)
+                    events.append("shutdown", lid, iter_id, t0, _perf(), len(getattr(self, "_workers", ())))
 
     mp_iter._shutdown_workers = _shutdown_workers
 
