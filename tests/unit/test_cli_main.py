@@ -92,3 +92,15 @@ def test_standard_output_on_a_full_disk_is_one_line_not_a_bug(tmp_path):
     assert done.stderr.strip().splitlines()[-1] == ("stallscope: cannot write the output (standard output): "
                                                     "No space left on device"), done.stderr
     assert "internal error" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+def test_tune_and_bench_say_a_trial_that_could_not_start_is_not_the_stores_fault():
+    import errno
+
+    from stallscope.cli.common import store_write_error
+
+    assert store_write_error(OSError(errno.EAGAIN, "Resource temporarily unavailable"), "/s") == (
+        "could not start a trial: Resource temporarily unavailable")
+    assert store_write_error(OSError(errno.ENOSPC, "No space left on device"), "/s") == (
+        "cannot write in the store /s: No space left on device; free some space there, or choose another store with "
+        "--store DIR")

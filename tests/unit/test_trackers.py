@@ -123,3 +123,38 @@ def test_a_file_in_the_way_of_a_trackers_folder_is_said_in_words(tmp_path):
         else:
             raise AssertionError(f"no {exc_type.__name__}")
     assert failure_line(ValueError("bad\nsecond")) == "ValueError: bad"
+
+
+def test_an_export_keeps_the_tracebacks_of_the_threads_it_starts_and_no_others():
+    """A tracker's own thread failing (a full disk) is the export's error; a thread that was running before (an
+    earlier tracker's, the script's) still goes to the hook that was in place."""
+    import threading
+
+    from stallscope.trackers import _library_threads_contained
+
+    release = threading.Event()
+
+    def earlier_thread() -> None:
+        release.wait(10)
+        raise ValueError("an earlier thread's")
+
+    def export_thread() -> None:
+        raise OSError(28, "No space left on device")
+
+    before = threading.Thread(target=earlier_thread)
+    before.start()
+    passed_on: list[BaseException] = []
+    hook = threading.excepthook
+    threading.excepthook = lambda args: passed_on.append(args.exc_value)  # stands in for Python's printing hook
+    try:
+        with _library_threads_contained() as failed:
+            release.set()
+            before.join()
+            started = threading.Thread(target=export_thread)
+            started.start()
+            started.join()
+        assert threading.excepthook is not hook  # restored to the stand-in, not left as the collector
+    finally:
+        threading.excepthook = hook
+    assert [str(e) for e in passed_on] == ["an earlier thread's"]
+    assert [getattr(e, "errno", None) for e in failed] == [28]

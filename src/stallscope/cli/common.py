@@ -39,8 +39,10 @@ def store_write_error(exc: OSError, store: str | None) -> str:
         fix = "free some space there, or choose another store with --store DIR"
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         fix = "make it writable, or choose another store with --store DIR"
-    else:
+    elif exc.filename:
         fix = "choose another store with --store DIR"
+    else:  # not the store's: starting a trial failed (too many processes or open files, no memory)
+        return f"could not start a trial: {exc.strerror or exc}"
     return f"cannot write {where}: {exc.strerror or exc}; {fix}"
 
 

@@ -98,9 +98,12 @@ def _library_threads_contained() -> Iterator[list[BaseException]]:
     failures are not printed; both are restored afterwards."""
     failed: list[BaseException] = []
     previous_hook, previous_raise = threading.excepthook, logging.raiseExceptions
+    earlier = set(threading.enumerate())  # threads the export did not start (by object: an ident is reused)
 
     def collect(args: threading.ExceptHookArgs) -> None:
-        if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
+        if args.thread in earlier:
+            previous_hook(args)  # not this export's: a lingering thread of an earlier tracker, the script's own
+        elif args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
             failed.append(args.exc_value)
 
     threading.excepthook, logging.raiseExceptions = collect, False

@@ -302,7 +302,9 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
         session = Session.load(summary["session"])
         rate, unit, durations = measured_rate(session, config)
     except Exception as exc:  # an unreadable session is this trial's failure, not the tuner's
-        return TrialResult(**base, config=config, ok=False, wall_s=wall, reason=f"could not analyze: {exc!r}")
+        said = (f"could not read {exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename
+                and exc.strerror else f"could not analyze its session: {type(exc).__name__}: {exc}")
+        return TrialResult(**base, config=config, ok=False, wall_s=wall, reason=said)
     if rate is None:
         return TrialResult(**base, config=config, ok=False, wall_s=wall, reason="no steady steps to measure")
     uses_device = bool(session.transfers)
