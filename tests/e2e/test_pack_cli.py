@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -313,3 +314,14 @@ def test_a_report_the_full_disk_refused_exits_1_with_one_line(source, tmp_path):
         (f"stallscope pack: error: the report was not written to {full / 'report.json'}: No space left on device "
          f"(the pack itself is complete in {out})")]
     assert stallscope("--verify", str(out)).returncode == 0
+
+
+def test_a_report_that_cannot_be_written_is_refused_before_packing(source, tmp_path):
+    out, folder = tmp_path / "out", tmp_path / "a-folder"
+    folder.mkdir()
+    done = stallscope(str(source), str(out), "--no-progress", "--report", str(folder))
+    assert done.returncode == 2 and not out.exists() and not Path(f"{out}.partial").exists(), done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"stallscope pack: cannot write {folder}: ")
+    verify = stallscope("--verify", str(out), "--report", str(tmp_path / "r.json"))
+    assert verify.returncode == 2 and "--report describes a pack being made" in verify.stderr

@@ -106,9 +106,15 @@ def run(args: argparse.Namespace) -> int:
     if args.verify:
         if args.src or args.out:
             return _err("--verify takes only the pack to check: stallscope pack --verify OUT")
+        if args.report:
+            return _err("--report describes a pack being made; --verify prints its result (and sets the exit code)")
         return _run_verify(args.verify)
     if not args.src or not args.out:
         return _err("give SRC and OUT: stallscope pack SRC OUT --format lmdb|wds (or --verify OUT)")
+    from stallscope.cli.args import output_error
+
+    if args.report and (problem := output_error([args.report], None)):
+        return _err(problem)  # said before packing, not after minutes of it
     from stallscope.data.packing import PackError, PackOptions, PackWriteError, pack
     from stallscope.data.sources import SourceError
 
