@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -213,3 +214,21 @@ def test_json_to_standard_output_is_json_alone(runs):
     assert not (runs["tmp"] / "-").exists()
     trace = cli(runs["tmp"], "report", runs["workers"], "--store", str(runs["store"]), "--trace", "-")
     assert trace.returncode == 2 and "is not taken here" in trace.stderr
+
+
+def test_merge_and_compare_rebuild_a_run_folder_whose_session_was_never_saved(tmp_path):
+    """As report and plan do: the raw events a run left (a killed launcher, a full disk) are the run."""
+    store = tmp_path / "store"
+    run_id = finish(record(tmp_path, store, "s.json", "--", sys.executable, TINY, "--n", "64"), tmp_path, "s.json")
+    unsaved = tmp_path / "copied" / run_id
+    shutil.copytree(store / "runs" / run_id, unsaved)
+    (unsaved / "session.json").unlink()
+    compared = cli(tmp_path, "compare", run_id, str(unsaved), "--store", str(store))
+    assert compared.returncode == 0 and "Traceback" not in compared.stderr, compared.stderr
+    assert f"stallscope compare: {unsaved} had no saved session; rebuilt it" in compared.stderr
+    (unsaved / "session.json").unlink()
+    merged = cli(tmp_path, "merge", str(unsaved), "-o", str(tmp_path / "merged.json"), "--store", str(store))
+    # rebuilt, then refused for what it is (one process, no ranks to merge), not "is a directory"
+    assert merged.returncode == 2 and f"stallscope merge: {unsaved} had no saved session" in merged.stderr
+    assert merged.stderr.strip().splitlines()[-1].endswith("has no ranks: record it with `stallscope run -- "
+                                                            "torchrun ...`"), merged.stderr

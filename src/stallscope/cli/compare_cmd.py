@@ -10,11 +10,11 @@ from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.cli.args import output_error
 from stallscope.cli.common import load_error
+from stallscope.cli.report_cmd import load_run
 from stallscope.history.compare import MIN_RELATIVE_EFFECT, compare
 from stallscope.history.runs import RunRow, row_from_session
 from stallscope.history.store import HistoryError, get_run
 from stallscope.render.markdown import render_compare
-from stallscope.session import Session
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def resolve(ref: str, store: Path) -> RunRow:
         except FileNotFoundError:
             raise history_error from None
         try:
-            session = Session.load(path)
+            session, path = load_run(str(path), str(store), "compare")  # a run folder never saved is rebuilt
         except (OSError, ValueError) as exc:
             raise HistoryError(load_error(exc)) from None
         return row_from_session(session, analyze(session), path)

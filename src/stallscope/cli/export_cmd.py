@@ -60,7 +60,7 @@ def handle(args: argparse.Namespace) -> int:
             flag = "--dir" if option == "log_dir" else f"--{option}"
             return _fail(f"{flag} goes with --to {tracker}, not --to {args.to}")
     try:
-        session, path = load_run(args.run, args.store)
+        session, path = load_run(args.run, args.store, "export")
     except (OSError, ValueError) as exc:
         return _fail(load_error(exc))
     analysis = analyze(session)

@@ -12,10 +12,10 @@ from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.cli.args import output_error
 from stallscope.cli.common import load_error
+from stallscope.cli.report_cmd import load_run
 from stallscope.merge import merge_sessions
 from stallscope.render import terminal
 from stallscope.render.summary import summary_dict, write_summary
-from stallscope.session import Session
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     store = paths.store_dir(args.store)
     try:
-        sessions = [Session.load(paths.resolve_run(ref, store)) for ref in args.runs]
+        sessions = [load_run(ref, str(store), "merge")[0] for ref in args.runs]  # a run folder never saved is rebuilt
         merged = merge_sessions(sessions)
     except (OSError, ValueError) as exc:  # MergeError is a ValueError
         print(f"stallscope merge: {load_error(exc)}", file=sys.stderr)

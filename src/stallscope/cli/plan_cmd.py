@@ -57,7 +57,7 @@ def _fail(message: str) -> int:
 
 def handle(args: argparse.Namespace) -> int:
     try:
-        session, source = load_run(args.run, args.store)
+        session, source = load_run(args.run, args.store, "plan")
     except (OSError, ValueError) as exc:
         return _fail(load_error(exc))
     if problem := output_error([args.json], args.store, source, dash_is_stdout=True):

@@ -51,31 +51,33 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _recover(run_dir: Path) -> tuple[Session, Path]:
-    """Rebuild a run that was never saved from its raw events, save it, and add it to the history."""
+def _recover(run_dir: Path, verb: str = "report") -> tuple[Session, Path]:
+    """Rebuild a run that was never saved from its raw events, save it, and add it to the history; said as
+    ``stallscope VERB``."""
     session = recover_session(run_dir)
     saved, error = save_session(session, run_dir)
     if error:  # a read-only store, a full disk: show it all the same, and keep the raw events for a later try
-        print(f"stallscope report: {run_dir} had no saved session; rebuilt it from its raw events, but could not "
+        print(f"stallscope {verb}: {run_dir} had no saved session; rebuilt it from its raw events, but could not "
               f"save it ({error}): shown without saving", file=sys.stderr)
         return session, run_dir
     assert saved is not None
-    print(f"stallscope report: {run_dir} had no saved session; rebuilt it from its raw events into {saved}",
+    print(f"stallscope {verb}: {run_dir} had no saved session; rebuilt it from its raw events into {saved}",
           file=sys.stderr)
     if run_dir.parent.name != "runs":  # not in a store (a copied run folder): no history to add it to
         return session, saved
     history_error = record_history(run_dir.parent.parent, session, analyze(session), saved)
     if history_error:
-        print(f"stallscope report: warning: the run was not added to the history: {history_error}"
+        print(f"stallscope {verb}: warning: the run was not added to the history: {history_error}"
               f"{HISTORY_REBUILD_HINT}", file=sys.stderr)
     return session, saved
 
 
-def load_run(run: str, store: str | None) -> tuple[Session, Path]:
+def load_run(run: str, store: str | None, verb: str = "report") -> tuple[Session, Path]:
     """A RUN argument (id, ``last``, a session file or a run folder) as its session and path; a run folder
-    whose session was never saved is rebuilt from its raw events. Raises OSError or ValueError."""
+    whose session was never saved is rebuilt from its raw events (said as ``stallscope VERB``). Raises OSError
+    or ValueError."""
     path = paths.resolve_run(run, paths.store_dir(store))
-    return _recover(path) if path.is_dir() else (Session.load(path), path)
+    return _recover(path, verb) if path.is_dir() else (Session.load(path), path)
 
 
 def handle(args: argparse.Namespace) -> int:
