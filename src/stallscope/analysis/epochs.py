@@ -227,10 +227,10 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
     """What each epoch start costs ``workers`` workers (none without workers: loading then restarts with nothing
     to refill). Start-up: ``workers x worker_start_s`` when forked one after another, else ``worker_start_s``
     once per round of as many workers as there are cores; stopping the previous epoch's, ``worker_stop_s`` per
-    round; neither with persistent workers. Filling: one worker's
-    batch at its per-sample cost, less the steady interval between batches. Dropped: the batches in flight when
-    an epoch is left early, made by the workers side by side and no faster than the cores they have allow.
-    ``rate``: the model's steady rate with ``workers``, where the caller has it already."""
+    round; neither with persistent workers. Filling: one worker's batch at its per-sample cost, less the steady
+    interval between batches. Dropped: the batches in flight when an epoch is left early, made by the workers
+    side by side and no faster than the cores they have allow. ``rate``: the model's steady rate with
+    ``workers``, where the caller has it already."""
     if workers <= 0:
         return EpochCost(0.0, 0.0, 0.0)
     cpu, blocked = model.costs(None, workers)

@@ -128,11 +128,6 @@ def _warm_up(steps: list[Step], warmup: int, first_round: int) -> int:
     return warm if len(steps) > warm + 1 else 0
 
 
-def _inside_a_next(nexts: list[NextRecord], start: int, end: int) -> bool:
-    """Whether [start, end) lies within one of ``nexts`` (already counted as its wait)."""
-    return any(n.start_ns <= start and end <= n.end_ns for n in nexts)
-
-
 def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> StepStats:
     pid = session.main_pid if pid is None else pid
     train_ids, boundary = train_loader_ids(session, pid)
@@ -142,6 +137,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     iters = [it for it in session.iters if it.pid == pid and it.loader_id in train_ids]
     # Starting and stopping the training loader's workers (a new epoch without persistent_workers) is time
     # the training process spends on its data, not on compute: counted as data wait, once where they overlap.
+    # Neither lies inside a batch's next(): torch stops workers in the next() that ends an epoch (a `stop`,
+    # not a batch) or when the loop drops its iterator.
     boundaries = merge_intervals([(it.start_ns, it.end_ns) for it in iters]
                                  + [(sd.start_ns, sd.end_ns) for sd in session.shutdowns
                                     if sd.pid == pid and sd.loader_id in train_ids])
@@ -180,7 +177,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     for index, (s0, s1) in enumerate(bounds):
         inside = [n for n in nexts if n.start_ns >= s0 and n.end_ns <= s1]
         wait = sum(_unpaused(paused, n.start_ns, n.end_ns, n.start_ns, n.end_ns) for n in inside)
-        wait += sum(_unpaused(paused, b0, b1, s0, s1) for b0, b1 in boundaries if not _inside_a_next(inside, b0, b1))
+        wait += sum(_unpaused(paused, b0, b1, s0, s1) for b0, b1 in boundaries)
         transfer = sum(_unpaused(paused, t.start_ns, t.end_ns, s0, s1) for t in transfers)
         excluded = overlap_ns(left_out, s0, s1)
         sizes = [n.batch_size for n in inside]
