@@ -25,6 +25,13 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-02 (session 14: stops of restarted workers priced, the steady steps after the workers' first
+round), nothing else running, defaults, 15 min: 1 -> 2 cores median absolute error 10%, worst 63%; 2 -> 1 cores
+median 16%, worst 47%; the repeated baseline moved by median 9% (-36% to +41%). Within 20% both ways: slow storage
+(-2..+13%), heavy model (-16..+12%); starved up (-8..+12%) but down +14..+47%; large JPEGs up +5..+22%, down
+-5..+42%; tokenize up +43..+55% (two Python-heavy workers beside the training process measured 1.29x against 2.00x
+planned), down +8..+19%; 2-thread compute up +20..+63%, down -28..-21%.
+
 Measured 2026-12-01 (session 11, after the SMT term, which does not act on this machine), nothing else running,
 defaults with the baseline run again, 13 min: 1 -> 2 cores median absolute error 13%, worst 73%; 2 -> 1 cores median
 9%, worst 28%; the repeated baseline moved by median 5% (up to +68%). The same code with a single baseline an hour

@@ -21,6 +21,10 @@ num_workers=3, persistent_workers=True, prefetch_factor=1, confirmed 318.6 sampl
 workers, persistent, prefetch 1) 403.6: 0.790 against the best of 25 single runs, but **1.077 head to head** (medians
 of 3 alternating runs each: 366.3 vs 340.2). The machine's drift dwarfed the configurations: the original (0 workers)
 measured 220.1 in tune's first run and 343.6 in its confirmation, and 339.5 in the grid.
+
+2026-12-02 (session 14), --steps 100, quiet machine, 6 min 42 s: tune used 8 runs (0.32 of the grid); its winner IS
+the grid's best configuration (2 workers, persistent, prefetch 1): confirmed 393.8 samples/s against the grid's 454.7
+(0.866 against the best of 25 single runs), **1.042 head to head** (medians of 3 alternating runs: 399.4 vs 383.3).
 """
 
 from __future__ import annotations
