@@ -95,12 +95,14 @@ def test_a_session_save_that_fails_with_enospc_is_a_note_not_a_crash(tmp_path, m
     assert any("could not be saved" in n and "the disk is full" in n for n in result.summary["notes"])
 
 
-def _on_a_full_disk(tmp_path, disk, commands: str, size: str = "64k") -> subprocess.CompletedProcess:
-    """``commands`` (shell) with a ``size`` tmpfs mounted on ``disk`` and filled to the last byte."""
+def _on_a_full_disk(tmp_path, disk, commands: str, size: str = "64k", fill: bool = True) -> subprocess.CompletedProcess:
+    """``commands`` (shell) with a ``size`` tmpfs mounted on ``disk`` in a private mount namespace, filled to the
+    last byte (``fill``) or left for the commands to fill."""
     disk.mkdir(exist_ok=True)
     if not can_mount_tmpfs(disk):
         pytest.skip("this machine does not allow mounting a tmpfs")
-    driver = f"mount -t tmpfs -o size={size} tmpfs {disk} && head -c {size} /dev/zero > {disk}/filler; "
+    driver = f"mount -t tmpfs -o size={size} tmpfs {disk} && "
+    driver += f"head -c {size} /dev/zero > {disk}/filler; " if fill else ""
     return subprocess.run(["unshare", "-rm", "sh", "-c", driver + commands], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
 
@@ -128,17 +130,13 @@ def test_a_history_the_full_disk_never_let_be_written_says_the_disk_is_full(tmp_
     (its -shm index cannot grow) and leaves a file without tables, which `history` then read as "no such table:
     schema_version". Both say the disk holding the history is full, naming it."""
     store = tmp_path / "store"
-    store.mkdir()
-    if not can_mount_tmpfs(store):
-        pytest.skip("this machine does not allow mounting a tmpfs")
     script = tmp_path / "leave_room.py"
     script.write_text(LEAVE_ROOM)
     py = sys.executable
-    driver = (f"mount -t tmpfs -o size=1m tmpfs {store} && FILL_DIR={store} {py} -m stallscope run --quiet "
-              f"--store {store} --json {tmp_path / 's.json'} -- {py} {script} 2> {tmp_path / 'run.err'}; "
-              f"echo $? > {tmp_path / 'run.rc'}; {py} -m stallscope history --store {store}")
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    done = _on_a_full_disk(tmp_path, store, (
+        f"FILL_DIR={store} {py} -m stallscope run --quiet --store {store} --json {tmp_path / 's.json'} -- {py} "
+        f"{script} 2> {tmp_path / 'run.err'}; echo $? > {tmp_path / 'run.rc'}; {py} -m stallscope history "
+        f"--store {store}"), size="1m", fill=False)
     run_err = (tmp_path / "run.err").read_text()
     full = f"the run history {store / 'history.sqlite3'} cannot be written: the disk holding it is full"
     assert (tmp_path / "run.rc").read_text().strip() == "0", run_err
@@ -191,17 +189,12 @@ def test_a_tune_trial_whose_summary_the_full_disk_lost_says_so_not_run_failed_ex
     """The script fills the store's disk and exits 0: the trial's summary (and its stderr, on the same disk) are
     lost. The trial line says the summary could not be written and why, not "stallscope run failed (exit 0)"."""
     store = tmp_path / "store"
-    store.mkdir()
-    if not can_mount_tmpfs(store):
-        pytest.skip("this machine does not allow mounting a tmpfs")
     script = tmp_path / "fill_first.py"
     script.write_text(FILL_FIRST)
     py = sys.executable
-    driver = (f"mount -t tmpfs -o size=16m tmpfs {store} && FILL_DIR={store} {py} -m stallscope tune --trials 4 "
-              f"--steps 4 --store {store} -- {py} {script}; "
-              f"find {store} -name tune.json -size 0 | wc -l > {tmp_path / 'empty'}")
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    done = _on_a_full_disk(tmp_path, store, (
+        f"FILL_DIR={store} {py} -m stallscope tune --trials 4 --steps 4 --store {store} -- {py} {script}; "
+        f"find {store} -name tune.json -size 0 | wc -l > {tmp_path / 'empty'}"), size="16m", fill=False)
     assert (tmp_path / "empty").read_text().strip() == "0", "an empty tune.json was left on the full disk"
     said = " ".join(done.stderr.split())  # the trial line may be wrapped
     assert "failed (exit 0)" not in said, said
