@@ -349,3 +349,86 @@ def test_cpus_that_are_each_a_core_stay_so_whatever_other_programs_took():
     assert 2.9 < model.usable_cpus < 3.0  # other programs' share taken off
     assert model.physical_cores is None
     assert all("threads_per_core" not in r.facts for r in three.recommendations)
+
+
+# --- what a CPU second costs under the load a configuration puts on the cores (issue 16) ---
+
+def _recorded_alone(**kw) -> ThroughputModel:
+    """0 workers on 2 CPUs: 4 ms of loading CPU and 1 ms of compute per sample, one thread busy (200/s)."""
+    base = dict(cost_s={"decode": 0.002, "transform": 0.002, "loader": 0.0, "storage": 0.0},
+                compute_per_sample_s=0.001, main_cpu_per_sample_s=0.001, workers=0, usable_cpus=2.0,
+                recorded_load_cost=1.0)
+    base.update(kw)
+    return ThroughputModel(**base)
+
+
+def test_a_cpu_second_costs_more_as_the_cores_fill_and_more_again_once_threads_outnumber_them():
+    from stallscope.analysis.capacity import ALL_CORES_BUSY_COST, TIME_SHARING_COST
+
+    assert (ALL_CORES_BUSY_COST, TIME_SHARING_COST) == (0.12, 0.12)
+    m = model(usable_cpus=4.0)
+    assert m.load_cost(1.0) == pytest.approx(1.0)  # one thread: the cost every single-threaded run measured
+    assert m.load_cost(2.5) == pytest.approx(1.06)  # half the way from one core busy to all four
+    assert m.load_cost(4.0) == pytest.approx(1.12)
+    assert m.load_cost(6.0) == pytest.approx(1.18)  # 1.5 threads per CPU: half the time-sharing cost
+    assert m.load_cost(8.0) == m.load_cost(20.0) == pytest.approx(1.24)  # switching does not get more frequent
+    # 4 CPUs that are 2 cores' hardware threads: the cores are all busy at 2 threads (SMT_YIELD prices the rest)
+    assert model(usable_cpus=4.0, physical_cores=2.0).load_cost(2.0) == pytest.approx(1.12)
+    # one CPU: nothing to share but time
+    assert model(usable_cpus=1.0).load_cost(1.0) == pytest.approx(1.0)
+    assert model(usable_cpus=1.0).load_cost(1.5) == pytest.approx(1.06)
+
+
+def test_busy_threads_count_the_workers_that_set_the_pace_and_the_compute_for_its_share_of_the_time():
+    m = _recorded_alone()
+    assert m.busy_threads(0, None, 200.0) == pytest.approx(1.0)  # loading and computing on one thread
+    assert m.busy_threads(0, None, 100.0) == pytest.approx(0.5)  # half the time blocked elsewhere
+    # 2 workers at 400/s are the limit (the compute allows 1000/s): both busy, the compute 40% of the time
+    assert m.busy_threads(2, None, 400.0) == pytest.approx(2.4)
+    # a slow compute sets the pace: the workers are busy 4 ms per sample only
+    slow = _recorded_alone(compute_per_sample_s=0.010, main_cpu_per_sample_s=0.010)
+    assert slow.busy_threads(2, None, 100.0) == pytest.approx(1.0 + 100 * 0.004)
+    # a worker blocked on storage half of its time wants a core half of it
+    blocked = _recorded_alone(cost_s={"decode": 0.002, "storage": 0.002})
+    assert blocked.busy_threads(2, None, 400.0) == pytest.approx(0.4 + 2 * 0.5)
+
+
+def test_the_rate_prices_cpu_work_at_the_load_of_the_configuration_against_the_recorded_one():
+    m = _recorded_alone()
+    assert m.rate() == pytest.approx(200.0) and m.cpu_second_cost() == pytest.approx(1.0)
+    # 2 workers: 400/s at the recorded cost (the CPU budget: 2 cores / 5 ms); 2.4 threads busy on 2 CPUs cost
+    # 1 + 0.12 (all cores busy) + 0.12 * 0.2 (1.2 threads per CPU) = 1.144 times as much: 400 / 1.144
+    assert m.cpu_second_cost(2) == pytest.approx(1.144)
+    assert m.rate(workers=2) == pytest.approx(400 / 1.144)
+    assert m.speedup(workers=2) == pytest.approx(2 / 1.144)
+    # planned for one CPU: 200/s with 2 workers at the recorded cost, 2.2 threads on it: the full time-sharing cost
+    one = replace(m, usable_cpus=1.0)
+    assert one.cpu_second_cost(2) == pytest.approx(1.12)
+    assert one.rate(workers=2) == pytest.approx(200 / 1.12)
+    assert one.rate(workers=1) == pytest.approx(200 / 1.024)  # 1.2 threads on it
+    # a model without a recorded load (hand-built, or an older caller) is priced as recorded
+    assert replace(m, recorded_load_cost=None).rate(workers=2) == pytest.approx(400.0)
+
+
+def test_a_slowed_model_stretches_cpu_work_but_not_blocked_time_nor_a_gpus_compute():
+    m = _recorded_alone(cost_s={"decode": 0.002, "storage": 0.003}, receive_per_sample_s=0.0005,
+                        receive_cpu_per_sample_s=0.0002, shm_write_per_sample_s=0.0001, compute_on_cpu=False)
+    slowed = m.cpu_slowed(1.5)
+    assert slowed.cost_s == {"decode": pytest.approx(0.003), "storage": 0.003}
+    assert slowed.compute_per_sample_s == 0.001  # on the GPU
+    assert slowed.main_cpu_per_sample_s == pytest.approx(0.0015)
+    assert slowed.shm_write_per_sample_s == pytest.approx(0.00015)
+    assert slowed.receive_cpu_s() == pytest.approx(0.0003)
+    assert slowed.receive_per_sample_s == pytest.approx(0.0006)  # the wait for a worker's hand-over stays
+    assert slowed.recorded_load_cost is None
+    assert _recorded_alone().cpu_slowed(1.5).compute_per_sample_s == pytest.approx(0.0015)  # on the CPU
+
+
+def test_a_built_model_records_the_load_its_costs_were_measured_under():
+    from stallscope.analysis.capacity import build_model
+
+    stats, train = _ten_steps_of_eight(workers=0)
+    m = build_model(stats, train, 2.0, main_cpu_s=0.34)
+    assert m.recorded_load_cost == pytest.approx(m.load_cost(m.busy_threads(0, None, m.rate())))
+    assert m.cpu_second_cost() == pytest.approx(1.0)  # the recorded configuration is priced as measured
+    assert m.cpu_second_cost(2) > 1.0

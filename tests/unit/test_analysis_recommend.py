@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from stallscope.analysis.recommend import SPECULATIVE_DISCOUNT, _rank_value
 from stallscope.analysis.findings import Recommendation
 from stallscope.render import words
@@ -71,3 +73,19 @@ def test_the_worker_advice_says_how_hyper_threads_were_counted():
     assert reason.startswith("4 usable CPUs (2 hardware threads per core: a thread on a core whose other thread is "
                              "busy is counted as 25% of a core); each sample costs")
     assert words.recommendation(plain_advice).reason.startswith("4 usable CPUs; each sample costs")
+
+
+def test_the_worker_advice_says_what_a_cpu_second_is_estimated_to_cost_at_its_load():
+    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.recommend import recommend
+    from tests.unit.test_analysis_capacity import _ten_steps_of_eight
+
+    stats, train = _ten_steps_of_eight(workers=0)
+    m = build_model(stats, train, 2.0, main_cpu_s=0.34)
+    (advice, *_) = recommend("input-bound", stats, train, {"transform": 0.3, "compute": 0.1}, 2, model=m)
+    assert advice.id == "num-workers" and advice.overrides == {"num_workers": 2}
+    assert advice.facts["cpu_second_cost"] == pytest.approx(m.cpu_second_cost(2), abs=1e-3)
+    assert advice.predicted_speedup == pytest.approx(m.speedup(2), abs=0.01)
+    assert advice.facts["cpu_second_cost"] > 1.1
+    assert ("; with 2 workers the cores are busier than in this run: each CPU second is estimated to cost "
+            f"{round(100 * (advice.facts['cpu_second_cost'] - 1))}% more") in words.recommendation(advice).reason

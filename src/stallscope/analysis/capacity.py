@@ -64,6 +64,19 @@ SMT_YIELD = 0.25
 #: 0.3 ms per MiB for batches of 2-18 MiB).
 TYPICAL_SHM_WRITE_S_PER_BYTE = 0.72e-9
 TYPICAL_SHM_READ_S_PER_BYTE = 0.29e-9
+#: How much more a CPU second of work costs with every core busy than with one (caches and memory bandwidth shared
+#: between cores, a lower all-core clock), reached in proportion as the busy cores go from one to all. Estimated: a
+#: run shows only the load it ran with. Measured on the 2-core development VM: JPEG decode and resize 0-8% per
+#: image beside another busy process, a training step 5-17% per step; vendors' all-core clocks run 10-25% below
+#: their one-core clocks. 0.12 is what best fits 186 predictions saved from this VM's transfer and demo runs
+#: (issue 16; without it, 0 -> 2 workers was over-predicted by 10-19% on average).
+ALL_CORES_BUSY_COST = 0.12
+#: How much more a CPU second costs once runnable threads outnumber the cores, reached at one thread more than
+#: cores: the kernel switches between them every few milliseconds and each finds its caches refilled by the
+#: others. More threads do not switch more often (the scheduler's slice sets that), so the cost stops there.
+#: Estimated; measured on the 2-core VM: decode and resize of 500x400 to 2000x1500 JPEGs +18-24% per image for
+#: 2 processes on one core, +10-14% for 3 or 4; a training step +17% beside two busy processes on two cores.
+TIME_SHARING_COST = 0.12
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,8 @@ class ThroughputModel:
     receive_cpu_per_sample_s: float | None = None
     # cores that usable_cpus are hardware threads of (SMT); None: every usable CPU is a core of its own
     physical_cores: float | None = None
+    # what a CPU second cost under the recorded run's own load (``load_cost``); None: no load correction
+    recorded_load_cost: float | None = None
 
     def core_capacity(self, busy: float) -> float:
         """Cores' worth of work ``busy`` runnable threads get done at once: a core each up to the physical cores,
@@ -173,7 +188,69 @@ class ThroughputModel:
         return 1.0 / own if own > 0 else float("inf")
 
     def rate(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
+        """Samples/s with ``workers`` and the stage costs scaled by ``scale``, with every CPU cost priced at the
+        load that configuration puts on the cores (``load_cost``) against the load it was recorded under."""
         workers = self.workers if workers is None else workers
+        relative = self.cpu_second_cost(workers, scale)
+        model = self if abs(relative - 1.0) < 1e-9 else self.cpu_slowed(relative)
+        return model._rate(workers, scale)
+
+    def cpu_second_cost(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
+        """What a CPU second costs with ``workers`` (and ``scale``) against the recorded run: ``load_cost`` of the
+        threads that configuration keeps busy at the rate its recorded costs give, over the recorded run's own."""
+        workers = self.workers if workers is None else workers
+        if self.recorded_load_cost is None:
+            return 1.0
+        busy = self.busy_threads(workers, scale, self._rate(workers, scale))
+        return self.load_cost(busy) / self.recorded_load_cost
+
+    def busy_threads(self, workers: int, scale: dict[str, float] | None, rate: float) -> float:
+        """Threads that want a core, on average over a step, at ``rate`` samples/s: the training process's for the
+        share of the time it computes (its loading too, without workers), the workers' for the CPU part of their
+        time, all of it where they are the limit (time-shared workers are runnable even while they wait for a
+        core), and the helper processes'."""
+        cpu, blocked = self.costs(scale, workers)
+        helper = rate * self.helper_cpu_per_sample_s
+        if workers <= 0:
+            return rate * (cpu + self.main_cpu_per_sample_s) + helper
+        occupancy = max(0.0, min(self.main_occupancy, self.usable_cpus))
+        main = occupancy * min(1.0, rate * self.compute_per_sample_s) + rate * self.receive_cpu_s()
+        if cpu + blocked <= 0:
+            return main + helper
+        on_cpu = cpu / (cpu + blocked)
+        limited = rate < 0.99 * self.compute_rate(workers, scale)  # the workers, not the training, set the pace
+        busy_workers = workers if limited else min(float(workers), rate * (cpu + blocked))
+        return main + busy_workers * on_cpu + helper
+
+    def load_cost(self, busy: float) -> float:
+        """What a CPU second costs with ``busy`` threads wanting the usable CPUs, against one thread alone:
+        ``ALL_CORES_BUSY_COST`` reached as the busy threads go from one to a thread per core, and
+        ``TIME_SHARING_COST`` as they go on to one thread more than CPUs."""
+        cpus = self.usable_cpus
+        if cpus <= 0:
+            return 1.0
+        # over the cores: a core's hardware threads share more than caches, which SMT_YIELD prices already
+        cores = min(self.physical_cores or cpus, cpus)
+        shared = min(1.0, max(0.0, (busy - 1.0) / (cores - 1.0))) if cores > 1.0 else 0.0
+        return 1.0 + ALL_CORES_BUSY_COST * shared + TIME_SHARING_COST * min(1.0, max(0.0, busy / cpus - 1.0))
+
+    def cpu_slowed(self, factor: float) -> ThroughputModel:
+        """The model with every CPU cost ``factor`` times as long: the workers' CPU stages and their shared-memory
+        writes, the training process's CPU and its rebuilding of received batches, its compute where it runs on
+        the CPU, the helpers'. Blocked time and a GPU's compute stay."""
+        cost = {node: seconds * factor if node in CPU_STAGES else seconds for node, seconds in self.cost_s.items()}
+        receive_cpu = self.receive_cpu_s()
+        compute = self.compute_per_sample_s * factor if self.compute_on_cpu else self.compute_per_sample_s
+        return dataclasses.replace(
+            self, cost_s=cost, compute_per_sample_s=compute,
+            main_cpu_per_sample_s=self.main_cpu_per_sample_s * factor,
+            helper_cpu_per_sample_s=self.helper_cpu_per_sample_s * factor,
+            shm_write_per_sample_s=self.shm_write_per_sample_s * factor,
+            shm_read_per_sample_s=self.shm_read_per_sample_s * factor,
+            receive_per_sample_s=self.receive_per_sample_s + receive_cpu * (factor - 1.0),
+            receive_cpu_per_sample_s=receive_cpu * factor, recorded_load_cost=None)
+
+    def _rate(self, workers: int, scale: dict[str, float] | None) -> float:
         if workers <= 0:
             cpu, blocked = self.costs(scale, workers)
             return 1.0 / (cpu + blocked + self.compute_per_sample_s)
@@ -283,7 +360,11 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                             main_occupancy=min(occupancy, float(usable_cpus)), compute_on_cpu=compute_on_cpu,
                             shm_write_per_sample_s=write, shm_read_per_sample_s=read, worker_only_basis=basis,
                             physical_cores=physical_cores if physical_cores and physical_cores < usable_cpus else None)
-    return _at_full_core_speed(model)
+    model = _at_full_core_speed(model)
+    # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded
+    # configuration predicts what the model says for it, and every other configuration is priced against it.
+    recorded = model.busy_threads(workers, None, model._rate(workers, None))
+    return dataclasses.replace(model, recorded_load_cost=model.load_cost(recorded))
 
 
 def _at_full_core_speed(model: ThroughputModel) -> ThroughputModel:

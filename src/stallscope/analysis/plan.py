@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stallscope.analysis.capacity import CPU_STAGES, SMT_YIELD, ThroughputModel
+from stallscope.analysis.capacity import ALL_CORES_BUSY_COST, CPU_STAGES, SMT_YIELD, TIME_SHARING_COST, ThroughputModel
 
 if TYPE_CHECKING:
     from stallscope.analysis.findings import Analysis
@@ -247,6 +247,11 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
     elif model.workers == 0:
         notes.append("recorded with 0 workers: what only workers cost (collate into shared memory, passing batches "
                      "to the training process) was not measured and is not in these figures")
+    if model.recorded_load_cost is not None:
+        notes.append(f"each CPU second is priced at the load of each worker count: up to "
+                     f"{100 * ALL_CORES_BUSY_COST:.0f}% more with every core busy than with one, up to "
+                     f"{100 * TIME_SHARING_COST:.0f}% more again once threads outnumber the cores (estimated, not "
+                     "measured: a run shows only its own load)")
     notes.append("workers are persistent: their start-up is not counted")
     return moved, notes
 

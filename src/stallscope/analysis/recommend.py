@@ -86,7 +86,8 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                  "compute_s_per_sample": model.compute_per_sample_s,
                  **({"shared_memory_s_per_sample": model.shm_write_per_sample_s + model.shm_read_per_sample_s,
                      "shared_memory_basis": model.worker_only_basis} if model.worker_only_basis else {}),
-                 **({"threads_per_core": round(model.threads_per_core, 2)} if model.physical_cores else {})}))
+                 **({"threads_per_core": round(model.threads_per_core, 2)} if model.physical_cores else {}),
+                 "cpu_second_cost": round(model.cpu_second_cost(best_workers), 3)}))
         elif workers > usable_cpus + 1 and best_workers < workers:
             recs.append(Recommendation(
                 "fewer-workers", "loader", round(max(gain, 1.0), 2), {"num_workers": best_workers},

@@ -107,7 +107,7 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 f"{1000 * f['loader_s_per_sample']:.1f} ms of "
                 f"loader work ({1000 * f['blocked_s_per_sample']:.1f} ms of it blocked) and "
                 f"{1000 * f['compute_s_per_sample']:.1f} ms of compute" + _shared_memory_estimate(f)
-                + _epoch_starts(f, n))
+                + _cpu_second_cost(f, n) + _epoch_starts(f, n))
     if rid == "fewer-workers":
         n = o["num_workers"]
         return (f"Use {n} workers instead of {f['workers']}", _set_change(o, f),
@@ -475,6 +475,20 @@ def _epoch_cost_parts(facts: dict) -> str:
              f"batches in flight dropped when the loop leaves the epoch early {facts.get('epoch_dropped_s', 0):.2f} s"
              if facts.get("epoch_dropped_s") else ""]
     return ", ".join(p for p in parts if p) or "nothing"
+
+
+def _cpu_second_cost(facts: dict, workers: int) -> str:
+    """How much more (or less) a CPU second is estimated to cost at the advised load than at the recorded one."""
+    cost = facts.get("cpu_second_cost")
+    if cost is None or abs(cost - 1.0) < 0.01:
+        return ""
+    plural = "s" if workers != 1 else ""
+    if cost < 1.0:
+        return (f"; with {workers} worker{plural} the cores are less busy than in this run: each CPU second is "
+                f"estimated to cost {100 * (1.0 - cost):.0f}% less, counted in the prediction")
+    return (f"; with {workers} worker{plural} the cores are busier than in this run: each CPU second is estimated "
+            f"to cost {100 * (cost - 1.0):.0f}% more (caches and memory shared between busy cores, switching "
+            "between more threads than cores), counted in the prediction")
 
 
 def _shared_memory_estimate(facts: dict) -> str:
