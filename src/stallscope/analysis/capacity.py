@@ -35,6 +35,13 @@ core (``core_capacity``). Every thread on such a core then runs slower, so the b
 compute beside busy workers all count core capacity, not CPUs. Workers recorded with more threads busy than cores
 measured their CPU costs slowed the same way; ``build_model`` takes that out first.
 
+A CPU second does not cost the same at every load. With every core busy, the cores share caches, memory bandwidth
+and a lower all-core clock; with more runnable threads than cores, the kernel switches between them and each finds
+its caches refilled. A run measures its costs under its own load only: a 0-worker run under one busy thread, which
+is why "add workers" from it was over-predicted by 10-19% on average. So every rate prices the CPU work (workers',
+the training process's, a CPU compute's) by ``load_cost`` of the threads that configuration keeps busy, over the
+load the run was recorded under (``recorded_load_cost``); both terms are estimates, stated where they are used.
+
 Some costs exist only with workers: a worker collates each batch into a fresh shared-memory segment and
 the training process maps it again, both paying page faults an in-process batch never does. A run with
 workers measures them (in the workers' collate and the receive); from a 0-worker run they are estimated
@@ -191,9 +198,13 @@ class ThroughputModel:
         """Samples/s with ``workers`` and the stage costs scaled by ``scale``, with every CPU cost priced at the
         load that configuration puts on the cores (``load_cost``) against the load it was recorded under."""
         workers = self.workers if workers is None else workers
+        return self.at_load(workers, scale)._rate(workers, scale)
+
+    def at_load(self, workers: int | None = None, scale: dict[str, float] | None = None) -> ThroughputModel:
+        """The model with its CPU costs priced at the load ``workers`` (and ``scale``) put on the cores: what
+        ``rate`` uses, and what the time a configuration spends where (a plan's data wait) is read from."""
         relative = self.cpu_second_cost(workers, scale)
-        model = self if abs(relative - 1.0) < 1e-9 else self.cpu_slowed(relative)
-        return model._rate(workers, scale)
+        return self if abs(relative - 1.0) < 1e-9 else self.cpu_slowed(relative)
 
     def cpu_second_cost(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         """What a CPU second costs with ``workers`` (and ``scale``) against the recorded run: ``load_cost`` of the

@@ -158,13 +158,14 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
     rows = []
     for workers in ([only] if only is not None else range(ceiling + 1)):
         rate = model.rate(workers=workers, scale=scale)
-        cpu, _ = model.costs(scale, workers)
-        own = model.compute_per_sample_s + model.receive_s(workers, scale)
+        priced = model.at_load(workers, scale)  # the costs as that many workers' load prices them
+        cpu, _ = priced.costs(scale, workers)
+        own = priced.compute_per_sample_s + priced.receive_s(workers, scale)
         wait = max(0.0, 1.0 - rate * own)
         if workers == 0:
             wanted = model.main_occupancy  # one process does everything, one step after another
         else:
-            wanted = min(rate * (cpu + model.main_cpu_per_sample_s + model.helper_cpu_per_sample_s),
+            wanted = min(rate * (cpu + priced.main_cpu_per_sample_s + priced.helper_cpu_per_sample_s),
                          workers + model.main_occupancy)
         rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted))
     return rows
