@@ -59,6 +59,7 @@ import tempfile
 from pathlib import Path
 
 from stallscope.analysis import analyze
+from stallscope.analysis.epochs import epoch_shape, rate_over_epochs
 from stallscope.demo.dataset import DatasetSpec, demo_dataset
 from stallscope.demo.scenarios import LARGE, REFERENCE_SCRIPT
 from stallscope.session import Session
@@ -148,12 +149,21 @@ def main() -> int:
 
 
 def one_more_worker(summary: dict) -> tuple[list[str], float]:
-    """``num_workers`` one above the run's, and the speedup the run's own model predicts for it."""
+    """``num_workers`` one above the run's, and the speedup the run's own model predicts for it, priced as the
+    advice prices worker counts: with every epoch start of the measured steps where there are some (workers
+    restarted at each one, as the script has them)."""
     session = Session.load(summary["session"])
-    model = analyze(session).capacity.model
-    workers = (model.workers if model else 0) + 1
-    predicted = model.rate(workers=workers) / model.rate() if model else 1.0
-    return [f"num_workers={workers}"], predicted
+    analysis = analyze(session)
+    model = analysis.capacity.model
+    if model is None:
+        return ["num_workers=1"], 1.0
+    workers = model.workers + 1
+    train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+    shape = epoch_shape(session, analysis.steps, train, model.usable_cpus)
+    if shape is None:
+        return [f"num_workers={workers}"], model.rate(workers=workers) / model.rate()
+    now = rate_over_epochs(model, shape, model.workers, shape.persistent)
+    return [f"num_workers={workers}"], rate_over_epochs(model, shape, workers, shape.persistent) / now
 
 
 if __name__ == "__main__":
