@@ -9,6 +9,14 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-02 (session 15) on the 2-core machine, nothing else running, --rounds 2 --steps 40, with each CPU
+second priced at the load of the configuration (6867094): starved 1.58x vs 1.76x (-10%), slow storage 7.94x vs 7.85x
+(+1%), large JPEGs 1.61x vs 1.91x (-16%; rounds 1.76x and 2.06x), HTTP 8.00x vs 8.18x (-2%), tokenize 1.68x vs
+1.72x (-2%), early exit 1.15x vs 1.19x (-3%), 2-thread compute 1.03x vs 0.94x (+9%), heavy model 1.00x vs 1.07x
+(-6%), short epochs 1.11x vs 0.90x (+24%): median 6%, worst 24%. The short-epoch check (nothing recommended, so one
+worker more) was priced here without its epoch starts, unlike the advice; priced with them (23a90fc), --only short:
+0.91x vs 0.80x (+13%).
+
 Measured 2026-12-02 (session 14) on the 2-core machine, nothing else running, --rounds 2 --steps 40, two runs. Before
 the steady steps started after the workers' first round (68a8f99; with the stop cost of 6196f75): starved 1.87x vs
 1.87x (0%; rounds 2.18x and 1.55x), slow storage 7.98x vs 8.32x (-4%), large JPEGs 1.74x vs 1.87x (-7%), HTTP 8.00x vs

@@ -39,6 +39,22 @@ def can_mount_tmpfs(where: Path) -> bool:
     return probe.returncode == 0
 
 
+def on_a_small_disk(tmp_path: Path, disk: Path, commands: str, size: str = "64k", fill: bool = False,
+                    env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``commands`` (shell, run in ``tmp_path``) with a ``size`` tmpfs mounted on ``disk`` in a private mount
+    namespace: filled to the last byte first (``fill``), or left for the commands to fill. Skips the test where this
+    machine allows no such mount."""
+    import pytest
+
+    disk.mkdir(exist_ok=True)
+    if not can_mount_tmpfs(disk):
+        pytest.skip("this machine does not allow mounting a tmpfs")
+    driver = f"mount -t tmpfs -o size={size} tmpfs {disk} && "
+    driver += f"head -c {size} /dev/zero > {disk}/filler; " if fill else ""
+    return subprocess.run(["unshare", "-rm", "sh", "-c", driver + commands], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path, env=env)
+
+
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
     try:

@@ -58,17 +58,12 @@ def test_demo_refuses_zero_pairs_before_running(tmp_path):
 def test_a_full_cache_disk_is_one_line_that_says_where_and_how_much(tmp_path):
     """The demo's dataset is generated into the user's cache; a full disk there is said in one line, and leaves no
     half-written JPEG for the next call to trust."""
-    from tests.conftest import can_mount_tmpfs
+    from tests.conftest import on_a_small_disk
 
     cache = tmp_path / "cache"
-    cache.mkdir()
-    if not can_mount_tmpfs(cache):
-        pytest.skip("this machine does not allow mounting a tmpfs")
-    driver = (f"mount -t tmpfs -o size=256k tmpfs {cache} && XDG_CACHE_HOME={cache} {sys.executable} -m stallscope "
-              f"demo --store {tmp_path / 'store'}; echo $? > {tmp_path / 'rc'}; "
-              f"find {cache} -name '*.tmp' | wc -l > {tmp_path / 'tmp_files'}")
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    done = on_a_small_disk(tmp_path, cache, size="256k", commands=(
+        f"XDG_CACHE_HOME={cache} {sys.executable} -m stallscope demo --store {tmp_path / 'store'}; "
+        f"echo $? > {tmp_path / 'rc'}; find {cache} -name '*.tmp' | wc -l > {tmp_path / 'tmp_files'}"))
     assert (tmp_path / "rc").read_text().strip() == "2", done.stderr[-2000:]
     assert "internal error" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "cannot write the demo dataset in" in done.stderr and "No space left on device" in done.stderr

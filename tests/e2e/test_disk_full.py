@@ -11,31 +11,25 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from stallscope import api
-from tests.conftest import SCRIPTS, can_mount_tmpfs
+from tests.conftest import SCRIPTS, on_a_small_disk
 
 FILL = str(SCRIPTS / "fill_disk.py")
 
 
 def test_a_disk_that_fills_during_training_keeps_the_exit_code_and_prints_the_summary(tmp_path):
     store = tmp_path / "store"
-    store.mkdir()
-    if not can_mount_tmpfs(store):
-        pytest.skip("this machine does not allow mounting a tmpfs (the simulated ENOSPC test still runs)")
     out, rebuilt, leftovers = tmp_path / "summary.json", tmp_path / "rebuilt.json", tmp_path / "leftovers.txt"
     py = sys.executable
-    driver = (f"mount -t tmpfs -o size=16m tmpfs {store} && "
-              f"FILL_DIR={store} {py} -m stallscope run --store {store} --json {out} -- {py} {FILL}; "
-              f"echo $? > {tmp_path / 'rc'}; "
-              f"(find {store} -name '*.tmp' | wc -l; ls {store}/runs/*/events | wc -l) > {leftovers}; "
-              f"rm {store}/filler && {py} -m stallscope report {store}/runs/* --json {rebuilt} > /dev/null")
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    done = on_a_small_disk(tmp_path, store, size="16m", commands=(
+        f"FILL_DIR={store} {py} -m stallscope run --store {store} --json {out} -- {py} {FILL}; "
+        f"echo $? > {tmp_path / 'rc'}; "
+        f"(find {store} -name '*.tmp' | wc -l; ls {store}/runs/*/events | wc -l) > {leftovers}; "
+        f"rm {store}/filler && {py} -m stallscope report {store}/runs/* --json {rebuilt} > /dev/null"))
     assert (tmp_path / "rc").read_text().strip() == "3", done.stderr[-3000:]  # the script's own exit code
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "could not be saved" in done.stderr and "the disk is full" in done.stderr  # the summary, from memory
@@ -95,18 +89,6 @@ def test_a_session_save_that_fails_with_enospc_is_a_note_not_a_crash(tmp_path, m
     assert any("could not be saved" in n and "the disk is full" in n for n in result.summary["notes"])
 
 
-def _on_a_full_disk(tmp_path, disk, commands: str, size: str = "64k", fill: bool = True) -> subprocess.CompletedProcess:
-    """``commands`` (shell) with a ``size`` tmpfs mounted on ``disk`` in a private mount namespace, filled to the
-    last byte (``fill``) or left for the commands to fill."""
-    disk.mkdir(exist_ok=True)
-    if not can_mount_tmpfs(disk):
-        pytest.skip("this machine does not allow mounting a tmpfs")
-    driver = f"mount -t tmpfs -o size={size} tmpfs {disk} && "
-    driver += f"head -c {size} /dev/zero > {disk}/filler; " if fill else ""
-    return subprocess.run(["unshare", "-rm", "sh", "-c", driver + commands], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
-
-
 LEAVE_ROOM = """\
 import os, sys, time
 from torch.utils.data import DataLoader
@@ -133,10 +115,10 @@ def test_a_history_the_full_disk_never_let_be_written_says_the_disk_is_full(tmp_
     script = tmp_path / "leave_room.py"
     script.write_text(LEAVE_ROOM)
     py = sys.executable
-    done = _on_a_full_disk(tmp_path, store, (
+    done = on_a_small_disk(tmp_path, store, commands=(
         f"FILL_DIR={store} {py} -m stallscope run --quiet --store {store} --json {tmp_path / 's.json'} -- {py} "
         f"{script} 2> {tmp_path / 'run.err'}; echo $? > {tmp_path / 'run.rc'}; {py} -m stallscope history "
-        f"--store {store}"), size="1m", fill=False)
+        f"--store {store}"), size="1m")
     run_err = (tmp_path / "run.err").read_text()
     full = f"the run history {store / 'history.sqlite3'} cannot be written: the disk holding it is full"
     assert (tmp_path / "run.rc").read_text().strip() == "0", run_err
@@ -151,7 +133,7 @@ def test_a_fresh_store_on_a_full_disk_says_the_disk_is_full_not_no_such_table(tm
     store = tmp_path / "store"
     py = sys.executable
     rebuild = f"{py} -m stallscope history --rebuild --store {store} 2> {tmp_path / 'rebuild.err'}"
-    done = _on_a_full_disk(tmp_path, store, f"{rebuild}; {py} -m stallscope history --store {store}")
+    done = on_a_small_disk(tmp_path, store, f"{rebuild}; {py} -m stallscope history --store {store}", fill=True)
     full = f"the run history {store / 'history.sqlite3'} cannot be written: the disk holding it is full"
     assert full in (tmp_path / "rebuild.err").read_text()
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
@@ -161,8 +143,9 @@ def test_a_fresh_store_on_a_full_disk_says_the_disk_is_full_not_no_such_table(tm
 @pytest.mark.parametrize("verb", ["tune", "bench"])
 def test_tune_and_bench_on_a_full_store_name_it_and_the_reason(tmp_path, verb):
     store = tmp_path / "store"
-    done = _on_a_full_disk(tmp_path, store, f"{sys.executable} -m stallscope {verb} --store {store} -- "
-                                            f"{sys.executable} {SCRIPTS / 'tiny_train.py'} --n 32")
+    done = on_a_small_disk(tmp_path, store, fill=True, commands=(
+        f"{sys.executable} -m stallscope {verb} --store {store} -- {sys.executable} {SCRIPTS / 'tiny_train.py'} "
+        "--n 32"))
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         (f"stallscope {verb}: cannot write in the store {store}: No space left on device; free some space there, or "
@@ -192,9 +175,9 @@ def test_a_tune_trial_whose_summary_the_full_disk_lost_says_so_not_run_failed_ex
     script = tmp_path / "fill_first.py"
     script.write_text(FILL_FIRST)
     py = sys.executable
-    done = _on_a_full_disk(tmp_path, store, (
+    done = on_a_small_disk(tmp_path, store, commands=(
         f"FILL_DIR={store} {py} -m stallscope tune --trials 4 --steps 4 --store {store} -- {py} {script}; "
-        f"find {store} -name tune.json -size 0 | wc -l > {tmp_path / 'empty'}"), size="16m", fill=False)
+        f"find {store} -name tune.json -size 0 | wc -l > {tmp_path / 'empty'}"), size="16m")
     assert (tmp_path / "empty").read_text().strip() == "0", "an empty tune.json was left on the full disk"
     said = " ".join(done.stderr.split())  # the trial line may be wrapped
     assert "failed (exit 0)" not in said, said
@@ -208,9 +191,9 @@ def test_a_tune_trial_whose_summary_the_full_disk_lost_says_so_not_run_failed_ex
 def test_a_summary_json_the_full_disk_refused_is_an_error_line_and_the_script_keeps_its_exit_code(tmp_path):
     full = tmp_path / "full"
     py = sys.executable
-    done = _on_a_full_disk(tmp_path, full, f"{py} -m stallscope run --store {tmp_path / 'store'} --json "
-                                           f"{full}/summary.json -- {py} {SCRIPTS / 'tiny_train.py'} --n 32 "
-                                           "--exit-code 4")
+    done = on_a_small_disk(tmp_path, full, fill=True, commands=(
+        f"{py} -m stallscope run --store {tmp_path / 'store'} --json {full}/summary.json -- {py} "
+        f"{SCRIPTS / 'tiny_train.py'} --n 32 --exit-code 4"))
     assert done.returncode == 4, done.stderr[-3000:]
     assert "verdict:" in done.stderr  # the summary is still printed
     assert done.stderr.strip().splitlines()[-1] == (

@@ -257,19 +257,14 @@ def test_ctrl_c_mid_pack_with_workers_exits_130_quietly_then_resumes(source, tmp
 def test_a_full_disk_mid_pack_is_one_clear_line_and_the_same_command_resumes(source, tmp_path, fmt):
     """A 256 KiB tmpfs fills part-way through 60 images: one line saying so (not "a bug in stallscope"), the
     unfinished pack kept; with room again the same command finishes it and it verifies."""
-    from tests.conftest import can_mount_tmpfs
+    from tests.conftest import on_a_small_disk
 
     disk = tmp_path / "disk"
-    disk.mkdir()
-    if not can_mount_tmpfs(disk):
-        pytest.skip("this machine does not allow mounting a tmpfs")
     out = disk / "pack"
     command = f"{sys.executable} -m stallscope pack {source} {out} --format {fmt} --no-progress --commit-every 8"
-    driver = (f"mount -t tmpfs -o size=256k tmpfs {disk} && {command} 2> {tmp_path / 'full.err'}; "
-              f"echo $? > {tmp_path / 'full.rc'}; ls {disk} > {tmp_path / 'kept'}; "
-              f"mount -o remount,size=8m {disk} && {command} && {sys.executable} -m stallscope pack --verify {out}")
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=240,
-                          cwd=tmp_path)
+    done = on_a_small_disk(tmp_path, disk, size="256k", timeout=240, commands=(
+        f"{command} 2> {tmp_path / 'full.err'}; echo $? > {tmp_path / 'full.rc'}; ls {disk} > {tmp_path / 'kept'}; "
+        f"mount -o remount,size=8m {disk} && {command} && {sys.executable} -m stallscope pack --verify {out}"))
     full = (tmp_path / "full.err").read_text()
     assert (tmp_path / "full.rc").read_text().strip() == "1", full
     assert "internal error" not in full and "Traceback" not in full, full
@@ -298,17 +293,12 @@ def test_an_out_folder_that_cannot_be_written_is_one_clear_line(source, tmp_path
 def test_a_report_the_full_disk_refused_exits_1_with_one_line(source, tmp_path):
     """The pack is made but the --report file asked for is not: whatever reads it next would not find it, so the
     command does not succeed (exit 1), and says so in one line with the pack's place."""
-    from tests.conftest import can_mount_tmpfs
+    from tests.conftest import on_a_small_disk
 
     full = tmp_path / "full"
-    full.mkdir()
-    if not can_mount_tmpfs(full):
-        pytest.skip("this machine does not allow mounting a tmpfs")
     out = tmp_path / "out"
     command = f"{sys.executable} -m stallscope pack {source} {out} --no-progress --report {full / 'report.json'}"
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs {full} && "
-                           f"head -c 64k /dev/zero > {full}/filler; {command}"],
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    done = on_a_small_disk(tmp_path, full, command, fill=True, timeout=240)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
         (f"stallscope pack: error: the report was not written to {full / 'report.json'}: No space left on device "

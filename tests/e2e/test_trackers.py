@@ -203,12 +203,9 @@ def test_a_tracker_writing_to_a_full_disk_is_one_line_not_its_threads_tracebacks
     """TensorBoard's event-file thread and W&B's loggers printed their own tracebacks (W&B: 650 lines) on a full
     disk before the export's one-line error."""
     pytest.importorskip(tracker)
-    from tests.conftest import can_mount_tmpfs
+    from tests.conftest import on_a_small_disk
 
     full = tmp_path / "full"
-    full.mkdir()
-    if not can_mount_tmpfs(full):
-        pytest.skip("this machine does not allow mounting a tmpfs")
     result = run_cli(tmp_path, ["--quiet", "--", sys.executable, str(SCRIPTS / "tiny_train.py"), "--n", "32"])
     assert result.returncode == 0, result.stderr[-3000:]
     env = _no_network_env(tmp_path)
@@ -216,10 +213,7 @@ def test_a_tracker_writing_to_a_full_disk_is_one_line_not_its_threads_tracebacks
     where = ["--dir", str(full / "tb")] if tracker == "tensorboard" else []
     export = [sys.executable, "-m", "stallscope", "export", "last", "--to", tracker, *where,
               "--store", str(tmp_path / "store")]
-    driver = (f"mount -t tmpfs -o size=64k tmpfs {full} && head -c 65536 /dev/zero > {full}/filler; "
-              + " ".join(f"'{part}'" for part in export))
-    done = subprocess.run(["unshare", "-rm", "sh", "-c", driver], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env=env)
+    done = on_a_small_disk(tmp_path, full, " ".join(f"'{part}'" for part in export), fill=True, env=env)
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
         f"stallscope export: could not log to {tracker}: OSError: [Errno 28] No space left on device"]

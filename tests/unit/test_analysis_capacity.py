@@ -379,35 +379,57 @@ def test_a_cpu_second_costs_more_as_the_cores_fill_and_more_again_once_threads_o
     assert model(usable_cpus=1.0).load_cost(1.5) == pytest.approx(1.06)
 
 
-def test_busy_threads_count_the_workers_that_set_the_pace_and_the_compute_for_its_share_of_the_time():
+def test_busy_threads_count_each_thread_while_it_runs_or_waits_for_a_core():
     m = _recorded_alone()
     assert m.busy_threads(0, None, 200.0) == pytest.approx(1.0)  # loading and computing on one thread
     assert m.busy_threads(0, None, 100.0) == pytest.approx(0.5)  # half the time blocked elsewhere
-    # 2 workers at 400/s are the limit (the compute allows 1000/s): both busy, the compute 40% of the time
-    assert m.busy_threads(2, None, 400.0) == pytest.approx(2.4)
-    # a slow compute sets the pace: the workers are busy 4 ms per sample only
+    # 2 workers at 400/s on 2 CPUs: 3 threads want a core while the training computes, so each waits half again
+    # as long (stretch 1.5): the workers' 1.6 CPU seconds a second are 2 threads at all times (no more: there are
+    # 2), the compute's 0.4 is 0.6 of the time
+    assert m.busy_threads(2, None, 400.0) == pytest.approx(2.0 + 0.6)
+    # a slow compute sets the pace: the workers' 0.4 CPU seconds a second, stretched the same
     slow = _recorded_alone(compute_per_sample_s=0.010, main_cpu_per_sample_s=0.010)
-    assert slow.busy_threads(2, None, 100.0) == pytest.approx(1.0 + 100 * 0.004)
-    # a worker blocked on storage half of its time wants a core half of it
+    assert slow.busy_threads(2, None, 100.0) == pytest.approx(1.0 + 100 * 0.004 * 1.5)
+    # workers blocked on storage half of their time want 2 x 0.5 cores: no one waits for a core
     blocked = _recorded_alone(cost_s={"decode": 0.002, "storage": 0.002})
-    assert blocked.busy_threads(2, None, 400.0) == pytest.approx(0.4 + 2 * 0.5)
+    assert blocked.busy_threads(2, None, 400.0) == pytest.approx(0.4 + 400 * 0.002)
+    # a compute on a GPU is not stretched by the cores' queue
+    gpu = _recorded_alone(compute_on_cpu=False)
+    assert gpu.busy_threads(2, None, 400.0) == pytest.approx(2.0 + 0.4)
 
 
 def test_the_rate_prices_cpu_work_at_the_load_of_the_configuration_against_the_recorded_one():
     m = _recorded_alone()
     assert m.rate() == pytest.approx(200.0) and m.cpu_second_cost() == pytest.approx(1.0)
-    # 2 workers: 400/s at the recorded cost (the CPU budget: 2 cores / 5 ms); 2.4 threads busy on 2 CPUs cost
-    # 1 + 0.12 (all cores busy) + 0.12 * 0.2 (1.2 threads per CPU) = 1.144 times as much: 400 / 1.144
-    assert m.cpu_second_cost(2) == pytest.approx(1.144)
-    assert m.rate(workers=2) == pytest.approx(400 / 1.144)
-    assert m.speedup(workers=2) == pytest.approx(2 / 1.144)
-    # planned for one CPU: 200/s with 2 workers at the recorded cost, 2.2 threads on it: the full time-sharing cost
+    # 2 workers: 400/s at the recorded cost (the CPU budget: 2 cores / 5 ms); 2.6 threads busy on 2 CPUs cost
+    # 1 + 0.12 (all cores busy) + 0.12 * 0.3 (1.3 threads per CPU) = 1.156 times as much; at the priced rate the
+    # load is the same (the work per second is), so that is the price: 400 / 1.156
+    assert m.cpu_second_cost(2) == pytest.approx(1.156)
+    assert m.rate(workers=2) == pytest.approx(400 / 1.156)
+    assert m.speedup(workers=2) == pytest.approx(2 / 1.156)
+    # planned for one CPU: 200/s with 2 workers at the recorded cost, 2.6 threads on it: the full time-sharing cost
     one = replace(m, usable_cpus=1.0)
     assert one.cpu_second_cost(2) == pytest.approx(1.12)
     assert one.rate(workers=2) == pytest.approx(200 / 1.12)
-    assert one.rate(workers=1) == pytest.approx(200 / 1.024)  # 1.2 threads on it
+    assert one.rate(workers=1) == pytest.approx(200 / 1.048)  # 1.4 threads on it
     # a model without a recorded load (hand-built, or an older caller) is priced as recorded
     assert replace(m, recorded_load_cost=None).rate(workers=2) == pytest.approx(400.0)
+
+
+def test_a_model_recorded_under_load_prices_a_quieter_configuration_cheaper():
+    """Recorded with 2 workers on 2 busy CPUs (load cost 1.156): back to 0 workers, one thread, costs less."""
+    loaded = _recorded_alone(workers=2, recorded_load_cost=1.156)
+    assert loaded.cpu_second_cost(0) == pytest.approx(1 / 1.156)
+    assert loaded.rate(workers=0) == pytest.approx(200 * 1.156)
+
+
+def test_the_priced_rate_never_rises_as_the_compute_gets_slower():
+    """Near the point where the compute takes over the pace, the load is read continuously: a slower GPU step is
+    never predicted faster (8 workers on 2 CPUs, 4 ms of decode each)."""
+    rates = [ThroughputModel({"decode": 0.004}, compute, 0.001, 8, 2.0, compute_on_cpu=False,
+                             recorded_load_cost=1.0).rate()
+             for compute in (0.0020, 0.0024, 0.00245, 0.00249, 0.0025, 0.0030, 0.0040)]
+    assert all(later <= earlier + 1e-9 for earlier, later in zip(rates, rates[1:]))
 
 
 def test_a_slowed_model_stretches_cpu_work_but_not_blocked_time_nor_a_gpus_compute():

@@ -99,7 +99,8 @@ def test_the_plan_document():
     assert doc["target"]["cores_per_process"] == 4.0 and doc["target"]["processes"] == 2
     # 750/s x (4 ms in workers + 1 ms of the training process) = 3.75 cores
     assert doc["at_workers"] == {"workers": 3, "samples_per_s": 750.0, "total_samples_per_s": 1500.0,
-                                 "data_wait_fraction": 0.25, "cores_wanted": 3.75}
+                                 "data_wait_fraction": 0.25, "cores_wanted": 3.75,
+                                 "cpu_second_cost": 1.0}  # a hand-built model: no recorded load to price against
     assert doc["workers_needed_per_process"] is None and doc["limit"] == "cores"
     assert len(doc["rows"]) == 7 and doc["assumptions"]
 
@@ -181,3 +182,20 @@ def test_a_run_recorded_with_hyper_threading_is_planned_with_it_unless_told_othe
     plain = project(smt, Target(**target, threads_per_core=1), samples_per_step=16)
     assert max(r.samples_per_s for r in plain.rows) == pytest.approx(8 / 0.00425)
     assert plan_dict(same, "r1", PLAN_SCHEMA)["target"]["threads_per_core"] == 2.0
+
+
+def test_each_row_prices_cpu_work_at_its_load_and_a_given_step_time_is_taken_as_it_is():
+    loaded = recorded(recorded_load_cost=1.0)
+    plan = project(loaded, Target(cores=2), samples_per_step=16)
+    # 2 workers on 2 CPUs: 4 ms of transform and 1 ms of compute priced 1.156 times (see test_analysis_capacity)
+    assert plan.row(2).cpu_second_cost == pytest.approx(1.156)
+    assert plan.row(2).samples_per_s == pytest.approx(400 / 1.156)
+    assert plan.row(0).cpu_second_cost == pytest.approx(1.0) and plan.row(0).samples_per_s == pytest.approx(200.0)
+    assert plan.row(2).to_dict()["cpu_second_cost"] == 1.156
+    assert any("priced at the load of each worker count" in n for n in plan.assumptions)
+    # --step-ms on a CPU target: the given 16 ms per 16 samples is the target's own figure, not priced again
+    given, notes = target_model(loaded, Target(cores=2, step_s=0.016), samples_per_step=16)
+    assert given.compute_priced is False
+    assert given.cpu_slowed(1.5).compute_per_sample_s == pytest.approx(0.001)
+    assert given.cpu_slowed(1.5).main_cpu_per_sample_s == pytest.approx(0.0015)  # the CPU part is priced
+    assert any("the given step time is taken as it is" in n for n in notes)

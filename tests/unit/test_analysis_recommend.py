@@ -87,5 +87,16 @@ def test_the_worker_advice_says_what_a_cpu_second_is_estimated_to_cost_at_its_lo
     assert advice.facts["cpu_second_cost"] == pytest.approx(m.cpu_second_cost(2), abs=1e-3)
     assert advice.predicted_speedup == pytest.approx(m.speedup(2), abs=0.01)
     assert advice.facts["cpu_second_cost"] > 1.1
+    reason = words.recommendation(advice).reason
     assert ("; with 2 workers the cores are busier than in this run: each CPU second is estimated to cost "
-            f"{round(100 * (advice.facts['cpu_second_cost'] - 1))}% more") in words.recommendation(advice).reason
+            f"{round(100 * (advice.facts['cpu_second_cost'] - 1))}% more") in reason
+    # more threads than CPUs: the time-sharing part is named; at most one a CPU, only the shared caches are
+    assert advice.facts["busy_threads_per_cpu"] > 1.0
+    assert "(caches and memory shared between busy cores, switching between more threads than cores)" in reason
+    calmer = dict(advice.facts, busy_threads_per_cpu=0.9)
+    assert words._cpu_second_cost(calmer, 2).endswith(
+        "(caches and memory shared between busy cores), counted in the prediction")
+    assert words._cpu_second_cost(dict(advice.facts, cpu_second_cost=0.9), 2) == (
+        "; with 2 workers the cores are less busy than in this run: each CPU second is estimated to cost 10% less, "
+        "counted in the prediction")
+    assert words._cpu_second_cost(dict(advice.facts, cpu_second_cost=1.004), 2) == ""  # not worth saying

@@ -84,6 +84,9 @@ ALL_CORES_BUSY_COST = 0.12
 #: Estimated; measured on the 2-core VM: decode and resize of 500x400 to 2000x1500 JPEGs +18-24% per image for
 #: 2 processes on one core, +10-14% for 3 or 4; a training step +17% beside two busy processes on two cores.
 TIME_SHARING_COST = 0.12
+#: Passes that price a configuration's CPU work at its load and read the load again at the priced rate; two or
+#: three agree to a millionth.
+LOAD_PASSES = 5
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,8 @@ class ThroughputModel:
     physical_cores: float | None = None
     # what a CPU second cost under the recorded run's own load (``load_cost``); None: no load correction
     recorded_load_cost: float | None = None
+    # False where the compute is the user's figure for the target (plan --step-ms): not priced at any load
+    compute_priced: bool = True
 
     def core_capacity(self, busy: float) -> float:
         """Cores' worth of work ``busy`` runnable threads get done at once: a core each up to the physical cores,
@@ -208,30 +213,39 @@ class ThroughputModel:
 
     def cpu_second_cost(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
         """What a CPU second costs with ``workers`` (and ``scale``) against the recorded run: ``load_cost`` of the
-        threads that configuration keeps busy at the rate its recorded costs give, over the recorded run's own."""
+        threads that configuration keeps busy, over the recorded run's own. The load is read at the rate the priced
+        costs give (dearer CPU work slows the rate, which changes who waits), repeated until the two agree."""
         workers = self.workers if workers is None else workers
         if self.recorded_load_cost is None:
             return 1.0
-        busy = self.busy_threads(workers, scale, self._rate(workers, scale))
-        return self.load_cost(busy) / self.recorded_load_cost
+        relative = 1.0
+        for _ in range(LOAD_PASSES):
+            model = self if relative == 1.0 else self.cpu_slowed(relative)
+            busy = model.busy_threads(workers, scale, model._rate(workers, scale))
+            priced = self.load_cost(busy) / self.recorded_load_cost
+            if abs(priced - relative) < 1e-6:
+                break
+            relative = priced
+        return priced
 
     def busy_threads(self, workers: int, scale: dict[str, float] | None, rate: float) -> float:
-        """Threads that want a core, on average over a step, at ``rate`` samples/s: the training process's for the
-        share of the time it computes (its loading too, without workers), the workers' for the CPU part of their
-        time, all of it where they are the limit (time-shared workers are runnable even while they wait for a
-        core), and the helper processes'."""
+        """Threads that want a core, on average, at ``rate`` samples/s: each counted while it runs or waits for a
+        core. The training process for the share of the time it computes (without workers, its loading too), the
+        workers for their CPU work, both stretched by the wait for a core where more threads want one than there
+        are CPUs (the demand ``shared_cores_rate`` counts), never more than the workers there are; and the helper
+        processes. Continuous in the rate: a worker count near the point where the compute takes over the pace is
+        not priced as all-busy on one side and idle on the other."""
         cpu, blocked = self.costs(scale, workers)
         helper = rate * self.helper_cpu_per_sample_s
         if workers <= 0:
             return rate * (cpu + self.main_cpu_per_sample_s) + helper
         occupancy = max(0.0, min(self.main_occupancy, self.usable_cpus))
-        main = occupancy * min(1.0, rate * self.compute_per_sample_s) + rate * self.receive_cpu_s()
-        if cpu + blocked <= 0:
-            return main + helper
-        on_cpu = cpu / (cpu + blocked)
-        limited = rate < 0.99 * self.compute_rate(workers, scale)  # the workers, not the training, set the pace
-        busy_workers = workers if limited else min(float(workers), rate * (cpu + blocked))
-        return main + busy_workers * on_cpu + helper
+        on_cpu = cpu / (cpu + blocked) if cpu + blocked > 0 else 0.0
+        demand = occupancy + workers * on_cpu
+        stretch = max(1.0, demand / self.usable_cpus) if self.usable_cpus > 0 else 1.0
+        computing = min(1.0, rate * self.compute_per_sample_s * (stretch if self.compute_on_cpu else 1.0))
+        main = occupancy * computing + rate * self.receive_cpu_s()
+        return main + min(workers * on_cpu, rate * cpu * stretch) + helper
 
     def load_cost(self, busy: float) -> float:
         """What a CPU second costs with ``busy`` threads wanting the usable CPUs, against one thread alone:
@@ -248,10 +262,11 @@ class ThroughputModel:
     def cpu_slowed(self, factor: float) -> ThroughputModel:
         """The model with every CPU cost ``factor`` times as long: the workers' CPU stages and their shared-memory
         writes, the training process's CPU and its rebuilding of received batches, its compute where it runs on
-        the CPU, the helpers'. Blocked time and a GPU's compute stay."""
+        the CPU (and was measured, not given), the helpers'. Blocked time and a GPU's compute stay."""
         cost = {node: seconds * factor if node in CPU_STAGES else seconds for node, seconds in self.cost_s.items()}
         receive_cpu = self.receive_cpu_s()
-        compute = self.compute_per_sample_s * factor if self.compute_on_cpu else self.compute_per_sample_s
+        priced = self.compute_on_cpu and self.compute_priced
+        compute = self.compute_per_sample_s * factor if priced else self.compute_per_sample_s
         return dataclasses.replace(
             self, cost_s=cost, compute_per_sample_s=compute,
             main_cpu_per_sample_s=self.main_cpu_per_sample_s * factor,

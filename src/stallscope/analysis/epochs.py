@@ -229,11 +229,12 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
     once per round of as many workers as there are cores; stopping the previous epoch's, ``worker_stop_s`` per
     round; neither with persistent workers. Filling: one worker's batch at its per-sample cost, less the steady
     interval between batches. Dropped: the batches in flight when an epoch is left early, made by the workers
-    side by side and no faster than the cores they have allow. ``rate``: the model's steady rate with
-    ``workers``, where the caller has it already."""
+    side by side and no faster than the cores they have allow. The workers' costs are priced at the load
+    ``workers`` put on the cores, as the steady rate is. ``rate``: the model's steady rate with ``workers``, where
+    the caller has it already."""
     if workers <= 0:
         return EpochCost(0.0, 0.0, 0.0)
-    cpu, blocked = model.costs(None, workers)
+    cpu, blocked = model.at_load(workers).costs(None, workers)  # priced at that many workers' load, as the rate
     rate = model.rate(workers) if rate is None else rate
     rounds = math.ceil(workers / max(1.0, model.usable_cpus))
     if persistent:

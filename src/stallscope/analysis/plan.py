@@ -103,11 +103,13 @@ class WorkerRow:
     total_samples_per_s: float  # all of them
     data_wait_fraction: float
     cores_wanted: float  # per process: workers' CPU at this rate plus the training process's own
+    cpu_second_cost: float = 1.0  # a CPU second at this row's load against the recorded run's (estimated)
 
     def to_dict(self) -> dict[str, float | int]:
         return {"workers": self.workers, "samples_per_s": round(self.samples_per_s, 2),
                 "total_samples_per_s": round(self.total_samples_per_s, 2),
-                "data_wait_fraction": round(self.data_wait_fraction, 4), "cores_wanted": round(self.cores_wanted, 2)}
+                "data_wait_fraction": round(self.data_wait_fraction, 4), "cores_wanted": round(self.cores_wanted, 2),
+                "cpu_second_cost": round(self.cpu_second_cost, 3)}
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,9 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
           scale: dict[str, float] | None = None, only: int | None = None) -> list[WorkerRow]:
     rows = []
     for workers in ([only] if only is not None else range(ceiling + 1)):
-        rate = model.rate(workers=workers, scale=scale)
-        priced = model.at_load(workers, scale)  # the costs as that many workers' load prices them
+        cost = model.cpu_second_cost(workers, scale)
+        priced = model.cpu_slowed(cost) if cost != 1.0 else model  # the costs as that many workers' load prices them
+        rate = priced.rate(workers=workers, scale=scale)
         cpu, _ = priced.costs(scale, workers)
         own = priced.compute_per_sample_s + priced.receive_s(workers, scale)
         wait = max(0.0, 1.0 - rate * own)
@@ -167,7 +170,7 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
         else:
             wanted = min(rate * (cpu + priced.main_cpu_per_sample_s + priced.helper_cpu_per_sample_s),
                          workers + model.main_occupancy)
-        rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted))
+        rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted, cost))
     return rows
 
 
@@ -231,12 +234,15 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
                      "its workers")
     physical, smt_note = _target_cores(model, target, cores)
     notes.append(smt_note)
+    given = target.step_s is not None or target.samples_per_s is not None  # the target's own figure: not priced
     moved = dataclasses.replace(model, usable_cpus=cores, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
-                                main_occupancy=occupancy, compute_on_cpu=target.gpus == 0, physical_cores=physical)
+                                main_occupancy=occupancy, compute_on_cpu=target.gpus == 0, physical_cores=physical,
+                                compute_priced=model.compute_priced and not given)
     cpu = sum(model.cost_s.get(n, 0.0) for n in CPU_STAGES)
     notes.append(f"input costs per sample as recorded: {_ms(cpu)} of CPU (decode, transform, collate) and "
                  f"{_ms(model.cost_s.get('storage', 0.0))} blocked on storage, on cores as fast as the recorded "
-                 "machine's")
+                 "machine's" + (", then priced at each worker count's load (below)"
+                                if model.recorded_load_cost is not None else ""))
     if model.cost_s.get("storage", 0.0) > 0:
         notes.append("blocked storage time overlaps across workers without limit: the target's storage must serve "
                      "the total samples/s below")
@@ -249,10 +255,12 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         notes.append("recorded with 0 workers: what only workers cost (collate into shared memory, passing batches "
                      "to the training process) was not measured and is not in these figures")
     if model.recorded_load_cost is not None:
-        notes.append(f"each CPU second is priced at the load of each worker count: up to "
-                     f"{100 * ALL_CORES_BUSY_COST:.0f}% more with every core busy than with one, up to "
-                     f"{100 * TIME_SHARING_COST:.0f}% more again once threads outnumber the cores (estimated, not "
-                     "measured: a run shows only its own load)")
+        notes.append(f"each CPU second is priced at the load of each worker count against the recorded run's "
+                     f"(cpu_second_cost in each row): up to {100 * ALL_CORES_BUSY_COST:.0f}% more with every core "
+                     f"busy than with one, up to {100 * TIME_SHARING_COST:.0f}% more again once threads outnumber "
+                     "the cores; less than recorded where the target's cores are less busy than the recorded "
+                     "run's (estimated, not measured: a run shows only its own load"
+                     + ("; the given step time is taken as it is)" if given else ")"))
     notes.append("workers are persistent: their start-up is not counted")
     return moved, notes
 
@@ -318,8 +326,8 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
                 "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
                 "compute_on_cpu": model.compute_on_cpu,
                 "threads_per_core": round(model.threads_per_core, 3)}
-    return Plan(target, recorded, 1.0 / moved.compute_per_sample_s, rows, needed, best.workers, limit, first, fixes,
-                notes)
+    compute = moved.at_load(best.workers).compute_per_sample_s  # priced at the best row's load, as its rate is
+    return Plan(target, recorded, 1.0 / compute, rows, needed, best.workers, limit, first, fixes, notes)
 
 
 def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:

@@ -31,6 +31,15 @@ def worker_candidates(model: ThroughputModel, usable_cpus: float) -> list[int]:
     return list(range(1, ceiling + 1))
 
 
+def _load_facts(model: ThroughputModel, workers: int) -> dict[str, float]:
+    """What a CPU second is estimated to cost with ``workers`` against the recorded run, and the threads per usable
+    CPU that load is (above one, they take turns on the cores)."""
+    priced = model.at_load(workers)
+    busy = priced.busy_threads(workers, None, priced.rate(workers))
+    return {"cpu_second_cost": round(model.cpu_second_cost(workers), 3),
+            "busy_threads_per_cpu": round(busy / model.usable_cpus, 2) if model.usable_cpus > 0 else 0.0}
+
+
 def best_worker_count(model: ThroughputModel, usable_cpus: float) -> tuple[int, float]:
     """The smallest worker count within 2% of the best predicted rate, and its speedup."""
     rates = {w: model.rate(workers=w) for w in worker_candidates(model, usable_cpus)}
@@ -87,7 +96,7 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                  **({"shared_memory_s_per_sample": model.shm_write_per_sample_s + model.shm_read_per_sample_s,
                      "shared_memory_basis": model.worker_only_basis} if model.worker_only_basis else {}),
                  **({"threads_per_core": round(model.threads_per_core, 2)} if model.physical_cores else {}),
-                 "cpu_second_cost": round(model.cpu_second_cost(best_workers), 3)}))
+                 **_load_facts(model, best_workers)}))
         elif workers > usable_cpus + 1 and best_workers < workers:
             recs.append(Recommendation(
                 "fewer-workers", "loader", round(max(gain, 1.0), 2), {"num_workers": best_workers},

@@ -179,6 +179,9 @@ def _capacity_dict(report: Any) -> dict[str, Any] | None:
                                       "basis": model.worker_only_basis},
         "usable_cpus": round(model.usable_cpus, 3),  # less what other programs kept busy
         "physical_cores": _rounded(model.physical_cores, 3),  # null: each CPU a core of its own
+        # a CPU second under the run's own load against one busy thread (estimated); other worker counts are priced
+        # against it: null where the model has no load pricing
+        "recorded_load_cost": _rounded(model.recorded_load_cost, 4),
     }
 
 

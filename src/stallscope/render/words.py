@@ -486,9 +486,11 @@ def _cpu_second_cost(facts: dict, workers: int) -> str:
     if cost < 1.0:
         return (f"; with {workers} worker{plural} the cores are less busy than in this run: each CPU second is "
                 f"estimated to cost {100 * (1.0 - cost):.0f}% less, counted in the prediction")
+    why = "caches and memory shared between busy cores"
+    if facts.get("busy_threads_per_cpu", 0.0) > 1.0:
+        why += ", switching between more threads than cores"
     return (f"; with {workers} worker{plural} the cores are busier than in this run: each CPU second is estimated "
-            f"to cost {100 * (cost - 1.0):.0f}% more (caches and memory shared between busy cores, switching "
-            "between more threads than cores), counted in the prediction")
+            f"to cost {100 * (cost - 1.0):.0f}% more ({why}), counted in the prediction")
 
 
 def _shared_memory_estimate(facts: dict) -> str:
