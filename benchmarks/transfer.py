@@ -25,6 +25,15 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-02 (session 15: each CPU second priced at the load of the configuration, 6b025d9), nothing else
+running, defaults, 14 min, ``--out /tmp/transfer15``: 1 -> 2 cores median absolute error 12%, worst 56%; 2 -> 1 cores
+median 13%, worst 52%; the repeated baseline moved by median 4% (-5% to +13%). The same runs re-planned by the
+session-14 model (``--rescore``): 19%/62% and 13%/70%. The load terms were fitted to earlier runs' saved sessions
+(this session's constants), so these runs are the first they had not seen. Within 20% both ways: slow storage
+(-2..+17%), large JPEGs (-19..+13%), heavy model (-2..+6%). Outside: starved +14..+52% (its 1- and 2-worker runs on
+2 cores measured 0.83x and 1.17x, against 1.19x and 2.11x in session 14's runs of the same configurations), tokenize
+-37..+44%, 2-thread compute up to +56%.
+
 Measured 2026-12-02 (session 14: stops of restarted workers priced, the steady steps after the workers' first
 round), nothing else running, defaults, 15 min: 1 -> 2 cores median absolute error 10%, worst 63%; 2 -> 1 cores
 median 16%, worst 47%; the repeated baseline moved by median 9% (-36% to +41%). Within 20% both ways: slow storage

@@ -25,6 +25,11 @@ measured 220.1 in tune's first run and 343.6 in its confirmation, and 339.5 in t
 2026-12-02 (session 14), --steps 100, quiet machine, 6 min 42 s: tune used 8 runs (0.32 of the grid); its winner IS
 the grid's best configuration (2 workers, persistent, prefetch 1): confirmed 393.8 samples/s against the grid's 454.7
 (0.866 against the best of 25 single runs), **1.042 head to head** (medians of 3 alternating runs: 399.4 vs 383.3).
+
+2026-12-02 (session 15, CPU seconds priced at each configuration's load), --steps 100, quiet machine, 5 min 30 s:
+tune used 8 runs (0.32 of the grid); its winner IS the grid's best configuration (2 workers, persistent, prefetch 1):
+0.948 against the grid's best single run (588.6 samples/s), **0.987 head to head** (medians of 3 alternating runs:
+570.7 vs 577.9).
 """
 
 from __future__ import annotations
