@@ -9,6 +9,12 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-02 (session 15, the final model of the session, 6b025d9), quiet, --rounds 2 --steps 40, 6 min 12 s:
+starved 1.67x vs 1.66x (+0%; rounds 2.01x and 1.31x), slow storage 7.93x vs 7.63x (+4%), large JPEGs 1.61x vs 1.62x
+(-1%; rounds 1.87x and 1.38x), HTTP 8.00x vs 8.15x (-2%), tokenize 1.65x vs 1.84x (-10%), early exit 1.15x vs 1.04x
+(+11%), 2-thread compute 1.02x vs 0.79x (+29%), heavy model 1.00x vs 0.92x (+9%), short epochs 0.90x vs 0.82x (+9%):
+median 9%, worst 29%.
+
 Measured 2026-12-02 (session 15) on the 2-core machine, nothing else running, --rounds 2 --steps 40, with each CPU
 second priced at the load of the configuration (6867094): starved 1.58x vs 1.76x (-10%), slow storage 7.94x vs 7.85x
 (+1%), large JPEGs 1.61x vs 1.91x (-16%; rounds 1.76x and 2.06x), HTTP 8.00x vs 8.18x (-2%), tokenize 1.68x vs
