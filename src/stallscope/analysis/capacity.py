@@ -205,10 +205,12 @@ class ThroughputModel:
         workers = self.workers if workers is None else workers
         return self.at_load(workers, scale)._rate(workers, scale)
 
-    def at_load(self, workers: int | None = None, scale: dict[str, float] | None = None) -> ThroughputModel:
+    def at_load(self, workers: int | None = None, scale: dict[str, float] | None = None,
+                cost: float | None = None) -> ThroughputModel:
         """The model with its CPU costs priced at the load ``workers`` (and ``scale``) put on the cores: what
-        ``rate`` uses, and what the time a configuration spends where (a plan's data wait) is read from."""
-        relative = self.cpu_second_cost(workers, scale)
+        ``rate`` uses, and what the time a configuration spends where (a plan's data wait) is read from. ``cost``:
+        that load's ``cpu_second_cost``, where the caller has it already."""
+        relative = self.cpu_second_cost(workers, scale) if cost is None else cost
         return self if abs(relative - 1.0) < 1e-9 else self.cpu_slowed(relative)
 
     def cpu_second_cost(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:

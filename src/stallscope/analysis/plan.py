@@ -160,7 +160,7 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
     rows = []
     for workers in ([only] if only is not None else range(ceiling + 1)):
         cost = model.cpu_second_cost(workers, scale)
-        priced = model.cpu_slowed(cost) if cost != 1.0 else model  # the costs as that many workers' load prices them
+        priced = model.at_load(workers, scale, cost)  # the costs as that many workers' load prices them
         rate = priced.rate(workers=workers, scale=scale)
         cpu, _ = priced.costs(scale, workers)
         own = priced.compute_per_sample_s + priced.receive_s(workers, scale)

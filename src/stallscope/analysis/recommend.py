@@ -34,9 +34,10 @@ def worker_candidates(model: ThroughputModel, usable_cpus: float) -> list[int]:
 def _load_facts(model: ThroughputModel, workers: int) -> dict[str, float]:
     """What a CPU second is estimated to cost with ``workers`` against the recorded run, and the threads per usable
     CPU that load is (above one, they take turns on the cores)."""
-    priced = model.at_load(workers)
+    cost = model.cpu_second_cost(workers)
+    priced = model.at_load(workers, cost=cost)
     busy = priced.busy_threads(workers, None, priced.rate(workers))
-    return {"cpu_second_cost": round(model.cpu_second_cost(workers), 3),
+    return {"cpu_second_cost": round(cost, 3),
             "busy_threads_per_cpu": round(busy / model.usable_cpus, 2) if model.usable_cpus > 0 else 0.0}
 
 
