@@ -349,6 +349,23 @@ def test_output_piped_into_head_keeps_the_scripts_exit_code(tmp_path, stderr_too
     assert list((tmp_path / "store").glob("runs/*/session.json")), "the session is saved all the same"
 
 
+@pytest.mark.parametrize("verb", [["report"], ["report", "--json", "-"], ["history"], ["doctor"]])
+def test_a_verb_whose_reader_stops_early_exits_0_without_a_word(tmp_path, verb):
+    """``stallscope report | head -1``: the reader had what it wanted. rich's own answer was exit code 1, no word
+    (and with ``set -o pipefail`` a failed pipeline); plain printing's was an internal error."""
+    store = tmp_path / "store"
+    recorded = run_cli(tmp_path, ["--quiet", "--", sys.executable, TINY])
+    assert recorded.returncode == 0, recorded.stderr[-2000:]
+    args = [*verb, "--store", str(store)] if verb[0] != "doctor" else verb
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    assert proc.stdout.readline()  # the first line, as head reads it
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b"Traceback" not in err and b"internal error" not in err, err.decode()[-2000:]
+
+
 def test_a_run_folder_removed_while_the_job_runs_is_said_as_lost_events(tmp_path):
     result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "remove_run_folder.py")])
     assert result.returncode == 0, result.stderr[-2000:]  # the script's own exit code

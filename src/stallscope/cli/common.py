@@ -159,7 +159,7 @@ def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bo
         if json_error:
             print(json_error, file=sys.stderr)
     except (OSError, SystemExit, KeyboardInterrupt):
-        # stderr is gone (terminal hung up, a closed pipe; rich turns a broken pipe into SystemExit(1)), or a
+        # stderr is gone (terminal hung up, a closed pipe: cli.main has rich raise BrokenPipeError), or a
         # Ctrl-C after the script ended: the session is saved all the same, and the exit code stays the
         # script's. Later writes go nowhere.
         _silence_stderr()

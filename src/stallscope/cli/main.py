@@ -83,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stallscope: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
     except OSError as exc:
         if exc.errno not in OUTPUT_ERRNOS:
             if os.environ.get(ENV_DEBUG):
@@ -103,10 +105,41 @@ def _verb_parser(parser: argparse.ArgumentParser, verb: str | None) -> argparse.
     return parser
 
 
+class _ReaderGone(BrokenPipeError):
+    """The reader of the output went away (``stallscope report | head``): what it read was all it wanted. A
+    ``BrokenPipeError``, so that what already handles a closed pipe (a run's summary on standard error, which
+    must not cost the script's exit code) handles this one too."""
+
+
+def _reader_went_away() -> int:
+    """Exit 0 and quietly, as a reader that stops early (``| head``) asked for: standard output is pointed at
+    /dev/null, so that Python's own flush at exit does not fail on the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 0
+
+
+def _stop_rendering(console: object) -> None:
+    """rich's answer to a closed pipe is exit code 1 and no word; stallscope's is to stop rendering and exit 0."""
+    raise _ReaderGone
+
+
 def _tolerant_output() -> None:
     """Output that cannot fail on what it prints: on a terminal or pipe whose encoding lacks a character
-    (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``) that character is replaced instead of raising mid-report; and a
-    ``COLUMNS`` that is not a positive width (``COLUMNS=0`` made every table render as nothing) is ignored."""
+    (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``) that character is replaced instead of raising mid-report; a
+    ``COLUMNS`` that is not a positive width (``COLUMNS=0`` made every table render as nothing) is ignored; and
+    a reader that stops early (``| head``) ends a verb's output with exit code 0, whether it was printing plain
+    lines or rich's tables."""
+    try:
+        from rich.console import Console
+
+        Console.on_broken_pipe = _stop_rendering  # type: ignore[method-assign]
+    except ImportError:
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="replace")
