@@ -154,6 +154,7 @@ class _SignalForwarder:
     def __init__(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child
         self.received: list[int] = []
+        self.sent: int | None = None  # the last ending signal sent to the script's group
         self.paused_ns = 0
         self.pauses = 0
         self.pause_spans: list[dict[str, int]] = []
@@ -178,7 +179,19 @@ class _SignalForwarder:
 
     def _forward(self, signum: int, frame: Any) -> None:
         self.received.append(signum)
-        self._signal_group({1: signum, 2: signal.SIGTERM}.get(len(self.received), signal.SIGKILL))
+        self.sent = self.escalation(len(self.received), signum)
+        self._signal_group(self.sent)
+
+    @staticmethod
+    def escalation(count: int, signum: int) -> int:
+        """What the ``count``-th ending signal received is forwarded as: itself first, SIGTERM, then SIGKILL."""
+        return {1: signum, 2: signal.SIGTERM}.get(count, signal.SIGKILL)
+
+    def ended_by_escalation(self, returncode: int) -> bool:
+        """The script ended of a signal stallscope sent in place of a repeated one (Ctrl-C twice: SIGTERM)."""
+        if len(self.received) < 2 or self.sent in (None, self.received[0]):
+            return False
+        return returncode in (-self.sent, 128 + self.sent)
 
     def _suspend(self, signum: int, frame: Any) -> None:
         self._signal_group(signal.SIGSTOP)
@@ -227,6 +240,15 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _exit_code(forwarder: _SignalForwarder, returncode: int) -> int:
+    """The script's exit code as a shell gives it (128 + the signal that killed it), except where it died of the
+    SIGTERM or SIGKILL stallscope sent for a repeated Ctrl-C: then the code of the user's own signal (130), which
+    is what pressing Ctrl-C twice on the bare script ends with."""
+    if forwarder.ended_by_escalation(returncode):
+        return 128 + forwarder.received[0]
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str]]:
     """How the run ended (``ended_by``) and what to say about it."""
     notes = []
@@ -235,6 +257,9 @@ def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str
                      f"{forwarder.paused_ns / 1e9:.1f} s in all, left out of the steps' times")
     if forwarder.received:
         sent = signal_name(forwarder.received[0])
+        if forwarder.ended_by_escalation(returncode):
+            return "interrupt", [*notes, f"stopped by {sent} sent to stallscope {len(forwarder.received)} times: the "
+                                         f"script went on after the first, so it was sent {signal_name(forwarder.sent)}"]
         if returncode < 0 or returncode == 128 + forwarder.received[0]:
             return "interrupt", [*notes, f"stopped by {sent} sent to stallscope"]
         return "exit", [*notes, f"{sent} was forwarded to the script, which went on and exited with code {returncode}"]
@@ -408,7 +433,7 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
     meta["end_ns"] = time.perf_counter_ns()
     if sampler is not None:
         meta["system_samples"] = sampler.stop()
-    meta["exit_code"] = 128 - returncode if returncode < 0 else returncode
+    meta["exit_code"] = _exit_code(forwarder, returncode)
     meta["ended_by"], meta["notes"] = _ending(forwarder, returncode)
     meta["pauses"] = forwarder.pause_spans
     if not (run_dir / "events").is_dir():
