@@ -68,6 +68,22 @@ def test_a_history_that_cannot_be_read_asks_for_read_permission(shared):
                     f"access with: chmod u+r {db}, or choose another store with --store DIR")
 
 
+def test_a_folder_where_the_history_file_should_be_is_named_as_such_not_a_permission(tmp_path):
+    """No chmod opens a folder as a database: reading and writing say what is there and what to do."""
+    where = tmp_path / "store"
+    db = store.history_path(where)
+    db.mkdir(parents=True)
+    expected = (f"the run history {db} is a folder, not a file: move it out of the way (mv {db} {db}.folder), or "
+                "choose another store with --store DIR")
+    listed = subprocess.run([sys.executable, "-m", "stallscope", "history", "--store", str(where)],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert listed.returncode == 2 and listed.stderr.strip() == f"stallscope history: {expected}", listed.stderr
+    session = two_worker_session()
+    with pytest.raises(store.HistoryError) as raised:
+        store.record_run(where, runs.row_from_session(session, analyze(session), None))
+    assert str(raised.value) == expected
+
+
 @pytest.mark.parametrize("inside", [False, True])
 def test_a_demo_cache_that_is_not_writable_says_so_not_make_room(shared, inside):
     """A read-only cache folder; or one inside a folder this user may not even search (where asking whether a

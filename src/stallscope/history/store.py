@@ -79,6 +79,8 @@ def _explained(path: Path, exc: sqlite3.Error, writing: bool = True) -> HistoryE
                             f"with: stallscope history --rebuild --store {path.parent}", damaged=True)
     if _out_of_room(path, exc):
         return _full(path)
+    if path.is_dir():
+        return _a_folder(path)
     if any(word in text for word in _READ_ONLY):
         if fix := _permission_fix(path, writing):
             return HistoryError(f"the run history {path} cannot be {'written' if writing else 'read'}: permission "
@@ -95,6 +97,12 @@ def _out_of_room(path: Path, exc: sqlite3.Error) -> bool:
     if name.startswith("SQLITE_FULL") or "database or disk is full" in str(exc):
         return True
     return (name.startswith("SQLITE_IOERR") or "disk I/O error" in str(exc)) and paths.disk_full(path)
+
+
+def _a_folder(path: Path) -> HistoryError:
+    """A folder where the history's file should be: no permission opens a folder as a database."""
+    return HistoryError(f"the run history {path} is a folder, not a file: move it out of the way (mv {path} "
+                        f"{path}.folder), or choose another store with --store DIR")
 
 
 def _full(path: Path) -> HistoryError:
@@ -175,6 +183,8 @@ def _connect(store_dir: str | os.PathLike[str], create: bool) -> Iterator[sqlite
         if folder.exists() and not folder.is_dir():  # --store or $STALLSCOPE_HOME naming a file
             raise HistoryError(f"the store {folder} is a file, not a folder: give --store (or $STALLSCOPE_HOME) "
                                "the folder the runs were recorded into")
+        if path.is_dir():
+            raise _a_folder(path)
         raise HistoryError(f"no run history at {path} (record a run with: stallscope run -- python train.py)")
     if create:
         path.parent.mkdir(parents=True, exist_ok=True)
