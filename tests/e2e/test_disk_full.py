@@ -89,35 +89,16 @@ def test_a_session_save_that_fails_with_enospc_is_a_note_not_a_crash(tmp_path, m
     assert any("could not be saved" in n and "the disk is full" in n for n in result.summary["notes"])
 
 
-LEAVE_ROOM = """\
-import os, sys, time
-from torch.utils.data import DataLoader
-for _batch in DataLoader(list(range(60)), batch_size=2):
-    time.sleep(0.005)
-time.sleep(1.5)  # the recorder's flusher writes the steps out before the disk fills
-path = os.path.join(os.environ["FILL_DIR"], "filler")
-with open(path, "wb", buffering=0) as filler:
-    for size in (1 << 20, 4096, 1):
-        try:
-            while True:
-                filler.write(b"\\0" * size)
-        except OSError:
-            pass
-os.truncate(path, os.path.getsize(path) - 48 * 1024)  # room for the session, none for the history's files
-"""
-
-
 def test_a_history_the_full_disk_never_let_be_written_says_the_disk_is_full(tmp_path):
     """The session fits on the nearly full disk but the history's database does not: SQLite says "disk I/O error"
     (its -shm index cannot grow) and leaves a file without tables, which `history` then read as "no such table:
     schema_version". Both say the disk holding the history is full, naming it."""
     store = tmp_path / "store"
-    script = tmp_path / "leave_room.py"
-    script.write_text(LEAVE_ROOM)
     py = sys.executable
     done = on_a_small_disk(tmp_path, store, commands=(
         f"FILL_DIR={store} {py} -m stallscope run --quiet --store {store} --json {tmp_path / 's.json'} -- {py} "
-        f"{script} 2> {tmp_path / 'run.err'}; echo $? > {tmp_path / 'run.rc'}; {py} -m stallscope history "
+        f"{FILL} --workers 0 --leave-room {48 * 1024} --exit-code 0 2> {tmp_path / 'run.err'}; "
+        f"echo $? > {tmp_path / 'run.rc'}; {py} -m stallscope history "
         f"--store {store}"), size="1m")
     run_err = (tmp_path / "run.err").read_text()
     full = f"the run history {store / 'history.sqlite3'} cannot be written: the disk holding it is full"
@@ -152,31 +133,14 @@ def test_tune_and_bench_on_a_full_store_name_it_and_the_reason(tmp_path, verb):
          "choose another store with --store DIR")]
 
 
-FILL_FIRST = """\
-import os, sys
-from torch.utils.data import DataLoader
-with open(os.path.join(os.environ["FILL_DIR"], "filler"), "wb", buffering=0) as filler:
-    for size in (1 << 20, 4096, 1):
-        try:
-            while True:
-                filler.write(b"\\0" * size)
-        except OSError:
-            pass
-for _batch in DataLoader(list(range(60)), batch_size=2):
-    pass
-sys.exit(0)
-"""
-
-
 def test_a_tune_trial_whose_summary_the_full_disk_lost_says_so_not_run_failed_exit_0(tmp_path):
     """The script fills the store's disk and exits 0: the trial's summary (and its stderr, on the same disk) are
     lost. The trial line says the summary could not be written and why, not "stallscope run failed (exit 0)"."""
     store = tmp_path / "store"
-    script = tmp_path / "fill_first.py"
-    script.write_text(FILL_FIRST)
     py = sys.executable
     done = on_a_small_disk(tmp_path, store, commands=(
-        f"FILL_DIR={store} {py} -m stallscope tune --trials 4 --steps 4 --store {store} -- {py} {script}; "
+        f"FILL_DIR={store} {py} -m stallscope tune --trials 4 --steps 4 --store {store} -- {py} {FILL} --first "
+        "--workers 0 --exit-code 0; "
         f"find {store} -name tune.json -size 0 | wc -l > {tmp_path / 'empty'}"), size="16m")
     assert (tmp_path / "empty").read_text().strip() == "0", "an empty tune.json was left on the full disk"
     said = " ".join(done.stderr.split())  # the trial line may be wrapped
