@@ -58,10 +58,13 @@ SETTABLE: dict[str, str] = {
     "pin_memory_device": "str",
     # Not a DataLoader argument: how tensors travel from workers (torch.multiprocessing sharing strategy).
     "sharing_strategy": "str",
+    # Not a DataLoader argument: the training process's intra-op threads (torch.set_num_threads), applied when it
+    # makes its DataLoader and held there (the script's own later calls are kept at this value).
+    "torch_threads": "int",
 }
 
 #: Overrides that the recorder applies itself instead of passing them to ``DataLoader.__init__``.
-PROCESS_SETTINGS = ("sharing_strategy",)
+PROCESS_SETTINGS = ("sharing_strategy", "torch_threads")
 
 
 class OverrideError(ValueError):
@@ -104,12 +107,14 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         name = name.strip()
         if name not in SETTABLE:
             known = ", ".join(sorted(SETTABLE))
-            raise OverrideError(f"--set {name}: not a DataLoader argument that can be set; choose from {known}")
+            raise OverrideError(f"--set {name}: not one of the settings --set can change; choose from {known}")
         parsed[name] = _parse_value(name, SETTABLE[name], text)
     if parsed.get("sharing_strategy") not in (None, "file_system", "file_descriptor"):
         raise OverrideError("--set sharing_strategy: choose file_system or file_descriptor")
     if parsed.get("prefetch_factor") == 0:
         raise OverrideError("--set prefetch_factor=0: must be at least 1")
+    if parsed.get("torch_threads") == 0:
+        raise OverrideError("--set torch_threads=0: must be at least 1")
     if parsed.get("batch_size") == 0:
         raise OverrideError("--set batch_size=0: must be at least 1 (or none: no batching)")
     timeout = parsed.get("timeout")

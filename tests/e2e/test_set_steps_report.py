@@ -28,6 +28,21 @@ def test_set_overrides_dataloader_arguments(tmp_path):
     assert result.summary["steps"] == 24
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_set_torch_threads_holds_the_training_processs_threads_and_leaves_the_workers_theirs(tmp_path, context):
+    """The script sets 2 threads before and after building its loader: the training process computes on the one
+    asked for all the same, the run records it, and a worker (forked or spawned) keeps its own single thread."""
+    result = run_cli(tmp_path, ["--set", "torch_threads=1", "--set", f"multiprocessing_context={context}", "--",
+                                sys.executable, str(SCRIPTS / "compute_threads.py"), "1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "training threads 1" in result.stdout and "worker threads 1" in result.stdout, result.stdout
+    train = result.summary["loaders"][0]
+    assert train["config"]["torch_threads"] == 1 and train["overrides"]["torch_threads"] == [2, 1]
+    assert result.summary["overrides"]["torch_threads"] == 1
+    plain = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "compute_threads.py"), "0"])
+    assert "training threads 2" in plain.stdout and plain.summary["loaders"][0]["config"]["torch_threads"] == 2
+
+
 def test_a_failure_after_a_set_change_names_the_change(tmp_path):
     """shuffle=True is refused for an IterableDataset: the error comes from torch, the cause from --set."""
     result = run_cli(tmp_path, ["--set", "shuffle=true", "--", sys.executable, TINY, "--iterable"])

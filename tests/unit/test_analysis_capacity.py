@@ -454,3 +454,50 @@ def test_a_built_model_records_the_load_its_costs_were_measured_under():
     assert m.recorded_load_cost == pytest.approx(m.load_cost(m.busy_threads(0, None, m.rate())))
     assert m.cpu_second_cost() == pytest.approx(1.0)  # the recorded configuration is priced as measured
     assert m.cpu_second_cost(2) > 1.0
+
+
+def _eight_threads_on_eight_cores(**kw) -> ThroughputModel:
+    """8 cores; a CPU compute on 8 threads keeps all 8 busy (2 ms per sample, 16 ms of CPU); 12 ms of loading."""
+    return model(cost_s={"transform": 0.012}, compute_per_sample_s=0.002, main_cpu_per_sample_s=0.016, workers=0,
+                 usable_cpus=8.0, main_occupancy=8.0, compute_threads=8, **kw)
+
+
+def test_fewer_compute_threads_spread_the_same_cpu_work_and_leave_cores_to_workers():
+    m = _eight_threads_on_eight_cores()
+    four = m.with_compute_threads(4)
+    assert four.compute_per_sample_s == pytest.approx(0.004) and four.main_occupancy == 4.0
+    assert four.main_cpu_per_sample_s == pytest.approx(0.016) and four.compute_threads == 4
+    # 4 threads and 4 workers want the 8 cores and no more: nothing held back. The compute's 4 ms sets the pace
+    # (workers 4 / 12 ms = 333/s, CPU budget 8 / 28 ms = 286/s)
+    assert four.rate(4) == pytest.approx(250.0)
+    assert m.rate(0) == pytest.approx(1 / 0.014)
+    # the same 4 workers beside all 8 threads hold every parallel region back: the compute at one core's speed
+    assert m.rate(4) == pytest.approx(1 / 0.016)
+    # what the recorded threads burned beyond their work (spinning at a region's end) goes with them
+    spinning = replace(m, main_cpu_per_sample_s=0.030)
+    assert spinning.with_compute_threads(2).main_cpu_per_sample_s == pytest.approx(0.008 * 2)
+    # unchanged: as many threads as it kept busy, a GPU compute, threads not recorded
+    assert m.with_compute_threads(8) is m and m.with_compute_threads(12) is m
+    assert replace(m, compute_on_cpu=False).with_compute_threads(4).compute_per_sample_s == 0.002
+    assert replace(m, compute_threads=None).with_compute_threads(4).compute_per_sample_s == 0.002
+
+
+def test_splitting_the_cores_is_recommended_where_workers_alone_would_hold_the_compute_back():
+    from stallscope.analysis.recommend import _split_the_cores
+    from stallscope.render import words
+
+    m = _eight_threads_on_eight_cores()
+    rec = _split_the_cores(m, 0, None, 1.0)
+    # 7 threads leave 1 core (83/s), 6 leave 2 (167/s), 5 threads and 3 workers 250/s; 4 threads gain nothing more
+    assert rec.id == "split-the-cores" and rec.overrides == {"torch_threads": 5, "num_workers": 3}
+    assert rec.predicted_speedup == round(250 * 0.014, 2)
+    assert rec.facts["split_compute_s_per_sample"] == pytest.approx(0.0032)
+    said = words.recommendation(rec)
+    assert said.title == "Split the cores: 5 compute threads (now 8) and 3 DataLoader workers (now 0)"
+    assert said.change.startswith("--set torch_threads=5 --set num_workers=3")
+    assert "torch.set_num_threads(5) at the start of training, and DataLoader(..., num_workers=3)" in said.change
+    assert "keeping 8.0 of 8.0 usable cores busy" in said.reason and "3.20 ms per sample instead of 2.00" in said.reason
+    # not where workers alone do as well, nor for a single thread or a GPU's compute
+    assert _split_the_cores(m, 0, None, 3.5) is None
+    assert _split_the_cores(replace(m, compute_threads=1), 0, None, 1.0) is None
+    assert _split_the_cores(replace(m, compute_on_cpu=False), 0, None, 1.0) is None

@@ -42,7 +42,13 @@ def test_the_trainer_change_goes_where_the_script_builds_its_training_arguments(
     assert said == (f"TrainingArguments(..., dataloader_num_workers=2, dataloader_persistent_workers=True) "
                     f"at {USER}:61")
     # A setting TrainingArguments does not have is said as the DataLoader's.
-    assert in_code({"sharing_strategy": "file_system"}, where.to_dict()).startswith("DataLoader(")
+    assert in_code({"timeout": 30.0}, where.to_dict()).startswith("DataLoader(..., timeout=30.0)")
+    # A setting of the training process is said as the call that makes it, before the loader's part.
+    assert in_code({"sharing_strategy": "file_system"}, where.to_dict()) == (
+        "torch.multiprocessing.set_sharing_strategy('file_system') at the start of training")
+    assert in_code({"torch_threads": 3, "num_workers": 5}, where.to_dict()) == (
+        f"torch.set_num_threads(3) at the start of training, and TrainingArguments(..., dataloader_num_workers=5) "
+        f"at {USER}:61")
 
 
 def test_lightning_and_plain_changes_name_the_users_dataloader_call():

@@ -113,6 +113,8 @@ class ThroughputModel:
     recorded_load_cost: float | None = None
     # False where the compute is the user's figure for the target (plan --step-ms): not priced at any load
     compute_priced: bool = True
+    # the training process's intra-op threads (torch.get_num_threads()) where recorded
+    compute_threads: int | None = None
 
     def core_capacity(self, busy: float) -> float:
         """Cores' worth of work ``busy`` runnable threads get done at once: a core each up to the physical cores,
@@ -261,6 +263,24 @@ class ThroughputModel:
         shared = min(1.0, max(0.0, (busy - 1.0) / (cores - 1.0))) if cores > 1.0 else 0.0
         return 1.0 + ALL_CORES_BUSY_COST * shared + TIME_SHARING_COST * min(1.0, max(0.0, busy / cpus - 1.0))
 
+    def with_compute_threads(self, threads: int) -> ThroughputModel:
+        """The model with a CPU compute on ``threads`` intra-op threads instead of the recorded ``compute_threads``
+        (``--set torch_threads``): fewer threads leave cores to workers, and a compute that keeps no more threads
+        than its cores busy is not held back by them (``shared_cores_rate``). Its CPU work stays: it keeps at most
+        ``threads`` cores busy and its time grows by what it loses of its recorded occupancy. That occupancy counts
+        whatever the threads spent waiting at each parallel region's end, and no parallel overhead is credited
+        back, so fewer threads are predicted no faster than that. Unchanged where the compute is on a GPU, its
+        threads were not recorded, or ``threads`` is not fewer than it kept busy."""
+        occupancy = self.main_occupancy
+        if not self.compute_on_cpu or self.compute_threads is None or threads <= 0 or threads >= occupancy:
+            return self
+        compute = self.compute_per_sample_s * occupancy / threads
+        # ``threads`` threads computing for ``compute`` seconds burn no more CPU than that: what the recorded threads
+        # burned beyond it was theirs waiting for work (OpenMP's spin), gone with them
+        main_cpu = min(self.main_cpu_per_sample_s, compute * threads + self.receive_cpu_s())
+        return dataclasses.replace(self, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
+                                   main_occupancy=float(threads), compute_threads=threads)
+
     def cpu_slowed(self, factor: float) -> ThroughputModel:
         """The model with every CPU cost ``factor`` times as long: the workers' CPU stages and their shared-memory
         writes, the training process's CPU and its rebuilding of received batches, its compute where it runs on
@@ -383,11 +403,13 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     basis = None
     if workers == 0 and bytes_per_sample:
         write, read, basis = _worker_only_costs(bytes_per_sample, shm_calibration)
+    threads = train.config.get("torch_threads") if train else None
     model = ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper,
                             receive_cpu_per_sample_s=min(receive, receive_cpu),
                             main_occupancy=min(occupancy, float(usable_cpus)), compute_on_cpu=compute_on_cpu,
                             shm_write_per_sample_s=write, shm_read_per_sample_s=read, worker_only_basis=basis,
-                            physical_cores=physical_cores if physical_cores and physical_cores < usable_cpus else None)
+                            physical_cores=physical_cores if physical_cores and physical_cores < usable_cpus else None,
+                            compute_threads=threads if isinstance(threads, int) and threads > 0 else None)
     model = _at_full_core_speed(model)
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded
     # configuration predicts what the model says for it, and every other configuration is priced against it.

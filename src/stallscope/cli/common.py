@@ -62,7 +62,9 @@ def load_error(exc: OSError | ValueError) -> str:
 def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the summary JSON (schema stallscope.summary/1) here")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a DataLoader argument at construction, e.g. --set num_workers=4 (repeatable)")
+                   help="override a DataLoader argument at construction, e.g. --set num_workers=4 (repeatable); "
+                        "also sharing_strategy (how workers pass tensors) and torch_threads (the training "
+                        "process's intra-op threads, torch.set_num_threads)")
     p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
     p.add_argument("--store", metavar="DIR", help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
     p.add_argument("-q", "--quiet", action="store_true",

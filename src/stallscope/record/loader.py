@@ -77,6 +77,12 @@ def _describe(loader: Any) -> dict[str, Any]:
         config["sharing_strategy"] = torch.multiprocessing.get_sharing_strategy()
     except Exception:
         config["sharing_strategy"] = None
+    try:  # the training process's intra-op threads: how many cores its compute can keep busy on the CPU
+        import torch
+
+        config["torch_threads"] = torch.get_num_threads()
+    except Exception:
+        config["torch_threads"] = None
     try:
         config["dataset_len"] = len(dataset)
     except Exception:
@@ -173,6 +179,26 @@ def _patch_batch_unpickling() -> None:
     ForkingPickler.loads = staticmethod(loads)
 
 
+def _hold_torch_threads(threads: int) -> list[int]:
+    """``--set torch_threads=N``: the training process computes on N intra-op threads from its first DataLoader on,
+    and a later ``torch.set_num_threads`` of the script's is kept at N (the script sets its threads before or after
+    it builds its loader; either way the run measures what was asked). [before, N], as the other overrides say it."""
+    import torch
+
+    before = torch.get_num_threads()
+    setter = getattr(torch.set_num_threads, "_stallscope_original", torch.set_num_threads)
+    setter(threads)
+    training_process = os.getpid()
+
+    def set_num_threads(requested: int) -> None:
+        # a forked worker inherits this function: its own set_num_threads(1) must stay its own
+        setter(threads if os.getpid() == training_process else requested)
+
+    set_num_threads._stallscope_original = setter  # type: ignore[attr-defined]
+    torch.set_num_threads = set_num_threads
+    return [before, threads]
+
+
 def patch_dataloader(module: Any) -> None:
     DataLoader = module.DataLoader
     base_iter = module._BaseDataLoaderIter
@@ -189,6 +215,9 @@ def patch_dataloader(module: Any) -> None:
             before = torch.multiprocessing.get_sharing_strategy()
             torch.multiprocessing.set_sharing_strategy(strategy)
             applied["sharing_strategy"] = [before, strategy]
+        threads = overrides.get("torch_threads")
+        if threads:
+            applied["torch_threads"] = _hold_torch_threads(int(threads))
         if overrides:
             args, kwargs, changed = apply_overrides(original_init, args, kwargs, overrides)
             applied.update(changed)

@@ -46,15 +46,25 @@ def in_code(values: dict[str, Any], where: dict[str, Any] | None) -> str:
     """The change as the user writes it in their framework, and where: ``TrainingArguments(...)`` for the
     Hugging Face Trainer, the ``DataLoader(...)`` of the ``train_dataloader`` hook for Lightning, the
     ``DataLoader(...)`` call otherwise."""
+    process = "".join(f"{PROCESS_CALLS[k].format(v)} at the start of training, and " for k, v in values.items()
+                      if k in PROCESS_CALLS)
+    values = {k: v for k, v in values.items() if k not in PROCESS_CALLS}
+    if not values:
+        return process.removesuffix(", and ")
     where = where or {}
     site, function = where.get("site"), where.get("function")
     if where.get("framework") == "transformers" and all(k in TRAINER_ARGUMENTS for k in values):
         args = ", ".join(f"{TRAINER_ARGUMENTS[k]}={v!r}" for k, v in values.items())
-        return f"TrainingArguments(..., {args})" + (f" at {site}" if site else "")
-    text = f"DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in values.items())})"
+        return process + f"TrainingArguments(..., {args})" + (f" at {site}" if site else "")
+    text = process + f"DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in values.items())})"
     if site and function and function != "<module>":
         return f"{text} in {function}() at {site}"
     return f"{text} at {site}" if site else text
+
+
+#: ``--set`` settings of the training process rather than of its DataLoader, as the user's code makes them.
+PROCESS_CALLS = {"torch_threads": "torch.set_num_threads({})",
+                 "sharing_strategy": "torch.multiprocessing.set_sharing_strategy({!r})"}
 
 
 def created_at(loader: Any) -> str:
@@ -108,6 +118,18 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 f"loader work ({1000 * f['blocked_s_per_sample']:.1f} ms of it blocked) and "
                 f"{1000 * f['compute_s_per_sample']:.1f} ms of compute" + _shared_memory_estimate(f)
                 + _cpu_second_cost(f, n) + _epoch_starts(f, n))
+    if rid == "split-the-cores":
+        n, t = o["num_workers"], o["torch_threads"]
+        kept = ", kept alive between epochs" if o.get("persistent_workers") else ""
+        return (f"Split the cores: {t} compute thread{'s' if t != 1 else ''} (now {f['torch_threads']}) and {n} "
+                f"DataLoader worker{'s' if n != 1 else ''} (now {f['workers']}){kept}", _set_change(o, f),
+                f"the training process computes on the CPU with {f['torch_threads']} threads, keeping "
+                f"{f['main_occupancy']:.1f} of {f['usable_cpus']:.1f} usable cores busy: workers beside it would hold "
+                f"its threads back at every parallel region (workers alone are predicted at "
+                f"{f['workers_alone_speedup']:.2f}x); with {t} thread{'s' if t != 1 else ''} its compute is predicted "
+                f"to take {1000 * f['split_compute_s_per_sample']:.2f} ms per sample instead of "
+                f"{1000 * f['compute_s_per_sample']:.2f} ms, and the workers load on the cores it leaves"
+                + _cpu_second_cost(f, n))
     if rid == "fewer-workers":
         n = o["num_workers"]
         return (f"Use {n} workers instead of {f['workers']}", _set_change(o, f),

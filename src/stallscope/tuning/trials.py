@@ -27,8 +27,11 @@ from typing import Any
 from stallscope import paths, settings
 from stallscope.tuning.noise import Rate, rate_of, warmup_steps
 
-#: The DataLoader arguments tuning may change, in the order the search visits them.
-KNOBS: tuple[str, ...] = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "batch_size")
+#: The settings tuning may change, in the order the search visits them. ``torch_threads`` (the training process's
+#: intra-op threads) is no axis of the search: it changes only with the diagnosis that splits the cores, together
+#: with the workers that diagnosis gives the cores to.
+KNOBS: tuple[str, ...] = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "batch_size",
+                          "torch_threads")
 
 KILL_GRACE_S = 8.0
 #: After forwarding Ctrl-C, how long the trial has to save its session, then how long after SIGTERM.
