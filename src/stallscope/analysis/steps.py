@@ -9,11 +9,13 @@ loaders' loops (a validation pass between training steps) is excluded from the s
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import Counter
 from collections.abc import Sequence
 
 from stallscope.analysis.findings import Step, StepStats
+from stallscope.analysis.spans import SpanIndex, index_of
 from stallscope.analysis.sync import merge_intervals, overlap_ns, sync_intervals
 from stallscope.session import NextRecord, Session
 
@@ -167,23 +169,28 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
                        + [s.start_ns for s in session.stalls if s.pid == pid and s.loader_id in train_ids])
         for k, n in enumerate(nexts):
             following = nexts[k + 1].start_ns if k + 1 < len(nexts) else None
-            later_stop = next((s for s in stops if s >= n.end_ns), None)
+            at = bisect.bisect_left(stops, n.end_ns)
+            later_stop = stops[at] if at < len(stops) else None
             if following is not None and (later_stop is None or following <= later_stop):
                 bounds.append((n.start_ns, following))
             elif later_stop is not None:
                 bounds.append((n.start_ns, later_stop))
 
+    # each step finds what lies in it by bisection: scanning the whole run for each step was quadratic
+    batches = SpanIndex((n.start_ns, n.end_ns, n) for n in nexts)
+    restarts, copies = index_of(boundaries), SpanIndex((t.start_ns, t.end_ns, t) for t in transfers)
+    outside, rank_waits = index_of(left_out), index_of(waits_for_ranks)
     steps: list[Step] = []
     for index, (s0, s1) in enumerate(bounds):
-        inside = [n for n in nexts if n.start_ns >= s0 and n.end_ns <= s1]
+        inside = batches.within(s0, s1)
         wait = sum(_unpaused(paused, n.start_ns, n.end_ns, n.start_ns, n.end_ns) for n in inside)
-        wait += sum(_unpaused(paused, b0, b1, s0, s1) for b0, b1 in boundaries)
-        transfer = sum(_unpaused(paused, t.start_ns, t.end_ns, s0, s1) for t in transfers)
-        excluded = overlap_ns(left_out, s0, s1)
+        wait += sum(_unpaused(paused, b0, b1, s0, s1) for b0, b1, _ in restarts.overlapping(s0, s1))
+        transfer = sum(_unpaused(paused, t0, t1, s0, s1) for t0, t1, _ in copies.overlapping(s0, s1))
+        excluded = outside.overlap_ns(s0, s1)
         sizes = [n.batch_size for n in inside]
         samples = sum(sizes) if sizes and all(v is not None for v in sizes) else None
         unpickle = sum(n.unpickle_ns for n in inside)
-        sync = min(overlap_ns(waits_for_ranks, s0, s1), max(0, s1 - s0 - excluded - wait - transfer))
+        sync = min(rank_waits.overlap_ns(s0, s1), max(0, s1 - s0 - excluded - wait - transfer))
         steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle_ns=unpickle,
                           unpickle_cpu_ns=sum(n.unpickle_cpu_ns for n in inside), sync_ns=sync))
 
