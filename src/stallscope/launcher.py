@@ -188,10 +188,19 @@ class _SignalForwarder:
         return {1: signum, 2: signal.SIGTERM}.get(count, signal.SIGKILL)
 
     def ended_by_escalation(self, returncode: int) -> bool:
-        """The script ended of a signal stallscope sent in place of a repeated one (Ctrl-C twice: SIGTERM)."""
-        if len(self.received) < 2 or self.sent in (None, self.received[0]):
+        """The script ended of a signal stallscope sent in place of the one it received last (Ctrl-C twice: SIGTERM
+        for the second). Not where that was the signal received (Ctrl-C, then a SIGTERM from outside)."""
+        if len(self.received) < 2 or self.sent in (None, self.received[-1]):
             return False
         return returncode in (-self.sent, 128 + self.sent)
+
+    def said(self) -> str:
+        """The signals received, as a note says them: "SIGINT", "SIGINT sent to stallscope 2 times" reads as
+        "SIGINT 2 times"; different ones in order ("SIGINT, then SIGTERM")."""
+        names = [signal_name(s) for s in self.received]
+        if len(set(names)) == 1:
+            return names[0] + (f" sent to stallscope {len(names)} times" if len(names) > 1 else " sent to stallscope")
+        return ", then ".join(names) + " sent to stallscope"
 
     def _suspend(self, signum: int, frame: Any) -> None:
         self._signal_group(signal.SIGSTOP)
@@ -242,10 +251,10 @@ def signal_name(number: int) -> str:
 
 def _exit_code(forwarder: _SignalForwarder, returncode: int) -> int:
     """The script's exit code as a shell gives it (128 + the signal that killed it), except where it died of the
-    SIGTERM or SIGKILL stallscope sent for a repeated Ctrl-C: then the code of the user's own signal (130), which
-    is what pressing Ctrl-C twice on the bare script ends with."""
+    SIGTERM or SIGKILL stallscope sent for a repeated Ctrl-C: then the code of the user's own last signal (130),
+    which is what pressing Ctrl-C twice on the bare script ends with."""
     if forwarder.ended_by_escalation(returncode):
-        return 128 + forwarder.received[0]
+        return 128 + forwarder.received[-1]
     return 128 - returncode if returncode < 0 else returncode
 
 
@@ -256,13 +265,15 @@ def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str
         notes.append(f"the job was stopped (Ctrl-Z / SIGTSTP) {forwarder.pauses} time(s), "
                      f"{forwarder.paused_ns / 1e9:.1f} s in all, left out of the steps' times")
     if forwarder.received:
-        sent = signal_name(forwarder.received[0])
+        said = forwarder.said()
         if forwarder.ended_by_escalation(returncode):
-            return "interrupt", [*notes, f"stopped by {sent} sent to stallscope {len(forwarder.received)} times: the "
-                                         f"script went on after the first, so it was sent {signal_name(forwarder.sent)}"]
-        if returncode < 0 or returncode == 128 + forwarder.received[0]:
-            return "interrupt", [*notes, f"stopped by {sent} sent to stallscope"]
-        return "exit", [*notes, f"{sent} was forwarded to the script, which went on and exited with code {returncode}"]
+            return "interrupt", [*notes, f"stopped by {said}: the script went on after the first, so it was sent "
+                                         f"{signal_name(forwarder.sent)}"]
+        if returncode < 0 or returncode - 128 in forwarder.received:
+            return "interrupt", [*notes, f"stopped by {said}"]
+        forwarded = ", then ".join(signal_name(s) for s in forwarder.received)
+        return "exit", [*notes, f"{forwarded} {'were' if len(forwarder.received) > 1 else 'was'} forwarded to the "
+                                f"script, which went on and exited with code {returncode}"]
     if returncode < 0:
         return "signal", [*notes, f"the script was killed by {signal_name(-returncode)}"]
     return "exit", notes

@@ -302,6 +302,35 @@ def test_ctrl_c_twice_on_a_script_that_ignores_the_first_ends_with_130_and_keeps
                "SIGTERM" in n for n in summary["notes"]), summary["notes"]
 
 
+def test_a_sigterm_from_outside_after_an_ignored_ctrl_c_ends_with_143_as_on_the_bare_script(tmp_path):
+    """The second signal was SIGTERM itself, not stallscope's stand-in for a repeated Ctrl-C: its code, 143."""
+    script = tmp_path / "stubborn.py"
+    script.write_text("import signal, time\nfrom torch.utils.data import DataLoader\n"
+                      "signal.signal(signal.SIGINT, lambda *a: print('ignoring Ctrl-C', flush=True))\n"
+                      "for i, b in enumerate(DataLoader(list(range(100000)), batch_size=2)):\n"
+                      "    time.sleep(0.01)\n"
+                      "    if i == 20: print('training', flush=True)\n")
+    out = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
+                             str(tmp_path / "store"), "--", sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        while "training" not in proc.stdout.readline():
+            pass
+        proc.send_signal(signal.SIGINT)
+        while "ignoring Ctrl-C" not in proc.stdout.readline():
+            pass
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["ended_by"] == "interrupt" and summary["exit_code"] == 143
+    assert "stopped by SIGINT, then SIGTERM sent to stallscope" in summary["notes"], summary["notes"]
+
+
 HUNG = str(SCRIPTS / "hung_loader.py")
 
 
