@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import secrets
+import shlex
 import stat
 import sys
 import time
@@ -28,6 +29,23 @@ def store_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 def runs_dir(store: Path) -> Path:
     return store / "runs"
+
+
+def report_command(session_file: str | os.PathLike[str], run_id: str, verb: str = "report") -> str:
+    """``stallscope report RUN_ID`` for a run saved in the store a plain ``stallscope report`` finds from here
+    (``./.stallscope`` or ``$STALLSCOPE_HOME``); with ``--store STORE`` for a run saved anywhere else, so that the
+    line works when pasted."""
+    saved = Path(session_file).resolve()
+    store = saved.parent.parent.parent if saved.parent.parent.name == "runs" else None
+    if store is None:
+        return f"stallscope {verb} {saved.parent}"
+    try:
+        default = store_dir()
+    except OSError:  # the working directory is gone
+        default = None
+    if default is not None and _same(store, default):
+        return f"stallscope {verb} {run_id}"
+    return f"stallscope {verb} --store {shlex.quote(str(store))} {run_id}"
 
 
 def new_run_id(now: float | None = None) -> str:

@@ -77,6 +77,17 @@ def test_report_rerenders_saved_session(tmp_path):
     for key in ("verdict", "data_wait_fraction", "nodes", "steps", "bottleneck"):
         assert again[key] == first.summary[key]
     assert "verdict" in proc.stdout
+    # the re-render line works when pasted: with --store where the run is not in the default store, bare where it is
+    said = " ".join(first.stderr.split())
+    assert f"re-render: stallscope report --store {tmp_path / 'store'} {run_id}" in said, first.stderr[-1500:]
+    command = said.split("re-render: ", 1)[1].split()[:5]  # stallscope report --store STORE RUN_ID
+    pasted = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True,
+                            cwd=tmp_path / "store")  # from elsewhere than the run's own folder
+    assert pasted.returncode == 0 and "verdict" in pasted.stdout, pasted.stderr
+    here = subprocess.run([sys.executable, "-m", "stallscope", "run", "--", sys.executable, TINY], cwd=tmp_path,
+                          capture_output=True, text=True)
+    [own] = (tmp_path / ".stallscope" / "runs").iterdir()
+    assert f"re-render: stallscope report {own.name}" in " ".join(here.stderr.split()), here.stderr[-1500:]
     missing = subprocess.run([sys.executable, "-m", "stallscope", "report", "nope", "--store",
                               str(tmp_path / "store")], capture_output=True, text=True)
     assert missing.returncode == 2 and "no run 'nope'" in missing.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from stallscope.analysis.plan import NothingToPlan, PlanError, plan_dict, plan_run
@@ -67,7 +68,8 @@ def handle(args: argparse.Namespace) -> int:
                         samples_per_s=args.samples_per_s, workers=args.workers,
                         threads_per_core=args.threads_per_core)
     except NothingToPlan as exc:
-        return _fail(f"{exc} (`stallscope report {args.run}` shows what was recorded)")
+        again = f"--store {shlex.quote(args.store)} " if args.store else ""
+        return _fail(f"{exc} (`stallscope report {again}{shlex.quote(args.run)}` shows what was recorded)")
     except PlanError as exc:
         return _fail(str(exc))
     document = plan_dict(plan, session.run_id, PLAN_SCHEMA)

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from stallscope import paths
 from stallscope.analysis import Analysis, shares
 from stallscope.analysis.hotspots import top_of_stage
 from stallscope.constants import NODE_IDS
@@ -94,8 +95,9 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     if session.overrides:
         console.print(f"[dim]overrides: {escape(str(session.overrides))}[/dim]", highlight=False)
     if session_ref:
-        console.print(f"[dim]saved: {escape(session_ref)}   re-render: stallscope report {session.run_id}[/dim]",
-                      highlight=False)
+        again = (paths.report_command(session_ref, session.run_id) if session.run_id
+                 else f"stallscope report {session_ref}")
+        console.print(f"[dim]saved: {escape(session_ref)}   re-render: {escape(again)}[/dim]", highlight=False)
 
 
 def _rank_table(console: Console, analysis: Analysis) -> None:
