@@ -93,6 +93,18 @@ def test_report_rerenders_saved_session(tmp_path):
     assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
 
 
+def test_every_argument_after_a_module_is_the_modules_as_with_python_m(tmp_path):
+    """``run -m MODULE --steps 5 --epochs 1``: the module gets all of it (stallscope took --steps and --json for
+    itself, and refused --epochs), as ``python -m`` gives it; stallscope's options go before -m."""
+    (tmp_path / "argvmod.py").write_text("import sys\nprint('ARGV', sys.argv[1:])\nsys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(tmp_path / "store"),
+                           "-m", "argvmod", "--steps", "5", "--epochs", "1", "--json", "x.json"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "ARGV ['--steps', '5', '--epochs', '1', '--json', 'x.json']" in done.stdout, done.stdout
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_console_script_and_default_store(tmp_path):
     exe = Path(sys.executable).parent / "stallscope"
     if not exe.exists():

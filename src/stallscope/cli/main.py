@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     is one line naming the file that holds its traceback (``STALLSCOPE_DEBUG=1`` shows it instead)."""
     _tolerant_output()
     try:
-        args_list = list(argv) if argv is not None else sys.argv[1:]
+        args_list = _module_arguments_are_the_modules(list(argv) if argv is not None else sys.argv[1:])
         parser = build_parser(_verb_in(args_list))
         args, unknown = parser.parse_known_args(args_list)
         if unknown:  # said by the verb's own parser, with its usage, not the top-level one's
@@ -95,6 +95,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get(ENV_DEBUG):
             raise
         return _internal_error(exc)
+
+
+def _module_arguments_are_the_modules(argv: list[str]) -> list[str]:
+    """``stallscope run [options] -m MODULE ARGS``: as with ``python -m``, every argument after the module's name
+    is the module's (its ``--epochs 1``, even its ``--steps 5``), never stallscope's: a ``--`` is put after the
+    name so that the parser stops there."""
+    if not argv or argv[0] != "run":
+        return argv
+    run = _verb_parser(build_parser("run"), "run")
+    takes_value = {option for action in run._actions if action.nargs != 0 for option in action.option_strings}
+    at = 1
+    while at < len(argv):
+        token = argv[at]
+        if token == "--" or not token.startswith("-"):
+            return argv  # the command begins here: a -m after it is the command's own
+        if token == "-m" or (token.startswith("-m") and not token.startswith("--")):
+            end = at + 2 if token == "-m" else at + 1  # -m MODULE, or -mMODULE
+            rest = argv[end:]
+            return [*argv[:end], *([] if rest[:1] == ["--"] or not rest else ["--"]), *rest]
+        at += 2 if token in takes_value else 1  # --store DIR; --store=DIR and flags are one token
+    return argv
 
 
 def _verb_parser(parser: argparse.ArgumentParser, verb: str | None) -> argparse.ArgumentParser:

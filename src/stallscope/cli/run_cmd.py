@@ -24,7 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                           "training step, and say which stage limits it.",
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_options(p)
-    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, like python -m")
+    p.add_argument("-m", dest="module", metavar="MODULE",
+                   help="run a module, like python -m; every argument after MODULE is the module's, so give "
+                        "stallscope's options before -m")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command: python train.py ARGS, or train.py ARGS")
     p.set_defaults(handler=handle)
 
