@@ -199,3 +199,44 @@ def test_each_row_prices_cpu_work_at_its_load_and_a_given_step_time_is_taken_as_
     assert given.cpu_slowed(1.5).compute_per_sample_s == pytest.approx(0.001)
     assert given.cpu_slowed(1.5).main_cpu_per_sample_s == pytest.approx(0.0015)  # the CPU part is priced
     assert any("the given step time is taken as it is" in n for n in notes)
+
+
+def test_a_process_whose_own_loading_takes_under_5_percent_is_fed_without_workers():
+    import io
+
+    from rich.console import Console
+
+    from stallscope.render import plan as plan_render
+
+    # 20 us of loading per sample beside 1 ms of compute: 2% of the step, in the training process itself
+    model = recorded(cost_s={"transform": 0.00002}, receive_per_sample_s=0.0005, receive_cpu_per_sample_s=0.0005)
+    plan = project(model, Target(cores=4, gpus=1, step_s=0.016), samples_per_step=16)
+    assert plan.row(0).data_wait_fraction == pytest.approx(0.02 / 1.02)
+    assert plan.workers_needed == 0 and plan.best_workers == 0 and plan.limit == "fed"
+    out = io.StringIO()
+    plan_render.render(plan, "RUN", Console(file=out, width=200))
+    said = out.getvalue()
+    assert "0 (best, fed)" in said
+    assert "each training process is fed without workers: loading in it takes at most 5% of its step" in said
+    assert "best: the fewest workers within 2% of the highest rate; fed: the fewest that also wait at most 5%" in said
+
+
+def test_where_taking_batches_caps_the_rate_the_plan_says_so():
+    import io
+
+    from rich.console import Console
+
+    from stallscope.render import plan as plan_render
+
+    # 2 ms of blocked loading, 0.1 ms of compute, 0.05 ms to take each sample from a worker: no wait at many
+    # workers, yet the rate stops at 1 / 0.15 ms, a third below what the compute could take
+    model = recorded(cost_s={"transform": 0.0, "storage": 0.002}, compute_per_sample_s=0.0001,
+                     main_cpu_per_sample_s=0.0001, receive_per_sample_s=0.00005, receive_cpu_per_sample_s=0.00005,
+                     workers=1)
+    plan = project(model, Target(cores=64, gpus=0), samples_per_step=16)
+    top = max(plan.rows, key=lambda r: r.samples_per_s)
+    assert top.samples_per_s == pytest.approx(1 / 0.00015) and top.data_wait_fraction == 0.0
+    out = io.StringIO()
+    plan_render.render(plan, "RUN", Console(file=out, width=200))
+    assert ("beyond its compute, the training process spends 0.050 ms per sample taking batches from the workers: "
+            f"no worker count takes it past {top.samples_per_s:,.1f} samples/s") in out.getvalue()

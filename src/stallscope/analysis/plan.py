@@ -176,10 +176,11 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
 
 def _fed(rows: list[WorkerRow]) -> int | None:
     """The fewest workers that wait at most FED_WAIT and run within 2% of the best rate (taking batches from
-    workers costs the training process too: a row can wait for nothing and still be slower than the best)."""
+    workers costs the training process too: a row can wait for nothing and still be slower than the best); 0 where
+    loading in the training process itself takes no more than that of its step."""
     top = max(r.samples_per_s for r in rows)
-    return next((r.workers for r in rows if r.workers > 0 and r.data_wait_fraction <= FED_WAIT
-                 and r.samples_per_s >= 0.98 * top), None)
+    return next((r.workers for r in rows if r.data_wait_fraction <= FED_WAIT and r.samples_per_s >= 0.98 * top),
+                None)
 
 
 def _best(rows: list[WorkerRow]) -> WorkerRow:

@@ -51,7 +51,9 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for name in ("workers", "samples/s per process", "whole job", "data wait", "cores wanted"):
         table.add_column(name, justify="right")
-    marks = {plan.best_workers: "best", **({plan.workers_needed: "fed"} if plan.workers_needed is not None else {})}
+    marks = {plan.best_workers: "best"}
+    if plan.workers_needed is not None:
+        marks[plan.workers_needed] = "best, fed" if plan.workers_needed == plan.best_workers else "fed"
     if t.workers is not None:
         marks[t.workers] = "asked"
     for count in _shown_rows(plan):
@@ -63,14 +65,24 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
         table.add_row(label, f"{row.samples_per_s:,.1f}", f"{row.total_samples_per_s:,.1f}",
                       f"{100 * row.data_wait_fraction:.1f}%", f"{row.cores_wanted:.2f}", style=style)
     console.print(table)
-    if plan.workers_needed is not None:
+    console.print(f"[dim]best: the fewest workers within 2% of the highest rate; fed: the fewest that also wait at most "
+                  f"{100 * FED_WAIT:.0f}% of the step for data[/]")
+    if plan.workers_needed == 0:
+        console.print(f"[bold]each training process is fed without workers[/]: loading in it takes at most "
+                      f"{100 * FED_WAIT:.0f}% of its step")
+    elif plan.workers_needed is not None:
         console.print(f"[bold]each training process needs {plan.workers_needed} worker(s)[/] to wait at most "
-                      f"{100 * FED_WAIT:.0f}% of its step for data")
+                      f"{100 * FED_WAIT:.0f}% of its step for data and run within 2% of its best rate")
     else:
         best = plan.row(plan.best_workers)
         wait = f"{100 * best.data_wait_fraction:.0f}%" if best else "?"
         console.print(f"[bold]no worker count keeps it fed[/]: the best, {plan.best_workers} worker(s), still waits "
                       f"{wait} of each step; the limit is {LIMIT_WORDS[plan.limit]}")
+    top = max(plan.rows, key=lambda r: r.samples_per_s)
+    if top.workers > 0 and top.data_wait_fraction <= FED_WAIT and top.samples_per_s < 0.95 * plan.compute_samples_per_s:
+        beyond = 1.0 / top.samples_per_s - 1.0 / plan.compute_samples_per_s
+        console.print(f"beyond its compute, the training process spends {1000 * beyond:.3f} ms per sample taking "
+                      f"batches from the workers: no worker count takes it past {top.samples_per_s:,.1f} samples/s")
     console.print(f"the stage that gives out first: {plan.saturates_first}")
     for fix in plan.fixes:
         fed = (f"fed with {fix.workers_needed} worker(s)" if fix.workers_needed is not None
