@@ -75,6 +75,9 @@ def resolve_command(command: list[str], module: str | None = None) -> list[str]:
             raise LaunchError(f"script not found: {first}")
         return [sys.executable, *command]
     if shutil.which(first) is None:
+        if os.sep in first and Path(first).is_file():  # a path to a file the user may not execute
+            raise LaunchError(f"not executable: {first} (run it with its interpreter, e.g. stallscope run -- "
+                              f"python {first}, or chmod +x it)")
         raise LaunchError(f"command not found: {first}")
     if Path(first).name.startswith("python") and len(command) > 1 and command[1].endswith(".py") \
             and not Path(command[1]).is_file():

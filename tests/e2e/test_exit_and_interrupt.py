@@ -88,6 +88,15 @@ def test_script_not_found_is_a_clear_error(tmp_path):
     assert result.summary is None
 
 
+def test_a_file_that_is_not_executable_is_said_as_such_not_as_a_missing_command(tmp_path):
+    data = tmp_path / "notes.txt"
+    data.write_text("not a program\n")
+    result = run_cli(tmp_path, ["--", str(data)])
+    assert result.returncode == 2 and result.summary is None
+    assert f"not executable: {data} (run it with its interpreter" in result.stderr, result.stderr
+    assert "command not found" not in result.stderr
+
+
 def test_bad_set_is_refused_before_running(tmp_path):
     result = run_cli(tmp_path, ["--set", "num_wrokers=2", "--", sys.executable, TINY])
     assert result.returncode == 2

@@ -27,7 +27,8 @@ def rate_text(trial: TrialResult) -> str:
 
 
 def render(result: TuneResult, console: Console) -> None:
-    table = Table(title=f"stallscope tune: {result.runs} runs, {result.steps} steps each ({result.stopped_by})")
+    table = Table(title=f"stallscope tune: {result.runs} run{'s' if result.runs != 1 else ''}, {result.steps} steps "
+                        f"each ({result.stopped_by})")
     for col in ("#", "why", "change (--set)", result.unit, "verdict", "wait", "s", "result"):
         table.add_column(col, justify="right" if col in ("#", result.unit, "wait", "s") else "left")
     for trial in [*result.trials, *result.confirmation]:

@@ -484,7 +484,8 @@ def _epoch_starts(facts: dict, workers: int) -> str:
                          (("stopping the workers", "epoch_stop_now_s"), ("starting them", "epoch_start_now_s"))
                          if facts.get(key))
                + ")")
-    return (f"; the measured steps start {facts['epoch_starts']} new epochs{now}, each costing {workers} workers "
+    return (f"; the measured steps start {facts['epoch_starts']} new epochs{now}, each costing {workers} "
+            f"worker{'s' if workers != 1 else ''} "
             f"about {facts['epoch_cost_s']:.2f} s ({_epoch_cost_parts(facts)}){start}, counted in the "
             f"prediction (steady state alone: {facts['steady_speedup']:.2f}x)")
 
