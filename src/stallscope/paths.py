@@ -61,6 +61,9 @@ def resolve_run(ref: str, store: Path) -> Path:
     run directory, for ``collect.recover_session``; ``last`` is the last saved session.
     Raises ``FileNotFoundError`` with the places it looked, so the CLI can say them.
     """
+    if not ref.strip():
+        raise FileNotFoundError("no run named: give a run id (or a unique start of one), last, last~N, a run "
+                                "directory or a session file")
     candidate = Path(ref).expanduser()
     if candidate.is_file():
         return candidate
@@ -69,6 +72,9 @@ def resolve_run(ref: str, store: Path) -> Path:
     if candidate.is_dir() and (candidate / "run.json").is_file():
         return candidate
     base = runs_dir(store)
+    if store.exists() and not store.is_dir():
+        raise FileNotFoundError(f"the store {store} is a file, not a folder: give --store (or $STALLSCOPE_HOME) the "
+                                "folder the runs were recorded into")
     if base.is_dir():
         try:
             os.listdir(base)  # glob() takes a folder it cannot list for an empty one
@@ -88,8 +94,9 @@ def resolve_run(ref: str, store: Path) -> Path:
     if len(matches) == 1:
         return matches[0] / "session.json" if matches[0] in runs else matches[0]
     if len(matches) > 1:
-        names = ", ".join(p.name for p in matches[:5])
-        raise FileNotFoundError(f"run id {ref!r} is ambiguous under {base}: {names}")
+        names = ", ".join(p.name for p in matches[:5]) + (f" and {len(matches) - 5} more" if len(matches) > 5 else "")
+        raise FileNotFoundError(f"run id {ref!r} is ambiguous under {base}: {len(matches)} run ids start with it "
+                                f"({names}); give more of it")
     raise FileNotFoundError(f"no run {ref!r}: not a session file, run directory, or run id under {base}")
 
 

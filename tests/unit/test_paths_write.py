@@ -202,3 +202,23 @@ def test_last_names_the_runs_that_never_saved_their_session(tmp_path):
                                                 "20240101-000000-aaaaaa"):
         resolve_run("last", store)
     assert resolve_run("20240101", store) == unsaved  # by its id it resolves, to be rebuilt
+
+
+def test_run_references_that_name_nothing_or_too_much_are_said_so(tmp_path):
+    from stallscope.paths import resolve_run
+
+    store = tmp_path / "store"
+    for k in range(7):
+        run = store / "runs" / f"20260101-00000{k}-abc"
+        run.mkdir(parents=True)
+        (run / "session.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"7 run ids start with it \(.*, 20260101-000004-abc and 2 more\); "
+                                                r"give more of it"):
+        resolve_run("2026", store)
+    with pytest.raises(FileNotFoundError, match="no run named: give a run id"):
+        resolve_run("", store)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    with pytest.raises(FileNotFoundError, match="the store .* is a file, not a folder"):
+        resolve_run("last", a_file)
+    assert resolve_run("20260101-000003", store) == store / "runs" / "20260101-000003-abc" / "session.json"
