@@ -158,6 +158,7 @@ class _SignalForwarder:
         self.child = child
         self.received: list[int] = []
         self.sent: int | None = None  # the last ending signal sent to the script's group
+        self.stand_ins: set[int] = set()  # signals sent in place of one received (SIGTERM for a second Ctrl-C)
         self.paused_ns = 0
         self.pauses = 0
         self.pause_spans: list[dict[str, int]] = []
@@ -183,6 +184,8 @@ class _SignalForwarder:
     def _forward(self, signum: int, frame: Any) -> None:
         self.received.append(signum)
         self.sent = self.escalation(len(self.received), signum)
+        if self.sent != signum:
+            self.stand_ins.add(self.sent)
         self._signal_group(self.sent)
 
     @staticmethod
@@ -193,9 +196,8 @@ class _SignalForwarder:
     def ended_by_escalation(self, returncode: int) -> bool:
         """The script ended of a signal stallscope sent in place of the one it received last (Ctrl-C twice: SIGTERM
         for the second). Not where that was the signal received (Ctrl-C, then a SIGTERM from outside)."""
-        if len(self.received) < 2 or self.sent in (None, self.received[-1]):
-            return False
-        return returncode in (-self.sent, 128 + self.sent)
+        killed_by = -returncode if returncode < 0 else returncode - 128
+        return killed_by in self.stand_ins and killed_by not in self.received
 
     def said(self) -> str:
         """The signals received, as a note says them: "SIGINT", "SIGINT sent to stallscope 2 times" reads as
@@ -270,13 +272,16 @@ def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str
     if forwarder.received:
         said = forwarder.said()
         if forwarder.ended_by_escalation(returncode):
+            killed_by = -returncode if returncode < 0 else returncode - 128
             return "interrupt", [*notes, f"stopped by {said}: the script went on after the first, so it was sent "
-                                         f"{signal_name(forwarder.sent)}"]
+                                         f"{signal_name(killed_by)}"]
         if returncode < 0 or returncode - 128 in forwarder.received:
             return "interrupt", [*notes, f"stopped by {said}"]
-        forwarded = ", then ".join(signal_name(s) for s in forwarder.received)
-        return "exit", [*notes, f"{forwarded} {'were' if len(forwarder.received) > 1 else 'was'} forwarded to the "
-                                f"script, which went on and exited with code {returncode}"]
+        forwarded = ", then ".join(signal_name(s) if s == forwarder.escalation(k, s) else
+                                   f"{signal_name(forwarder.escalation(k, s))} (for {signal_name(s)})"
+                                   for k, s in enumerate(forwarder.received, start=1))
+        return "exit", [*notes, f"{forwarded} {'were' if len(forwarder.received) > 1 else 'was'} forwarded to "
+                                f"the script, which went on and exited with code {returncode}"]
     if returncode < 0:
         return "signal", [*notes, f"the script was killed by {signal_name(-returncode)}"]
     return "exit", notes

@@ -38,7 +38,7 @@ def report_command(session_file: str | os.PathLike[str], run_id: str, verb: str 
     saved = Path(session_file).resolve()
     store = saved.parent.parent.parent if saved.parent.parent.name == "runs" else None
     if store is None:
-        return f"stallscope {verb} {saved.parent}"
+        return f"stallscope {verb} {shlex.quote(str(saved))}"
     try:
         default = store_dir()
     except OSError:  # the working directory is gone

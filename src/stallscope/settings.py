@@ -113,8 +113,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         raise OverrideError("--set sharing_strategy: choose file_system or file_descriptor")
     if parsed.get("prefetch_factor") == 0:
         raise OverrideError("--set prefetch_factor=0: must be at least 1")
-    if parsed.get("torch_threads") == 0:
-        raise OverrideError("--set torch_threads=0: must be at least 1")
+    if "torch_threads" in parsed and not parsed["torch_threads"]:
+        raise OverrideError(f"--set torch_threads={parsed['torch_threads']}: a number of threads, at least 1")
     if parsed.get("batch_size") == 0:
         raise OverrideError("--set batch_size=0: must be at least 1 (or none: no batching)")
     timeout = parsed.get("timeout")

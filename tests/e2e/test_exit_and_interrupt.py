@@ -53,6 +53,8 @@ def test_plain_exit_code_is_kept(tmp_path):
     assert result.returncode == 7
     assert result.summary["exit_code"] == 7
     assert result.summary["failure"]["type"] == "exit"
+    said = " ".join(result.stderr.split())
+    assert "the script failed in the main process: the script exited with code 7" in said, result.stderr[-1500:]
 
 
 def test_sigint_to_launcher_stops_script_and_saves_session(tmp_path):

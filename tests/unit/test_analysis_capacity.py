@@ -501,3 +501,11 @@ def test_splitting_the_cores_is_recommended_where_workers_alone_would_hold_the_c
     assert _split_the_cores(m, 0, None, 3.5) is None
     assert _split_the_cores(replace(m, compute_threads=1), 0, None, 1.0) is None
     assert _split_the_cores(replace(m, compute_on_cpu=False), 0, None, 1.0) is None
+
+
+def test_a_compute_busier_than_torchs_threads_is_not_advised_torch_threads():
+    """8 cores busy with 4 torch threads recorded: the rest are another library's (OpenBLAS, onnxruntime), which
+    torch.set_num_threads would not change."""
+    from stallscope.analysis.recommend import _split_the_cores
+
+    assert _split_the_cores(replace(_eight_threads_on_eight_cores(), compute_threads=4), 0, None, 1.0) is None

@@ -18,7 +18,8 @@ def test_parse_types_and_errors():
         "prefetch_factor": None}
     for bad, message in [("num_workers", "name=value"), ("dataset=x", "not one of the settings --set can change"),
                          ("num_workers=-1", "negative"), ("pin_memory=maybe", "true or false"),
-                         ("prefetch_factor=0", "at least 1"), ("torch_threads=0", "at least 1")]:
+                         ("prefetch_factor=0", "at least 1"), ("torch_threads=0", "at least 1"),
+                         ("torch_threads=none", "at least 1")]:
         with pytest.raises(OverrideError, match=message):
             parse_overrides([bad])
 

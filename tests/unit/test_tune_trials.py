@@ -25,6 +25,8 @@ def test_failure_reasons() -> None:
     assert failure_reason(2, None, "stallscope run: script not found: x.py").endswith("script not found: x.py")
     assert failure_reason(3, {"exit_code": 3, "failure": None, "steady_steps": 9}, "") \
         == "the script exited with code 3"
+    exited = {"exit_code": 3, "steady_steps": 9, "failure": {"where": "main", "type": "exit", "message": None}}
+    assert failure_reason(3, exited, "") == "the script exited with code 3"  # not "crashed in the script: exit: None"
 
 
 def test_a_run_that_ended_well_without_a_summary_says_why_not_that_it_failed() -> None:
@@ -81,3 +83,12 @@ def test_a_winner_that_confirms_slower_is_not_handed_out():
     render(_tuned(340.0, 380.0, 3.0), console)  # a gain that held: the change is printed as before
     text = console.export_text()
     assert "The change:" in text and "num_workers=3" in text and "Keep the original" not in text
+
+
+def test_a_worse_ranked_recommendation_never_undoes_a_better_ones_settings() -> None:
+    from stallscope.tuning.search import diagnosis_changes
+
+    split = {"id": "split-the-cores", "overrides": {"torch_threads": 2, "num_workers": 2, "persistent_workers": True}}
+    alone = {"id": "num-workers", "overrides": {"num_workers": 1, "prefetch_factor": 4}}
+    assert diagnosis_changes([split, alone]) == {"torch_threads": 2, "num_workers": 2, "persistent_workers": True,
+                                                 "prefetch_factor": 4}

@@ -109,7 +109,7 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
             recs.append(split)
     if input_side and pipeline is not None and workers > 0:
         rebuilt = len(train.ids) > 1  # a new DataLoader every epoch: persistent_workers cannot keep its workers
-        persistent_advised = any(r.overrides.get("persistent_workers") for r in recs)
+        persistent_advised = any(r.overrides.get("persistent_workers") for r in recs if r.id != "split-the-cores")
         priced = epochs is not None and model is not None and not rebuilt
         if priced:
             # Kept alive, the workers still refill their queue at every epoch and finish what was in flight when
@@ -172,6 +172,8 @@ def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | 
     setting and 5% over the best worker count alone (``workers_alone``, its speedup)."""
     threads = model.compute_threads
     if not model.compute_on_cpu or not threads or threads < 2 or model.main_occupancy <= THREADED_OCCUPANCY:
+        return None
+    if model.main_occupancy > threads + 0.5:  # more cores busy than torch's threads: another library's threads
         return None
     candidates = worker_candidates(model, model.usable_cpus)
     now = rate_over_epochs(model, epochs, workers, epochs.persistent) if epochs is not None else model.rate()

@@ -19,7 +19,8 @@ class SpanIndex(Generic[T]):
     """``(start, end, item)`` spans in nanoseconds, sorted by start."""
 
     def __init__(self, spans: Iterable[tuple[int, int, T]]) -> None:
-        self.spans = sorted(spans, key=lambda span: (span[0], span[1]))
+        # a span that ends before it starts (clocks of different processes) is kept where it ends
+        self.spans = sorted(((min(s, e), e, item) for s, e, item in spans), key=lambda span: (span[0], span[1]))
         self.starts = [span[0] for span in self.spans]
         self.reach: list[int] = []  # the latest end of the spans up to each one: never decreasing
         latest = None
@@ -42,7 +43,7 @@ class SpanIndex(Generic[T]):
     def overlap_ns(self, start: int, end: int) -> int:
         """Nanoseconds of the spans inside ``[start, end]``, each counted (as ``sync.overlap_ns`` does for merged
         spans)."""
-        return sum(min(e, end) - max(s, start) for s, e, _ in self.overlapping(start, end))
+        return sum(max(0, min(e, end) - max(s, start)) for s, e, _ in self.overlapping(start, end))
 
 
 def index_of(intervals: Iterable[tuple[int, int]]) -> SpanIndex[None]:

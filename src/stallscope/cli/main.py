@@ -104,17 +104,25 @@ def _module_arguments_are_the_modules(argv: list[str]) -> list[str]:
     if not argv or argv[0] != "run":
         return argv
     run = _verb_parser(build_parser("run"), "run")
-    takes_value = {option for action in run._actions if action.nargs != 0 for option in action.option_strings}
+    options = {option: action.nargs != 0 for action in run._actions for option in action.option_strings}
     at = 1
     while at < len(argv):
         token = argv[at]
         if token == "--" or not token.startswith("-"):
             return argv  # the command begins here: a -m after it is the command's own
-        if token == "-m" or (token.startswith("-m") and not token.startswith("--")):
-            end = at + 2 if token == "-m" else at + 1  # -m MODULE, or -mMODULE
-            rest = argv[end:]
-            return [*argv[:end], *([] if rest[:1] == ["--"] or not rest else ["--"]), *rest]
-        at += 2 if token in takes_value else 1  # --store DIR; --store=DIR and flags are one token
+        if token.startswith("--"):
+            # --store DIR, or an abbreviation argparse would take for it (--sto DIR); --store=DIR is one token
+            named = [o for o in options if o == token] or [o for o in options if o.startswith(token)]
+            at += 2 if "=" not in token and len(named) == 1 and options[named[0]] else 1
+            continue
+        for k, letter in enumerate(token[1:], start=1):  # -q, -qm MODULE, -mMODULE, -qmMODULE
+            if letter == "m":
+                end = at + 1 if k + 1 < len(token) else at + 2  # the module's name in the token, or the next one
+                rest = argv[end:]
+                return [*argv[:end], *([] if rest[:1] == ["--"] or not rest else ["--"]), *rest]
+            if options.get(f"-{letter}"):  # a short option's value is the rest of the token
+                break
+        at += 1
     return argv
 
 

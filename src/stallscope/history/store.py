@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -101,8 +102,9 @@ def _out_of_room(path: Path, exc: sqlite3.Error) -> bool:
 
 def _a_folder(path: Path) -> HistoryError:
     """A folder where the history's file should be: no permission opens a folder as a database."""
-    return HistoryError(f"the run history {path} is a folder, not a file: move it out of the way (mv {path} "
-                        f"{path}.folder), or choose another store with --store DIR")
+    return HistoryError(f"the run history {path} is a folder, not a file: move it out of the way (mv "
+                        f"{shlex.quote(str(path))} {shlex.quote(str(path) + '.folder')}), or choose another store with "
+                        "--store DIR")
 
 
 def _full(path: Path) -> HistoryError:

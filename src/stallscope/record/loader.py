@@ -181,18 +181,22 @@ def _patch_batch_unpickling() -> None:
 
 def _hold_torch_threads(threads: int) -> list[int]:
     """``--set torch_threads=N``: the training process computes on N intra-op threads from its first DataLoader on,
-    and a later ``torch.set_num_threads`` of the script's is kept at N (the script sets its threads before or after
-    it builds its loader; either way the run measures what was asked). [before, N], as the other overrides say it."""
+    and a later ``torch.set_num_threads`` of the script's, from the thread that built the loader, is kept at N (the
+    script sets its threads before or after it builds its loader; either way the run measures what was asked). A
+    name bound before (``from torch import set_num_threads``) is not reached. [before, N], as the other overrides
+    say it."""
     import torch
 
     before = torch.get_num_threads()
     setter = getattr(torch.set_num_threads, "_stallscope_original", torch.set_num_threads)
     setter(threads)
-    training_process = os.getpid()
+    training_process, training_thread = os.getpid(), threading.get_ident()
 
     def set_num_threads(requested: int) -> None:
-        # a forked worker inherits this function: its own set_num_threads(1) must stay its own
-        setter(threads if os.getpid() == training_process else requested)
+        # a forked worker inherits this function, and torch's pin-memory thread sets its own single thread:
+        # their calls stay theirs
+        held = os.getpid() == training_process and threading.get_ident() == training_thread
+        setter(threads if held else requested)
 
     set_num_threads._stallscope_original = setter  # type: ignore[attr-defined]
     torch.set_num_threads = set_num_threads

@@ -80,7 +80,7 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
                       f"{wait} of each step; the limit is {LIMIT_WORDS[plan.limit]}")
     top = max(plan.rows, key=lambda r: r.samples_per_s)
     if top.workers > 0 and top.data_wait_fraction <= FED_WAIT and top.samples_per_s < 0.95 * plan.compute_samples_per_s:
-        beyond = 1.0 / top.samples_per_s - 1.0 / plan.compute_samples_per_s
+        beyond = (1.0 - top.data_wait_fraction) / top.samples_per_s - 1.0 / plan.compute_samples_per_s
         console.print(f"beyond its compute, the training process spends {1000 * beyond:.3f} ms per sample taking "
                       f"batches from the workers: no worker count takes it past {top.samples_per_s:,.1f} samples/s")
     console.print(f"the stage that gives out first: {plan.saturates_first}")

@@ -84,7 +84,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
             console.print(f"  also: {said.title}{gain}: {said.change}", markup=False, highlight=False)
     if analysis.failure:
         f = analysis.failure
-        detail = f"{f.type}: {words.failure_message(f)}" + (f"  at {f.location}" if f.location else "")
+        said = words.failure_message(f) if f.type == "exit" else f"{f.type}: {words.failure_message(f)}"
+        detail = said + (f"  at {f.location}" if f.location else "")
         console.print(f"[bold red]the script failed[/bold red] in {words.failure_place(f)}: {escape(detail)}",
                       highlight=False)
         if session.overrides and f.type != "KeyboardInterrupt":

@@ -65,11 +65,15 @@ class Budget:
 
 def diagnosis_changes(recommendations: list[Mapping[str, Any]]) -> dict[str, Any]:
     """The DataLoader arguments the diagnosis prescribes (each recommendation's ``overrides``), limited to
-    the knobs tuning may change (the batch size changes the training, so only when asked, by the search)."""
+    the knobs tuning may change (the batch size changes the training, so only when asked, by the search). The
+    recommendations come best first: a later one adds settings but never changes one a better one set (splitting
+    the cores sets the workers its threads make room for; a worker count advised alone must not undo them)."""
     changes: dict[str, Any] = {}
     for rec in recommendations:
         overrides = rec.get("overrides") or {}
-        changes.update({k: v for k, v in overrides.items() if k in KNOBS and k != "batch_size"})
+        for key, value in overrides.items():
+            if key in KNOBS and key != "batch_size":
+                changes.setdefault(key, value)
     return changes
 
 

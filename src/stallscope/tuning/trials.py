@@ -211,6 +211,9 @@ def failure_reason(exit_code: int, summary: Mapping[str, Any] | None, stderr_tai
     if code != 0:
         if failure:
             where = "in a DataLoader worker" if failure.get("where") == "worker" else "in the script"
+            if failure.get("type") == "exit":  # no exception: the script (or a worker) exited with a code
+                who = "a DataLoader worker" if failure.get("where") == "worker" else "the script"
+                return f"{who} exited with code {code}"
             return f"crashed {where}: {failure.get('type')}: {failure.get('message')}"[:300]
         return f"the script exited with code {code}"
     if not summary.get("steady_steps"):

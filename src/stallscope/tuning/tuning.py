@@ -68,8 +68,12 @@ class TuneResult:
         return set_arguments(self.winner_overrides)
 
     def dataloader_kwargs(self) -> str:
-        """The change as DataLoader keyword arguments, ready to paste."""
-        return ", ".join(f"{k}={_python_literal(v)}" for k, v in _ordered(self.winner_overrides))
+        """The change as DataLoader keyword arguments, ready to paste (settings of the training process, such as
+        ``torch_threads``, are no DataLoader arguments: ``in_code`` says them as their torch calls)."""
+        from stallscope.settings import PROCESS_SETTINGS
+
+        return ", ".join(f"{k}={_python_literal(v)}" for k, v in _ordered(self.winner_overrides)
+                         if k not in PROCESS_SETTINGS)
 
     def in_code(self) -> str:
         """The change in the user's framework and where it goes (``TrainingArguments(...)`` at the script's
