@@ -281,9 +281,9 @@ def test_a_script_that_handles_sigint_and_finishes_is_not_reported_as_interrupte
                for n in summary["notes"])
 
 
-def test_ctrl_c_twice_on_a_script_that_ignores_the_first_ends_with_130_and_keeps_the_steps(tmp_path):
-    """The second Ctrl-C reaches the script as SIGTERM (stallscope's escalation), which kills it; the exit code is
-    the user's Ctrl-C (130), as on the bare script, not 143, and the steps before it are saved."""
+def _ctrl_c_ignored_then(tmp_path, second: int) -> tuple[int, str, dict]:
+    """A script that ignores Ctrl-C: stallscope gets SIGINT once it trains, then ``second`` once the script has said
+    it ignored the first. (exit code, stderr, summary)."""
     script = tmp_path / "stubborn.py"
     script.write_text("import signal, time\nfrom torch.utils.data import DataLoader\n"
                       "signal.signal(signal.SIGINT, lambda *a: print('ignoring Ctrl-C', flush=True))\n"
@@ -300,13 +300,19 @@ def test_ctrl_c_twice_on_a_script_that_ignores_the_first_ends_with_130_and_keeps
         proc.send_signal(signal.SIGINT)
         while "ignoring Ctrl-C" not in proc.stdout.readline():
             pass
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(second)
         _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
-    summary = json.loads(out.read_text())
+    return proc.returncode, stderr, json.loads(out.read_text())
+
+
+def test_ctrl_c_twice_on_a_script_that_ignores_the_first_ends_with_130_and_keeps_the_steps(tmp_path):
+    """The second Ctrl-C reaches the script as SIGTERM (stallscope's escalation), which kills it; the exit code is
+    the user's Ctrl-C (130), as on the bare script, not 143, and the steps before it are saved."""
+    code, stderr, summary = _ctrl_c_ignored_then(tmp_path, signal.SIGINT)
+    assert code == 128 + signal.SIGINT, stderr[-3000:]
     assert summary["ended_by"] == "interrupt" and summary["exit_code"] == 130
     assert summary["steps"] >= 20
     assert any("stopped by SIGINT sent to stallscope 2 times: the script went on after the first, so it was sent "
@@ -315,29 +321,8 @@ def test_ctrl_c_twice_on_a_script_that_ignores_the_first_ends_with_130_and_keeps
 
 def test_a_sigterm_from_outside_after_an_ignored_ctrl_c_ends_with_143_as_on_the_bare_script(tmp_path):
     """The second signal was SIGTERM itself, not stallscope's stand-in for a repeated Ctrl-C: its code, 143."""
-    script = tmp_path / "stubborn.py"
-    script.write_text("import signal, time\nfrom torch.utils.data import DataLoader\n"
-                      "signal.signal(signal.SIGINT, lambda *a: print('ignoring Ctrl-C', flush=True))\n"
-                      "for i, b in enumerate(DataLoader(list(range(100000)), batch_size=2)):\n"
-                      "    time.sleep(0.01)\n"
-                      "    if i == 20: print('training', flush=True)\n")
-    out = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
-                             str(tmp_path / "store"), "--", sys.executable, str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    try:
-        while "training" not in proc.stdout.readline():
-            pass
-        proc.send_signal(signal.SIGINT)
-        while "ignoring Ctrl-C" not in proc.stdout.readline():
-            pass
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-    summary = json.loads(out.read_text())
+    code, stderr, summary = _ctrl_c_ignored_then(tmp_path, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, stderr[-3000:]
     assert summary["ended_by"] == "interrupt" and summary["exit_code"] == 143
     assert "stopped by SIGINT, then SIGTERM sent to stallscope" in summary["notes"], summary["notes"]
 

@@ -141,15 +141,20 @@ class _ReaderGone(BrokenPipeError):
 
 
 def _reader_went_away() -> int:
-    """Exit 0 and quietly, as a reader that stops early (``| head``) asked for: standard output is pointed at
-    /dev/null, so that Python's own flush at exit does not fail on the closed pipe again."""
+    """Exit 0 and quietly, as a reader that stops early (``| head``) asked for."""
+    _stdout_to_devnull()
+    return 0
+
+
+def _stdout_to_devnull() -> None:
+    """Standard output pointed at /dev/null, so that Python's own flush at exit does not fail again on output
+    that could not be written (a closed pipe, a full disk)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
-    return 0
 
 
 def _stop_rendering(console: object) -> None:
@@ -188,12 +193,7 @@ def _output_failed(exc: OSError) -> int:
     """One line for output that could not be written, and standard output pointed at /dev/null so that Python's
     own flush at exit does not fail the same way again."""
     where = exc.filename or "the output (standard output)"
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
+    _stdout_to_devnull()
     try:
         print(f"stallscope: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
     except OSError:
