@@ -31,21 +31,21 @@ def runs_dir(store: Path) -> Path:
     return store / "runs"
 
 
-def report_command(session_file: str | os.PathLike[str], run_id: str, verb: str = "report") -> str:
+def report_command(session_file: str | os.PathLike[str], run_id: str) -> str:
     """``stallscope report RUN_ID`` for a run saved in the store a plain ``stallscope report`` finds from here
     (``./.stallscope`` or ``$STALLSCOPE_HOME``); with ``--store STORE`` for a run saved anywhere else, so that the
     line works when pasted."""
     saved = Path(session_file).resolve()
     store = saved.parent.parent.parent if saved.parent.parent.name == "runs" else None
     if store is None:
-        return f"stallscope {verb} {shlex.quote(str(saved))}"
+        return f"stallscope report {shlex.quote(str(saved))}"
     try:
         default = store_dir()
     except OSError:  # the working directory is gone
         default = None
     if default is not None and _same(store, default):
-        return f"stallscope {verb} {run_id}"
-    return f"stallscope {verb} --store {shlex.quote(str(store))} {run_id}"
+        return f"stallscope report {run_id}"
+    return f"stallscope report --store {shlex.quote(str(store))} {run_id}"
 
 
 def new_run_id(now: float | None = None) -> str:

@@ -253,11 +253,13 @@ def test_ctrl_z_stops_the_job_and_fg_continues_it(tmp_path):
     assert max(s.duration_ns for s in step_stats(session).steps) < 0.5e9, "a step kept the pause"
 
 
-def test_a_script_that_handles_sigint_and_finishes_is_not_reported_as_interrupted(tmp_path):
+def _ctrl_c_ignored(tmp_path, batches: int, second: int | None = None) -> tuple[int, str, str, dict]:
+    """A script that ignores Ctrl-C over ``batches`` batches: stallscope gets SIGINT once it trains, then ``second``
+    (if any) once the script has said it ignored the first. (exit code, stdout after 'training', stderr, summary)."""
     script = tmp_path / "stubborn.py"
-    script.write_text("import signal, sys, time\nfrom torch.utils.data import DataLoader\n"
+    script.write_text("import signal, time\nfrom torch.utils.data import DataLoader\n"
                       "signal.signal(signal.SIGINT, lambda *a: print('ignoring Ctrl-C', flush=True))\n"
-                      "for i, b in enumerate(DataLoader(list(range(400)), batch_size=2)):\n"
+                      f"for i, b in enumerate(DataLoader(list(range({2 * batches})), batch_size=2)):\n"
                       "    time.sleep(0.01)\n"
                       "    if i == 20: print('training', flush=True)\n"
                       "print('done', flush=True)\n")
@@ -265,53 +267,36 @@ def test_a_script_that_handles_sigint_and_finishes_is_not_reported_as_interrupte
     proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
                              str(tmp_path / "store"), "--", sys.executable, str(script)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    said = ""
     try:
         while "training" not in proc.stdout.readline():
             pass
         proc.send_signal(signal.SIGINT)
+        if second is not None:
+            while "ignoring Ctrl-C" not in (line := proc.stdout.readline()):
+                pass
+            said = line
+            proc.send_signal(second)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc.returncode, said + stdout, stderr, json.loads(out.read_text())
+
+
+def test_a_script_that_handles_sigint_and_finishes_is_not_reported_as_interrupted(tmp_path):
+    code, stdout, stderr, summary = _ctrl_c_ignored(tmp_path, 200)
     assert "ignoring Ctrl-C" in stdout and "done" in stdout
-    assert proc.returncode == 0, stderr[-3000:]
-    summary = json.loads(out.read_text())
+    assert code == 0, stderr[-3000:]
     assert summary["ended_by"] == "exit" and summary["exit_code"] == 0 and summary["steps"] == 200
     assert any("SIGINT was forwarded to the script, which went on and exited with code 0" in n
                for n in summary["notes"])
 
 
-def _ctrl_c_ignored_then(tmp_path, second: int) -> tuple[int, str, dict]:
-    """A script that ignores Ctrl-C: stallscope gets SIGINT once it trains, then ``second`` once the script has said
-    it ignored the first. (exit code, stderr, summary)."""
-    script = tmp_path / "stubborn.py"
-    script.write_text("import signal, time\nfrom torch.utils.data import DataLoader\n"
-                      "signal.signal(signal.SIGINT, lambda *a: print('ignoring Ctrl-C', flush=True))\n"
-                      "for i, b in enumerate(DataLoader(list(range(100000)), batch_size=2)):\n"
-                      "    time.sleep(0.01)\n"
-                      "    if i == 20: print('training', flush=True)\n")
-    out = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
-                             str(tmp_path / "store"), "--", sys.executable, str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    try:
-        while "training" not in proc.stdout.readline():
-            pass
-        proc.send_signal(signal.SIGINT)
-        while "ignoring Ctrl-C" not in proc.stdout.readline():
-            pass
-        proc.send_signal(second)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.returncode, stderr, json.loads(out.read_text())
-
-
 def test_ctrl_c_twice_on_a_script_that_ignores_the_first_ends_with_130_and_keeps_the_steps(tmp_path):
     """The second Ctrl-C reaches the script as SIGTERM (stallscope's escalation), which kills it; the exit code is
     the user's Ctrl-C (130), as on the bare script, not 143, and the steps before it are saved."""
-    code, stderr, summary = _ctrl_c_ignored_then(tmp_path, signal.SIGINT)
+    code, _, stderr, summary = _ctrl_c_ignored(tmp_path, 50_000, signal.SIGINT)
     assert code == 128 + signal.SIGINT, stderr[-3000:]
     assert summary["ended_by"] == "interrupt" and summary["exit_code"] == 130
     assert summary["steps"] >= 20
@@ -321,7 +306,7 @@ def test_ctrl_c_twice_on_a_script_that_ignores_the_first_ends_with_130_and_keeps
 
 def test_a_sigterm_from_outside_after_an_ignored_ctrl_c_ends_with_143_as_on_the_bare_script(tmp_path):
     """The second signal was SIGTERM itself, not stallscope's stand-in for a repeated Ctrl-C: its code, 143."""
-    code, stderr, summary = _ctrl_c_ignored_then(tmp_path, signal.SIGTERM)
+    code, _, stderr, summary = _ctrl_c_ignored(tmp_path, 50_000, signal.SIGTERM)
     assert code == 128 + signal.SIGTERM, stderr[-3000:]
     assert summary["ended_by"] == "interrupt" and summary["exit_code"] == 143
     assert "stopped by SIGINT, then SIGTERM sent to stallscope" in summary["notes"], summary["notes"]
