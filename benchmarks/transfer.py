@@ -7,14 +7,16 @@ count, then run each planned configuration (``--set num_workers=W``) with the af
 ``--record-cores``. The compared figure is the speedup over the recorded baseline (planned rate on the
 target over the model's rate for the recorded run, against measured over measured), as every prediction
 of stallscope is a ratio of the model's rates; the absolute planned samples/s are printed beside it. The baseline
-runs again after its planned runs (unless ``--no-again``) and the measured speedups are over the geometric mean of
-the two: on a shared or virtual machine one baseline run can be 15-25% off the next, and how far the second moved
-from the first is printed as the machine's drift.
+and its planned runs are repeated ``--rounds`` times (2 by default), the planned ones in the other order every second
+round, and the medians of the rounds' predictions and measured speedups are compared: on a shared or virtual machine
+one 40-step run can be 15-40% off the next of the same configuration. Each round's speedups are over the geometric
+mean of its baseline and the next one (the last round's: the baseline run once more, unless ``--no-again``); how
+far each moved from the one before is printed as the machine's drift.
 
 Every session is kept under ``--out`` with ``results.json``, so ``--rescore OUT`` re-plans from the saved
 recordings with the model as it is now, without running anything.
 
-Run:   python benchmarks/transfer.py --out /tmp/transfer [--workers 1 2 3] [--steps 40] [--only tokenize ...]
+Run:   python benchmarks/transfer.py --out /tmp/transfer [--rounds 2] [--workers 1 2 3] [--steps 40] [--only tokenize ...]
 Score: python benchmarks/transfer.py --rescore /tmp/transfer
 
 Needs at least ``--plan-cores`` CPUs in this process's affinity (2 by default, as on the development machine).
@@ -132,10 +134,16 @@ def measure(args: argparse.Namespace) -> dict:
         for direction, source, target in (("up", small, large), ("down", large, small)):
             if direction not in args.directions:
                 continue
-            entry = {"recorded": record(out / "store", command, args.steps, None, source, out / "s.json"),
-                     "measured": {}}
-            for w in args.workers:
-                entry["measured"][str(w)] = record(out / "store", command, args.steps, w, target, out / "s.json")
+            rounds = []
+            for r in range(args.rounds):
+                # each round records its own baseline and runs the planned configurations after it, in the
+                # other order every second round, so that the machine's drift does not favour one worker count
+                recorded = record(out / "store", command, args.steps, None, source, out / "s.json")
+                measured = {}
+                for w in (args.workers if r % 2 == 0 else list(reversed(args.workers))):
+                    measured[str(w)] = record(out / "store", command, args.steps, w, target, out / "s.json")
+                rounds.append({"recorded": recorded, "measured": measured})
+            entry: dict = {"rounds": rounds}
             if args.again:  # the baseline once more, after: the machine's drift over the scenario shows, and halves
                 entry["recorded_again"] = record(out / "store", command, args.steps, None, source, out / "s.json")
             results[f"{name} [{direction}: {len(source)}->{len(target)} cores]"] = entry
@@ -144,35 +152,60 @@ def measure(args: argparse.Namespace) -> dict:
     return results
 
 
+def _rounds(entry: dict) -> list[dict]:
+    """An entry's rounds, each with the baseline after it (the next round's, or the one run again at the end):
+    results saved before ``--rounds`` hold one round at the top level."""
+    rounds = entry.get("rounds") or [{"recorded": entry["recorded"], "measured": entry["measured"]}]
+    afters = [r["recorded"] for r in rounds[1:]] + [entry.get("recorded_again")]
+    return [{**r, "after": after} for r, after in zip(rounds, afters)]
+
+
 def rescore(results: dict) -> int:
+    """Plan each round's recording for each measured configuration and compare. With several rounds, the
+    prediction is the median of the rounds' predictions and the measured speedup the median of theirs: one
+    40-step run on a shared VM can be 15-40% off the next of the same configuration."""
     errors: dict[str, list[float]] = {"up": [], "down": []}
     drifts: list[float] = []
-    print("| scenario | recorded | planned | predicted | measured | error | planned samples/s | measured samples/s |")
-    print("|---|---|---|--:|--:|--:|--:|--:|")
+    print("| scenario | recorded | planned | predicted | measured | error | rounds measured | planned samples/s "
+          "| measured samples/s |")
+    print("|---|---|---|--:|--:|--:|---|--:|--:|")
     for name, entry in results.items():
-        rec = entry["recorded"]
-        session = Session.load(rec["session"])
-        analysis = analyze(session)
-        model = analysis.capacity.model if analysis.capacity else None
-        if model is None or not analysis.steps.samples:
-            print(f"| {name} | (no model) | | | | | | |")
-            continue
         direction = "up" if "[up" in name else "down"
-        baseline = rec["samples_per_s"]
-        if "recorded_again" in entry:  # the geometric mean of the baseline before and after the planned runs
-            again = entry["recorded_again"]["samples_per_s"]
-            drifts.append(again / baseline - 1)
-            baseline = (baseline * again) ** 0.5
-        for w, run in entry["measured"].items():
-            plan = plan_run(session, cores=run["cores"], workers=int(w), analysis=analysis)
-            planned = plan.row(int(w)).samples_per_s
-            predicted = planned / model.rate()
-            measured = run["samples_per_s"] / baseline
-            error = predicted / measured - 1
+        predicted: dict[str, list[float]] = {}
+        measured: dict[str, list[float]] = {}
+        planned_rates: dict[str, list[float]] = {}
+        measured_rates: dict[str, list[float]] = {}
+        described = ""
+        for one in _rounds(entry):
+            rec = one["recorded"]
+            session = Session.load(rec["session"])
+            analysis = analyze(session)
+            model = analysis.capacity.model if analysis.capacity else None
+            if model is None or not analysis.steps.samples:
+                continue
+            described = f"{model.workers} w, {rec['cores']} cores"
+            baseline = rec["samples_per_s"]
+            if one["after"]:  # the geometric mean of the baseline before and after the planned runs
+                drifts.append(one["after"]["samples_per_s"] / baseline - 1)
+                baseline = (baseline * one["after"]["samples_per_s"]) ** 0.5
+            for w, run in one["measured"].items():
+                plan = plan_run(session, cores=run["cores"], workers=int(w), analysis=analysis)
+                planned = plan.row(int(w)).samples_per_s
+                predicted.setdefault(w, []).append(planned / model.rate())
+                measured.setdefault(w, []).append(run["samples_per_s"] / baseline)
+                planned_rates.setdefault(w, []).append(planned)
+                measured_rates.setdefault(w, []).append(run["samples_per_s"])
+        if not predicted:
+            print(f"| {name} | (no model) | | | | | | | |")
+            continue
+        for w in sorted(predicted, key=int):
+            cores = entry.get("rounds", [entry])[0]["measured"][w]["cores"]
+            p, m = statistics.median(predicted[w]), statistics.median(measured[w])
+            error = p / m - 1
             errors[direction].append(abs(error))
-            print(f"| {name.split(' [')[0]} | {model.workers} w, {rec['cores']} cores | {w} w, {run['cores']} cores "
-                  f"| {predicted:.2f}x | {measured:.2f}x | {100 * error:+.0f}% | {planned:.1f} "
-                  f"| {run['samples_per_s']:.1f} |")
+            print(f"| {name.split(' [')[0]} | {described} | {w} w, {cores} cores | {p:.2f}x | {m:.2f}x "
+                  f"| {100 * error:+.0f}% | {' '.join(f'{x:.2f}x' for x in measured[w])} "
+                  f"| {statistics.median(planned_rates[w]):.1f} | {statistics.median(measured_rates[w]):.1f} |")
     for direction, values in errors.items():
         if values:
             print(f"\n{direction}: median absolute error {100 * statistics.median(values):.0f}%, worst "
@@ -192,6 +225,9 @@ def main() -> int:
     p.add_argument("--plan-cores", type=int, default=2)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="record the baseline and run the planned configurations this many times, alternately; "
+                        "the medians are compared (default 2)")
     p.add_argument("--only", nargs="*", help=f"scenario names (prefixes) to run; '{GPU_SCENARIO}' only when named")
     p.add_argument("--directions", nargs="+", choices=["up", "down"], default=["up", "down"],
                    help="up: record on --record-cores, plan and measure on --plan-cores; down: the reverse")
