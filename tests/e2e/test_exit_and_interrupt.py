@@ -391,6 +391,20 @@ def test_output_piped_into_head_keeps_the_scripts_exit_code(tmp_path, stderr_too
     assert list((tmp_path / "store").glob("runs/*/session.json")), "the session is saved all the same"
 
 
+def test_a_failure_said_into_a_closed_pipe_keeps_its_exit_code(tmp_path):
+    """``stallscope run -- ./missing 2>&1 | head -0``: the reader is gone before the error is said. A closed pipe
+    means "the reader had what it wanted" for standard output only; the failure's code is kept."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as head -0 does: gone before anything is written
+    try:
+        proc = subprocess.run([sys.executable, "-m", "stallscope", "run", "--store", str(tmp_path / "store"), "--",
+                               str(tmp_path / "missing")], stdout=write_end, stderr=write_end, cwd=tmp_path,
+                              timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 2
+
+
 @pytest.mark.parametrize("verb", [["report"], ["report", "--json", "-"], ["history"], ["doctor"]])
 def test_a_verb_whose_reader_stops_early_exits_0_without_a_word(tmp_path, verb):
     """``stallscope report | head -1``: the reader had what it wanted. rich's own answer was exit code 1, no word

@@ -68,6 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     modules are still importing) is ``interrupted`` with exit code 130, and an error stallscope did not expect
     is one line naming the file that holds its traceback (``STALLSCOPE_DEBUG=1`` shows it instead)."""
     _tolerant_output()
+    real_stderr = sys.stderr
+    sys.stderr = _StderrWithoutReader(real_stderr)  # type: ignore[assignment]
+    try:
+        return _main(argv)
+    finally:
+        sys.stderr = real_stderr
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args_list = _module_arguments_are_the_modules(list(argv) if argv is not None else sys.argv[1:])
         parser = build_parser(_verb_in(args_list))
@@ -138,6 +147,41 @@ class _ReaderGone(BrokenPipeError):
     """The reader of the output went away (``stallscope report | head``): what it read was all it wanted. A
     ``BrokenPipeError``, so that what already handles a closed pipe (a run's summary on standard error, which
     must not cost the script's exit code) handles this one too."""
+
+
+class _StderrWithoutReader:
+    """Standard error whose reader may be gone (``2>&1 | head``): what cannot be written there is dropped, so
+    that a verb goes on to its own exit code. ``stallscope run -- ./missing 2>&1 | head -0`` ends with 2, the
+    code of the command it could not start, not with the 0 of a reader that had what it wanted (which is for
+    standard output only). Everything else is the stream's own."""
+
+    def __init__(self, stream: object) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)  # type: ignore[attr-defined]
+        except BrokenPipeError:
+            self._point_at_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()  # type: ignore[attr-defined]
+        except BrokenPipeError:
+            self._point_at_devnull()
+
+    def _point_at_devnull(self) -> None:
+        """Later writes, and what the stream still holds, go to /dev/null (Python's flush at exit too)."""
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # type: ignore[attr-defined]
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
 
 
 def _reader_went_away() -> int:
