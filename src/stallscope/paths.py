@@ -27,6 +27,14 @@ def store_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     return (Path.cwd() / DEFAULT_STORE_DIRNAME).resolve()
 
 
+def store_is_a_file(store: Path) -> str | None:
+    """What to say where ``--store`` (or ``$STALLSCOPE_HOME``) names a file: read as a store, it holds no run."""
+    if store.exists() and not store.is_dir():
+        return (f"the store {store} is a file, not a folder: give --store (or $STALLSCOPE_HOME) the folder the runs "
+                "were recorded into")
+    return None
+
+
 def runs_dir(store: Path) -> Path:
     return store / "runs"
 
@@ -72,9 +80,8 @@ def resolve_run(ref: str, store: Path) -> Path:
     if candidate.is_dir() and (candidate / "run.json").is_file():
         return candidate
     base = runs_dir(store)
-    if store.exists() and not store.is_dir():
-        raise FileNotFoundError(f"the store {store} is a file, not a folder: give --store (or $STALLSCOPE_HOME) the "
-                                "folder the runs were recorded into")
+    if problem := store_is_a_file(store):
+        raise FileNotFoundError(problem)
     if base.is_dir():
         try:
             os.listdir(base)  # glob() takes a folder it cannot list for an empty one

@@ -71,6 +71,31 @@ def test_an_unknown_option_is_said_by_the_verbs_parser(capsys):
     assert done.value.code == 2 and "usage: stallscope history" in err and "unrecognized arguments: --nosuch" in err
 
 
+@pytest.mark.parametrize("verb", ["run", "demo", "report", "history", "compare", "export", "merge", "plan", "tune",
+                                  "bench"])
+def test_an_empty_store_is_a_usage_error_not_the_default_store(verb, capsys):
+    """``--store "$UNSET"`` must not read or write ./.stallscope without a word."""
+    with pytest.raises(SystemExit) as done:
+        main.main([verb, "--store", " "])
+    assert done.value.code == 2 and "--store: needs a folder's name, not an empty one" in capsys.readouterr().err
+
+
+def test_standard_error_whose_reader_is_gone_takes_writes_without_raising():
+    """What stallscope says on standard error into a closed pipe is dropped, so that the verb keeps its own exit
+    code; the stream's other attributes are its own."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stream = open(write_end, "w", buffering=1, closefd=True)  # noqa: SIM115 - closed below
+    try:
+        wrapped = main._StderrWithoutReader(stream)
+        assert wrapped.write("said to nobody\n") == len("said to nobody\n")
+        wrapped.flush()
+        assert wrapped.write("and again\n") == len("and again\n")  # the descriptor is /dev/null now
+        assert wrapped.fileno() == write_end and wrapped.isatty() is False
+    finally:
+        stream.close()
+
+
 @pytest.mark.parametrize("verb", ["run", "demo"])
 def test_q_is_the_short_form_of_quiet(verb):
     parser = main.build_parser(verb)

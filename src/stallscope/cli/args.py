@@ -28,6 +28,14 @@ def at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
     return parse
 
 
+def folder(text: str) -> str:
+    """An argparse ``type`` for ``--store DIR``: an empty name (``--store ""``, ``--store "$UNSET"``) is refused
+    rather than taken for no option at all, which would read or write ``./.stallscope`` without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a folder's name, not an empty one")
+    return text
+
+
 def output_error(outputs: list[str | None], store: str | None, source: Path | None = None,
                  dash_is_stdout: bool = False) -> str | None:
     """Why one of the ``outputs`` paths must not be written, if one must not: it would overwrite a store's own

@@ -10,7 +10,7 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
-from stallscope.cli.args import output_error
+from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.render.bench import render, render_race
@@ -45,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-normal", action="store_true", help="skip the normal run")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is killed")
     p.add_argument("--json", metavar="PATH", help="write the result as JSON here")
-    p.add_argument("--store", metavar="DIR", help="where sessions and bench folders are saved")
+    p.add_argument("--store", metavar="DIR", type=folder, help="where sessions and bench folders are saved")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command: python train.py ARGS")
     p.set_defaults(handler=handle)
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from stallscope import api, paths
 from stallscope.api import LaunchError, RunResult
-from stallscope.cli.args import output_error
+from stallscope.cli.args import folder, output_error
 from stallscope.render import terminal
 from stallscope.render.summary import write_summary
 from stallscope.settings import OverrideError, parse_overrides
@@ -66,7 +66,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                         "also sharing_strategy (how workers pass tensors) and torch_threads (the training "
                         "process's intra-op threads, torch.set_num_threads)")
     p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
-    p.add_argument("--store", metavar="DIR", help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder, help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="do not print the summary, nor the status line shown under the script's output while it runs")
     p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from stallscope.analysis import analyze
+from stallscope.cli.args import folder
 from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.render.summary import summary_dict
@@ -45,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", "--log-dir", dest="log_dir", metavar="DIR",
                    help="TensorBoard log folder (default: the script's SummaryWriter folder, else "
                         "./runs/stallscope/RUN_ID)")
-    p.add_argument("--store", metavar="DIR", help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder, help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.set_defaults(handler=handle)
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from stallscope import paths
 from stallscope.analysis import analyze
-from stallscope.cli.args import output_error
+from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.merge import merge_sessions
@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", help="sessions: session.json paths, run directories or run ids")
     p.add_argument("-o", "--output", required=True, metavar="PATH", help="where to save the merged session")
     p.add_argument("--json", metavar="PATH", help="write the merged run's summary JSON here")
-    p.add_argument("--store", metavar="DIR", help="the store run ids are looked up in")
+    p.add_argument("--store", metavar="DIR", type=folder, help="the store run ids are looked up in")
     p.add_argument("--quiet", action="store_true", help="do not print the summary")
     p.set_defaults(handler=handle)
 

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from stallscope.analysis.plan import NothingToPlan, PlanError, plan_dict, plan_run
-from stallscope.cli.args import output_error
+from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.constants import PLAN_SCHEMA
@@ -47,7 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="samples/s the whole job's compute could take on the target (all GPUs together)")
     p.add_argument("--workers", type=int, metavar="W", help="also show the prediction for W workers per process")
     p.add_argument("--json", metavar="PATH", help="write the plan (schema stallscope.plan/1) here; '-' for stdout")
-    p.add_argument("--store", metavar="DIR", help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder, help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.set_defaults(handler=handle)
 
 

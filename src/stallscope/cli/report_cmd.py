@@ -15,7 +15,7 @@ from rich.console import Console
 from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.api import record_history
-from stallscope.cli.args import output_error
+from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import HISTORY_REBUILD_HINT, load_error
 from stallscope.collect import recover_session
 from stallscope.launcher import save_session
@@ -42,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--speedscope", metavar="PATH",
                    help="write the Python stacks sampled during the training loader's fetches as a speedscope file "
                         "here (one profile per stage, the limiting one first; open in https://www.speedscope.app)")
-    p.add_argument("--store", metavar="DIR", help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder, help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.set_defaults(handler=handle)
 
 

@@ -10,7 +10,7 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
-from stallscope.cli.args import output_error
+from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.paths import write_file
@@ -61,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--confirm-rounds", type=int, default=1, metavar="N",
                    help="pairs of confirmation runs (winner and original, alternating; default 1)")
     p.add_argument("--json", metavar="PATH", help="write the result (schema stallscope.tune/1) here")
-    p.add_argument("--store", metavar="DIR", help="where sessions and trial folders are saved")
+    p.add_argument("--store", metavar="DIR", type=folder, help="where sessions and trial folders are saved")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command: python train.py ARGS")
     p.set_defaults(handler=handle)
 

@@ -181,10 +181,8 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
 def _connect(store_dir: str | os.PathLike[str], create: bool) -> Iterator[sqlite3.Connection]:
     path = history_path(store_dir)
     if not create and not path.is_file():
-        folder = Path(store_dir)
-        if folder.exists() and not folder.is_dir():  # --store or $STALLSCOPE_HOME naming a file
-            raise HistoryError(f"the store {folder} is a file, not a folder: give --store (or $STALLSCOPE_HOME) "
-                               "the folder the runs were recorded into")
+        if problem := paths.store_is_a_file(Path(store_dir)):
+            raise HistoryError(problem)
         if path.is_dir():
             raise _a_folder(path)
         raise HistoryError(f"no run history at {path} (record a run with: stallscope run -- python train.py)")
