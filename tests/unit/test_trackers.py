@@ -123,6 +123,12 @@ def test_a_file_in_the_way_of_a_trackers_folder_is_said_in_words(tmp_path):
         else:
             raise AssertionError(f"no {exc_type.__name__}")
     assert failure_line(ValueError("bad\nsecond")) == "ValueError: bad"
+    uri = "http://tracking.example:5000/" + "x" * 40
+    message = f"Could not reach {uri} because " + "the server said no, " * 30
+    long = failure_line(ValueError(message))
+    kept = long.removeprefix("ValueError: ").removesuffix(" …")
+    assert long.endswith(" …") and message.startswith(kept) and message[len(kept)] in " ,"  # cut between words
+    assert uri in kept and len(long) < 330
 
 
 def test_an_export_keeps_the_tracebacks_of_the_threads_it_starts_and_no_others():

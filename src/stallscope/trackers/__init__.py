@@ -137,7 +137,16 @@ def failure_line(exc: BaseException) -> str:
     if isinstance(exc, (FileExistsError, NotADirectoryError)) and exc.filename:
         return f"{exc.filename} (or a folder above it) is a file, where a folder is needed"
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else repr(exc)}"
+    return f"{type(exc).__name__}: {_shortened(text.splitlines()[0]) if text else repr(exc)}"
+
+
+def _shortened(line: str, most: int = 300) -> str:
+    """``line`` cut to about ``most`` characters at a space, marked as cut: a URL or path in it stays whole
+    where it ends before the cut (MLflow's message for a bad tracking URI quotes the URI, then pages of advice)."""
+    if len(line) <= most:
+        return line
+    space = line.rfind(" ", 0, most)
+    return f"{line[:space if space > most // 2 else most].rstrip(' ,;:')} …"
 
 
 def _stderr(message: str) -> None:
