@@ -95,3 +95,18 @@ def test_markdown_table_with_three_runs():
 def test_compare_needs_two_runs():
     with pytest.raises(ValueError):
         compare([make_row("a", noisy(40))])
+
+
+def test_a_typical_step_that_stays_while_the_slow_steps_change_is_said():
+    """Uneven steps: every fourth step of the baseline is slow (a worker's batch); the candidate's are even at the
+    same typical step. The median does not move, the throughput does: the report says why they disagree."""
+    base = [40.0 if i % 4 else 200.0 for i in range(60)]
+    even = [41.0] * 60
+    result = compare([make_row("a", base), make_row("b", even)])
+    assert result.row("step_median_s").deltas[1].verdict == "noise"
+    assert result.row("steps_per_s").deltas[1].verdict == "real"
+    assert result.typical_and_total_disagree() == [1]
+    assert "for B, the median step and the throughput disagree" in render_compare(result)
+    agreeing = compare([make_row("a", noisy(40, seed=1)), make_row("b", noisy(20, seed=2))])
+    assert agreeing.typical_and_total_disagree() == []
+    assert "disagree" not in render_compare(agreeing)

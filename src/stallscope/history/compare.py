@@ -110,6 +110,25 @@ class Comparison:
     def row(self, key: str) -> MetricComparison:
         return next(r for r in self.rows if r.metric.key == key)
 
+    def typical_and_total_disagree(self) -> list[int]:
+        """The runs (by index) whose median step and throughput tell different stories: one beyond noise and the
+        other not, or both beyond it in opposite directions. Where steps are uneven (slow epoch starts, a slow
+        batch in every few) the typical step can stay put while the time moves into the others; throughput
+        counts every step."""
+        try:
+            median, total = self.row("step_median_s"), self.row("steps_per_s")
+        except StopIteration:
+            return []
+        disagree = []
+        for i, (m, t) in enumerate(zip(median.deltas, total.deltas)):
+            if m is None or t is None or "untested" in (m.verdict, t.verdict):
+                continue
+            faster_steps = (m.relative or 0) < 0  # a shorter median step is the faster direction
+            more_throughput = (t.relative or 0) > 0
+            if m.verdict != t.verdict or (m.verdict == "real" and faster_steps != more_throughput):
+                disagree.append(i)
+        return disagree
+
 
 def step_sample(run: RunRow) -> list[tuple[int, int, int | None]]:
     detail = run.step_detail

@@ -106,6 +106,11 @@ def render_compare(comparison: Comparison) -> str:
             cells += [format_value(metric, value), format_delta(metric, delta)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines.append("")
+    for i in comparison.typical_and_total_disagree():
+        lines.append(f"> Note: for {labels[i]}, the median step and the throughput disagree: the steps are uneven "
+                     "(slow epoch starts, a slow batch every few steps), and the time moved between the typical "
+                     "step and the others. Throughput counts every step: it is what the training's length follows.")
+        lines.append("")
     fingerprints = {r.env_fingerprint for r in runs}
     if len(fingerprints) > 1:
         lines.append("> Note: the runs' environments differ (machine, Python or library versions); "
