@@ -27,6 +27,16 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-02 (session 17, the first run with rounds, the model of session 16), nothing else running, defaults
+(--rounds 2), about 40 min, ``--out /tmp/transfer17``: 1 -> 2 cores median absolute error 7%, worst 63%; 2 -> 1 cores median
+8%, worst 31%; the baselines moved by median 8% (-31% to +60%). Within 20% both ways: large JPEGs (-9..+4%), heavy model
+(-7..+4%); slow storage but 3 workers on 1 core (2.93x planned, 2.43x measured in both rounds: +21%); starved up
+(+2..+9%) but down +15..+21%; tokenize but 2 workers on 1 core (-29%: rounds 1.01x and 1.40x). Outside in both
+directions, and in every round: the 2-thread compute, up +33..+63% (one worker beside it on 2 cores measured 0.91x of
+its 1-core rate without workers, planned 1.20x: a 1-core recording cannot show the second thread's spinning, which
+takes the worker's core on 2), down -22..-31% (its 2-core recording counts the second thread's spinning during the
+in-process loading as the training process's CPU, which on 1 core mostly yields).
+
 Measured 2026-12-02 (session 15: each CPU second priced at the load of the configuration, 6b025d9), nothing else
 running, defaults, 14 min, ``--out /tmp/transfer15``: 1 -> 2 cores median absolute error 12%, worst 56%; 2 -> 1 cores
 median 13%, worst 52%; the repeated baseline moved by median 4% (-5% to +13%). The same runs re-planned by the

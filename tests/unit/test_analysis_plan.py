@@ -240,3 +240,30 @@ def test_where_taking_batches_caps_the_rate_the_plan_says_so():
     plan_render.render(plan, "RUN", Console(file=out, width=200))
     assert ("beyond its compute, the training process spends 0.050 ms per sample taking batches from the workers: "
             f"no worker count takes it past {top.samples_per_s:,.1f} samples/s") in out.getvalue()
+
+
+def test_threads_a_one_core_recording_could_not_show_spread_over_the_targets_cores():
+    """2 intra-op threads recorded on 1 CPU kept 1 busy; on 4 they keep 2 busy, in half the time at best."""
+    model = recorded(usable_cpus=1.0, main_occupancy=1.0, compute_threads=2, compute_per_sample_s=0.002,
+                     main_cpu_per_sample_s=0.002)
+    moved, notes = target_model(model, Target(cores=4), samples_per_step=16)
+    assert moved.main_occupancy == pytest.approx(2.0) and moved.compute_per_sample_s == pytest.approx(0.001)
+    assert moved.main_cpu_per_sample_s == pytest.approx(0.002)
+    assert any("2 intra-op threads, recorded on 1 CPU(s)" in n and "at best 2.00x" in n for n in notes)
+    given, _ = target_model(model, Target(cores=4, step_s=0.016), samples_per_step=16)  # the target's own figure
+    assert given.main_occupancy == pytest.approx(1.0) and given.compute_per_sample_s == pytest.approx(0.001)
+
+
+def test_threads_that_outnumber_the_targets_cores_do_not_spin_so_only_their_work_is_cpu():
+    """Recorded on 2 CPUs, 2 threads spun while the process loaded its own batches: 6 ms of CPU per sample for
+    1 ms of compute on 2 cores. On 1 core (more threads than CPUs) OpenMP hardly spins: 2 ms, the compute's work."""
+    model = recorded(usable_cpus=2.0, main_occupancy=2.0, compute_threads=2, compute_per_sample_s=0.001,
+                     main_cpu_per_sample_s=0.006)
+    moved, notes = target_model(model, Target(cores=1), samples_per_step=16)
+    assert moved.main_cpu_per_sample_s == pytest.approx(0.002) and moved.main_occupancy == pytest.approx(1.0)
+    assert any("do not spin" in n for n in notes)
+    same, _ = target_model(model, Target(cores=2), samples_per_step=16)  # as many CPUs as threads: they spin
+    assert same.main_cpu_per_sample_s == pytest.approx(0.006) and same.main_occupancy == pytest.approx(2.0)
+    one_thread, _ = target_model(recorded(usable_cpus=1.0, compute_threads=1), Target(cores=4), samples_per_step=16)
+    assert one_thread.main_occupancy == pytest.approx(1.0)
+    assert one_thread.compute_per_sample_s == pytest.approx(0.001)
