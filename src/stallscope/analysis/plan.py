@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -231,9 +230,10 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         occupancy = min(model.main_occupancy, cores)
         ratio = compute / model.compute_per_sample_s if model.compute_per_sample_s > 0 else 1.0
         main_cpu = model.main_cpu_per_sample_s * ratio
-        threaded = _intra_op_threads(model, cores, given=target.step_s is not None or target.samples_per_s is not None)
+        threaded = _threads_on_target(model, cores, compute, main_cpu,
+                                      given=target.step_s is not None or target.samples_per_s is not None)
         if threaded is not None:
-            occupancy, compute, main_cpu, said = threaded(compute, main_cpu)
+            occupancy, compute, main_cpu, said = threaded
             notes.append(said)
         else:
             notes.append(f"no GPU: {target.processes} training process(es) computing on the CPU, each keeping "
@@ -272,54 +272,44 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
     return moved, notes
 
 
-#: What a target does to the training process's threads: (compute, main CPU per sample) to (occupancy, compute,
-#: main CPU per sample, the assumption in words).
-ThreadsMove = Callable[[float, float], tuple[float, float, float, str]]
-
-
-def _intra_op_threads(model: ThroughputModel, cores: float, given: bool) -> ThreadsMove | None:
-    """Where the training process's intra-op threads meet the target's cores differently than the recorded ones.
+def _threads_on_target(model: ThroughputModel, cores: float, compute: float, main_cpu: float,
+                       given: bool) -> tuple[float, float, float, str] | None:
+    """Where the training process's intra-op threads meet the target's cores differently than the recorded ones:
+    its occupancy, compute and CPU per sample there, and the assumption in words.
 
     OpenMP's threads (libgomp, which torch's wheels use) wait for the next parallel region by spinning while the
     process has no more threads than the CPUs it may use, and hardly at all once it has more. So:
 
-    - recorded with fewer CPUs than threads (``--set`` nothing, a 1-core container), the compute kept only those
-      CPUs busy; on a target with more, its threads take up to one CPU each while it computes, in less time
-      (no more than the parallel speed-up the threads allow, taken as ideal), and workers beside them hold them
-      back (``ThroughputModel.shared_cores_rate``);
+    - recorded with fewer CPUs than threads (a 1-core container), the compute kept only those CPUs busy; on a
+      target with more, its threads take up to one CPU each while it computes, in less time (no more than the
+      parallel speed-up the threads allow, taken as ideal), and workers beside them hold them back
+      (``ThroughputModel.shared_cores_rate``);
     - recorded with at least as many CPUs as threads, the threads spun: the training process's CPU counts them
       spinning while it computed and while it loaded batches itself. On a target with fewer CPUs than threads
       they do not spin, so its CPU is only the compute's work, which is at most the recorded compute time on
       each CPU it kept busy.
 
-    None where neither holds (one thread, threads not recorded, a compute on the GPU)."""
+    None where neither holds (one thread, threads not recorded, a compute on the GPU). ``compute`` and ``main_cpu``:
+    the target's so far; ``given``: the compute time is the target's own figure, which no thread count changes."""
     threads = model.compute_threads
     if not model.compute_on_cpu or not threads or threads <= 1:
         return None
     recorded_cpus = model.usable_cpus
     if recorded_cpus < threads - 0.5 and cores > recorded_cpus + 0.5 and not given:
         spread = min(float(threads), cores)
-
-        def spread_out(compute: float, main_cpu: float) -> tuple[float, float, float, str]:
-            held = max(model.main_occupancy, 1.0)
-            return (spread, compute * held / spread, main_cpu,
-                    f"no GPU: the training process computes on {threads} intra-op threads, recorded on "
-                    f"{recorded_cpus:.3g} CPU(s): on {cores:g} they keep up to {spread:g} core(s) busy while it "
-                    f"computes, at best {spread / held:.2f}x as fast (ideal parallel speed-up, not measured); "
-                    "workers beside them hold it back to one core's speed at best, and threads that spin waiting "
-                    "for work take cores from the workers (not priced): with workers, fewer threads "
-                    "(torch.set_num_threads) leave them the cores")
-        return spread_out
+        held = max(model.main_occupancy, 1.0)
+        return (spread, compute * held / spread, main_cpu,
+                f"no GPU: the training process computes on {threads} intra-op threads, recorded on "
+                f"{recorded_cpus:.3g} CPU(s): on {cores:g} they keep up to {spread:g} core(s) busy while it computes, "
+                f"at best {spread / held:.2f}x as fast (ideal parallel speed-up, not measured); workers beside them "
+                "hold it back to one core's speed at best, and threads that spin waiting for work take cores from "
+                "the workers (not priced): with workers, fewer threads (torch.set_num_threads) leave them the cores")
     if recorded_cpus >= threads - 0.5 and cores < threads - 0.5:
-        def no_spin(compute: float, main_cpu: float) -> tuple[float, float, float, str]:
-            occupancy = min(model.main_occupancy, cores)
-            work = compute * model.main_occupancy + model.receive_cpu_s()
-            return (occupancy, compute, min(main_cpu, work),
-                    f"no GPU: the training process computes on {threads} intra-op threads, more than the "
-                    f"{cores:g} core(s) it has there: they do not spin waiting for work as they did on the "
-                    f"recorded {recorded_cpus:.3g}, so its CPU is its compute's ({_ms(min(main_cpu, work))} per "
-                    f"sample, recorded {_ms(main_cpu)})")
-        return no_spin
+        work = min(main_cpu, compute * model.main_occupancy + model.receive_cpu_s())
+        return (min(model.main_occupancy, cores), compute, work,
+                f"no GPU: the training process computes on {threads} intra-op threads, more than the {cores:g} "
+                f"core(s) it has there: they do not spin waiting for work as they did on the recorded "
+                f"{recorded_cpus:.3g}, so its CPU is its compute's ({_ms(work)} per sample, recorded {_ms(main_cpu)})")
     return None
 
 
