@@ -115,18 +115,28 @@ def scenario_pool(wanted: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
     return pool
 
 
-def record(store: Path, command: list[str], steps: int, workers: int | None, cpus: list[int], out: Path) -> dict:
+def record(store: Path, command: list[str], steps: int, workers: int | None, cpus: list[int], out: Path,
+           threads: int | None = None) -> dict:
     args = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(store), "--json", str(out),
             "--steps", str(steps)]
     if workers is not None:
         args += ["--set", f"num_workers={workers}"]
+    if threads is not None:
+        args += ["--set", f"torch_threads={threads}"]
     done = subprocess.run([*args, "--", *command], capture_output=True, text=True, check=False,
                           preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     if done.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{done.stderr[-2000:]}")
     summary = json.loads(out.read_text())
     return {"session": summary["session"], "samples_per_s": summary["throughput"]["samples_per_s"],
-            "cores": len(cpus), "workers": workers}
+            "cores": len(cpus), "workers": workers, "threads": threads}
+
+
+def planned_threads(recorded: dict, cores: int, workers: int) -> int | None:
+    """The compute threads the plan gives ``workers`` on ``cores`` (None: as the script sets them): the planned
+    configuration is run as planned."""
+    row = plan_run(Session.load(recorded["session"]), cores=cores, workers=workers).row(workers)
+    return row.compute_threads if row else None
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -151,7 +161,8 @@ def measure(args: argparse.Namespace) -> dict:
                 recorded = record(out / "store", command, args.steps, None, source, out / "s.json")
                 measured = {}
                 for w in (args.workers if r % 2 == 0 else list(reversed(args.workers))):
-                    measured[str(w)] = record(out / "store", command, args.steps, w, target, out / "s.json")
+                    measured[str(w)] = record(out / "store", command, args.steps, w, target, out / "s.json",
+                                              planned_threads(recorded, len(target), w))
                 rounds.append({"recorded": recorded, "measured": measured})
             entry: dict = {"rounds": rounds}
             if args.again:  # the baseline once more, after: the machine's drift over the scenario shows, and halves
@@ -186,6 +197,7 @@ def rescore(results: dict) -> int:
         planned_rates: dict[str, list[float]] = {}
         measured_rates: dict[str, list[float]] = {}
         described = ""
+        mismatched: set[str] = set()
         for one in _rounds(entry):
             rec = one["recorded"]
             session = Session.load(rec["session"])
@@ -200,6 +212,8 @@ def rescore(results: dict) -> int:
                 baseline = (baseline * one["after"]["samples_per_s"]) ** 0.5
             for w, run in one["measured"].items():
                 plan = plan_run(session, cores=run["cores"], workers=int(w), analysis=analysis)
+                if plan.row(int(w)).compute_threads != run.get("threads"):
+                    mismatched.add(w)  # planned with other compute threads than it was run with
                 planned = plan.row(int(w)).samples_per_s
                 predicted.setdefault(w, []).append(planned / model.rate())
                 measured.setdefault(w, []).append(run["samples_per_s"] / baseline)
@@ -212,8 +226,14 @@ def rescore(results: dict) -> int:
             cores = entry.get("rounds", [entry])[0]["measured"][w]["cores"]
             p, m = statistics.median(predicted[w]), statistics.median(measured[w])
             error = p / m - 1
+            threads = entry.get("rounds", [entry])[0]["measured"][w].get("threads")
+            planned_as = f"{w} w{f' {threads} t' if threads else ''}, {cores} cores"
+            if w in mismatched:  # not the configuration the plan now gives: shown, not scored
+                print(f"| {name.split(' [')[0]} | {described} | {planned_as} (the plan now cuts the threads "
+                      f"otherwise) | {p:.2f}x | {m:.2f}x | (not scored) | | | |")
+                continue
             errors[direction].append(abs(error))
-            print(f"| {name.split(' [')[0]} | {described} | {w} w, {cores} cores | {p:.2f}x | {m:.2f}x "
+            print(f"| {name.split(' [')[0]} | {described} | {planned_as} | {p:.2f}x | {m:.2f}x "
                   f"| {100 * error:+.0f}% | {' '.join(f'{x:.2f}x' for x in measured[w])} "
                   f"| {statistics.median(planned_rates[w]):.1f} | {statistics.median(measured_rates[w]):.1f} |")
     for direction, values in errors.items():

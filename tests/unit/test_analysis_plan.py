@@ -100,7 +100,8 @@ def test_the_plan_document():
     # 750/s x (4 ms in workers + 1 ms of the training process) = 3.75 cores
     assert doc["at_workers"] == {"workers": 3, "samples_per_s": 750.0, "total_samples_per_s": 1500.0,
                                  "data_wait_fraction": 0.25, "cores_wanted": 3.75,
-                                 "cpu_second_cost": 1.0}  # a hand-built model: no recorded load to price against
+                                 "cpu_second_cost": 1.0,  # a hand-built model: no recorded load to price against
+                                 "compute_threads": None}  # the compute is on the GPU: no threads to cut
     assert doc["workers_needed_per_process"] is None and doc["limit"] == "cores"
     assert len(doc["rows"]) == 7 and doc["assumptions"]
 
@@ -267,3 +268,40 @@ def test_threads_that_outnumber_the_targets_cores_do_not_spin_so_only_their_work
     one_thread, _ = target_model(recorded(usable_cpus=1.0, compute_threads=1), Target(cores=4), samples_per_step=16)
     assert one_thread.main_occupancy == pytest.approx(1.0)
     assert one_thread.compute_per_sample_s == pytest.approx(0.001)
+
+
+def test_a_threaded_cpu_compute_is_planned_beside_workers_with_its_threads_cut_to_the_cores_they_leave():
+    """4 threads kept 4 of 4 cores busy for 1 ms per sample; transform 4 ms of CPU. Beside 1 worker the compute keeps
+    3 threads (the worker holds one core), beside 3 or more it keeps 1; with 0 workers it keeps its 4."""
+    from stallscope.analysis.plan import split_threads
+
+    model = recorded(usable_cpus=4.0, main_occupancy=4.0, compute_threads=4, main_cpu_per_sample_s=0.004)
+    moved, _ = target_model(model, Target(cores=4), samples_per_step=16)
+    assert [split_threads(moved, w) for w in range(5)] == [None, 3, 2, 1, 1]
+    plan = project(model, Target(cores=4), samples_per_step=16)
+    assert [r.compute_threads for r in plan.rows[:5]] == [None, 3, 2, 1, 1]
+    # 3 threads for 4/3 ms per sample (4 ms of CPU over 3 cores), 1 worker: 4 ms per sample, the worker's pace
+    assert plan.row(1).samples_per_s == pytest.approx(250.0)
+    assert plan.row(1).to_dict()["compute_threads"] == 3
+    # cores enough for all: 8 cores leave 4 for the workers, nothing is cut up to 4 workers
+    wide = project(model, Target(cores=8), samples_per_step=16)
+    assert [r.compute_threads for r in wide.rows[:5]] == [None] * 5 and wide.row(5).compute_threads == 3
+    single = recorded(usable_cpus=4.0, main_occupancy=1.0, compute_threads=1)  # one thread: nothing to cut
+    single_plan = project(single, Target(cores=2), samples_per_step=16)
+    assert all(r.compute_threads is None for r in single_plan.rows)
+
+    import io
+
+    from rich.console import Console
+
+    from stallscope.render import plan as plan_render
+
+    out = io.StringIO()
+    plan_render.render(plan, "RUN", Console(file=out, width=200))
+    said = out.getvalue()
+    assert "compute threads" in said and "torch.set_num_threads(N)" in said
+    zero_row = next(line for line in said.splitlines() if line.strip().startswith("0 "))
+    assert zero_row.split()[-1] == "4"  # the recorded threads, where nothing is cut
+    out = io.StringIO()
+    plan_render.render(single_plan, "RUN", Console(file=out, width=200))
+    assert "compute threads" not in out.getvalue()  # no column where no row cuts them

@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stallscope.analysis.capacity import ALL_CORES_BUSY_COST, CPU_STAGES, SMT_YIELD, TIME_SHARING_COST, ThroughputModel
+from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, CPU_STAGES, SMT_YIELD, THREADED_OCCUPANCY,
+                                          TIME_SHARING_COST, ThroughputModel)
 
 if TYPE_CHECKING:
     from stallscope.analysis.findings import Analysis
@@ -104,12 +105,13 @@ class WorkerRow:
     data_wait_fraction: float
     cores_wanted: float  # per process: workers' CPU at this rate plus the training process's own
     cpu_second_cost: float = 1.0  # a CPU second at this row's load against the recorded run's (estimated)
+    compute_threads: int | None = None  # the compute's intra-op threads cut to this, where the row needs it
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | None]:
         return {"workers": self.workers, "samples_per_s": round(self.samples_per_s, 2),
                 "total_samples_per_s": round(self.total_samples_per_s, 2),
                 "data_wait_fraction": round(self.data_wait_fraction, 4), "cores_wanted": round(self.cores_wanted, 2),
-                "cpu_second_cost": round(self.cpu_second_cost, 3)}
+                "cpu_second_cost": round(self.cpu_second_cost, 3), "compute_threads": self.compute_threads}
 
 
 @dataclass(frozen=True)
@@ -155,10 +157,32 @@ def _ceiling(model: ThroughputModel, cores: float) -> int:
     return int(min(64, max(4 * cores, 8) if io_heavy else math.ceil(cores) + 2))
 
 
+def split_threads(model: ThroughputModel, workers: int, scale: dict[str, float] | None = None) -> int | None:
+    """The intra-op threads a CPU compute should keep beside ``workers`` busy workers, where its threads and the
+    workers would want more cores than there are: as many as the cores the workers leave, at least one. A compute
+    whose threads lose their cores to workers waits at every parallel region for the one that lost it; on the
+    2-core development machine such a compute ran 3-6x slower per sample than on one thread alone, far past the
+    model's one-core bound, so a row with workers is planned with the threads cut (``--set torch_threads``). None
+    where nothing needs cutting: a compute on the GPU, one thread, threads not recorded, cores enough for all."""
+    if workers <= 0 or not model.compute_on_cpu or not model.compute_threads:
+        return None
+    if model.main_occupancy <= THREADED_OCCUPANCY:
+        return None
+    cpu, blocked = model.costs(scale, workers)
+    wanted = workers * (cpu / (cpu + blocked) if cpu + blocked > 0 else 0.0)  # the cores the workers keep busy
+    if model.core_capacity(model.main_occupancy + wanted) >= model.main_occupancy + wanted:
+        return None  # a core each
+    threads = max(1, math.floor(model.usable_cpus - wanted + 1e-9))
+    return threads if threads < model.main_occupancy else None
+
+
 def _rows(model: ThroughputModel, processes: int, ceiling: int,
           scale: dict[str, float] | None = None, only: int | None = None) -> list[WorkerRow]:
     rows = []
+    recorded = model
     for workers in ([only] if only is not None else range(ceiling + 1)):
+        threads = split_threads(recorded, workers, scale)
+        model = recorded.with_compute_threads(threads) if threads else recorded
         cost = model.cpu_second_cost(workers, scale)
         priced = model.at_load(workers, scale, cost)  # the costs as that many workers' load prices them
         rate = priced.rate(workers=workers, scale=scale)
@@ -170,7 +194,7 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
         else:
             wanted = min(rate * (cpu + priced.main_cpu_per_sample_s + priced.helper_cpu_per_sample_s),
                          workers + model.main_occupancy)
-        rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted, cost))
+        rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted, cost, threads))
     return rows
 
 
@@ -372,7 +396,7 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
     fixes = [] if needed is not None else _fixes(moved, target, ceiling, best, normalize_fraction)
     recorded = {"cpus_free": model.usable_cpus, "workers": model.workers,
                 "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
-                "compute_on_cpu": model.compute_on_cpu,
+                "compute_on_cpu": model.compute_on_cpu, "compute_threads": model.compute_threads,
                 "threads_per_core": round(model.threads_per_core, 3)}
     compute = moved.at_load(best.workers).compute_per_sample_s  # priced at the best row's load, as its rate is
     return Plan(target, recorded, 1.0 / compute, rows, needed, best.workers, limit, first, fixes, notes)

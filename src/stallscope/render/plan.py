@@ -49,24 +49,31 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
                   + (", compute on the CPU" if rec.get("compute_on_cpu") else ", compute on a GPU"))
     console.print(f"the compute could take {plan.compute_samples_per_s:,.1f} samples/s per process")
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for name in ("workers", "samples/s per process", "whole job", "data wait", "cores wanted"):
+    shown = [row for row in (plan.row(count) for count in _shown_rows(plan)) if row is not None]
+    cut = any(row.compute_threads for row in shown)
+    for name in ("workers", "samples/s per process", "whole job", "data wait", "cores wanted",
+                 *(("compute threads",) if cut else ())):
         table.add_column(name, justify="right")
     marks = {plan.best_workers: "best"}
     if plan.workers_needed is not None:
         marks[plan.workers_needed] = "best, fed" if plan.workers_needed == plan.best_workers else "fed"
     if t.workers is not None:
         marks[t.workers] = "asked"
-    for count in _shown_rows(plan):
-        row = plan.row(count)
-        if row is None:
-            continue
+    for row in shown:
+        count = row.workers
         style = "bold" if count in marks else ""
         label = f"{count} ({marks[count]})" if count in marks else str(count)
+        threads = (f"{row.compute_threads or rec.get('compute_threads') or '?'}",) if cut else ()
         table.add_row(label, f"{row.samples_per_s:,.1f}", f"{row.total_samples_per_s:,.1f}",
-                      f"{100 * row.data_wait_fraction:.1f}%", f"{row.cores_wanted:.2f}", style=style)
+                      f"{100 * row.data_wait_fraction:.1f}%", f"{row.cores_wanted:.2f}", *threads, style=style)
     console.print(table)
     console.print(f"[dim]best: the fewest workers within 2% of the highest rate; fed: the fewest that also wait at most "
                   f"{100 * FED_WAIT:.0f}% of the step for data[/]")
+    if cut:
+        console.print("[dim]compute threads: where the compute's intra-op threads and the workers would want more "
+                      "cores than there are, the row keeps only the threads the workers leave a core for "
+                      "(torch.set_num_threads(N) at the start of training, or --set torch_threads=N): threads that "
+                      "lose their core to a worker hold the compute back at every parallel region[/]")
     if plan.workers_needed == 0:
         console.print(f"[bold]each training process is fed without workers[/]: loading in it takes at most "
                       f"{100 * FED_WAIT:.0f}% of its step")
