@@ -6,6 +6,7 @@ in Python, a regex, a JSON parse, a blocking sleep, a NumPy sort) on a line mark
 
 from __future__ import annotations
 
+import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,6 +77,18 @@ def _check_planted(scenario: str, start_method: str, result: CliResult) -> None:
     if stage == "transform":
         dataset_code = next(r for r in summary["recommendations"] if r["id"] == "dataset-code")
         assert f"{function} (hotspot_job.py:{top['line']})" in dataset_code["change"]
+
+
+def test_persistent_workers_ended_at_the_jobs_exit_keep_their_batches_and_hotspots(tmp_path):
+    """``persistent_workers=True`` and a script that ends after its epoch: the workers are still alive, and
+    multiprocessing terminates them at exit under torch's own SIGTERM handler, which runs no Python. Every batch
+    they loaded is still in the session, and so are the sampled stacks of a run of a second."""
+    runs = _both_start_methods(tmp_path, ["--", sys.executable, str(SCRIPTS / "persistent_workers.py"), "START"])
+    for start_method, result in runs.items():
+        assert result.returncode == 0, (start_method, result.stderr[-3000:])
+        session = json.loads(Path(result.summary["session"]).read_text())
+        assert len(session["fetches"]) == len(session["sends"]) == 16, (start_method, len(session["fetches"]))
+        assert result.summary["hotspots"], (start_method, result.summary["notes"])
 
 
 def test_main_process_fetches_are_sampled_too(tmp_path):

@@ -155,6 +155,13 @@ def timed_fetch(original: Any) -> Any:
                 items = 1
             events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
                         rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, by_node, by_name, outcome, timed)
+            if ctx is worker_context:
+                # Written out with every batch, the sampled stacks too: a worker can end without running any
+                # Python (persistent workers are terminated by multiprocessing at the job's exit, and torch's own
+                # SIGTERM handler in the worker exits at once), and what it still held was lost: the last batches
+                # and every hotspot of a short run. One write per batch, beside a batch's milliseconds of loading.
+                stacks.emit_counts()
+                events.flush()
 
     fetch.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
     return fetch
