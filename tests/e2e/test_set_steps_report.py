@@ -112,3 +112,23 @@ def test_console_script_and_default_store(tmp_path):
     proc = subprocess.run([str(exe), "run", "--quiet", TINY], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(list((tmp_path / ".stallscope" / "runs").glob("*/session.json"))) == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_are_what_the_sampler_gave_when_the_collate_packs_a_batch_into_one_flat_tensor(tmp_path, workers):
+    """150 token sequences in batches of 16, packed end to end: the batch's first length is its tokens (20-59 per
+    sample). The samples are the sampler's: 150, not some 5,000 tokens."""
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "packed_tokens.py"), str(workers)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "samples 150" in result.stdout
+    assert result.summary["steps"] == 10 and result.summary["samples"] == 150, result.summary["samples"]
+
+
+def test_an_iterable_datasets_packed_batches_count_no_more_than_the_samples_asked_for(tmp_path):
+    """An iterable dataset: the sampler asks for 16 per batch, and the last batch of each worker's share ends early
+    (75 samples each: 4 batches of 16, then 11). What the sampler asked for bounds the count; the two short
+    batches are counted as asked (the batch itself tells only its tokens), so 150 to 160, never the tokens."""
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "packed_tokens.py"), "2", "iterable"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "samples 150" in result.stdout
+    assert result.summary["steps"] == 10 and 150 <= result.summary["samples"] <= 160, result.summary["samples"]

@@ -10,6 +10,7 @@ What the main process records per DataLoader:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import os
@@ -143,6 +144,18 @@ def batch_size_of(batch: Any, depth: int = 0) -> int | None:
     return None
 
 
+def _samples(iterator: Any, batch: Any) -> int | None:
+    """The samples in ``batch``: as many as the sampler gave for it, where it gave a list of indices; else (or
+    below that, for an iterable dataset, whose last batch can end early) the batch's first length."""
+    indexed = iterator._stallscope_last_indexed if iterator._num_workers == 0 else iterator._stallscope_indexed
+    counted = batch_size_of(batch)
+    if indexed is None:
+        return counted
+    if iterator._stallscope_iterable and counted is not None and counted < indexed:
+        return counted
+    return indexed
+
+
 class _IpcClock(threading.local):
     """Per thread: (wall, CPU) nanoseconds spent unpickling batches since the current ``__next__`` began."""
 
@@ -240,15 +253,35 @@ def patch_dataloader(module: Any) -> None:
             self._stallscope_iter = next(_iter_ids)
         self._stallscope_lid = getattr(loader, "_stallscope_id", -1)
         self._stallscope_epoch = 0
+        self._stallscope_iterable = _is_iterable_dataset(loader.dataset)
+        self._stallscope_sent = collections.deque()  # samples the sampler gave each batch sent to the workers
         original_base_init(self, loader)
 
     base_iter.__init__ = base_init
+
+    # Samples per batch, as the sampler gave them: a collate that packs a batch into one flat tensor (token ids of
+    # every sequence end to end) makes the batch's first length the tokens, not the samples.
+    base_iter._stallscope_indexed = None  # the samples of the batch a worker just handed over
+    base_iter._stallscope_last_indexed = None  # the samples of the last index list the sampler gave
+
+    original_next_index = base_iter._next_index
+
+    def _next_index(self: Any) -> Any:
+        index = original_next_index(self)
+        try:
+            self._stallscope_last_indexed = len(index)
+        except TypeError:  # one index (batch_size=None): the batch is what the dataset returned
+            self._stallscope_last_indexed = None
+        return index
+
+    base_iter._next_index = _next_index
 
     original_reset = base_iter._reset
 
     def _reset(self: Any, loader: Any, first_iter: bool = False) -> None:
         if not first_iter:
             self._stallscope_epoch += 1  # carried by this iterator's next/stop records
+        self._stallscope_sent.clear()  # a new epoch sends from its first batch again
         original_reset(self, loader, first_iter)
 
     base_iter._reset = _reset
@@ -319,7 +352,7 @@ def patch_dataloader(module: Any) -> None:
         _waiting = None
         t1 = _perf()
         events.emit("next", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, t0, t1,
-                    self._stallscope_worker, batch_size_of(data), ipc.ns, ipc.cpu_ns)
+                    self._stallscope_worker, _samples(self, data), ipc.ns, ipc.cpu_ns)
         if not self._stallscope_described:
             self._stallscope_described = True
             described = batches.describe_batch(data)
@@ -335,6 +368,10 @@ def patch_dataloader(module: Any) -> None:
 
     def _process_data(self: Any, data: Any, worker_idx: int) -> Any:
         self._stallscope_worker = worker_idx
+        # Batches come back in the order they were sent (unless in_order=False): the oldest sent is this one. An
+        # iterable dataset's worker that runs out takes its task with it, but all its index lists are as long.
+        sent = self._stallscope_sent
+        self._stallscope_indexed = sent.popleft() if sent and getattr(self, "_in_order", True) else None
         return original_process(self, data, worker_idx)
 
     mp_iter._process_data = _process_data
@@ -345,6 +382,7 @@ def patch_dataloader(module: Any) -> None:
         before = self._send_idx
         original_put(self)
         if self._send_idx != before:
+            self._stallscope_sent.append(self._stallscope_last_indexed)
             events.emit("send", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, before,
                         self._task_info[before][0], _perf())
 
