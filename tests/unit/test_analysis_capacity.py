@@ -509,3 +509,22 @@ def test_a_compute_busier_than_torchs_threads_is_not_advised_torch_threads():
     from stallscope.analysis.recommend import _split_the_cores
 
     assert _split_the_cores(replace(_eight_threads_on_eight_cores(), compute_threads=4), 0, None, 1.0) is None
+
+
+def test_other_programs_load_is_said_beside_the_evidence_and_taken_off_the_cpus():
+    """A real session (2 CPUs, the host's too): the cores other programs kept busy are this analysis's other_cpus,
+    taken off the model's CPUs, and said in the evidence once they reach a quarter of a core."""
+    from pathlib import Path
+
+    from stallscope.analysis import analyze
+    from stallscope.render import words
+    from stallscope.session import Session
+
+    session = Session.load(Path(__file__).parent.parent / "data" / "summaries" / "image-pipeline" / "session.json")
+    analysis = analyze(session)
+    assert analysis.other_cpus == pytest.approx(analysis.usable_cpus - analysis.capacity.model.usable_cpus)
+    busy = replace(analysis, other_cpus=1.0)
+    (said,) = [line for line in words.evidence(busy) if line.startswith("other programs")]
+    assert said.startswith(f"other programs kept 1.0 of the {analysis.usable_cpus} CPUs busy during these steps: "
+                           f"this job had about {analysis.usable_cpus - 1.0:.1f} for itself")
+    assert not any(line.startswith("other programs") for line in words.evidence(replace(analysis, other_cpus=0.2)))

@@ -167,6 +167,9 @@ class Analysis:
     #: Per fetch of ``session.fetches`` (same order): nanoseconds per stage, adding up to its wall time
     #: (``pipeline.fetch_stages``); what the worker timelines of the report and the trace draw.
     fetch_stages: list[dict[str, int]] = field(default_factory=list)
+    #: Cores other programs kept busy over the steady steps (on the job's CPUs): not this job's to use, so its
+    #: figures and advice are for a machine that busy.
+    other_cpus: float = 0.0
 
     @property
     def train_loader(self) -> LoaderSummary | None:

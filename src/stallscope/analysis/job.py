@@ -187,6 +187,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         system=system,
         gpu_timing=gpu_timing(session),
         hotspots=spots,
+        other_cpus=other,
     )
 
 

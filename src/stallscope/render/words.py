@@ -329,6 +329,10 @@ def pitfall(p: Any) -> PitfallSaid:
 
 # --- the diagnosis -------------------------------------------------------------------------------------------
 
+#: Cores other programs must keep busy before a run's evidence says so: below it, a machine's own daemons.
+OTHER_LOAD_SAID = 0.25
+
+
 def evidence(analysis: Analysis) -> list[str]:
     """The numbers behind the verdict and the limiting stage, one line each."""
     lines = _rank_evidence(analysis)
@@ -349,6 +353,11 @@ def evidence(analysis: Analysis) -> list[str]:
     train = analysis.train_loader
     pipeline = train.pipeline if train else None
     cpus = analysis.usable_cpus
+    if analysis.other_cpus >= OTHER_LOAD_SAID:
+        left = max(1.0, cpus - analysis.other_cpus)
+        lines.append(f"other programs kept {analysis.other_cpus:.1f} of the {cpus} CPUs busy during these steps: "
+                     f"this job had about {left:.1f} for itself, and its figures and advice are for a machine that "
+                     "busy (compare it with runs made under the same load, or rerun on a quiet machine)")
     if pipeline is not None and pipeline.busy_s > 0:
         top = ", ".join(f"{name} {100 * s / pipeline.busy_s:.0f}%" for name, s in list(pipeline.by_call.items())[:3])
         lines.append(f"loader work per batch: {1000 * (pipeline.batch_wall_median_s or 0):.1f} ms wall, "
