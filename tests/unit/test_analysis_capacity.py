@@ -503,6 +503,21 @@ def test_splitting_the_cores_is_recommended_where_workers_alone_would_hold_the_c
     assert _split_the_cores(replace(m, compute_on_cpu=False), 0, None, 1.0) is None
 
 
+def test_a_split_asks_for_no_more_workers_than_cpus_unless_they_wait_on_storage():
+    """2 CPUs, 2 compute threads; 6 ms of transform and 1 ms blocked on storage per sample. With 1 thread the model
+    gives 3 workers 250/s against 2 workers' 241.8/s, but a split shares the cores out and torch warns of more
+    workers than CPUs: 2. Where the workers mostly wait on storage, more than the CPUs stay allowed."""
+    from stallscope.analysis.recommend import _split_the_cores
+
+    m = model(cost_s={"transform": 0.006, "storage": 0.001}, compute_per_sample_s=0.001,
+              main_cpu_per_sample_s=0.002, workers=0, usable_cpus=2.0, main_occupancy=2.0, compute_threads=2)
+    split = m.with_compute_threads(1)
+    assert split.rate(3) == pytest.approx(250.0) and split.rate(2) < 0.98 * split.rate(3)
+    assert _split_the_cores(m, 0, None, 1.0).overrides == {"torch_threads": 1, "num_workers": 2}
+    waiting = replace(m, cost_s={"transform": 0.001, "storage": 0.030})
+    assert _split_the_cores(waiting, 0, None, 1.0).overrides["num_workers"] > 2
+
+
 def test_a_compute_busier_than_torchs_threads_is_not_advised_torch_threads():
     """8 cores busy with 4 torch threads recorded: the rest are another library's (OpenBLAS, onnxruntime), which
     torch.set_num_threads would not change."""

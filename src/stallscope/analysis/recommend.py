@@ -43,9 +43,11 @@ def _load_facts(model: ThroughputModel, workers: int) -> dict[str, float]:
             "busy_threads_per_cpu": round(busy / model.usable_cpus, 2) if model.usable_cpus > 0 else 0.0}
 
 
-def best_worker_count(model: ThroughputModel, usable_cpus: float) -> tuple[int, float]:
-    """The smallest worker count within 2% of the best predicted rate, and its speedup."""
-    rates = {w: model.rate(workers=w) for w in worker_candidates(model, usable_cpus)}
+def best_worker_count(model: ThroughputModel, usable_cpus: float,
+                      candidates: list[int] | None = None) -> tuple[int, float]:
+    """The smallest worker count within 2% of the best predicted rate (among ``candidates``, by default
+    ``worker_candidates``), and its speedup."""
+    rates = {w: model.rate(workers=w) for w in (candidates or worker_candidates(model, usable_cpus))}
     top = max(rates.values())
     choice = min(w for w, r in rates.items() if r >= 0.98 * top)
     return choice, rates[choice] / model.rate()
@@ -176,15 +178,19 @@ def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | 
     if model.main_occupancy > threads + 0.5:  # more cores busy than torch's threads: another library's threads
         return None
     candidates = worker_candidates(model, model.usable_cpus)
+    io_heavy = model.cost_s.get("storage", 0.0) > sum(v for k, v in model.cost_s.items() if k != "storage")
     now = rate_over_epochs(model, epochs, workers, epochs.persistent) if epochs is not None else model.rate()
     best: tuple[float, int, int, bool, ThroughputModel] | None = None
     for fewer in reversed(range(1, min(threads, math.ceil(model.main_occupancy)))):
         split = model.with_compute_threads(fewer)
+        # no more workers than CPUs, unless they mostly wait on storage: a split shares the cores out, and torch
+        # itself warns of more workers than CPUs (a single compute thread beside them only takes turns)
+        within = candidates if io_heavy else [c for c in candidates if c <= max(1, math.floor(model.usable_cpus))]
         if epochs is not None:
-            count, keep, _ = best_over_epochs(split, epochs, candidates, workers)
+            count, keep, _ = best_over_epochs(split, epochs, within, workers)
             rate = rate_over_epochs(split, epochs, count, keep)
         else:
-            count, _ = best_worker_count(split, split.usable_cpus)
+            count, _ = best_worker_count(split, split.usable_cpus, within)
             keep, rate = False, split.rate(count)
         if best is None or rate > 1.02 * best[0]:  # fewer threads only where they gain: the compute keeps more
             best = (rate, fewer, count, keep, split)
