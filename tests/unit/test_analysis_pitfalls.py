@@ -148,3 +148,21 @@ def test_a_timeout_is_a_stall_however_short_and_a_worker_error_re_raised_is_not(
     err = ErrorRecord("worker", 7, 0, "ValueError", "bad sample", None, "", 0, 1)
     re_raised = _stall(600, 3000, "ValueError", "bad sample")
     assert "loader-stalled" not in ids(replace(base(), stalls=[re_raised], errors=[err]))
+
+
+def test_a_stall_is_the_loader_of_its_own_process_and_dead_workers_are_said_as_such():
+    """Loader ids are per process: a spawned worker that ran the script's module code again (no __main__ guard)
+    has a loader 0 of its own, and its stall is not the training process's. Where workers died, the pitfall
+    says so, and under spawn why it often happens."""
+    from stallscope.render import words
+
+    died = replace(_stall(600, 3000, "RuntimeError", "DataLoader worker (pid(s) 9) exited unexpectedly"), dead=[1])
+    [stall] = [p for p in analyze(replace(base(), stalls=[died])).pitfalls if p.id == "loader-stalled"]
+    assert "loader-stalled" not in ids(replace(base(), stalls=[replace(died, pid=PID + 1)]))
+    said = words.pitfall(stall)
+    assert said.title == "The DataLoader's workers died" and "worker 1 was no longer alive" in said.evidence
+    assert "out of memory" in said.fix
+    spawned = words.pitfall(replace(stall, facts={**stall.facts, "start_method": "spawn"}))
+    assert 'if __name__ == "__main__":' in spawned.fix
+    hung = words.pitfall(replace(stall, facts={**stall.facts, "dead_workers": []}))
+    assert hung.title == "The DataLoader stopped delivering batches" and "py-spy dump" in hung.fix

@@ -110,6 +110,7 @@ class LoaderSummary:
     pipeline: WorkerPipeline | None
     loader_ids: tuple[int, ...] = ()
     code: CodeSite | None = None  # where the user changes its settings, in their framework's words
+    pid: int | None = None  # the process that built it: loader ids are numbered per process
 
     @property
     def ids(self) -> tuple[int, ...]:

@@ -68,7 +68,8 @@ def _loader_summaries(session: Session, train_ids: tuple[int, ...]) -> list[Load
             batches=used, epochs=len(set().union(*(epochs[i] for i in ids))), wait_s=sum(waits[i] for i in ids),
             iter_start_s=sum(iter_start[i] for i in ids), pipeline=worker_pipeline(session, ids),
             loader_ids=ids if len(ids) > 1 else (),
-            code=code_site(ld.site, ld.stack or [ld.site], ld.created_ns, ld.pid, session.framework_args)))
+            code=code_site(ld.site, ld.stack or [ld.site], ld.created_ns, ld.pid, session.framework_args),
+            pid=ld.pid))
     return summaries
 
 

@@ -175,7 +175,9 @@ def _loader_stalled(session, loaders, system, cpus):
     A short wait cut by Ctrl-C is not one; a worker's exception re-raised in ``next()`` is the failure."""
     out = []
     for ld in loaders:
-        stalls = [s for s in session.stalls if s.loader_id in ld.ids]
+        # loader ids are numbered per process: a spawned worker that runs the script's module code again builds
+        # a loader 0 of its own, which is not the training process's
+        stalls = [s for s in session.stalls if s.loader_id in ld.ids and ld.pid in (None, s.pid)]
         if not stalls:
             continue
         steps = [n for n in session.nexts if n.loader_id in ld.ids and n.pid == stalls[0].pid]
@@ -193,5 +195,6 @@ def _loader_stalled(session, loaders, system, cpus):
                     "batches_before": sum(1 for n in steps if n.iter_id == stall.iter_id),
                     "how": stall.how, "message": stall.message, "pending_workers": stall.pending,
                     "awaited_worker": stall.awaited, "dead_workers": stall.dead,
-                    "num_workers": ld.config.get("num_workers"), "timeout": ld.config.get("timeout")}))
+                    "num_workers": ld.config.get("num_workers"), "timeout": ld.config.get("timeout"),
+                    "start_method": ld.config.get("start_method")}))
     return out

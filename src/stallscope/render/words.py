@@ -299,6 +299,13 @@ def _pitfall_words(pid: str, f: dict[str, Any]) -> tuple[str, str, str]:
                 f"{100 * f['empty_queue_fraction']:.0f}% of requests",
                 "balance per-sample cost (sort or bucket by size), or DataLoader(in_order=False) if order does not "
                 "matter")
+    if pid == "loader-stalled" and f.get("dead_workers") and f.get("how") not in ("exit", "os._exit", None):
+        respawned = f.get("start_method") in ("spawn", "forkserver")
+        return ("The DataLoader's workers died", _stall_evidence(f),
+                "the workers' own error is in the script's output, above this summary"
+                + ("; under spawn and forkserver each worker imports the script again, so a script that trains at "
+                   "module level needs its training under if __name__ == \"__main__\":" if respawned else
+                   "; a worker killed without an error was often out of memory (dmesg says so)"))
     if pid == "loader-stalled":
         return ("The DataLoader stopped delivering batches", _stall_evidence(f),
                 "find where the workers block: py-spy dump --pid WORKER_PID shows each one's stack (a lock taken "
@@ -312,15 +319,22 @@ def _stall_evidence(f: dict[str, Any]) -> str:
         f["how"], f"until {f['how']} ended it")
     if f.get("message") and "timed out" in f["message"]:
         ended = f"until the DataLoader timeout fired ({f['message']})"
-    text = (f"the {f['role']} loader waited {f['seconds']:.1f} s for its next batch {ended}, "
-            f"after {f['batches_before']} batch(es) of that epoch")
+    which = {"train": "the training loader", "eval": "the evaluation loader"}.get(
+        f["role"], f"the DataLoader built at {f['site']}" if f.get("site") else "a DataLoader")
+    before = (f"after {f['batches_before']} batch(es) of that epoch" if f["batches_before"]
+              else "before the epoch's first batch")
+    text = f"{which} waited {f['seconds']:.1f} s for its next batch {ended}, {before}"
     if f.get("awaited_worker") is not None:
         text += f"; it waited for worker {f['awaited_worker']}"
     if f.get("pending_workers"):
-        text += f"; workers {', '.join(map(str, f['pending_workers']))} had not returned their batches"
+        text += f"; {_workers(f['pending_workers'])} had not returned their batches"
     if f.get("dead_workers"):
-        text += f"; workers {', '.join(map(str, f['dead_workers']))} were no longer alive"
+        text += f"; {_workers(f['dead_workers'])} {'was' if len(f['dead_workers']) == 1 else 'were'} no longer alive"
     return text
+
+
+def _workers(ids: list[int]) -> str:
+    return f"worker{'s' if len(ids) != 1 else ''} {', '.join(map(str, ids))}"
 
 
 def pitfall(p: Any) -> PitfallSaid:
