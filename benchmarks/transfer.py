@@ -27,6 +27,17 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-02 (session 17, later: a compute's threads cut in the rows whose workers would take their cores,
+303db5a), ``--only 2-thread``, defaults, about 4.5 min each. Quiet (``/tmp/transfer17c``): up (1 -> 2 cores, 1 compute
+thread) 1 worker +5%, 2 workers -4%, 3 workers -2%; down (2 -> 1 core) +12%, +21%, +33%. The run before it
+(``/tmp/transfer17b``) had a test suite of mine running beside its up rows: up -3%, +6%, +46% (3 workers measured
+1.13x and 0.90x, against 1.43x and 1.57x quiet), down +17%, +16%, +42%. Down again with 1 thread on the 1 core
+(``/tmp/transfer17d``, code not kept: no change measured): +29%, +13%, +28%. So the up direction holds once the
+threads are cut, and the down direction over-predicts the 1-core rate by 12-42% in every run of this session (the
+earlier run's down rows, re-planned by this model, +8..+17%). With transfer17's other five scenarios (unchanged by
+these terms: 1 compute thread), up is median 5%, worst 17% (tokenize), and down median 7%, worst 33% or more:
+not met.
+
 Measured 2026-12-02 (session 17, the first run with rounds, the model of session 16), nothing else running, defaults
 (--rounds 2), about 40 min, ``--out /tmp/transfer17``: 1 -> 2 cores median absolute error 7%, worst 63%; 2 -> 1 cores median
 8%, worst 31%; the baselines moved by median 8% (-31% to +60%). Within 20% both ways: large JPEGs (-9..+4%), heavy model
