@@ -129,3 +129,15 @@ def test_tune_and_bench_say_a_trial_that_could_not_start_is_not_the_stores_fault
     assert store_write_error(OSError(errno.ENOSPC, "No space left on device"), "/s") == (
         "cannot write in the store /s: No space left on device; free some space there, or choose another store with "
         "--store DIR")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
+def test_an_output_where_nothing_can_be_written_is_refused_before_the_run(tmp_path):
+    """/proc takes no new file, whatever access() says to root: refused before a run that can take hours. A
+    folder that takes one is left as it was."""
+    from stallscope.cli.args import output_error
+
+    problem = output_error(["/proc/summary.json"], str(tmp_path / "store"))
+    assert problem is not None and problem.startswith("cannot write /proc/summary.json: nothing can be written in /proc")
+    assert output_error([str(tmp_path / "out" / "summary.json")], str(tmp_path / "store")) is None
+    assert list(tmp_path.iterdir()) == []  # the check's own file is gone, and nothing was made

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,4 +77,11 @@ def _unwritable(path: Path) -> str | None:
         return f"{folder} is a file, not a folder"
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"no permission to write in {folder}"
+    try:  # what permissions do not tell: /proc, a read-only mount, root's access() that says yes to all
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".stallscope-write-check-")
+    except OSError as exc:
+        return f"nothing can be written in {folder}: {exc.strerror or exc}"
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
     return None
