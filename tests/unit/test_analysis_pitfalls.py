@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from stallscope.analysis import analyze
+from stallscope.analysis.system_metrics import summarize_samples
 from stallscope.session import ErrorRecord, FetchRecord, IterRecord, WorkerStartRecord
 from tests.unit.test_analysis_steps import MS, PID, make_session, nxt, opt
 
@@ -100,6 +101,18 @@ def test_worker_private_memory_growth_from_samples():
     assert "worker-memory-growth" in ids(session)
     flat = {**samples, "processes": {"501": {**samples["processes"]["501"], "uss_bytes": [50 * MIB] * 4}}}
     assert "worker-memory-growth" not in ids(replace(session, system_samples=flat))
+    # the same climb before the worker's loop started (a spawned worker importing torch, unpickling the dataset)
+    # is its start-up: from then on it holds still
+    # resident memory flat, then climbing 400 MiB, then flat from the worker loop's start at 2.5 s on
+    climb = [200 * MIB] * 15 + [(200 + 40 * k) * MIB for k in range(1, 11)] + [600 * MIB] * 5
+    settled = {**samples, "processes": {"501": {**samples["processes"]["501"], "rss_bytes": climb,
+                                                "uss_bytes": [50 * MIB] * 4}}}
+    assert "worker-memory-growth" in ids(replace(session, system_samples=settled))  # counted from the first tick
+    started_late = [replace(starts[0], ready_ns=2500 * MS)]
+    late = replace(session, worker_starts=started_late, system_samples=settled)
+    assert "worker-memory-growth" not in ids(late)
+    (worker,) = summarize_samples(late).workers
+    assert worker.rss_peak == 600 * MIB and worker.rss_start == 600 * MIB  # the peak stays the whole life's
 
 
 def test_one_slow_worker_holds_up_in_order_batches():

@@ -5,6 +5,7 @@ Everything the sampler could not read stays ``None`` here: absent is never repor
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
@@ -85,8 +86,11 @@ def summarize_samples(session: Session) -> SystemSummary:
     usages: list[ProcessUsage] = []
     main_cores = None
     main_pid = session.main_pid
+    # a worker's memory from the moment its loop started: a spawned worker imports torch and unpickles the
+    # dataset before that, hundreds of MiB that are start-up, not growth
+    ready = {ws.pid: ws.ready_ns for ws in session.worker_starts}
     for pid, proc in samples.processes.items():
-        usage = _usage(proc, roles.get(pid, "child"), samples.t_ns)
+        usage = _usage(proc, roles.get(pid, "child"), samples.t_ns, ready.get(pid))
         if pid == main_pid:
             main_cores = usage.cpu_cores
         if usage.role == "worker":
@@ -170,14 +174,37 @@ def other_cores_between(session: Session, start_ns: int, end_ns: int) -> float |
     return _other_cores(samples, start_ns, end_ns) if samples.present else None
 
 
-def _usage(proc: ProcessSeries, role: str, t_ns: list[int]) -> ProcessUsage:
+def _since(proc: ProcessSeries, t_ns: list[int], start_ns: int | None) -> ProcessSeries:
+    """``proc``'s readings from ``start_ns`` on (all of them where it is None, or where none is that late)."""
+    if start_ns is None:
+        return proc
+
+    def kept(ticks: list[int]) -> list[bool]:
+        return [0 <= t < len(t_ns) and t_ns[t] >= start_ns for t in ticks]
+
+    def pick(values: list, mask: list[bool]) -> list:
+        return [v for v, k in zip(values, mask) if k]
+
+    keep, keep_uss = kept(proc.ticks), kept(proc.uss_ticks)
+    if not any(keep):
+        return proc
+    return dataclasses.replace(proc, ticks=pick(proc.ticks, keep), cpu_s=pick(proc.cpu_s, keep),
+                               rss_bytes=pick(proc.rss_bytes, keep),
+                               uss_ticks=pick(proc.uss_ticks, keep_uss), uss_bytes=pick(proc.uss_bytes, keep_uss))
+
+
+def _usage(proc: ProcessSeries, role: str, t_ns: list[int], grown_since_ns: int | None = None) -> ProcessUsage:
+    """What ``proc`` used over its sampled life; its memory's growth from ``grown_since_ns`` on (a worker's loop
+    start), where given."""
     ticks = [t for t in proc.ticks if 0 <= t < len(t_ns)]
     cpu = [c for c in proc.cpu_s if c is not None]
     seconds = (t_ns[ticks[-1]] - t_ns[ticks[0]]) / 1e9 if len(ticks) > 1 else 0.0
     cores = (cpu[-1] - cpu[0]) / seconds if len(cpu) > 1 and seconds > 0 else None
-    rss = [v for v in proc.rss_bytes if v]  # 0 is an exiting process, not a reading
-    uss = [v for v in proc.uss_bytes if v is not None]
-    uss_ticks = [t for t in proc.uss_ticks if 0 <= t < len(t_ns)]
+    everything = [v for v in proc.rss_bytes if v]  # 0 is an exiting process, not a reading
+    later = _since(proc, t_ns, grown_since_ns)
+    rss = [v for v in later.rss_bytes if v]
+    uss = [v for v in later.uss_bytes if v is not None]
+    uss_ticks = [t for t in later.uss_ticks if 0 <= t < len(t_ns)]
     growth = None
     if len(uss) >= 3 and len(uss_ticks) >= 2:
         span = (t_ns[uss_ticks[-1]] - t_ns[uss_ticks[0]]) / 1e9
@@ -185,7 +212,7 @@ def _usage(proc: ProcessSeries, role: str, t_ns: list[int]) -> ProcessUsage:
     reads = [v for v in proc.read_bytes if v is not None]
     late = uss[-1] - uss[len(uss) // 2] if len(uss) >= 3 else None
     rss_late = rss[-1] - rss[len(rss) // 2] if len(rss) >= 3 else None
-    return ProcessUsage(proc.pid, role, cores, rss[0] if rss else None, max(rss) if rss else None,
-                        rss[-1] if rss else None, rss_late,
+    return ProcessUsage(proc.pid, role, cores, rss[0] if rss else None, max(everything) if everything else None,
+                        everything[-1] if everything else None, rss_late,
                         uss[0] if uss else None, uss[-1] if uss else None, growth, late,
                         reads[-1] - reads[0] if len(reads) > 1 else None, seconds)
