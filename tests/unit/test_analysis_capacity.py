@@ -543,3 +543,20 @@ def test_other_programs_load_is_said_beside_the_evidence_and_taken_off_the_cpus(
     assert said.startswith(f"other programs kept 1.0 of the {analysis.usable_cpus} CPUs busy during these steps: "
                            f"this job had about {analysis.usable_cpus - 1.0:.1f} for itself")
     assert not any(line.startswith("other programs") for line in words.evidence(replace(analysis, other_cpus=0.2)))
+
+
+def test_an_input_stage_named_beside_a_larger_compute_says_why():
+    from pathlib import Path
+
+    from stallscope.analysis import analyze
+    from stallscope.render import words
+    from stallscope.session import Session
+
+    session = Session.load(Path(__file__).parent.parent / "data" / "summaries" / "image-pipeline" / "session.json")
+    analysis = analyze(session)
+    stage = analysis.bottleneck_node
+    assert stage not in (None, "compute")
+    larger = replace(analysis, node_seconds={stage: 0.31, "compute": 0.69}, bottleneck_share=0.31)
+    assert words.beside_compute(larger) == ("; the input stage the training waits for most, beside 69% of "
+                                            "computing, which no input change shortens")
+    assert words.beside_compute(replace(larger, node_seconds={stage: 0.6, "compute": 0.4}, bottleneck_share=0.6)) == ""

@@ -55,7 +55,7 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         _rank_table(console, analysis)
     if analysis.bottleneck_node:
         console.print(f"[bold]limiting stage:[/bold] {analysis.bottleneck_node} "
-                      f"({100 * analysis.bottleneck_share:.0f}% of step time)")
+                      f"({100 * analysis.bottleneck_share:.0f}% of step time{words.beside_compute(analysis)})")
         for spot in top_of_stage(analysis.hotspots, analysis.bottleneck_node):
             console.print(f"    {words.hotspot(spot)}", markup=False, highlight=False)
     for line in words.evidence(analysis):

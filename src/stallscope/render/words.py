@@ -343,6 +343,17 @@ def pitfall(p: Any) -> PitfallSaid:
 
 # --- the diagnosis -------------------------------------------------------------------------------------------
 
+def beside_compute(analysis: Analysis) -> str:
+    """Where an input stage limits a run whose compute takes more of the step: why a smaller share is named
+    (the training waits for that stage; the compute is not what a change to the input would shorten)."""
+    total = sum(analysis.node_seconds.values())
+    compute = analysis.node_seconds.get("compute", 0.0) / total if total > 0 else 0.0
+    if analysis.bottleneck_node in (None, "compute") or compute <= analysis.bottleneck_share:
+        return ""
+    return (f"; the input stage the training waits for most, beside {100 * compute:.0f}% of computing, "
+            "which no input change shortens")
+
+
 #: Cores other programs must keep busy before a run's evidence says so: below it, a machine's own daemons.
 OTHER_LOAD_SAID = 0.25
 
