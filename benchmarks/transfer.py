@@ -101,6 +101,7 @@ from worker_sweep import scenarios as sweep_scenarios
 
 from stallscope.analysis import analyze
 from stallscope.analysis.plan import plan_run
+from stallscope.cli.args import at_least
 from stallscope.session import Session
 
 #: The issue's scenarios: starved, large JPEGs, Python tokenizing, slow storage, heavy model, 2-thread compute.
@@ -266,7 +267,7 @@ def main() -> int:
     p.add_argument("--plan-cores", type=int, default=2)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--rounds", type=int, default=2,
+    p.add_argument("--rounds", type=at_least(1), default=2,
                    help="record the baseline and run the planned configurations this many times, alternately; "
                         "the medians are compared (default 2)")
     p.add_argument("--only", nargs="*", help=f"scenario names (prefixes) to run; '{GPU_SCENARIO}' only when named")

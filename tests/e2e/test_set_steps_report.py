@@ -132,3 +132,11 @@ def test_an_iterable_datasets_packed_batches_count_no_more_than_the_samples_aske
     assert result.returncode == 0, result.stderr[-3000:]
     assert "samples 150" in result.stdout
     assert result.summary["steps"] == 10 and 150 <= result.summary["samples"] <= 160, result.summary["samples"]
+
+
+def test_a_collate_that_leaves_samples_out_is_counted_by_what_it_kept(tmp_path):
+    """Every tenth sample is unreadable and the collate leaves it out: 135 samples, not the sampler's 150."""
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "packed_tokens.py"), "2", "drop"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "samples 135" in result.stdout
+    assert result.summary["steps"] == 10 and result.summary["samples"] == 135, result.summary["samples"]

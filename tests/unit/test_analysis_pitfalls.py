@@ -179,3 +179,6 @@ def test_a_stall_is_the_loader_of_its_own_process_and_dead_workers_are_said_as_s
     assert 'if __name__ == "__main__":' in spawned.fix
     hung = words.pitfall(replace(stall, facts={**stall.facts, "dead_workers": []}))
     assert hung.title == "The DataLoader stopped delivering batches" and "py-spy dump" in hung.fix
+    for ending in ("KeyboardInterrupt", "SIGTERM"):  # an interrupt or a kill ends the workers too, after the hang
+        cut = words.pitfall(replace(stall, facts={**stall.facts, "how": ending}))
+        assert cut.title == "The DataLoader stopped delivering batches", ending

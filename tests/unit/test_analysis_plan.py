@@ -286,6 +286,8 @@ def test_a_threaded_cpu_compute_is_planned_beside_workers_with_its_threads_cut_t
     # cores enough for all: 8 cores leave 4 for the workers, nothing is cut up to 4 workers
     wide = project(model, Target(cores=8), samples_per_step=16)
     assert [r.compute_threads for r in wide.rows[:5]] == [None] * 5 and wide.row(5).compute_threads == 3
+    given = project(model, Target(cores=4, step_s=0.016), samples_per_step=16)  # the target's own step time
+    assert all(r.compute_threads is None for r in given.rows)
     single = recorded(usable_cpus=4.0, main_occupancy=1.0, compute_threads=1)  # one thread: nothing to cut
     single_plan = project(single, Target(cores=2), samples_per_step=16)
     assert all(r.compute_threads is None for r in single_plan.rows)

@@ -141,3 +141,11 @@ def test_an_output_where_nothing_can_be_written_is_refused_before_the_run(tmp_pa
     assert problem is not None and problem.startswith("cannot write /proc/summary.json: nothing can be written in /proc")
     assert output_error([str(tmp_path / "out" / "summary.json")], str(tmp_path / "store")) is None
     assert list(tmp_path.iterdir()) == []  # the check's own file is gone, and nothing was made
+
+
+
+def test_a_closed_standard_error_is_not_wrapped(monkeypatch, tmp_path, capsys):
+    """``2>&-``: Python starts with sys.stderr None, and print(file=None) writes to standard output instead."""
+    monkeypatch.setattr("sys.stderr", None)
+    assert main.main(["history", "--store", str(tmp_path / "nothing")]) == 2
+    assert "no run history" in capsys.readouterr().out

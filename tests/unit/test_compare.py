@@ -110,3 +110,15 @@ def test_a_typical_step_that_stays_while_the_slow_steps_change_is_said():
     agreeing = compare([make_row("a", noisy(40, seed=1)), make_row("b", noisy(20, seed=2))])
     assert agreeing.typical_and_total_disagree() == []
     assert "disagree" not in render_compare(agreeing)
+
+
+
+def test_a_median_and_a_throughput_that_moved_the_same_way_are_not_said_to_disagree():
+    """Both faster, only one of them past the noise floor: they agree, and nothing is said."""
+    rows = [make_row("a", noisy(40, n=200, spread=0.01, seed=3)),
+            make_row("b", [d * 0.905 for d in noisy(40, n=200, spread=0.01, seed=3)])]
+    result = compare(rows)
+    # the median 9.5% faster (under the 10% floor), the throughput 10.5% higher (past it)
+    assert result.row("step_median_s").deltas[1].verdict == "noise"
+    assert result.row("steps_per_s").deltas[1].verdict == "real"
+    assert result.typical_and_total_disagree() == []

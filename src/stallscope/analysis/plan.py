@@ -166,6 +166,8 @@ def split_threads(model: ThroughputModel, workers: int, scale: dict[str, float] 
     where nothing needs cutting: a compute on the GPU, one thread, threads not recorded, cores enough for all."""
     if workers <= 0 or not model.compute_on_cpu or not model.compute_threads:
         return None
+    if not model.compute_priced:  # the step time was given for the target: no thread count changes it
+        return None
     if model.main_occupancy <= THREADED_OCCUPANCY:
         return None
     cpu, blocked = model.costs(scale, workers)
@@ -398,7 +400,8 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
                 "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
                 "compute_on_cpu": model.compute_on_cpu, "compute_threads": model.compute_threads,
                 "threads_per_core": round(model.threads_per_core, 3)}
-    compute = moved.at_load(best.workers).compute_per_sample_s  # priced at the best row's load, as its rate is
+    at_best = moved.with_compute_threads(best.compute_threads) if best.compute_threads else moved
+    compute = at_best.at_load(best.workers).compute_per_sample_s  # priced at the best row's load and threads
     return Plan(target, recorded, 1.0 / compute, rows, needed, best.workers, limit, first, fixes, notes)
 
 

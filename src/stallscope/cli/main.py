@@ -69,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     is one line naming the file that holds its traceback (``STALLSCOPE_DEBUG=1`` shows it instead)."""
     _tolerant_output()
     real_stderr = sys.stderr
-    sys.stderr = _StderrWithoutReader(real_stderr)  # type: ignore[assignment]
+    if real_stderr is not None:  # None where descriptor 2 was closed (2>&-): rich and print fall back on their own
+        sys.stderr = _StderrWithoutReader(real_stderr)  # type: ignore[assignment]
     try:
         return _main(argv)
     finally:

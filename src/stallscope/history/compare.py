@@ -123,10 +123,15 @@ class Comparison:
         for i, (m, t) in enumerate(zip(median.deltas, total.deltas)):
             if m is None or t is None or "untested" in (m.verdict, t.verdict):
                 continue
-            faster_steps = (m.relative or 0) < 0  # a shorter median step is the faster direction
-            more_throughput = (t.relative or 0) > 0
-            if m.verdict != t.verdict or (m.verdict == "real" and faster_steps != more_throughput):
-                disagree.append(i)
+            faster = -(m.relative or 0.0)  # a shorter median step is faster, as is more throughput
+            more = t.relative or 0.0
+            if m.verdict == t.verdict == "real":
+                if (faster > 0) != (more > 0):
+                    disagree.append(i)
+            elif m.verdict != t.verdict:  # one beyond noise: the other moved less than half as far, or back
+                real, noise = (more, faster) if t.verdict == "real" else (faster, more)
+                if noise * real <= 0 or abs(noise) < abs(real) / 2:
+                    disagree.append(i)
         return disagree
 
 

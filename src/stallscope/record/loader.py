@@ -145,15 +145,14 @@ def batch_size_of(batch: Any, depth: int = 0) -> int | None:
 
 
 def _samples(iterator: Any, batch: Any) -> int | None:
-    """The samples in ``batch``: as many as the sampler gave for it, where it gave a list of indices; else (or
-    below that, for an iterable dataset, whose last batch can end early) the batch's first length."""
+    """The samples in ``batch``: as many as the sampler gave for it, where it gave a list of indices, or the
+    batch's first length where that is fewer (an iterable dataset's last batch ends early; a collate can drop
+    samples); the batch's first length where no list was given."""
     indexed = iterator._stallscope_last_indexed if iterator._num_workers == 0 else iterator._stallscope_indexed
     counted = batch_size_of(batch)
     if indexed is None:
         return counted
-    if iterator._stallscope_iterable and counted is not None and counted < indexed:
-        return counted
-    return indexed
+    return indexed if counted is None else min(indexed, counted)  # fewer: a collate that drops bad samples
 
 
 class _IpcClock(threading.local):
@@ -253,7 +252,6 @@ def patch_dataloader(module: Any) -> None:
             self._stallscope_iter = next(_iter_ids)
         self._stallscope_lid = getattr(loader, "_stallscope_id", -1)
         self._stallscope_epoch = 0
-        self._stallscope_iterable = _is_iterable_dataset(loader.dataset)
         self._stallscope_sent = collections.deque()  # samples the sampler gave each batch sent to the workers
         original_base_init(self, loader)
 
@@ -268,10 +266,9 @@ def patch_dataloader(module: Any) -> None:
 
     def _next_index(self: Any) -> Any:
         index = original_next_index(self)
-        try:
-            self._stallscope_last_indexed = len(index)
-        except TypeError:  # one index (batch_size=None): the batch is what the dataset returned
-            self._stallscope_last_indexed = None
+        # one index without automatic batching (batch_size=None: a string key has a length too): the batch is
+        # what the dataset returned
+        self._stallscope_last_indexed = len(index) if self._auto_collation and hasattr(index, "__len__") else None
         return index
 
     base_iter._next_index = _next_index
@@ -382,7 +379,8 @@ def patch_dataloader(module: Any) -> None:
         before = self._send_idx
         original_put(self)
         if self._send_idx != before:
-            self._stallscope_sent.append(self._stallscope_last_indexed)
+            if getattr(self, "_in_order", True):  # out of order, a batch cannot be told from the others
+                self._stallscope_sent.append(self._stallscope_last_indexed)
             events.emit("send", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, before,
                         self._task_info[before][0], _perf())
 

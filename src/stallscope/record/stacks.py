@@ -352,6 +352,14 @@ def _at_exit() -> None:
     emit_counts()
 
 
+def emit_counts_every(period_ns: int, now_ns: int) -> None:
+    """``emit_counts`` where ``period_ns`` passed since the last time (a worker writing out as it goes)."""
+    global _last_emit_ns
+    if now_ns - _last_emit_ns > period_ns:
+        _last_emit_ns = now_ns
+        emit_counts()
+
+
 def emit_counts() -> None:
     """Write the counts so far as one ``stack_samples`` event (frames as ``file:line:function``), with the
     sampler that took them and, for the thread sampler, why it ran."""

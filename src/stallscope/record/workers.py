@@ -102,6 +102,13 @@ def _thread_settings() -> dict[str, Any]:
     return settings
 
 
+#: How often a worker writes its events out (after a batch): a batch slower than this is written with it.
+WORKER_WRITE_EVERY_NS = 5_000_000
+#: How often a worker writes its sampled stacks out: each write repeats every frame's file:line:function.
+WORKER_STACKS_EVERY_NS = 250_000_000
+_last_written = [0]  # perf_counter_ns of this worker's last write
+
+
 def timed_fetch(original: Any) -> Any:
     """Wrap a fetcher's ``fetch`` so that every batch (or StopIteration) is one ``fetch`` event.
 
@@ -155,12 +162,13 @@ def timed_fetch(original: Any) -> Any:
                 items = 1
             events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
                         rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, by_node, by_name, outcome, timed)
-            if ctx is worker_context:
-                # Written out with every batch, the sampled stacks too: a worker can end without running any
-                # Python (persistent workers are terminated by multiprocessing at the job's exit, and torch's own
-                # SIGTERM handler in the worker exits at once), and what it still held was lost: the last batches
-                # and every hotspot of a short run. One write per batch, beside a batch's milliseconds of loading.
-                stacks.emit_counts()
+            if ctx is worker_context and t1 - _last_written[0] > WORKER_WRITE_EVERY_NS:
+                # Written out as it goes, the sampled stacks too: a worker can end without running any Python
+                # (persistent workers are terminated by multiprocessing at the job's exit, and torch's own SIGTERM
+                # handler in the worker exits at once), and what it still held was lost: the last batches and
+                # every hotspot of a short run. About 20 us a write: at most once per WORKER_WRITE_EVERY_NS.
+                _last_written[0] = t1
+                stacks.emit_counts_every(WORKER_STACKS_EVERY_NS, t1)
                 events.flush()
 
     fetch.__stallscope_wrapped__ = True  # type: ignore[attr-defined]

@@ -299,7 +299,9 @@ def _pitfall_words(pid: str, f: dict[str, Any]) -> tuple[str, str, str]:
                 f"{100 * f['empty_queue_fraction']:.0f}% of requests",
                 "balance per-sample cost (sort or bucket by size), or DataLoader(in_order=False) if order does not "
                 "matter")
-    if pid == "loader-stalled" and f.get("dead_workers") and f.get("how") not in ("exit", "os._exit", None):
+    how = f.get("how") or ""
+    if pid == "loader-stalled" and f.get("dead_workers") and how not in ("exit", "os._exit", "KeyboardInterrupt") \
+            and not how.startswith("SIG"):  # an interrupt or a kill ends the workers too: the hang came first
         respawned = f.get("start_method") in ("spawn", "forkserver")
         return ("The DataLoader's workers died", _stall_evidence(f),
                 "the workers' own error is in the script's output, above this summary"
