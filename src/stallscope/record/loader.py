@@ -268,7 +268,8 @@ def patch_dataloader(module: Any) -> None:
         index = original_next_index(self)
         # one index without automatic batching (batch_size=None: a string key has a length too): the batch is
         # what the dataset returned
-        self._stallscope_last_indexed = len(index) if self._auto_collation and hasattr(index, "__len__") else None
+        self._stallscope_last_indexed = (len(index) if getattr(self, "_auto_collation", False)
+                                         and hasattr(index, "__len__") else None)
         return index
 
     base_iter._next_index = _next_index
@@ -278,7 +279,9 @@ def patch_dataloader(module: Any) -> None:
     def _reset(self: Any, loader: Any, first_iter: bool = False) -> None:
         if not first_iter:
             self._stallscope_epoch += 1  # carried by this iterator's next/stop records
-        self._stallscope_sent.clear()  # a new epoch sends from its first batch again
+        sent = getattr(self, "_stallscope_sent", None)  # None: an iterator whose __init__ skipped ours
+        if sent is not None:
+            sent.clear()  # a new epoch sends from its first batch again
         original_reset(self, loader, first_iter)
 
     base_iter._reset = _reset
@@ -367,7 +370,7 @@ def patch_dataloader(module: Any) -> None:
         self._stallscope_worker = worker_idx
         # Batches come back in the order they were sent (unless in_order=False): the oldest sent is this one. An
         # iterable dataset's worker that runs out takes its task with it, but all its index lists are as long.
-        sent = self._stallscope_sent
+        sent = getattr(self, "_stallscope_sent", None)
         self._stallscope_indexed = sent.popleft() if sent and getattr(self, "_in_order", True) else None
         return original_process(self, data, worker_idx)
 
@@ -379,8 +382,9 @@ def patch_dataloader(module: Any) -> None:
         before = self._send_idx
         original_put(self)
         if self._send_idx != before:
-            if getattr(self, "_in_order", True):  # out of order, a batch cannot be told from the others
-                self._stallscope_sent.append(self._stallscope_last_indexed)
+            sent = getattr(self, "_stallscope_sent", None)
+            if sent is not None and getattr(self, "_in_order", True):  # out of order, one batch is like another
+                sent.append(self._stallscope_last_indexed)
             events.emit("send", self._stallscope_lid, self._stallscope_iter, self._stallscope_epoch, before,
                         self._task_info[before][0], _perf())
 
