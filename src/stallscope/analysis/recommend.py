@@ -26,10 +26,14 @@ SPECULATIVE_DISCOUNT = 0.8
 NORMALIZE_CALLS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "F.to_tensor", "F.normalize")
 
 
+def waits_on_storage(model: ThroughputModel) -> bool:
+    """Workers spend more of a sample blocked on storage than on everything else: more of them than cores pay."""
+    return model.cost_s.get("storage", 0.0) > sum(v for k, v in model.cost_s.items() if k != "storage")
+
+
 def worker_candidates(model: ThroughputModel, usable_cpus: float) -> list[int]:
     """Worker counts worth predicting: up to the cores and two more, far more when waiting on storage dominates."""
-    io_heavy = model.cost_s.get("storage", 0.0) > sum(v for k, v in model.cost_s.items() if k != "storage")
-    ceiling = int(min(32, max(4 * usable_cpus, 8) if io_heavy else usable_cpus + 2))
+    ceiling = int(min(32, max(4 * usable_cpus, 8) if waits_on_storage(model) else usable_cpus + 2))
     return list(range(1, ceiling + 1))
 
 
@@ -178,7 +182,7 @@ def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | 
     if model.main_occupancy > threads + 0.5:  # more cores busy than torch's threads: another library's threads
         return None
     candidates = worker_candidates(model, model.usable_cpus)
-    io_heavy = model.cost_s.get("storage", 0.0) > sum(v for k, v in model.cost_s.items() if k != "storage")
+    io_heavy = waits_on_storage(model)
     now = rate_over_epochs(model, epochs, workers, epochs.persistent) if epochs is not None else model.rate()
     best: tuple[float, int, int, bool, ThroughputModel] | None = None
     for fewer in reversed(range(1, min(threads, math.ceil(model.main_occupancy)))):
