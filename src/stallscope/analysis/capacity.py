@@ -29,6 +29,15 @@ is what a 0-worker run, where nothing ran beside the training process, cannot sh
 above over-predicts every CPU-bound job whose training also computes on the CPU. Compute on a GPU is
 not slowed (its process still takes its cores).
 
+Workers that wait on storage wake at moments nothing paces: two or more of them, with the training process,
+collide on cores they outnumber even when the cores are idle on average. A worker back from storage then waits for
+the threads it finds wanting a core (``queued_rate``: a closed queueing system's mean-value estimate, where an
+arrival sees the others as they are without it, and each thread beyond the cores slows everyone by its share). On
+the 2-core development VM, 3 workers that wait 40 ms and compute 7.4 ms per sample, on one core beside a 4 ms
+compute, were planned at 61/s without it and 55/s with it, and measured 50-51/s (their run-queue wait 8.8-11.5 ms per
+sample; this estimate's, 7 ms: Linux's wake-up is slower to hand a core over than the estimate). One worker is
+paced by the training process's batches (it starts the next as one is taken), which the shared-cores phases price.
+
 A core's hardware threads (SMT, hyper-threading) are not cores: where the usable CPUs are ``physical_cores``
 cores with two or more hardware threads each, each busy thread beyond one per core adds only ``SMT_YIELD`` of a
 core (``core_capacity``). Every thread on such a core then runs slower, so the budget, the workers' rate and the
@@ -87,6 +96,8 @@ TIME_SHARING_COST = 0.12
 #: Passes that price a configuration's CPU work at its load and read the load again at the priced rate; two or
 #: three agree to a millionth.
 LOAD_PASSES = 5
+#: Mean-value passes of ``queued_cpu_s``: the stretch converges to within a thousandth in a dozen.
+QUEUE_PASSES = 20
 
 
 @dataclass(frozen=True)
@@ -304,7 +315,55 @@ class ThroughputModel:
             return 1.0 / (cpu + blocked + self.compute_per_sample_s)
         pooled = min(self.pipeline_rate(workers, scale), self.compute_rate(workers, scale))
         shared = self.shared_cores_rate(workers, scale)
-        return pooled if shared is None else min(pooled, shared)
+        rate = pooled if shared is None else min(pooled, shared)
+        queued = self.queued_rate(workers, scale, rate)
+        return rate if queued is None else min(rate, queued)
+
+    def queued_rate(self, workers: int, scale: dict[str, float] | None = None,
+                    upper: float | None = None) -> float | None:
+        """The workers' rate when their CPU bursts arrive at random and wait for a core (see the module's
+        docstring); None where the workers never wait on storage (always runnable: the budget and the shared-cores
+        phases price them) or fit a core each beside the training process.
+
+        Found by bisection below ``upper`` (the other bounds' rate): the rate that the workers' cycle, blocked time
+        plus CPU work stretched by what they find running, sustains."""
+        cpu, blocked = self.costs(scale, workers)
+        if workers <= 1 or cpu <= 0 or blocked <= 0 or upper is None or upper <= 0 or upper == float("inf"):
+            return None
+        cores = self.usable_cpus
+        occupancy = max(0.0, min(self.main_occupancy, cores))
+        if cores <= 0 or workers + occupancy <= cores:
+            return None
+
+        def sustained(rate: float) -> float:
+            return workers / (blocked + self.queued_cpu_s(workers, cpu, rate))
+
+        if sustained(upper) >= upper:
+            return upper
+        low, high = 0.0, upper
+        for _ in range(40):
+            mid = (low + high) / 2
+            low, high = (mid, high) if sustained(mid) >= mid else (low, mid)
+        return low
+
+    def queued_cpu_s(self, workers: int, cpu: float, rate: float) -> float:
+        """A worker's CPU work per sample, stretched by the threads it finds wanting a core when it wakes: the
+        other workers for the share of the time they are on a core or waiting for one, the training process for
+        its CPU per sample at ``rate`` (its threads' CPU: each counts), the helpers. Each thread in excess of the
+        cores slows everyone by its share (``(1 + found) / cores``), the training process's work likewise by the
+        workers it finds; the arrival sees the others, not itself (a closed system's arrival theorem), so one
+        worker beside a training process on two cores never waits. Mean-value iteration to its fixed point."""
+        cores = self.usable_cpus
+        main = rate * self.main_cpu_per_sample_s
+        helper = rate * self.helper_cpu_per_sample_s
+        per_worker = rate / workers
+        stretched = cpu
+        for _ in range(QUEUE_PASSES):
+            on_core = min(1.0, per_worker * stretched)  # one worker's share of time on a core or waiting for one
+            main_found = main * max(1.0, (max(self.main_occupancy, 1.0) + workers * on_core) / cores)
+            found = (workers - 1) * on_core + min(main_found, max(self.main_occupancy, 1.0)) + helper
+            stretched = cpu * max(1.0, (1.0 + found) / cores)
+        return stretched
 
     def shared_cores_rate(self, workers: int, scale: dict[str, float] | None = None) -> float | None:
         """The rate when the workers and a CPU compute want more cores than there are (see the module's

@@ -278,7 +278,9 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
                                 if model.recorded_load_cost is not None else ""))
     if model.cost_s.get("storage", 0.0) > 0:
         notes.append("blocked storage time overlaps across workers without limit: the target's storage must serve "
-                     "the total samples/s below")
+                     "the total samples/s below; where two or more workers and the training process outnumber the "
+                     "cores, a worker back from storage waits for a core in proportion to the threads it finds there "
+                     "(a mean-value estimate, not measured)")
     if model.worker_only_basis:
         notes.append(f"recorded with 0 workers: passing batches through shared memory is estimated "
                      f"({_ms(model.shm_write_per_sample_s)} per sample in a worker, "
