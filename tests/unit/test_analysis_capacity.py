@@ -593,10 +593,17 @@ def test_a_single_worker_or_a_core_for_each_thread_waits_for_no_core():
 
 
 def test_the_training_processs_cpu_is_found_on_the_core_too():
-    # 5 ms of the training process's CPU per sample: the workers find it there as well, so the rate falls further,
-    # and the rate found sustains itself: r = 2 / (40 ms + the stretched CPU at r).
-    quiet = _two_waiting_workers_on_one_core().rate()
+    # 5 ms of the training process's CPU per sample, at 30 samples/s: each worker is on the core 15 R of the time,
+    # the training process 0.15 (1 + 2 x 15 R) (slowed by the workers it finds); R = 10 ms (1 + 15 R + 0.15 + 4.5 R)
+    # gives R = 11.5 ms / 0.805 = 14.286 ms, against 12.36 ms without it.
     busy = _two_waiting_workers_on_one_core(main_cpu_per_sample_s=0.005, main_occupancy=1.0)
+    assert busy.queued_cpu_s(2, 0.010, 30.0) == pytest.approx(0.0115 / 0.805, rel=1e-6)
     rate = busy.rate()
-    assert rate < quiet
+    assert rate < _two_waiting_workers_on_one_core().rate()
     assert rate == pytest.approx(2 / (0.040 + busy.queued_cpu_s(2, 0.010, rate)), rel=1e-6)
+
+
+def test_no_queueing_term_where_the_blocked_time_holds_the_waits_for_a_core_already():
+    # a kernel without run-queue figures: the wait for a core was counted as blocked time, not to be added again
+    blind = _two_waiting_workers_on_one_core(blocked_holds_core_waits=True)
+    assert blind.queued_rate(2, None, 40.0) is None and blind.rate() == pytest.approx(40.0)

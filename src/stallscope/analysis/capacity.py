@@ -96,8 +96,9 @@ TIME_SHARING_COST = 0.12
 #: Passes that price a configuration's CPU work at its load and read the load again at the priced rate; two or
 #: three agree to a millionth.
 LOAD_PASSES = 5
-#: Mean-value passes of ``queued_cpu_s``: the stretch converges to within a thousandth in a dozen.
-QUEUE_PASSES = 20
+#: At most this many mean-value passes in ``queued_cpu_s``, which stops once the stretch moves by under a billionth:
+#: each pass shrinks the error by about the share of a core the others take, so the busiest cases want a hundred or so.
+QUEUE_PASSES = 400
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,8 @@ class ThroughputModel:
     compute_priced: bool = True
     # the training process's intra-op threads (torch.get_num_threads()) where recorded
     compute_threads: int | None = None
+    # the kernel did not report run-queue waits: the workers' blocked time holds their waits for a core already
+    blocked_holds_core_waits: bool = False
 
     def core_capacity(self, busy: float) -> float:
         """Cores' worth of work ``busy`` runnable threads get done at once: a core each up to the physical cores,
@@ -328,7 +331,8 @@ class ThroughputModel:
         Found by bisection below ``upper`` (the other bounds' rate): the rate that the workers' cycle, blocked time
         plus CPU work stretched by what they find running, sustains."""
         cpu, blocked = self.costs(scale, workers)
-        if workers <= 1 or cpu <= 0 or blocked <= 0 or upper is None or upper <= 0 or upper == float("inf"):
+        if workers <= 1 or cpu <= 0 or blocked <= 0 or upper is None or upper <= 0 or upper == float("inf") \
+                or self.blocked_holds_core_waits:
             return None
         cores = self.usable_cpus
         occupancy = max(0.0, min(self.main_occupancy, cores))
@@ -349,20 +353,28 @@ class ThroughputModel:
     def queued_cpu_s(self, workers: int, cpu: float, rate: float) -> float:
         """A worker's CPU work per sample, stretched by the threads it finds wanting a core when it wakes: the
         other workers for the share of the time they are on a core or waiting for one, the training process for
-        its CPU per sample at ``rate`` (its threads' CPU: each counts), the helpers. Each thread in excess of the
-        cores slows everyone by its share (``(1 + found) / cores``), the training process's work likewise by the
-        workers it finds; the arrival sees the others, not itself (a closed system's arrival theorem), so one
-        worker beside a training process on two cores never waits. Mean-value iteration to its fixed point."""
-        cores = self.usable_cpus
+        its CPU per sample at ``rate`` (its threads' CPU: each counts), the helpers. ``n`` threads wanting the
+        CPUs run at ``CPUs / n`` of full speed each beyond them (time-shared), the training process's work likewise
+        beside the workers it finds; the arrival sees the others, not itself (a closed system's arrival theorem), so
+        one worker beside a training process on two cores never waits. Mean-value iteration to its fixed point.
+        Hardware threads sharing a core are not priced here: the workers' rate and the budget price them
+        (``smt_speed``, ``core_capacity``), and counting them again made a 2-thread core's advice vanish."""
         main = rate * self.main_cpu_per_sample_s
         helper = rate * self.helper_cpu_per_sample_s
         per_worker = rate / workers
+        main_threads = max(self.main_occupancy, 1.0)
+
+        def slowed(n: float) -> float:  # how much longer a CPU second takes among ``n`` threads wanting the CPUs
+            return max(1.0, n / self.usable_cpus) if self.usable_cpus > 0 else 1.0
+
         stretched = cpu
         for _ in range(QUEUE_PASSES):
             on_core = min(1.0, per_worker * stretched)  # one worker's share of time on a core or waiting for one
-            main_found = main * max(1.0, (max(self.main_occupancy, 1.0) + workers * on_core) / cores)
-            found = (workers - 1) * on_core + min(main_found, max(self.main_occupancy, 1.0)) + helper
-            stretched = cpu * max(1.0, (1.0 + found) / cores)
+            main_found = min(main * slowed(main_threads + workers * on_core), main_threads)
+            found = (workers - 1) * on_core + main_found + helper
+            previous, stretched = stretched, cpu * slowed(1.0 + found)
+            if abs(stretched - previous) <= 1e-9 * stretched:
+                break
         return stretched
 
     def shared_cores_rate(self, workers: int, scale: dict[str, float] | None = None) -> float | None:
@@ -468,7 +480,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                             main_occupancy=min(occupancy, float(usable_cpus)), compute_on_cpu=compute_on_cpu,
                             shm_write_per_sample_s=write, shm_read_per_sample_s=read, worker_only_basis=basis,
                             physical_cores=physical_cores if physical_cores and physical_cores < usable_cpus else None,
-                            compute_threads=threads if isinstance(threads, int) and threads > 0 else None)
+                            compute_threads=threads if isinstance(threads, int) and threads > 0 else None,
+                            blocked_holds_core_waits=pipeline.runqueue_s is None)
     model = _at_full_core_speed(model)
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded
     # configuration predicts what the model says for it, and every other configuration is priced against it.
