@@ -79,6 +79,9 @@ def test_sigint_to_launcher_stops_script_and_saves_session(tmp_path):
     assert summary["ended_by"] == "interrupt"
     assert summary["steps"] >= 19
     assert summary["exit_code"] == 128 + signal.SIGINT
+    # a Ctrl-C is not the script failing: said as an interruption, with the steps before it kept
+    assert "the script failed" not in stderr, stderr[-3000:]
+    assert "the script was interrupted in the main process: KeyboardInterrupt" in stderr, stderr[-3000:]
     assert len(_session_files(store)) == 1
     assert not list(store.glob("runs/*/events")), "raw event files are folded into the session"
 

@@ -76,3 +76,17 @@ def test_a_run_without_a_dataloader_cannot_be_planned(tmp_path):
     result = plan(tmp_path, "last")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "no steady training steps fed by a DataLoader" in result.stderr
+
+
+def test_a_run_of_a_few_steps_is_said_to_be_too_short_by_report_and_plan(tmp_path):
+    done = run_cli(tmp_path, ["--steps", "6", "--", sys.executable, str(SCRIPTS / "tiny_train.py"), "--n", "480",
+                              "--sleep-ms", "2"])
+    assert done.returncode == 0, done.stderr
+    assert any(n.startswith("fewer than 10 steady steps were measured") for n in done.summary["notes"]), \
+        done.summary["notes"]
+    assert "fewer than 10 steady steps were measured" in done.stderr
+    planned = plan(tmp_path, "last", "--cores", "4", "--json", "-")
+    assert planned.returncode == 0, planned.stderr
+    doc = json.loads(planned.stdout)
+    assert doc["recorded"]["steady_steps"] < 10
+    assert "too few for these figures to act on" in doc["assumptions"][0]

@@ -182,3 +182,29 @@ def test_a_stall_is_the_loader_of_its_own_process_and_dead_workers_are_said_as_s
     for ending in ("KeyboardInterrupt", "SIGTERM"):  # an interrupt or a kill ends the workers too, after the hang
         cut = words.pitfall(replace(stall, facts={**stall.facts, "how": ending}))
         assert cut.title == "The DataLoader stopped delivering batches", ending
+
+
+def test_another_processs_loader_of_the_same_id_lends_the_training_loader_none_of_its_records():
+    """Spawned workers 500 and 501 ran the script's module code again (no __main__ guard) and each built a loader 0
+    of its own; 501 started a worker of its own, 600, which raised ValueError. 500 and 501 still served the training
+    loader as its workers: their fetches are its own. The training process's stall that ended in its own ValueError
+    is not 600's error re-raised, and the training loader counts no worker error."""
+    from stallscope.session import ProcessRecord
+
+    session = replace(base(), fetches=_fetches([20, 20]))  # workers 0 and 1 are processes 500 and 501
+    rerun_loaders = [replace(session.loaders[0], pid=pid) for pid in (500, 501)]
+    processes = [*session.processes, ProcessRecord(500, PID, "worker", [], 0, 0),
+                 ProcessRecord(501, PID, "worker", [], 0, 0), ProcessRecord(600, 501, "worker", [], 0, 0)]
+    err = ErrorRecord("worker", 600, 0, "ValueError", "bad sample", None, "", 0, 0)
+    its_own = replace(session.fetches[0], pid=600, worker=0, seq=99)  # 600 fetching for 501's loader 0
+    in_itself = replace(session.fetches[0], pid=501, worker=-1, seq=98)  # 501 iterating its loader 0 itself
+    stall = _stall(600, 3000, "ValueError", "bad sample")
+    mixed = replace(session, loaders=[*session.loaders, *rerun_loaders], processes=processes, errors=[err],
+                    stalls=[stall], fetches=[*session.fetches, its_own, in_itself])
+    assert "loader-stalled" in ids(mixed)
+    train = analyze(mixed).train_loader
+    assert train.pipeline.errors == 0
+    assert train.pipeline.batches == analyze(session).train_loader.pipeline.batches == 6  # 500's and 501's, not more
+    # the same error in the training process's own worker is its error, re-raised
+    own = replace(mixed, errors=[replace(err, pid=501, worker=1)])
+    assert "loader-stalled" not in ids(own) and analyze(own).train_loader.pipeline.errors == 1

@@ -256,3 +256,24 @@ def test_only_copies_during_the_steps_count_toward_pinning_advice():
     pageable = [dataclasses.replace(b, pinned=False) for b in batches]
     session = dataclasses.replace(session, transfers=[weights, *pageable])
     assert _unpinned_fraction(session, step_stats(session)) == 1.0
+
+
+@pytest.mark.parametrize("failure, headline, detail", [
+    (("main", "KeyboardInterrupt", "", "torch/autograd/graph.py:1072"), "the script was interrupted",
+     "KeyboardInterrupt (Ctrl-C or SIGINT) while at torch/autograd/graph.py:1072"),
+    (("main", "exit", None, None, None, None, 129), "the script was stopped",
+     "the script was killed by SIGHUP (exit code 129)"),
+    (("main", "exit", None, None, None, None, 143), "the script was stopped",
+     "the script was killed by SIGTERM (exit code 143)"),
+    (("main", "exit", None, None, None, None, 130), "the script was stopped",
+     "the script was killed by SIGINT (exit code 130)"),
+    (("main", "RuntimeError", "boom", "train.py:9"), "the script failed", "RuntimeError: boom  at train.py:9"),
+    # a worker's interrupt is the worker's end, not the user's stop of the script
+    (("worker", "KeyboardInterrupt", "", None, 0, 1), "the script failed", "KeyboardInterrupt: "),
+])
+def test_a_ctrl_c_or_a_termination_is_said_as_a_stop_not_a_failure(failure, headline, detail):
+    from stallscope.analysis.findings import Failure
+    from stallscope.render import words
+
+    f = Failure(*failure)
+    assert (words.failure_headline(f), words.failure_detail(f)) == (headline, detail)

@@ -122,3 +122,20 @@ def test_a_median_and_a_throughput_that_moved_the_same_way_are_not_said_to_disag
     assert result.row("step_median_s").deltas[1].verdict == "noise"
     assert result.row("steps_per_s").deltas[1].verdict == "real"
     assert result.typical_and_total_disagree() == []
+
+
+def test_a_change_from_about_zero_is_said_in_the_unit_not_as_a_percentage():
+    from stallscope.history.compare import METRICS, Delta
+    from stallscope.render.markdown import format_delta
+
+    per_step = next(m for m in METRICS if m.key == "node:decode")
+    # 0.04 ms -> 1.5 ms shows as 0.0 -> 1.5 in the table: "+3650%" would say nothing
+    grown = Delta(0.00146, 0.00146 / 0.00004, "untested", None, "no per-step distribution")
+    assert format_delta(per_step, grown) == "+1.5 ms from about 0"
+    from_nothing = Delta(0.002, None, "untested", None, "no per-step distribution")
+    assert format_delta(per_step, from_nothing) == "+2.0 ms from about 0"
+    assert format_delta(per_step, Delta(0.0, 0.0, "untested", None, "no per-step distribution")) == "+0.0%"
+    # a baseline the table shows stays a percentage, with its interval
+    median = next(m for m in METRICS if m.key == "step_median_s")
+    halved = Delta(-0.010, -0.5, "real", (-0.55, -0.45))
+    assert format_delta(median, halved) == "-50.0% **beyond noise** (better) [-55.0…-45.0%]"

@@ -39,6 +39,8 @@ def _missing_or_changed(stored: Any, now: Any, where: str = "") -> list[str]:
         return [problem for key, value in stored.items()
                 for problem in (_missing_or_changed(value, now[key], f"{where}/{key}") if key in now
                                 else [f"{where}/{key}: missing"])]
+    if isinstance(stored, list) and where == "/notes":  # notes are advice, and a newer analysis may add some
+        return [] if isinstance(now, list) and all(n in now for n in stored) else [f"{where}: a note went missing"]
     if isinstance(stored, list):
         if not isinstance(now, list) or len(now) != len(stored):
             return [f"{where}: list changed"]

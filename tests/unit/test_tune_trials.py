@@ -92,3 +92,21 @@ def test_a_worse_ranked_recommendation_never_undoes_a_better_ones_settings() -> 
     alone = {"id": "num-workers", "overrides": {"num_workers": 1, "prefetch_factor": 4}}
     assert diagnosis_changes([split, alone]) == {"torch_threads": 2, "num_workers": 2, "persistent_workers": True,
                                                  "prefetch_factor": 4}
+
+
+def test_the_title_says_why_the_search_ended_in_words():
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from stallscope.render.tune import render
+
+    limited = replace(_tuned(340.0, 380.0, 3.0), stopped_by="budget", limit="--trials 6")
+    assert limited.stopped_said == "stopped at its limit, --trials 6"
+    assert replace(limited, limit="--budget 600 s").stopped_said == "stopped at its limit, --budget 600 s"
+    assert replace(limited, stopped_by="converged").stopped_said == "search done"
+    console = Console(record=True, width=200)
+    render(limited, console)
+    text = console.export_text()
+    assert "(stopped at its limit, --trials 6)" in text and "(budget)" not in text
+    assert limited.to_dict()["stopped_by"] == "budget"  # the JSON's vocabulary stays

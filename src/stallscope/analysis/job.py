@@ -21,7 +21,7 @@ from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import find_pitfalls
 from stallscope.analysis.recommend import recommend
-from stallscope.analysis.steps import epochs_of, step_stats
+from stallscope.analysis.steps import FEW_STEADY_STEPS, epochs_of, step_stats
 from stallscope.analysis.sync import merge_intervals, overlap_ns
 from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
 from stallscope.constants import EVENTS_LOST_NOTE
@@ -46,27 +46,30 @@ def _loader_groups(session: Session, train_ids: tuple[int, ...]) -> list[list[Lo
 
 
 def _loader_summaries(session: Session, train_ids: tuple[int, ...]) -> list[LoaderSummary]:
-    waits: dict[int, float] = defaultdict(float)
-    batches: dict[int, int] = defaultdict(int)
-    epochs: dict[int, set[tuple[int, int]]] = defaultdict(set)
+    # loader ids are numbered per process (a spawned worker that runs the script's module code again builds a loader
+    # 0 of its own): each tally is by process and id
+    waits: dict[tuple[int, int], float] = defaultdict(float)
+    batches: dict[tuple[int, int], int] = defaultdict(int)
+    epochs: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
     for n in session.nexts:
-        waits[n.loader_id] += (n.end_ns - n.start_ns) / 1e9
-        batches[n.loader_id] += 1
-        epochs[n.loader_id].add((n.iter_id, n.epoch))
-    iter_start: dict[int, float] = defaultdict(float)
+        waits[n.pid, n.loader_id] += (n.end_ns - n.start_ns) / 1e9
+        batches[n.pid, n.loader_id] += 1
+        epochs[n.pid, n.loader_id].add((n.iter_id, n.epoch))
+    iter_start: dict[tuple[int, int], float] = defaultdict(float)
     for it in session.iters:
-        iter_start[it.loader_id] += (it.end_ns - it.start_ns) / 1e9
+        iter_start[it.pid, it.loader_id] += (it.end_ns - it.start_ns) / 1e9
     summaries = []
     for group in _loader_groups(session, train_ids):
         ld = group[0]
         ids = tuple(g.loader_id for g in group)
-        used = sum(batches[i] for i in ids)
+        keys = [(ld.pid, i) for i in ids]  # a group's loaders were all built in one process
+        used = sum(batches[k] for k in keys)
         role = "train" if train_ids and ld.pid == session.main_pid and ids == tuple(train_ids) \
             else ("eval" if used else "other")
         summaries.append(LoaderSummary(
             loader_id=ld.loader_id, role=role, site=ld.site, config=ld.config, overrides=ld.overrides,
-            batches=used, epochs=len(set().union(*(epochs[i] for i in ids))), wait_s=sum(waits[i] for i in ids),
-            iter_start_s=sum(iter_start[i] for i in ids), pipeline=worker_pipeline(session, ids),
+            batches=used, epochs=len(set().union(*(epochs[k] for k in keys))), wait_s=sum(waits[k] for k in keys),
+            iter_start_s=sum(iter_start[k] for k in keys), pipeline=worker_pipeline(session, ids, ld.pid),
             loader_ids=ids if len(ids) > 1 else (),
             code=code_site(ld.site, ld.stack or [ld.site], ld.created_ns, ld.pid, session.framework_args),
             pid=ld.pid))
@@ -168,6 +171,8 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         conditions.append("no-dataloader")
     elif not stats.steps:
         conditions.append("no-training-step")
+    elif len(stats.steady) < FEW_STEADY_STEPS:
+        conditions.append("few-steps")
     return Analysis(
         verdict=verdict,
         data_wait_fraction=stats.data_wait_fraction,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 
 from stallscope.analysis.findings import WorkerPipeline
 from stallscope.session import FetchRecord, Session
@@ -97,15 +98,48 @@ def fetch_stages(fetches: list[FetchRecord]) -> list[dict[str, int]]:
     return [split_fetch(f, shares.get(f.loader_id)) for f in fetches]
 
 
-def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...]) -> WorkerPipeline | None:
+@dataclass(frozen=True)
+class Foreign:
+    """Which records of some loader ids are another process's loaders', not ``owner``'s: loader ids are numbered
+    per process, so a spawned worker that runs the script's module code again (no ``__main__`` guard around the
+    DataLoader) builds a loader 0 of its own. Such a process's own fetches (in the process: worker -1) are not the
+    owner's, nor are those of the workers it started; its fetches as one of the owner's workers are."""
+    processes: frozenset[int] = frozenset()  # the other processes that built a loader of these ids
+    their_workers: frozenset[int] = frozenset()  # the workers those processes started
+
+    def has(self, pid: int, worker: int | None) -> bool:
+        """Whether a record by process ``pid`` (as DataLoader worker ``worker``; -1 or None: in the process) is
+        another process's."""
+        if worker is None or worker < 0:
+            return pid in self.processes
+        return pid in self.their_workers
+
+
+def foreign_records(session: Session, loader_ids: tuple[int, ...], owner: int | None) -> Foreign:
+    """The records of ``loader_ids`` that are not ``owner``'s loaders' (see ``Foreign``); none where no other
+    process built a loader of these ids."""
+    if owner is None:
+        return Foreign()
+    others = frozenset(ld.pid for ld in session.loaders if ld.pid != owner and ld.loader_id in loader_ids)
+    if not others:
+        return Foreign()
+    return Foreign(others, frozenset(p.pid for p in session.processes if p.ppid in others and p.pid != owner))
+
+
+def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: int | None = None
+                    ) -> WorkerPipeline | None:
     """The workers' side of a loader: one DataLoader, or the several a script built at one line (a new one
-    every epoch), taken together."""
+    every epoch), taken together; ``owner``: the process that built them (other processes' loaders of the same
+    ids are left out)."""
     ids = (loader_ids,) if isinstance(loader_ids, int) else tuple(loader_ids)
     loader_id = ids[0]
-    fetches = [f for f in session.fetches if f.loader_id in ids and f.outcome != "StopIteration"]
+    foreign = foreign_records(session, ids, owner)
+    fetches = [f for f in session.fetches
+               if f.loader_id in ids and f.outcome != "StopIteration" and not foreign.has(f.pid, f.worker)]
     if not fetches:
         return None
-    loader = next((ld for ld in session.loaders if ld.loader_id == loader_id), None)
+    loader = next((ld for ld in session.loaders if ld.loader_id == loader_id and ld.pid not in foreign.processes),
+                  None)
     num_workers = int(loader.config.get("num_workers", 0)) if loader else 0
     node_ns: dict[str, int] = defaultdict(int)
     node_cpu_ns: dict[str, int] = defaultdict(int)
@@ -137,13 +171,14 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...]) -> Work
         by_call = defaultdict(int, {name: int(value * scale) for name, value in by_call.items()})
         direct = int(direct * scale)
 
-    starts = [w for w in session.worker_starts if w.loader_id in ids]
+    starts = [w for w in session.worker_starts if w.loader_id in ids and w.pid not in foreign.their_workers]
     startup = [(w.ready_ns - w.created_ns) / 1e9 for w in starts]
     busy_fraction = _busy_fraction(fetches, starts) if num_workers > 0 else None
-    depth, empty = _queue_state(session, ids) if num_workers > 0 else (None, None)
+    depth, empty = _queue_state(session, ids, owner, foreign) if num_workers > 0 else (None, None)
     pin = sum(p.end_ns - p.start_ns for p in session.pins if not p.main_thread) / 1e9 \
         if loader and loader.config.get("pin_memory") else 0.0
-    errors = sum(1 for e in session.errors if e.where == "worker" and e.loader_id in ids)
+    errors = sum(1 for e in session.errors
+                 if e.where == "worker" and e.loader_id in ids and not foreign.has(e.pid, e.worker))
     return WorkerPipeline(
         loader_id=loader_id,
         num_workers=num_workers,
@@ -183,26 +218,33 @@ def _busy_fraction(fetches: list[FetchRecord], starts: list) -> float | None:
     return busy / life if life > 0 else None
 
 
-def _queue_state(session: Session, ids: tuple[int, ...]) -> tuple[float | None, float | None]:
+def _queue_state(session: Session, ids: tuple[int, ...], owner: int | None = None,
+                 foreign: Foreign | None = None) -> tuple[float | None, float | None]:
     """Mean number of batches ready and waiting when the main process asked for one, and how often none was.
 
     Worker fetches are matched to batches through the order of index sends: a worker serves its
-    queue first-in first-out, so its j-th fetch answers the j-th index sent to it.
+    queue first-in first-out, so its j-th fetch answers the j-th index sent to it. ``owner``: the process whose
+    loaders these are (another's sends and takes of the same ids are left out, as are ``foreign``'s fetches).
     """
+    foreign = foreign or Foreign()
+
+    def owned(pid: int) -> bool:
+        return owner is None or pid in (owner, -1)  # -1: a record from before sends carried their process
+
     sends_by_worker: dict[tuple[int, int], list] = defaultdict(list)
     for s in session.sends:
-        if s.loader_id in ids:
+        if s.loader_id in ids and owned(s.pid):
             sends_by_worker[(s.iter_id, s.worker)].append(s)
     fetch_by_worker: dict[tuple[int, int], list[FetchRecord]] = defaultdict(list)
     for f in session.fetches:
-        if f.loader_id in ids and f.worker >= 0:
+        if f.loader_id in ids and f.worker >= 0 and not foreign.has(f.pid, f.worker):
             fetch_by_worker[(f.iter_id, f.worker)].append(f)
     ready_at: dict[tuple[int, int, int], int] = {}
     for key, sends in sends_by_worker.items():
         done = sorted(fetch_by_worker.get(key, []), key=lambda f: f.seq)
         for send, fetch in zip(sorted(sends, key=lambda s: s.t_ns), done):
             ready_at[(send.iter_id, send.epoch, send.send_idx)] = fetch.end_ns
-    nexts = [n for n in session.nexts if n.loader_id in ids]
+    nexts = [n for n in session.nexts if n.loader_id in ids and owned(n.pid)]
     if not nexts or not ready_at:
         return None, None
     position: dict[tuple[int, int], int] = defaultdict(int)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope.analysis.findings import LoaderSummary
+from stallscope.analysis.pipeline import foreign_records
 from stallscope.analysis.system_metrics import SystemSummary
 from stallscope.session import Session
 
@@ -183,7 +184,9 @@ def _loader_stalled(session, loaders, system, cpus):
         steps = [n for n in session.nexts if n.loader_id in ld.ids and n.pid == stalls[0].pid]
         gaps = [b.start_ns - a.start_ns for a, b in zip(steps, steps[1:], strict=False)]
         typical = statistics.median(gaps) / 1e9 if gaps else 0.0
-        worker_errors = {e.type for e in session.errors if e.where == "worker" and e.loader_id in ld.ids}
+        foreign = foreign_records(session, ld.ids, ld.pid)
+        worker_errors = {e.type for e in session.errors
+                         if e.where == "worker" and e.loader_id in ld.ids and not foreign.has(e.pid, e.worker)}
         for stall in stalls:
             seconds = (stall.end_ns - stall.start_ns) / 1e9
             timed_out = "timed out" in (stall.message or "")

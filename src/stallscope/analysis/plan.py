@@ -441,6 +441,7 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
     Raises PlanError when the run holds nothing to project or the target is impossible."""
     from stallscope.analysis.job import analyze, usable_cpus
     from stallscope.analysis.recommend import normalize_fraction
+    from stallscope.analysis.steps import FEW_STEADY_STEPS
 
     analysis = analysis or analyze(session)
     model = analysis.capacity.model if analysis.capacity else None
@@ -460,5 +461,13 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
                     workers=workers, ranks=ranks_here if ranks_here > 1 and gpus == 0 else None,
                     threads_per_core=threads_per_core)
     train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
-    return project(model, target, stats.samples / len(stats.steady),
+    plan = project(model, target, stats.samples / len(stats.steady),
                    normalize_fraction(train.pipeline if train else None), stats.sync_s / stats.samples)
+    # the model's rate leaves out the workers' start-ups inside the steady steps; report's counts them
+    recorded = {**plan.recorded, "samples_per_s_with_startups": analysis.samples_per_s,
+                "steady_steps": len(stats.steady)}
+    notes = plan.assumptions
+    if len(stats.steady) < FEW_STEADY_STEPS:
+        notes = [f"the recorded run has {len(stats.steady)} steady step(s): too few for these figures to act on; "
+                 "record a longer run (stallscope run --steps 40 -- ...)", *notes]
+    return dataclasses.replace(plan, recorded=recorded, assumptions=notes)

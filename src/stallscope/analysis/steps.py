@@ -19,6 +19,10 @@ from stallscope.analysis.spans import SpanIndex, index_of
 from stallscope.analysis.sync import merge_intervals, overlap_ns, sync_intervals
 from stallscope.session import NextRecord, Session
 
+#: Below this many steady steps a run's figures are said to rest on too few steps (a run killed early, a --steps of
+#: a few): one slow batch moves a 5-step median and rate by a fifth.
+FEW_STEADY_STEPS = 10
+
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
     if not values:

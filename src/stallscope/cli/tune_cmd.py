@@ -48,7 +48,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     limit = p.add_mutually_exclusive_group()
     limit.add_argument("--trials", type=int, metavar="N", help="at most N runs in all, confirmation included "
-                                                               "(default 10 when no --budget)")
+                                                               f"(default 10 when no --budget; at least "
+                                                               f"{min_trials(1)}: the original, one change and "
+                                                               "its confirmation, more with --confirm-rounds)")
     limit.add_argument("--budget", type=float, metavar="SECONDS", help="wall-clock budget for all runs")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                    help=f"training steps per trial (default {DEFAULT_STEPS})")

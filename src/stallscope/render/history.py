@@ -31,7 +31,7 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
 def history_table(rows: list[RunRow]) -> Table:
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for name, justify in (("run", "left"), ("started", "left"), ("command", "left"), ("overrides", "left"),
-                          ("git", "left"), ("verdict", "left"), ("steps", "right"), ("median ms", "right"),
+                          ("git", "left"), ("verdict", "left"), ("steady steps", "right"), ("median ms", "right"),
                           ("p90 ms", "right"), ("steps/s", "right"), ("samples/s", "right"), ("wait %", "right"),
                           ("GPU %", "right"), ("RSS GiB", "right"), ("exit", "right")):
         table.add_column(name, justify=justify, no_wrap=True,  # type: ignore[arg-type]

@@ -49,6 +49,7 @@ th { background: #fafafa; } td.num { text-align: right; font-variant-numeric: ta
 .v-input-bound { background: #c0392b; } .v-compute-bound { background: #27ae60; }
 .v-balanced { background: #d4a017; } .v-unknown { background: #777; }
 .muted { color: #666; } .failure { border-left: 4px solid #c0392b; padding-left: .8rem; }
+.stopped { border-left: 4px solid #d4a017; padding-left: .8rem; }
 .chart { width: 100%; min-height: 320px; } nav a { margin-right: 1rem; }
 """
 
@@ -324,7 +325,9 @@ def _findings_section(analysis: Analysis) -> str:
     if analysis.failure:
         f = analysis.failure
         location = f"<br>at <code>{_e(f.location)}</code>" if f.location else ""
-        parts.append(f"<div class=failure><p><b>the script failed</b> in {_e(words.failure_place(f))}: "
+        headline = words.failure_headline(f)
+        kind = "failure" if headline == "the script failed" else "stopped"
+        parts.append(f"<div class={kind}><p><b>{_e(headline)}</b> in {_e(words.failure_place(f))}: "
                      f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(words.failure_message(f))}</pre></div>")
     parts.append(_ranks_table(analysis))
     if analysis.gpu_timing is not None:

@@ -46,21 +46,41 @@ def format_value(metric: Metric, value: float | None) -> str:
     return f"{value:.2f}"
 
 
+def _near_zero_baseline(metric: Metric, delta: Delta) -> bool:
+    """A baseline that shows as 0 at the table's precision (or is 0): a percentage of it means nothing (+2846% for
+    0.05 -> 1.5 ms), so the change is said in the metric's unit instead."""
+    if delta.relative is None or delta.change is None:
+        return True
+    if delta.relative == 0:  # no change, from whatever baseline
+        return False
+    return format_value(metric, abs(delta.change / delta.relative)).strip("0.") == ""
+
+
+def _signed(metric: Metric, value: float) -> str:
+    """A change in the metric's own unit, with its sign, at the table's precision."""
+    shown = format_value(metric, abs(value))
+    return ("-" if value < 0 and shown.strip("0.") else "+") + shown
+
+
 def format_delta(metric: Metric, delta: Delta | None) -> str:
     if delta is None or delta.change is None:
         return "–"
     if metric.share:
         text = f"{100 * delta.change:+.1f} pts"
         interval = f"{100 * delta.interval[0]:+.1f}…{100 * delta.interval[1]:+.1f}" if delta.interval else ""
+    elif _near_zero_baseline(metric, delta):
+        unit = metric.unit if metric.unit == "%" else f" {metric.unit}"
+        text = f"{_signed(metric, delta.change)}{unit} from about 0"
+        interval = ""  # relative to about nothing: no figure worth showing
     else:
-        text = f"{100 * delta.relative:+.1f}%" if delta.relative is not None else f"{delta.change:+.3g}"
+        text = f"{100 * delta.relative:+.1f}%"
         interval = f"{100 * delta.interval[0]:+.1f}…{100 * delta.interval[1]:+.1f}%" if delta.interval else ""
     if delta.verdict == "real":
         better = ((delta.change < 0) == (metric.better == "lower")) if metric.better else None
         mark = {True: " (better)", False: " (worse)", None: ""}[better]
-        return f"{text} **beyond noise**{mark} [{interval}]"
+        return f"{text} **beyond noise**{mark}" + (f" [{interval}]" if interval else "")
     if delta.verdict == "noise":
-        return f"{text} within noise [{interval}]"
+        return f"{text} within noise" + (f" [{interval}]" if interval else "")
     untested_by_design = delta.reason == "no per-step distribution"  # said once, under the table
     return f"{text} (not tested: {delta.reason})" if delta.reason and not untested_by_design else text
 

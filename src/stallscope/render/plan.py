@@ -43,9 +43,12 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
                   f"{t.cores_per_process:g} core(s) per training process")
     rec = plan.recorded
     measured = rec.get("samples_per_s")
+    whole = rec.get("samples_per_s_with_startups")
+    rate = f", {measured:,.1f} samples/s" if isinstance(measured, float) else ""
+    if rate and isinstance(whole, float) and abs(whole - measured) > 0.02 * measured:
+        rate += f" between the workers' start-ups ({whole:,.1f} with them, as report counts)"
     console.print(f"recorded: {rec.get('workers')} worker(s), {rec.get('cpus_free'):.2f} CPU(s) free per training "
-                  "process"
-                  + (f", {measured:,.1f} samples/s" if isinstance(measured, float) else "")
+                  "process" + rate
                   + (", compute on the CPU" if rec.get("compute_on_cpu") else ", compute on a GPU"))
     console.print(f"the compute could take {plan.compute_samples_per_s:,.1f} samples/s per process")
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)

@@ -28,7 +28,7 @@ def rate_text(trial: TrialResult) -> str:
 
 def render(result: TuneResult, console: Console) -> None:
     table = Table(title=f"stallscope tune: {result.runs} run{'s' if result.runs != 1 else ''}, {result.steps} steps "
-                        f"each ({result.stopped_by})")
+                        f"each ({result.stopped_said})")
     for col in ("#", "why", "change (--set)", result.unit, "verdict", "wait", "s", "result"):
         table.add_column(col, justify="right" if col in ("#", result.unit, "wait", "s") else "left")
     for trial in [*result.trials, *result.confirmation]:

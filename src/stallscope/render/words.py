@@ -14,6 +14,7 @@ from typing import Any
 
 from stallscope.analysis import Analysis, Failure, Recommendation
 from stallscope.analysis.capacity import SMT_YIELD
+from stallscope.analysis.steps import FEW_STEADY_STEPS
 from stallscope.settings import format_value
 
 MIB = 1 << 20
@@ -439,6 +440,9 @@ CONDITIONS = {
     "no-dataloader": "no torch DataLoader was created: stallscope measures DataLoader-fed training",
     "no-training-step": "no training step was recorded: none completed, or the script was killed before the "
                         "recorder wrote its last records (it writes them every second or so)",
+    "few-steps": f"fewer than {FEW_STEADY_STEPS} steady steps were measured (after the warm-up and the workers' first "
+                 "round): too few for the figures and the predictions to act on; record a run of more steps (more "
+                 "data or epochs, or a larger --steps where one was given)",
 }
 
 
@@ -457,6 +461,29 @@ def failure_message(failure: Failure) -> str:
                 pass
         return f"the script exited with code {code}"
     return failure.message or ""
+
+
+#: Exit codes a shell gives a script ended by a signal that asks a program to stop (Ctrl-C, a termination request, a
+#: closed terminal, Ctrl-\), which the launcher passes on to the job: a stop, not a failure.
+STOPPED_EXIT_CODES = tuple(128 + sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
+
+
+def failure_headline(failure: Failure) -> str:
+    """What happened, in the words a user expects: a Ctrl-C or a termination request stopped the script, which is
+    not the script failing (the steps before it are measured all the same)."""
+    if failure.type == "KeyboardInterrupt" and failure.where != "worker":
+        return "the script was interrupted"
+    if failure.type == "exit" and failure.message is None and failure.exit_code in STOPPED_EXIT_CODES:
+        return "the script was stopped"
+    return "the script failed"
+
+
+def failure_detail(failure: Failure) -> str:
+    """The failure's one line: an exit's code or signal, an exception's type and message, and where it was."""
+    if failure.type == "KeyboardInterrupt" and failure.where != "worker":
+        return "KeyboardInterrupt (Ctrl-C or SIGINT)" + (f" while at {failure.location}" if failure.location else "")
+    said = failure_message(failure) if failure.type == "exit" else f"{failure.type}: {failure_message(failure)}"
+    return said + (f"  at {failure.location}" if failure.location else "")
 
 
 def failure_place(failure: Failure) -> str:

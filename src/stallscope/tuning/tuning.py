@@ -43,6 +43,15 @@ class TuneResult:
     folder: str
     z: float = DEFAULT_Z
     notes: list[str] = field(default_factory=list)
+    limit: str = ""  # what bounded the search: "--trials 10" (the default), "--budget 600 s", or both
+
+    @property
+    def stopped_said(self) -> str:
+        """Why the search ended, in words: ``stopped_by`` is the JSON's fixed vocabulary."""
+        if self.stopped_by == "budget":
+            return f"stopped at its limit, {self.limit}" if self.limit else "stopped at its limit"
+        return {"converged": "search done", "original failed": "the original run failed",
+                "interrupted": "interrupted"}.get(self.stopped_by, self.stopped_by)
 
     @property
     def unit(self) -> str:
@@ -205,7 +214,9 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
 
     tuner = Tuner(evaluate, budget, tune_batch_size=tune_batch_size, z=z, max_workers=max_workers)
     confirmed = _Confirmed()
-    common: dict[str, Any] = {"command": list(command), "steps": steps, "folder": str(folder), "z": z}
+    limit = " or ".join([*([f"--trials {trials}"] if trials is not None else []),
+                         *([f"--budget {budget_s:g} s"] if budget_s is not None else [])])
+    common: dict[str, Any] = {"command": list(command), "steps": steps, "folder": str(folder), "z": z, "limit": limit}
     try:
         outcome: SearchOutcome = tuner.run()
         notes = _confirm(outcome, confirm_rounds, evaluate_overrides, confirmed)
