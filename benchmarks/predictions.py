@@ -9,6 +9,12 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-02 (session 18, workers that wait on storage queueing for a core, c726a39), quiet, --rounds 2
+--steps 40, about 13 min: starved 1.53x vs 1.45x (+5%; rounds 1.27x and 1.63x), slow storage 6.65x vs 6.77x (-2%; the
+term took its prediction from 7.93x, and earlier sessions measured it at 7.6-8.9x), large JPEGs 1.50x vs 1.68x (-11%),
+HTTP 7.94x vs 8.06x (-2%), tokenize 1.56x vs 1.70x (-8%), early exit 1.15x vs 1.12x (+2%), 2-thread compute 1.19x vs
+1.05x (+13%), heavy model 1.00x vs 1.13x (-12%), short epochs 0.97x vs 0.95x (+3%): **median 5%, worst 13%**.
+
 Measured 2026-12-02 (session 15, the final model of the session, 6b025d9), quiet, --rounds 2 --steps 40, 6 min 12 s:
 starved 1.67x vs 1.66x (+0%; rounds 2.01x and 1.31x), slow storage 7.93x vs 7.63x (+4%), large JPEGs 1.61x vs 1.62x
 (-1%; rounds 1.87x and 1.38x), HTTP 8.00x vs 8.15x (-2%), tokenize 1.65x vs 1.84x (-10%), early exit 1.15x vs 1.04x

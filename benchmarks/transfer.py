@@ -27,6 +27,17 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-02 (session 18, with workers that wait on storage queueing for a core, cda3938), nothing else running,
+``--rounds 3 --out /tmp/transfer18``, 49 min: 1 -> 2 cores median absolute error 2%, worst 17% (tokenize, 3 workers:
+1.68x planned, rounds 2.02x 1.68x 2.18x), **every one of the 18 within 20%**; 2 -> 1 cores median 8%, worst 23%, two
+outside: starved 1 worker +21% and 3 workers +23%. Slow storage's 3 workers on 1 core +8% (was +21% in every run
+before the term: 2.64x planned, 2.45x measured), 2 workers +7%; the 2-thread compute +14..+19%; large JPEGs, tokenize
+and the heavy model within 14%. What the starved rows miss, measured beside this run with plain torch (no stallscope):
+the training step's CPU per sample rises from 2.0-2.15 ms alone to 2.64-2.93 ms with one worker decoding on the other
+core and 2.75-2.79 ms with two (+30-40%), and on one core beside workers the 0-worker recording's 1.9 ms becomes
+2.9-3.4 ms; the workers' decode and resize rise by 10-26%. The model prices both at 12% (``ALL_CORES_BUSY_COST``,
+``TIME_SHARING_COST``): a compute suffers a neighbour more than a decode does, on this VM by about three times.
+
 Measured 2026-12-02 (session 17, later: a compute's threads cut in the rows whose workers would take their cores,
 303db5a), ``--only 2-thread``, defaults, about 4.5 min each. Quiet (``/tmp/transfer17c``): up (1 -> 2 cores, 1 compute
 thread) 1 worker +5%, 2 workers -4%, 3 workers -2%; down (2 -> 1 core) +12%, +21%, +33%. The run before it

@@ -22,6 +22,15 @@ workers, persistent, prefetch 1) 403.6: 0.790 against the best of 25 single runs
 of 3 alternating runs each: 366.3 vs 340.2). The machine's drift dwarfed the configurations: the original (0 workers)
 measured 220.1 in tune's first run and 343.6 in its confirmation, and 339.5 in the grid.
 
+2026-12-02 (session 18, with the queueing term, c726a39), --steps 100, about 10 min: **not met**. tune used 2 runs and
+kept the original (0 workers): confirmed 223.1 samples/s against the grid's best (4 workers, persistent, prefetch 1)
+298.5, 0.890 head to head (medians 227.7 vs 255.8). Its original's recording saw other programs keep 0.42 of the 2 CPUs
+busy (a whole core for 2.6 s of its 7 steady seconds; the next trial 0.98), so the model planned for 1.58 CPUs, and
+no worker count gained enough over the short epochs' worker restarts to be advised: the advice was the transform and
+decode fixes alone, and tune's one candidate, 1 worker, measured slower. The same recording with the queueing term
+taken out advises the same (it is the load, not the term). Without a worker count to climb from, tune climbed no
+further; the grid's persistent configurations were never tried.
+
 2026-12-02 (session 14), --steps 100, quiet machine, 6 min 42 s: tune used 8 runs (0.32 of the grid); its winner IS
 the grid's best configuration (2 workers, persistent, prefetch 1): confirmed 393.8 samples/s against the grid's 454.7
 (0.866 against the best of 25 single runs), **1.042 head to head** (medians of 3 alternating runs: 399.4 vs 383.3).
