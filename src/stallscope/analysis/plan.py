@@ -469,5 +469,5 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
     notes = plan.assumptions
     if len(stats.steady) < FEW_STEADY_STEPS:
         notes = [f"the recorded run has {len(stats.steady)} steady step(s): too few for these figures to act on; "
-                 "record a longer run (stallscope run --steps 40 -- ...)", *notes]
+                 "record a run of more steps (more data or epochs, or a larger --steps where one was given)", *notes]
     return dataclasses.replace(plan, recorded=recorded, assumptions=notes)

@@ -325,9 +325,8 @@ def _findings_section(analysis: Analysis) -> str:
     if analysis.failure:
         f = analysis.failure
         location = f"<br>at <code>{_e(f.location)}</code>" if f.location else ""
-        headline = words.failure_headline(f)
-        kind = "failure" if headline == "the script failed" else "stopped"
-        parts.append(f"<div class={kind}><p><b>{_e(headline)}</b> in {_e(words.failure_place(f))}: "
+        kind = "stopped" if words.failure_is_stop(f) else "failure"
+        parts.append(f"<div class={kind}><p><b>{_e(words.failure_headline(f))}</b> in {_e(words.failure_place(f))}: "
                      f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(words.failure_message(f))}</pre></div>")
     parts.append(_ranks_table(analysis))
     if analysis.gpu_timing is not None:

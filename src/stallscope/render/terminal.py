@@ -84,11 +84,11 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
             console.print(f"  also: {said.title}{gain}: {said.change}", markup=False, highlight=False)
     if analysis.failure:
         f = analysis.failure
-        headline = words.failure_headline(f)
-        colour = "red" if headline == "the script failed" else "yellow"
-        console.print(f"[bold {colour}]{headline}[/bold {colour}] in {words.failure_place(f)}: "
+        stopped = words.failure_is_stop(f)
+        colour = "yellow" if stopped else "red"
+        console.print(f"[bold {colour}]{words.failure_headline(f)}[/bold {colour}] in {words.failure_place(f)}: "
                       f"{escape(words.failure_detail(f))}", highlight=False)
-        if session.overrides and headline == "the script failed":
+        if session.overrides and not stopped:
             console.print(f"  it ran with {escape(words.overrides(session.overrides))}, a change stallscope made to its "
                           "DataLoader: run it without that to see whether the change caused this", highlight=False)
     for note in words.notes(analysis):

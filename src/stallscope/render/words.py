@@ -468,19 +468,28 @@ def failure_message(failure: Failure) -> str:
 STOPPED_EXIT_CODES = tuple(128 + sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
 
 
+def _interrupted(failure: Failure) -> bool:
+    """A KeyboardInterrupt in the script's own process (a worker's is that worker's end, not the user's stop)."""
+    return failure.type == "KeyboardInterrupt" and failure.where != "worker"
+
+
+def failure_is_stop(failure: Failure) -> bool:
+    """The script was stopped (an interrupt, or a signal that asks a program to stop), not failing: the steps before
+    it are measured all the same."""
+    return _interrupted(failure) or (failure.type == "exit" and failure.message is None
+                                     and failure.exit_code in STOPPED_EXIT_CODES)
+
+
 def failure_headline(failure: Failure) -> str:
-    """What happened, in the words a user expects: a Ctrl-C or a termination request stopped the script, which is
-    not the script failing (the steps before it are measured all the same)."""
-    if failure.type == "KeyboardInterrupt" and failure.where != "worker":
+    """What happened, in the words a user expects."""
+    if _interrupted(failure):
         return "the script was interrupted"
-    if failure.type == "exit" and failure.message is None and failure.exit_code in STOPPED_EXIT_CODES:
-        return "the script was stopped"
-    return "the script failed"
+    return "the script was stopped" if failure_is_stop(failure) else "the script failed"
 
 
 def failure_detail(failure: Failure) -> str:
     """The failure's one line: an exit's code or signal, an exception's type and message, and where it was."""
-    if failure.type == "KeyboardInterrupt" and failure.where != "worker":
+    if _interrupted(failure):
         return "KeyboardInterrupt (Ctrl-C or SIGINT)" + (f" while at {failure.location}" if failure.location else "")
     said = failure_message(failure) if failure.type == "exit" else f"{failure.type}: {failure_message(failure)}"
     return said + (f"  at {failure.location}" if failure.location else "")
