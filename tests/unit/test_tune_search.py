@@ -50,8 +50,9 @@ def test_starts_from_original_then_diagnosis_then_climbs() -> None:
     labels = [label for label, _ in job.seen]
     assert labels[:2] == ["original", "diagnosis"]
     assert job.seen[1][1]["num_workers"] == 2
-    # From 2 the climb goes up (3 is better, 4 is not), then keeps 3 and tries persistence and prefetch.
-    assert [c["num_workers"] for label, c in job.seen if label == "num_workers"] == [3, 4]
+    # From 2 the climb goes up (3 is better, 4 is not, nor is 6, the one step it looks further), then keeps 3 and
+    # tries persistence and prefetch.
+    assert [c["num_workers"] for label, c in job.seen if label == "num_workers"] == [3, 4, 6]
     assert outcome.best.config["num_workers"] == 3
     assert outcome.best.config["persistent_workers"] is True
     assert outcome.stopped_by == "converged"
@@ -196,11 +197,12 @@ def test_a_predicted_change_needs_less_evidence_than_a_blind_probe() -> None:
 
     predicted = FakeJob(rate, se=15.0, recs=recommend_two)
     Tuner(predicted, Budget(trials=20)).run()
-    assert [c["num_workers"] for label, c in predicted.seen if label == "num_workers"] == [3, 1], \
+    assert [c["num_workers"] for label, c in predicted.seen if label == "num_workers"] == [3, 4, 1], \
         "the predicted 2 workers became the incumbent: the climb starts from there"
     blind = FakeJob(rate, se=15.0)
     outcome = Tuner(blind, Budget(trials=20)).run()
-    assert [c["num_workers"] for _, c in blind.seen] == [0, 1], "a blind probe within noise does not move the climb"
+    assert [c["num_workers"] for _, c in blind.seen] == [0, 1, 2], \
+        "a blind probe within noise does not move the climb (it looks one count further, and stops)"
     assert outcome.best.config["num_workers"] == 1, "but the final pick is the fastest measured"
 
 
@@ -210,3 +212,74 @@ def test_final_pick_needs_a_practical_margin() -> None:
     assert outcome.best.config["num_workers"] == 2
     flat = FakeJob(lambda c: 100.0 + 0.5 * c["num_workers"], se=5.0, recs=recommend_two)  # +1%: not worth a change
     assert Tuner(flat, Budget(trials=20)).run().best.config["num_workers"] == 0
+
+
+def restarts_model(config: dict[str, Any]) -> float:
+    """Short epochs: one worker restarted at every epoch's start loses to none, two or more win, persistence more."""
+    w = config["num_workers"]
+    rate = {0: 220.0, 1: 190.0, 2: 245.0, 3: 240.0}.get(w, 200.0)
+    return rate * (1.15 if w and config["persistent_workers"] else 1.0)
+
+
+def test_one_worker_count_that_did_not_pay_does_not_end_the_climb() -> None:
+    job = FakeJob(restarts_model, se=3.0)  # no diagnosis: the climb alone
+    outcome = Tuner(job, Budget(trials=20)).run()
+    climbed = [c["num_workers"] for label, c in job.seen if label == "num_workers"]
+    assert climbed[:3] == [1, 2, 3]  # 1 lost, 2 was looked at anyway and won, 3 did not pay, 4 is the one beyond
+    assert climbed[3] == 4 and len(climbed) == 4
+    assert outcome.best.config["num_workers"] == 2 and outcome.best.config["persistent_workers"] is True
+
+
+def test_fewer_workers_are_not_looked_past() -> None:
+    job = FakeJob(lambda c: {4: 300.0, 3: 250.0, 2: 400.0}.get(c["num_workers"], 100.0), se=3.0)
+    Tuner(job, Budget(trials=20)).run({"num_workers": 4})
+    climbed = [c["num_workers"] for label, c in job.seen if label == "num_workers"]
+    # up first (from the original, not from a climb): 6 and 8 lose; down: 3 loses and the search turns no further
+    assert climbed == [3, 6, 8] or climbed == [6, 8, 3]
+    assert 2 not in climbed
+
+
+class LoadedOriginal(FakeJob):
+    """The original's first run saw other programs keep ``loads[0]`` CPUs busy, its second ``loads[1]``; in a loaded
+    run everything measures slower by that share of 2 CPUs, and the diagnosis advises workers only when quiet."""
+
+    def __init__(self, loads: tuple[float, float]) -> None:
+        super().__init__(workers_model, recs=lambda c: recommend_two(c) if self.load < 0.25 else [])
+        self.loads = list(loads)
+        self.load = 0.0
+
+    def __call__(self, config: dict[str, Any], label: str) -> TrialResult:
+        self.load = self.loads.pop(0) if self.loads else 0.0
+        result = super().__call__(config, label)
+        rate = Rate(result.rate.value * (1 - self.load / 2), 1.0, 40) if result.rate else None
+        return TrialResult(result.index, label, {}, result.config, ok=result.ok, rate=rate, wall_s=result.wall_s,
+                           recommendations=result.recommendations, usable_cpus=4, other_cpus=self.load)
+
+
+def test_a_loaded_original_runs_again_and_the_quieter_run_leads() -> None:
+    job = LoadedOriginal((0.9, 0.05))
+    outcome = Tuner(job, Budget(trials=20)).run()
+    labels = [label for label, _ in job.seen]
+    assert labels[:3] == ["original", "original again", "diagnosis"]  # the quiet run's advice is followed
+    assert outcome.original is outcome.trials[1] and outcome.original.other_cpus == 0.05
+    assert outcome.original.rate.value == 80.0 * (1 - 0.05 / 2)
+    assert outcome.notes == ["other programs kept 0.9 CPUs busy during the original's run, so it ran again (0.1 busy "
+                             "then); the search started from the second run"]
+
+
+def test_a_loaded_original_that_stays_loaded_keeps_its_first_run_and_says_so() -> None:
+    job = LoadedOriginal((0.5, 0.8))
+    outcome = Tuner(job, Budget(trials=20)).run()
+    assert [label for label, _ in job.seen][:2] == ["original", "original again"]
+    assert outcome.original is outcome.trials[0]
+    assert "the search started from the first run (other programs stayed busy" in outcome.notes[0]
+
+
+def test_a_quiet_original_or_a_tight_budget_runs_once() -> None:
+    quiet = LoadedOriginal((0.2, 0.0))
+    Tuner(quiet, Budget(trials=20)).run()
+    assert [label for label, _ in quiet.seen].count("original") == 1 and "original again" not in \
+        [label for label, _ in quiet.seen]
+    tight = LoadedOriginal((0.9, 0.0))  # 4 runs: the original, one candidate, two confirmations; no room for another
+    outcome = Tuner(tight, Budget(trials=4, reserve=2)).run()
+    assert "original again" not in [label for label, _ in tight.seen] and outcome.notes == []

@@ -168,6 +168,11 @@ def _ticks_around_process_changes(samples: SystemSamples) -> set[int]:
     return unsure
 
 
+#: Other programs' load worth saying (report's evidence) and acting on (tune runs a loaded original again): a quarter
+#: of a CPU is beyond what the sampler's rounding and the system's own daemons show on a quiet machine (0-0.1).
+OTHER_LOAD_NOTABLE_CPUS = 0.25
+
+
 def other_cores_between(session: Session, start_ns: int, end_ns: int) -> float | None:
     """Mean cores other programs kept busy between two instants (the steady steps, say)."""
     samples = session.system

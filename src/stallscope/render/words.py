@@ -15,6 +15,7 @@ from typing import Any
 from stallscope.analysis import Analysis, Failure, Recommendation
 from stallscope.analysis.capacity import SMT_YIELD
 from stallscope.analysis.steps import FEW_STEADY_STEPS
+from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.settings import format_value
 
 MIB = 1 << 20
@@ -357,10 +358,6 @@ def beside_compute(analysis: Analysis) -> str:
             "which no input change shortens")
 
 
-#: Cores other programs must keep busy before a run's evidence says so: below it, a machine's own daemons.
-OTHER_LOAD_SAID = 0.25
-
-
 def evidence(analysis: Analysis) -> list[str]:
     """The numbers behind the verdict and the limiting stage, one line each."""
     lines = _rank_evidence(analysis)
@@ -381,7 +378,7 @@ def evidence(analysis: Analysis) -> list[str]:
     train = analysis.train_loader
     pipeline = train.pipeline if train else None
     cpus = analysis.usable_cpus
-    if analysis.other_cpus >= OTHER_LOAD_SAID:
+    if analysis.other_cpus >= OTHER_LOAD_NOTABLE_CPUS:
         left = max(1.0, cpus - analysis.other_cpus)
         lines.append(f"other programs kept {analysis.other_cpus:.1f} of the {cpus} CPUs busy during these steps: "
                      f"this job had about {left:.1f} for itself, and its figures and advice are for a machine that "

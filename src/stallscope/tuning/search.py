@@ -4,10 +4,16 @@ Order: the original configuration; then what its diagnosis prescribes (every ``-
 recommendations at once, e.g. the predicted worker count); then a coordinate search, one
 argument at a time (num_workers, persistent_workers, prefetch_factor, pin_memory when batches go
 to a device, batch_size only when asked), climbing in one direction while each step is better
-beyond noise. Before each argument the incumbent's own diagnosis is consulted again, since a
+beyond noise (on num_workers one step further after a step that did not pay: one worker restarted at every epoch can
+lose to none while two win). Before each argument the incumbent's own diagnosis is consulted again, since a
 new worker count can reveal a new limit (e.g. worker restarts every epoch). A configuration
 replaces the incumbent only when it is faster by more than ``z`` combined standard errors
 (``DIAGNOSIS_Z`` for a change the diagnosis predicted: the prediction is prior evidence).
+
+Everything after the original starts from its diagnosis, which is for the machine as its run found it: where other
+programs kept a good part of a CPU busy then (``OTHER_LOAD_NOTABLE_CPUS``), the model planned for fewer CPUs than the
+trials will have, and the original's rate is low by that much. So a loaded original runs once more, and the run that
+saw less load is the one the search starts from and compares against.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.tuning.noise import DEFAULT_Z, better
 from stallscope.tuning.trials import KNOBS, TrialResult, normalize
 
@@ -116,6 +123,7 @@ class SearchOutcome:
     original: TrialResult | None
     best: TrialResult | None
     stopped_by: str  # "converged" | "budget" | "original failed"
+    notes: list[str] = field(default_factory=list)
 
 
 class Tuner:
@@ -134,6 +142,7 @@ class Tuner:
         self.original: TrialResult | None = None
         self.diagnosed: set[tuple[Any, ...]] = set()
         self.parents: dict[tuple[Any, ...], TrialResult] = {}  # diagnosis trial -> the trial it came from
+        self.superseded: TrialResult | None = None  # a loaded original's run, where its run again saw less load
 
     # -- running one configuration -------------------------------------------------------------
     def _try(self, config: Mapping[str, Any], label: str) -> TrialResult | None:
@@ -164,6 +173,8 @@ class Tuner:
         self.original = first
         if not first.ok:
             return SearchOutcome(self.trials, first, None, "original failed")
+        self.notes: list[str] = []
+        first = self._quieter_original(first)
         self.original_config = dict(first.config)
         self.best = first
         try:
@@ -172,8 +183,30 @@ class Tuner:
                 self._apply_diagnosis()
                 self._climb(knob)
         except BudgetExhausted:
-            return SearchOutcome(self.trials, self.original, self._winner(), "budget")
-        return SearchOutcome(self.trials, self.original, self._winner(), "converged")
+            return SearchOutcome(self.trials, self.original, self._winner(), "budget", self.notes)
+        return SearchOutcome(self.trials, self.original, self._winner(), "converged", self.notes)
+
+    def _quieter_original(self, first: TrialResult) -> TrialResult:
+        """The original run again where other programs kept ``OTHER_LOAD_NOTABLE_CPUS`` or more busy during its
+        steady steps (and the budget leaves room for it, a candidate and the confirmation): the run that saw less
+        load is the original from then on. Said in the notes either way."""
+        if first.other_cpus < OTHER_LOAD_NOTABLE_CPUS or not self.budget.allows(extra=2):
+            return first
+        again = self.evaluate(normalize(first.config), "original again")
+        self.budget.record(again.wall_s)
+        self.trials.append(again)
+        quieter = again.ok and again.rate is not None and again.other_cpus < first.other_cpus
+        kept = again if quieter else first
+        self.notes.append(f"other programs kept {first.other_cpus:.1f} CPUs busy during the original's run, so it ran "
+                          f"again ({again.other_cpus:.1f} busy then); the search started from the "
+                          f"{'second' if quieter else 'first'} run"
+                          + (" (other programs stayed busy: the advice is for a machine that busy)"
+                             if kept.other_cpus >= OTHER_LOAD_NOTABLE_CPUS else ""))
+        if quieter:
+            self.superseded = first
+            self.tried[config_key(first.config)] = again
+            self.original = again
+        return kept
 
     def _winner(self) -> TrialResult | None:
         """The fastest trial measured, when it beats the search's incumbent by a practical margin.
@@ -201,7 +234,7 @@ class Tuner:
             candidates = []
             for trial in self.trials:
                 key = config_key(trial.config)
-                if not trial.ok or trial.rate is None or key in self.diagnosed:
+                if not trial.ok or trial.rate is None or key in self.diagnosed or trial is self.superseded:
                     continue
                 changes = diagnosis_changes(trial.recommendations)
                 if "num_workers" in changes and self.max_workers is not None:
@@ -268,6 +301,9 @@ class Tuner:
         for direction in ((1, -1) if went_up or at == 0 else (-1, 1)):
             moved = False
             failures = 0
+            # More workers: one count that did not pay says little about the next (one worker restarted at every
+            # epoch's start can lose to none while two win), so look one further before turning back.
+            patience = 1 if knob == "num_workers" and direction == 1 else 0
             i = at
             while 0 <= i + direction < len(values):
                 i += direction
@@ -277,7 +313,11 @@ class Tuner:
                     failures += 1  # a failed value says nothing about the next one: look one further
                     continue
                 if not self._improved(result, before):
+                    if patience > 0 and result is not None and result.ok:
+                        patience -= 1
+                        continue
                     break
                 moved = True
+                patience = 1 if knob == "num_workers" and direction == 1 else 0  # again from the new incumbent
             if moved:
                 return

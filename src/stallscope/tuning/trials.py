@@ -59,6 +59,7 @@ class TrialResult:
     trial_dir: str | None = None
     session: str | None = None
     code: dict[str, Any] | None = None  # where the training loader's settings go in the user's code (summary)
+    other_cpus: float = 0.0  # CPUs other programs kept busy over its steady steps (its rate and advice are for that)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +70,7 @@ class TrialResult:
             "steps_measured": self.rate.steps if self.rate else 0, "unit": self.unit,
             "wall_s": round(self.wall_s, 2), "verdict": self.verdict,
             "data_wait_fraction": self.data_wait_fraction, "trial_dir": self.trial_dir, "session": self.session,
+            "other_cpus": round(self.other_cpus, 2),
         }
 
 
@@ -243,9 +245,16 @@ def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def measured_rate(session: Any, config: Mapping[str, Any]) -> tuple[Rate | None, str, list[float]]:
     """Rate over the steady steps, after discarding warm-up and the prefetched start-up batches."""
+    rate, unit, durations, _other = _measured(session, config)
+    return rate, unit, durations
+
+
+def _measured(session: Any, config: Mapping[str, Any]) -> tuple[Rate | None, str, list[float], float]:
+    """``measured_rate``'s figures and the CPUs other programs kept busy over the steady steps."""
     from stallscope.analysis import analyze
 
     analysis = analyze(session)
+    other = analysis.other_cpus
     steps = analysis.steps.steps
     batches = sum(s.batches for s in steps) / len(steps) if steps else 1.0
     skip = warmup_steps(len(steps), int(config.get("num_workers") or 0), config.get("prefetch_factor"),
@@ -253,8 +262,8 @@ def measured_rate(session: Any, config: Mapping[str, Any]) -> tuple[Rate | None,
     kept = steps[skip:]
     durations = [s.duration_ns / 1e9 for s in kept]
     if kept and all(s.samples is not None for s in kept):
-        return rate_of(durations, [float(s.samples) for s in kept]), "samples/s", durations
-    return rate_of(durations), "steps/s", durations
+        return rate_of(durations, [float(s.samples) for s in kept]), "samples/s", durations, other
+    return rate_of(durations), "steps/s", durations, other
 
 
 def launch(cmd: list[str], trial_dir: Path, timeout_s: float, env: Mapping[str, str]) -> tuple[int | None, float]:
@@ -306,7 +315,7 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
 
     try:
         session = Session.load(summary["session"])
-        rate, unit, durations = measured_rate(session, config)
+        rate, unit, durations, other = _measured(session, config)
     except Exception as exc:  # an unreadable session is this trial's failure, not the tuner's
         said = (f"could not read {exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename
                 and exc.strerror else f"could not analyze its session: {type(exc).__name__}: {exc}")
@@ -318,4 +327,5 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
                        verdict=summary.get("verdict"), data_wait_fraction=summary.get("data_wait_fraction"),
                        step_times_s=durations, recommendations=list(summary.get("recommendations") or []),
                        usable_cpus=summary.get("usable_cpus"), uses_device=uses_device,
-                       session=summary.get("session"), code=train.get("code") if train else None)
+                       session=summary.get("session"), code=train.get("code") if train else None,
+                       other_cpus=other)

@@ -14,7 +14,7 @@ from typing import Any
 
 from stallscope import paths
 from stallscope.tuning.noise import DEFAULT_Z, Rate, within_noise
-from stallscope.tuning.search import Budget, SearchOutcome, Tuner, overrides_for
+from stallscope.tuning.search import Budget, SearchOutcome, Tuner, config_key, overrides_for
 from stallscope.tuning.trials import TrialResult, run_trial, set_arguments
 
 DEFAULT_STEPS = 50
@@ -228,7 +228,7 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
         with contextlib.suppress(OSError):  # an unwritable folder must not hide the interrupt
             _write(partial)
         raise TuneInterrupted(partial, int(getattr(exc, "signum", signal.SIGINT))) from exc
-    notes += _untried_note(outcome, budget)
+    notes = outcome.notes + notes + _untried_note(outcome, budget)
     result = TuneResult(**common, trials=outcome.trials, confirmation=confirmed.runs, original=outcome.original,
                         winner=outcome.best, winner_overrides=confirmed.winner_overrides,
                         original_confirmed=confirmed.original, winner_confirmed=confirmed.winner,
@@ -256,7 +256,7 @@ def _confirm(outcome: SearchOutcome, confirm_rounds: int,
     confirmed.winner_overrides = overrides_for(best.config, original.config) if best is not original else {}
     if not confirmed.winner_overrides:
         confirmed.original = confirmed.winner = original.rate
-        if len(outcome.trials) == 1:
+        if not _candidates(outcome):
             return []  # nothing else was tried: _untried_note says why
         return ["no configuration beat the original by more than the noise: keep it as it is"]
     order = []
@@ -275,11 +275,18 @@ def _confirm(outcome: SearchOutcome, confirm_rounds: int,
     return []
 
 
+def _candidates(outcome: SearchOutcome) -> list[TrialResult]:
+    """The trials of another configuration than the original's (not the original run again)."""
+    original = outcome.original
+    key = config_key(original.config) if original is not None else None
+    return [t for t in outcome.trials if config_key(t.config) != key]
+
+
 def _untried_note(outcome: SearchOutcome, budget: Budget) -> list[str]:
     """When the original was the only run, say so and why: "nothing beat the original" would claim a
     comparison that never happened."""
     original = outcome.original
-    if original is None or not original.ok or len(outcome.trials) > 1:
+    if original is None or not original.ok or _candidates(outcome):
         return []
     if outcome.stopped_by == "budget":
         need = math.ceil(original.wall_s * (2 + budget.reserve))
