@@ -397,3 +397,34 @@ def test_an_epoch_start_prices_the_workers_work_at_their_load_as_the_steady_rate
     assert cost == pytest.approx(1.06)
     assert m.rate(2) == pytest.approx(250.0 / cost)
     assert epoch_cost(m, shape(), 2, persistent=False).fill_s == pytest.approx(8 * 0.008 * cost - 8 / m.rate(2))
+
+
+def test_another_processs_loader_of_the_same_id_changes_none_of_the_epochs():
+    """Process 300 (a spawned worker that ran the script's module code again, no __main__ guard) built a loader 0 of
+    its own, iterated it five times inside the measured steps with a batch of its own each, and started a worker (400)
+    each time that took 9 s to start: none of it is the training loader's. Its restarts, early exits and start-up figure stay
+    what the training process's own records give."""
+    session = _session(epochs=4, used_per_epoch=10, workers=2, worker_ready_ms=(300.0, 300.0))
+    stats, train = _stats_and_train(session, workers=2)
+    train = replace(train, pid=100)
+    alone = epoch_shape(session, stats, train)
+    t = session.nexts[12].start_ns
+    mixed = replace(
+        session,
+        processes=[*session.processes, ProcessRecord(300, 100, "worker", [], 0, 0), ProcessRecord(400, 300, "worker",
+                                                                                                   [], 0, 0)],
+        loaders=[*session.loaders, replace(session.loaders[0], pid=300)],
+        iters=[*session.iters, *(IterRecord(0, 50 + k, 50 + k, t + k * MS, t + k * MS + MS, 1, 300) for k in range(5))],
+        nexts=[*session.nexts, *(NextRecord(0, 50 + k, 50 + k, t + k * MS, t + k * MS + MS, 0, 8, 300)
+                                 for k in range(5))],
+        worker_starts=[*session.worker_starts, *(WorkerStartRecord(0, 50 + k, 0, 400, t, t, t + 9000 * MS, {})
+                                                 for k in range(5))])
+    got = epoch_shape(mixed, stats, train)
+    assert alone is not None and got is not None
+    assert (got.restarts, got.left_early, got.worker_start_s) == (alone.restarts, alone.left_early,
+                                                                  alone.worker_start_s)
+    assert got.restarts == 3 and got.left_early is False
+    # the same records by the training process's own loader count: five more epoch starts, most epochs left early
+    own = replace(mixed, iters=[replace(it, pid=100) if it.pid == 300 else it for it in mixed.iters],
+                  nexts=[replace(n, pid=100) if n.pid == 300 else n for n in mixed.nexts])
+    assert (epoch_shape(own, stats, train).restarts, epoch_shape(own, stats, train).left_early) == (8, True)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from stallscope.analysis.capacity import ThroughputModel
 from stallscope.analysis.findings import LoaderSummary, StepStats
+from stallscope.analysis.pipeline import foreign_records
 from stallscope.analysis.steps import epochs_of
 from stallscope.session import Session
 
@@ -88,7 +89,8 @@ def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None,
         return None
     t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
     ids = set(train.ids)
-    restarts = sum(1 for it in session.iters if it.loader_id in ids and t0 < it.start_ns < t1)
+    restarts = sum(1 for it in session.iters if it.loader_id in ids and t0 < it.start_ns < t1
+                   and train.pid in (None, it.pid))
     config = train.config
     batch_size = config.get("batch_size")
     if restarts == 0 or not isinstance(batch_size, int) or batch_size <= 0:
@@ -117,7 +119,8 @@ def _left_early(session: Session, train: LoaderSummary, batch_size: int) -> bool
         full = length // batch_size if config.get("drop_last") else math.ceil(length / batch_size)
     if full <= 0:
         return False
-    ended = [len(batches) for batches in epochs_of(session, train.ids).values()][:-1]  # the last: cut by the run's end
+    # the last epoch is cut by the run's end
+    ended = [len(batches) for batches in epochs_of(session, train.ids, train.pid).values()][:-1]
     return bool(ended) and sum(1 for used in ended if used < full) > len(ended) / 2
 
 
@@ -145,8 +148,9 @@ def _worker_start(session: Session, train: LoaderSummary, cpus: float) -> tuple[
     serial = method == "fork"
     ids = set(train.ids)
     per_iter: dict[tuple[int, int], list[float]] = {}
+    foreign = foreign_records(session, train.ids, train.pid)
     for w in session.worker_starts:
-        if w.loader_id in ids:
+        if w.loader_id in ids and not foreign.has(w.pid, w.worker):
             per_iter.setdefault((w.loader_id, w.iter_id), []).append((w.ready_ns - w.created_ns) / 1e9)
     if per_iter:
         if serial:  # the last worker of a start was ready after all the forks before it
@@ -174,8 +178,9 @@ def _worker_stop(session: Session, train: LoaderSummary, cpus: float) -> tuple[f
     the median. Otherwise estimated from how the workers are started (see ``TYPICAL_FORKED_STOP_S``)."""
     ids = set(train.ids)
     ends: dict[tuple[int, int], list[int]] = {}
+    foreign = foreign_records(session, train.ids, train.pid)
     for f in session.fetches:
-        if f.loader_id in ids:
+        if f.loader_id in ids and not foreign.has(f.pid, f.worker):
             ends.setdefault((f.loader_id, f.iter_id), []).append(f.end_ns)
     each = []
     for stop in session.shutdowns:

@@ -83,13 +83,14 @@ def _startup_in_steady(session: Session, stats: StepStats, train: LoaderSummary 
         return 0.0
     t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
     ids = train.ids
-    spans = merge_intervals([(it.start_ns, it.end_ns) for it in session.iters if it.loader_id in ids]
+    spans = merge_intervals([(it.start_ns, it.end_ns) for it in session.iters
+                             if it.loader_id in ids and train.pid in (None, it.pid)]
                             + [(sd.start_ns, sd.end_ns) for sd in session.shutdowns
                                if sd.loader_id in ids and sd.pid == session.main_pid])
     total = overlap_ns(spans, t0, t1) / 1e9
     if int(train.config.get("num_workers") or 0) > 0 and stats.median_wait_s is not None:
         # the first batch of each epoch after the very first: the queue filling again
-        later_firsts = [batches[0] for batches in epochs_of(session, ids).values()][1:]
+        later_firsts = [batches[0] for batches in epochs_of(session, ids, train.pid).values()][1:]
         typical = stats.median_wait_s / max(1.0, sum(s.batches for s in stats.steady) / len(stats.steady))
         total += sum(max(0.0, (n.end_ns - n.start_ns) / 1e9 - typical) for n in later_firsts if t0 <= n.start_ns < t1)
     return total

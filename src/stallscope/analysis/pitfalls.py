@@ -152,7 +152,9 @@ def _out_of_order_waits(session, loaders, system, cpus):
     """Waiting for one slow worker's batch while others' are ready (in-order delivery)."""
     out = []
     for ld in loaders:
-        fetches = [f for f in session.fetches if f.loader_id in ld.ids and f.worker >= 0]
+        foreign = foreign_records(session, ld.ids, ld.pid)
+        fetches = [f for f in session.fetches
+                   if f.loader_id in ld.ids and f.worker >= 0 and not foreign.has(f.pid, f.worker)]
         workers = {f.worker for f in fetches}
         if len(workers) < 2 or not ld.config.get("in_order", True):
             continue

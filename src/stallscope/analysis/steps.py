@@ -41,13 +41,16 @@ def same_site(session: Session, loader_id: int) -> list[int]:
     return [ld.loader_id for ld in session.loaders if ld.pid == first.pid and ld.site == first.site]
 
 
-def epochs_of(session: Session, loader_ids: Sequence[int]) -> dict[tuple[int, int, int], list[NextRecord]]:
-    """The batches taken from ``loader_ids``, per epoch, in the order the epochs began: keyed by (loader,
-    iterator, epoch). A new ``iter(loader)`` starts an epoch; a loader with persistent workers keeps one
-    iterator across epochs, so its epochs are told apart by ``epoch`` too."""
+def epochs_of(session: Session, loader_ids: Sequence[int], pid: int | None = None
+              ) -> dict[tuple[int, int, int], list[NextRecord]]:
+    """The batches taken from ``loader_ids`` (by process ``pid`` where given: loader ids are numbered per process),
+    per epoch, in the order the epochs began: keyed by (loader, iterator, epoch). A new ``iter(loader)`` starts an
+    epoch; a loader with persistent workers keeps one iterator across epochs, so its epochs are told apart by
+    ``epoch`` too."""
     ids = set(loader_ids)
     epochs: dict[tuple[int, int, int], list[NextRecord]] = {}
-    for n in sorted((n for n in session.nexts if n.loader_id in ids), key=lambda n: n.start_ns):
+    taken = (n for n in session.nexts if n.loader_id in ids and (pid is None or n.pid == pid))
+    for n in sorted(taken, key=lambda n: n.start_ns):
         epochs.setdefault((n.loader_id, n.iter_id, n.epoch), []).append(n)
     return epochs
 
