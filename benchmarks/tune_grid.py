@@ -22,6 +22,15 @@ workers, persistent, prefetch 1) 403.6: 0.790 against the best of 25 single runs
 of 3 alternating runs each: 366.3 vs 340.2). The machine's drift dwarfed the configurations: the original (0 workers)
 measured 220.1 in tune's first run and 343.6 in its confirmation, and 339.5 in the grid.
 
+2026-12-02 (session 19: a loaded original runs again, the worker climb looks one count past one that did not pay,
+6a78dfa), --steps 100, about 11 min: tune used 8 runs (0.32 of the grid): original, the diagnosis' 2 workers, its
+diagnosis' persistent workers with prefetch 1 (the grid's best configuration, 249.3 samples/s in its one run), then 3
+workers (258.1) and 4 (241.3) and 1 (188.0); its pick is the fastest measured, 3 workers persistent prefetch 1, 3.5%
+above the grid's best configuration in one run each (within their noise). Confirmed 244.2 against the grid's best (2
+workers, persistent, prefetch 1) 279.3: 0.874; **0.942 head to head** (medians of 3 alternating runs, 262.1 vs 278.4;
+rounds 0.87, 0.92, 0.98). Not met by 0.8 points: the search found the grid's best and its final pick between two
+configurations within noise took the other one. The original measured 171.2 in its run and 220.6 in its confirmation.
+
 2026-12-02 (session 18, with the queueing term, c726a39), --steps 100, about 10 min: **not met**. tune used 2 runs and
 kept the original (0 workers): confirmed 223.1 samples/s against the grid's best (4 workers, persistent, prefetch 1)
 298.5, 0.890 head to head (medians 227.7 vs 255.8). Its original's recording saw other programs keep 0.42 of the 2 CPUs

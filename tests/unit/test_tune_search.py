@@ -252,7 +252,8 @@ class LoadedOriginal(FakeJob):
         self.load = self.loads.pop(0) if self.loads else 0.0
         result = super().__call__(config, label)
         rate = Rate(result.rate.value * (1 - self.load / 2), 1.0, 40) if result.rate else None
-        return TrialResult(result.index, label, {}, result.config, ok=result.ok, rate=rate, wall_s=result.wall_s,
+        return TrialResult(result.index, label, {}, result.config, ok=result.ok, reason=result.reason, rate=rate,
+                           wall_s=result.wall_s,
                            recommendations=result.recommendations, usable_cpus=4, other_cpus=self.load)
 
 
@@ -260,7 +261,7 @@ def test_a_loaded_original_runs_again_and_the_quieter_run_leads() -> None:
     job = LoadedOriginal((0.9, 0.05))
     outcome = Tuner(job, Budget(trials=20)).run()
     labels = [label for label, _ in job.seen]
-    assert labels[:3] == ["original", "original again", "diagnosis"]  # the quiet run's advice is followed
+    assert labels[:3] == ["original", "original-again", "diagnosis"]  # the quiet run's advice is followed
     assert outcome.original is outcome.trials[1] and outcome.original.other_cpus == 0.05
     assert outcome.original.rate.value == 80.0 * (1 - 0.05 / 2)
     assert outcome.notes == ["other programs kept 0.9 CPUs busy during the original's run, so it ran again (0.1 busy "
@@ -270,7 +271,7 @@ def test_a_loaded_original_runs_again_and_the_quieter_run_leads() -> None:
 def test_a_loaded_original_that_stays_loaded_keeps_its_first_run_and_says_so() -> None:
     job = LoadedOriginal((0.5, 0.8))
     outcome = Tuner(job, Budget(trials=20)).run()
-    assert [label for label, _ in job.seen][:2] == ["original", "original again"]
+    assert [label for label, _ in job.seen][:2] == ["original", "original-again"]
     assert outcome.original is outcome.trials[0]
     assert "the search started from the first run (other programs stayed busy" in outcome.notes[0]
 
@@ -278,8 +279,14 @@ def test_a_loaded_original_that_stays_loaded_keeps_its_first_run_and_says_so() -
 def test_a_quiet_original_or_a_tight_budget_runs_once() -> None:
     quiet = LoadedOriginal((0.2, 0.0))
     Tuner(quiet, Budget(trials=20)).run()
-    assert [label for label, _ in quiet.seen].count("original") == 1 and "original again" not in \
+    assert [label for label, _ in quiet.seen].count("original") == 1 and "original-again" not in \
         [label for label, _ in quiet.seen]
+    failed = LoadedOriginal((0.9, 0.0))
+    failed.fail = lambda c: "exit code 1" if len(failed.seen) == 2 else None  # the run again fails
+    outcome = Tuner(failed, Budget(trials=20)).run()
+    assert outcome.original is outcome.trials[0]
+    assert outcome.notes[0].startswith("other programs kept 0.9 CPUs busy during the original's run, so it ran again "
+                                       "(that run failed: exit code 1); the search started from the first run")
     tight = LoadedOriginal((0.9, 0.0))  # 4 runs: the original, one candidate, two confirmations; no room for another
     outcome = Tuner(tight, Budget(trials=4, reserve=2)).run()
-    assert "original again" not in [label for label, _ in tight.seen] and outcome.notes == []
+    assert "original-again" not in [label for label, _ in tight.seen] and outcome.notes == []

@@ -192,14 +192,14 @@ class Tuner:
         load is the original from then on. Said in the notes either way."""
         if first.other_cpus < OTHER_LOAD_NOTABLE_CPUS or not self.budget.allows(extra=2):
             return first
-        again = self.evaluate(normalize(first.config), "original again")
+        again = self.evaluate(normalize(first.config), "original-again")
         self.budget.record(again.wall_s)
         self.trials.append(again)
         quieter = again.ok and again.rate is not None and again.other_cpus < first.other_cpus
         kept = again if quieter else first
+        then = f"{again.other_cpus:.1f} busy then" if again.ok else f"that run failed: {again.reason}"
         self.notes.append(f"other programs kept {first.other_cpus:.1f} CPUs busy during the original's run, so it ran "
-                          f"again ({again.other_cpus:.1f} busy then); the search started from the "
-                          f"{'second' if quieter else 'first'} run"
+                          f"again ({then}); the search started from the {'second' if quieter else 'first'} run"
                           + (" (other programs stayed busy: the advice is for a machine that busy)"
                              if kept.other_cpus >= OTHER_LOAD_NOTABLE_CPUS else ""))
         if quieter:
