@@ -27,6 +27,19 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-02 (session 19, the model unchanged since session 18), nothing else running, ``--rounds 2 --out
+/tmp/s19/tr``, 30 min: 1 -> 2 cores median absolute error 7%, worst 16% (tokenize 2 workers), **all 18 within 20%**;
+2 -> 1 cores median 9%, worst 39%, three outside: tokenize 1 and 2 workers (-28%, -39%: its 1-core runs measured
+217-241 samples/s against 152-178 for its 2-core recordings, while the up direction's 1-core recordings measured
+159-193: the machine moved this scenario by up to 30% between runs) and the 2-thread compute's 2 workers (+25%).
+Starved down +3%, +14%, +3%. Tried offline on these sessions (``--rescore``) and not kept: a time-sharing cost that
+grows with each runnable thread per CPU beyond one (to 2 or 3, instead of stopping at one), from the starved workers'
+CPU per sample on one core (+12%, +20%, +31% with 1, 2, 3 workers over its in-process loading on two): starved 2
+workers +14% -> +6% and the 2-thread rows +25/+16% -> +19/+2%, but starved 3 workers +3% -> -13%, large JPEGs 3
+workers -4% -> -17% and tokenize 3 workers -14% -> -23%; down median 8-10%, worst unchanged. Large 2000x1500 JPEGs
+(whose decode outgrows the caches anyway) do not pay it, 500x400 ones do: the cost depends on a working set no run
+records.
+
 Measured 2026-12-02 (session 18, with workers that wait on storage queueing for a core, cda3938), nothing else running,
 ``--rounds 3 --out /tmp/transfer18``, 49 min: 1 -> 2 cores median absolute error 2%, worst 17% (tokenize, 3 workers:
 1.68x planned, rounds 2.02x 1.68x 2.18x), **every one of the 18 within 20%**; 2 -> 1 cores median 8%, worst 23%, two

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -139,3 +140,36 @@ def test_a_change_from_about_zero_is_said_in_the_unit_not_as_a_percentage():
     median = next(m for m in METRICS if m.key == "step_median_s")
     halved = Delta(-0.010, -0.5, "real", (-0.55, -0.45))
     assert format_delta(median, halved) == "-50.0% **beyond noise** (better) [-55.0…-45.0%]"
+
+
+def test_other_programs_load_is_a_row_said_in_cpus_and_a_note_names_the_loaded_run():
+    quiet = make_row("a", noisy(100.0))
+    loaded = make_row("b", noisy(130.0, seed=1))
+    quiet = replace(quiet, step_detail={**quiet.step_detail, "other_cpus": 0.05})
+    loaded = replace(loaded, step_detail={**loaded.step_detail, "other_cpus": 0.47})
+    result = compare([quiet, loaded])
+    row = next(r for r in result.rows if r.metric.key == "other_cpus")
+    assert row.values == [0.05, 0.47]
+    text = render_compare(result)
+    assert "| other programs' load (CPUs) | 0.05 | 0.47 | +0.42 CPUs |" in text  # not +840%
+    assert "> Note: other programs kept 0.5 CPUs during B's steps: that run had less of the machine" in text
+    # a history written before the figure was kept has no such row and no note
+    older = compare([make_row("a", noisy(100.0)), make_row("b", noisy(130.0, seed=1))])
+    assert all(r.metric.key != "other_cpus" for r in older.rows)
+    assert "other programs" not in render_compare(older)
+
+
+def test_a_runs_history_row_keeps_the_load_other_programs_put_on_its_steady_steps():
+    """From a real session (the stored image pipeline, sampled): its other_cpus, rounded, in the row's step detail."""
+    from pathlib import Path
+
+    from stallscope.analysis import analyze
+    from stallscope.history.runs import step_detail
+    from stallscope.session import Session
+
+    session = Session.load(Path(__file__).parent.parent / "data" / "summaries" / "image-pipeline" / "session.json")
+    analysis = analyze(session)
+    assert analysis.system.present and analysis.steps.steady
+    assert step_detail(replace(analysis, other_cpus=0.4321))["other_cpus"] == 0.43
+    unsampled = replace(analysis, system=replace(analysis.system, present=False))
+    assert "other_cpus" not in step_detail(unsampled)  # not measured: absent, never 0

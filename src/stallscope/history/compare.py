@@ -63,9 +63,10 @@ def _wait_share(steps: StepSample) -> float | None:
 class Metric:
     key: str
     label: str
-    unit: str  # "ms" | "/s" | "%" | "GiB" | "s"
+    unit: str  # "ms" | "/s" | "%" | "GiB" | "s" | "CPUs"
     better: str | None  # "lower" | "higher" | None
     share: bool = False
+    absolute: bool = False  # a change is said in the unit, not as a percentage (a load from about nothing)
     statistic: Callable[[StepSample], float | None] | None = None
 
 
@@ -79,6 +80,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("gpu_util_mean", "GPU utilization mean", "%", "higher"),
     Metric("peak_device_mem_bytes", "peak device memory", "GiB", None),
     Metric("peak_rss_bytes", "peak host RSS (process tree)", "GiB", None),
+    Metric("other_cpus", "other programs' load", "CPUs", None, absolute=True),
 )
 
 
@@ -157,6 +159,9 @@ def metric_value(run: RunRow, metric: Metric) -> float | None:
         _, rank, name = metric.key.split(":", 2)
         entry = next((r for r in run.step_detail.get("ranks") or [] if str(r.get("rank")) == rank), None)
         value = entry.get(name) if entry else None
+        return float(value) if isinstance(value, (int, float)) else None
+    if metric.key == "other_cpus":
+        value = run.step_detail.get("other_cpus")
         return float(value) if isinstance(value, (int, float)) else None
     if metric.key.startswith("node:"):
         node = metric.key[5:]

@@ -70,10 +70,12 @@ def _thin(values: list[Any], limit: int = MAX_KEPT_STEPS) -> list[Any]:
     return [values[i * len(values) // limit] for i in range(limit)]
 
 
-def step_detail(analysis: Analysis) -> dict[str, list[Any]]:
-    """Steady-step samples for compare's bootstrap, and per-rank figures of a distributed job."""
+def step_detail(analysis: Analysis) -> dict[str, Any]:
+    """Steady-step samples for compare's bootstrap, per-rank figures of a distributed job, and the CPUs other
+    programs kept busy over the steady steps (where the sampler read them): a run beside a busy neighbour is slower
+    for a reason of the machine's, which compare says. Kept in this JSON column so older histories read as before."""
     steady = analysis.steps.steady
-    detail: dict[str, list[Any]] = {
+    detail: dict[str, Any] = {
         "duration_us": _thin([round(s.duration_ns / 1000) for s in steady]),
         "wait_us": _thin([round(s.wait_ns / 1000) for s in steady]),
         "samples": _thin([s.samples for s in steady]),
@@ -82,6 +84,8 @@ def step_detail(analysis: Analysis) -> dict[str, list[Any]]:
         detail["ranks"] = [{"rank": r.rank, "steps_per_s": r.steps_per_s, "data_wait_fraction": r.data_wait_fraction,
                             "sync_fraction": r.sync_fraction, "verdict": r.verdict, "bottleneck": r.bottleneck_node}
                            for r in analysis.ranks]
+    if steady and analysis.system.present:
+        detail["other_cpus"] = round(analysis.other_cpus, 2)
     return detail
 
 

@@ -13,6 +13,7 @@ from stallscope.history.compare import (
     Delta,
     Metric,
 )
+from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.history.runs import RunRow
 from stallscope.render import words
 
@@ -68,9 +69,9 @@ def format_delta(metric: Metric, delta: Delta | None) -> str:
     if metric.share:
         text = f"{100 * delta.change:+.1f} pts"
         interval = f"{100 * delta.interval[0]:+.1f}…{100 * delta.interval[1]:+.1f}" if delta.interval else ""
-    elif _near_zero_baseline(metric, delta):
+    elif metric.absolute or _near_zero_baseline(metric, delta):
         unit = metric.unit if metric.unit == "%" else f" {metric.unit}"
-        text = f"{_signed(metric, delta.change)}{unit} from about 0"
+        text = f"{_signed(metric, delta.change)}{unit}" + ("" if metric.absolute else " from about 0")
         interval = ""  # relative to about nothing: no figure worth showing
     else:
         text = f"{100 * delta.relative:+.1f}%"
@@ -131,6 +132,14 @@ def render_compare(comparison: Comparison) -> str:
                      "(slow epoch starts, a slow batch every few steps), and the time moved between the typical "
                      "step and the others. Throughput counts every step: it is what the training's length follows.")
         lines.append("")
+    loaded = [(label, r.step_detail.get("other_cpus")) for label, r in zip(labels, runs)]
+    loaded = [(label, cpus) for label, cpus in loaded if isinstance(cpus, (int, float)) and
+              cpus >= OTHER_LOAD_NOTABLE_CPUS]
+    if loaded:
+        said = ", ".join(f"{cpus:.1f} CPUs during {label}'s steps" for label, cpus in loaded)
+        lines.append(f"> Note: other programs kept {said}: that run had less of the machine, and part of its "
+                     "change may come from there (compare runs made under the same load).")
+        lines.append("")
     fingerprints = {r.env_fingerprint for r in runs}
     if len(fingerprints) > 1:
         lines.append("> Note: the runs' environments differ (machine, Python or library versions); "
@@ -139,6 +148,6 @@ def render_compare(comparison: Comparison) -> str:
     lines.append(f"Δ is the change against {labels[0]}. *Beyond noise*: the {100 * CONFIDENCE:.0f}% bootstrap "
                  f"interval of the change ({RESAMPLES} resamples of each run's steady steps, shown in brackets) "
                  f"excludes zero and the change is at least {100 * comparison.min_relative_effect:.0f}% "
-                 f"({100 * MIN_SHARE_EFFECT:.0f} points for shares). Per-node, per-rank, GPU and memory rows have no "
-                 "per-step distribution and are not tested.")
+                 f"({100 * MIN_SHARE_EFFECT:.0f} points for shares). Per-node, per-rank, GPU, memory and load rows "
+                 "have no per-step distribution and are not tested.")
     return "\n".join(lines) + "\n"

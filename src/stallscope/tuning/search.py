@@ -4,8 +4,8 @@ Order: the original configuration; then what its diagnosis prescribes (every ``-
 recommendations at once, e.g. the predicted worker count); then a coordinate search, one
 argument at a time (num_workers, persistent_workers, prefetch_factor, pin_memory when batches go
 to a device, batch_size only when asked), climbing in one direction while each step is better
-beyond noise (on num_workers one step further after a step that did not pay: one worker restarted at every epoch can
-lose to none while two win). Before each argument the incumbent's own diagnosis is consulted again, since a
+beyond noise (going up num_workers, one step further after a step that did not pay: one worker restarted at every
+epoch can lose to none while two win). Before each argument the incumbent's own diagnosis is consulted again, since a
 new worker count can reveal a new limit (e.g. worker restarts every epoch). A configuration
 replaces the incumbent only when it is faster by more than ``z`` combined standard errors
 (``DIAGNOSIS_Z`` for a change the diagnosis predicted: the prediction is prior evidence).
@@ -13,7 +13,8 @@ replaces the incumbent only when it is faster by more than ``z`` combined standa
 Everything after the original starts from its diagnosis, which is for the machine as its run found it: where other
 programs kept a good part of a CPU busy then (``OTHER_LOAD_NOTABLE_CPUS``), the model planned for fewer CPUs than the
 trials will have, and the original's rate is low by that much. So a loaded original runs once more, and the run that
-saw less load is the one the search starts from and compares against.
+saw less load is the one the search starts from and compares against; the other run takes no further part (its
+diagnosis is not followed, and it is never the final pick).
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class Tuner:
         self.original: TrialResult | None = None
         self.diagnosed: set[tuple[Any, ...]] = set()
         self.parents: dict[tuple[Any, ...], TrialResult] = {}  # diagnosis trial -> the trial it came from
-        self.superseded: TrialResult | None = None  # a loaded original's run, where its run again saw less load
+        self.superseded: TrialResult | None = None  # the original's run not kept, where it ran twice
+        self.notes: list[str] = []  # what the search did that its trials alone do not say
 
     # -- running one configuration -------------------------------------------------------------
     def _try(self, config: Mapping[str, Any], label: str) -> TrialResult | None:
@@ -173,7 +175,6 @@ class Tuner:
         self.original = first
         if not first.ok:
             return SearchOutcome(self.trials, first, None, "original failed")
-        self.notes: list[str] = []
         first = self._quieter_original(first)
         self.original_config = dict(first.config)
         self.best = first
@@ -189,7 +190,7 @@ class Tuner:
     def _quieter_original(self, first: TrialResult) -> TrialResult:
         """The original run again where other programs kept ``OTHER_LOAD_NOTABLE_CPUS`` or more busy during its
         steady steps (and the budget leaves room for it, a candidate and the confirmation): the run that saw less
-        load is the original from then on. Said in the notes either way."""
+        load is the original from then on, the other is ``superseded``. Said in the notes when it ran."""
         if first.other_cpus < OTHER_LOAD_NOTABLE_CPUS or not self.budget.allows(extra=2):
             return first
         again = self.evaluate(normalize(first.config), "original-again")
@@ -197,13 +198,13 @@ class Tuner:
         self.trials.append(again)
         quieter = again.ok and again.rate is not None and again.other_cpus < first.other_cpus
         kept = again if quieter else first
-        then = f"{again.other_cpus:.1f} busy then" if again.ok else f"that run failed: {again.reason}"
-        self.notes.append(f"other programs kept {first.other_cpus:.1f} CPUs busy during the original's run, so it ran "
-                          f"again ({then}); the search started from the {'second' if quieter else 'first'} run"
+        then = f"{again.other_cpus:.2f} busy then" if again.ok else f"that run failed: {again.reason}"
+        self.notes.append(f"other programs kept {first.other_cpus:.2f} CPUs busy during the original's run, so it "
+                          f"ran again ({then}); the search started from the {'second' if quieter else 'first'} run"
                           + (" (other programs stayed busy: the advice is for a machine that busy)"
-                             if kept.other_cpus >= OTHER_LOAD_NOTABLE_CPUS else ""))
+                             if again.ok and kept.other_cpus >= OTHER_LOAD_NOTABLE_CPUS else ""))
+        self.superseded = first if quieter else again
         if quieter:
-            self.superseded = first
             self.tried[config_key(first.config)] = again
             self.original = again
         return kept
@@ -218,7 +219,8 @@ class Tuner:
         incumbent = self.best
         if incumbent is None or incumbent.rate is None:
             return incumbent
-        fastest = max((t for t in self.trials if t.ok and t.rate is not None), key=lambda t: t.rate.value)
+        fastest = max((t for t in self.trials if t.ok and t.rate is not None and t is not self.superseded),
+                      key=lambda t: t.rate.value)
         if fastest.rate is not None and fastest.rate.value >= incumbent.rate.value * PRACTICAL_GAIN:
             return fastest
         return incumbent

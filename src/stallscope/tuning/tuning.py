@@ -224,7 +224,8 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
         partial = TuneResult(**common, trials=list(tuner.trials), confirmation=confirmed.runs,
                              original=tuner.original, winner=None, winner_overrides={}, original_confirmed=None,
                              winner_confirmed=None, stopped_by="interrupted",
-                             notes=[_interrupted_note(len(tuner.trials) + len(confirmed.runs), str(folder))])
+                             notes=[*tuner.notes,
+                                    _interrupted_note(len(tuner.trials) + len(confirmed.runs), str(folder))])
         with contextlib.suppress(OSError):  # an unwritable folder must not hide the interrupt
             _write(partial)
         raise TuneInterrupted(partial, int(getattr(exc, "signum", signal.SIGINT))) from exc
@@ -289,7 +290,8 @@ def _untried_note(outcome: SearchOutcome, budget: Budget) -> list[str]:
     if original is None or not original.ok or _candidates(outcome):
         return []
     if outcome.stopped_by == "budget":
-        need = math.ceil(original.wall_s * (2 + budget.reserve))
+        runs = len(outcome.trials)  # the original's, once or twice (run again under other programs' load)
+        need = math.ceil(original.wall_s * (runs + 1 + budget.reserve))
         return [(f"no candidate was tried: the original run took {original.wall_s:.0f} s, and the budget kept no "
                  f"room for a candidate plus its {budget.reserve} confirmation run(s); --budget {need} (or more) "
                  "would try at least one")]
