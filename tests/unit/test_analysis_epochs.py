@@ -401,8 +401,8 @@ def test_an_epoch_start_prices_the_workers_work_at_their_load_as_the_steady_rate
 
 def test_another_processs_loader_of_the_same_id_changes_none_of_the_epochs():
     """Process 300 (a spawned worker that ran the script's module code again, no __main__ guard) built a loader 0 of
-    its own, iterated it five times inside the measured steps with a batch of its own each, and started a worker (400)
-    each time that took 9 s to start: none of it is the training loader's. Its restarts, early exits and start-up figure stay
+    its own, iterated it five times inside the measured steps with a batch of its own each, and started a worker
+    (400) each time that took 9 s to start: none of it is the training loader's. Its restarts, early exits and start-up figure stay
     what the training process's own records give."""
     session = _session(epochs=4, used_per_epoch=10, workers=2, worker_ready_ms=(300.0, 300.0))
     stats, train = _stats_and_train(session, workers=2)
