@@ -173,3 +173,29 @@ def test_a_runs_history_row_keeps_the_load_other_programs_put_on_its_steady_step
     assert step_detail(replace(analysis, other_cpus=0.4321))["other_cpus"] == 0.43
     unsampled = replace(analysis, system=replace(analysis.system, present=False))
     assert "other_cpus" not in step_detail(unsampled)  # not measured: absent, never 0
+
+
+def test_a_failed_a_stopped_an_empty_run_and_a_run_compared_with_itself_are_said():
+    base = make_row("a", noisy(100.0))
+    failed = replace(make_row("b", noisy(100.0, seed=1)), exit_code=1)
+    stopped = replace(make_row("c", noisy(100.0, seed=2)), exit_code=130)
+    empty = replace(make_row("d", [50.0]), exit_code=1, steady_steps=0, step_detail={})
+    text = render_compare(compare([base, failed, stopped, empty, base]))
+    assert "| exit code | 0 | 1 | 130 | 1 | 0 |" in text
+    assert "> Note: B failed (exit code 1): its figures are of the 30 steady steps before that." in text
+    assert "> Note: C was stopped (exit code 130): its figures are of the 30 steady steps before that." in text
+    assert "> Note: D measured no steady step: its rates are unknown (–)" in text
+    assert "> Note: E is the same run as A: it is compared with itself." in text
+    assert "Note: A" not in text  # the baseline ended well
+
+
+def test_history_suggests_comparing_the_newest_two_measured_runs_of_one_command():
+    from stallscope.cli.history_cmd import pair_to_compare
+
+    failed = replace(make_row("f", [50.0]), steady_steps=0, command=["python", "other.py"])
+    a, b = make_row("a", noisy(100.0)), make_row("b", noisy(90.0, seed=1))
+    other = make_row("o", noisy(80.0, seed=2), command=("python", "other.py"))
+    # the history's rows come newest first; the pair comes older first (compare's baseline)
+    assert pair_to_compare([other, b, a, failed]) == (a, b)  # not the failed run, nor a lone run of another script
+    assert pair_to_compare([other, a, failed]) == (a, other)  # two measured runs, of two scripts: the newest two
+    assert pair_to_compare([a, failed]) is None

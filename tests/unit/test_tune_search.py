@@ -311,9 +311,9 @@ class ScriptedOriginal(FakeJob):
 
 
 def test_the_originals_run_not_kept_is_never_the_final_pick():
-    """The loaded first run measured fastest of all (105), the quieter second 100; a candidate at 104 is within the
-    noise of 100 but past the practical margin: the pick is the candidate, not the set-aside run of the original."""
-    job = ScriptedOriginal([(105.0, 0.30, []), (100.0, 0.28, [])], se=5.0)
+    """The loaded first run measured fastest of all (110), the quieter second 100; a candidate at 104 beats 100: the
+    pick is the candidate, not the set-aside run of the original (past the candidate by the practical margin)."""
+    job = ScriptedOriginal([(110.0, 0.30, []), (100.0, 0.28, [])], se=1.0)
     job.rate_fn = lambda c: 104.0
     outcome = Tuner(job, Budget(trials=20)).run()
     assert outcome.original is outcome.trials[1]
@@ -329,3 +329,22 @@ def test_the_louder_run_again_lends_the_search_no_advice():
     outcome = Tuner(job, Budget(trials=20)).run()
     assert outcome.original is outcome.trials[0]
     assert "diagnosis" not in [label for label, _ in job.seen]
+
+
+def test_a_rate_that_is_no_evidence_does_not_take_the_final_pick():
+    """From the tester: 4 workers measured 810 +- 54 (the diagnosis' pick), 8 workers 892 +- 710 (steps so uneven
+    that its error is 80% of its rate): 10% faster in no sense that counts, so 4 workers stays the pick (8 workers'
+    confirmation measured 165, and the tuner had proposed nothing)."""
+    rates = {0: (166.7, 5.0), 4: (810.1, 54.2), 8: (892.0, 710.4)}
+
+    def evaluate(config: dict[str, Any], label: str) -> TrialResult:
+        config = normalize({**ORIGINAL, **config})
+        value, se = rates.get(config["num_workers"], (150.0, 5.0))
+        recs = [{"id": "num-workers", "overrides": {"num_workers": 4}, "predicted_speedup": 4.0}] \
+            if config["num_workers"] == 0 else []
+        return TrialResult(1, label, {}, config, ok=True, rate=Rate(value, se, 40), wall_s=3.0, recommendations=recs,
+                           usable_cpus=4)
+
+    outcome = Tuner(evaluate, Budget(trials=20)).run()
+    assert any(t.config["num_workers"] == 8 for t in outcome.trials)
+    assert outcome.best.config["num_workers"] == 4

@@ -13,6 +13,10 @@ def test_failure_reasons() -> None:
     ok = {"exit_code": 0, "failure": None, "steady_steps": 30}
     assert failure_reason(0, ok, "") is None
     assert failure_reason(0, {**ok, "steady_steps": 0}, "") == "no training steps were measured"
+    assert failure_reason(0, {**ok, "steady_steps": 0, "loaders": [{"role": "train"}]}, "") \
+        == "no training steps were measured"
+    assert failure_reason(0, {**ok, "steady_steps": 0, "loaders": []}, "") \
+        == "no torch DataLoader was created: tune changes DataLoader arguments only"
     crash = {"exit_code": 1, "steady_steps": 3,
              "failure": {"where": "main", "type": "RuntimeError", "message": "planted main failure at step 3"}}
     assert failure_reason(1, crash, "") == "crashed in the script: RuntimeError: planted main failure at step 3"
@@ -110,3 +114,20 @@ def test_the_title_says_why_the_search_ended_in_words():
     text = console.export_text()
     assert "(stopped at its limit, --trials 6)" in text and "(budget)" not in text
     assert limited.to_dict()["stopped_by"] == "budget"  # the JSON's vocabulary stays
+
+
+def test_a_failed_original_says_where_its_output_is():
+    from rich.console import Console
+
+    from stallscope.render.tune import render
+
+    original = TrialResult(1, "original", {}, {"num_workers": 0}, ok=False, reason="crashed in the script: "
+                           "RuntimeError: boom", trial_dir="/tmp/tune-folder/trial-01-original")
+    result = TuneResult(["python", "train.py"], 100, [original], [], original, None, {}, None, None, "original failed",
+                        "/tmp/tune-folder")
+    console = Console(record=True, width=200)
+    render(result, console)
+    text = console.export_text()
+    assert "The original configuration failed (crashed in the script: RuntimeError: boom); nothing to tune against." \
+        in text
+    assert "Its output (stdout.txt, stderr.txt): /tmp/tune-folder/trial-01-original" in text

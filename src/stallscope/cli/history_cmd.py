@@ -155,6 +155,19 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     console = Console() if Console().is_terminal else Console(width=240)
     console.print(history_table(rows), highlight=False)
-    hint = (f"; compare two with: stallscope compare {rows[0].run_id} {rows[-1].run_id}" if len(rows) > 1 else "")
+    pair = pair_to_compare(rows)
+    hint = f"; compare two with: stallscope compare {pair[0].run_id} {pair[1].run_id}" if pair else ""
     console.print(f"[dim]{len(rows)} run(s){hint}[/dim]", highlight=False)
     return 0
+
+
+def pair_to_compare(rows: list[RunRow]) -> tuple[RunRow, RunRow] | None:
+    """The two runs the hint suggests comparing, the older first (the baseline), from rows newest first: the newest
+    two of one command that measured steady steps (a change against the same script), else the newest two that
+    measured any; None where fewer than two did. A failed run of another script is no baseline to suggest."""
+    measured = [r for r in rows if r.steady_steps]
+    for newest in measured:
+        same = [r for r in measured if r.command == newest.command]
+        if len(same) >= 2:
+            return same[1], same[0]
+    return (measured[1], measured[0]) if len(measured) >= 2 else None

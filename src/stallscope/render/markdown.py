@@ -100,6 +100,25 @@ def _overrides(run: RunRow) -> str:
     return words.overrides(run.overrides)
 
 
+def _run_notes(runs: list[RunRow], labels: list[str]) -> list[str]:
+    """Notes on runs that are no fair comparison: one compared with itself, one that measured no steady step, one
+    that failed or was stopped (its steps are measured, but its end is not the training's)."""
+    lines = []
+    ids = [r.run_id for r in runs]
+    for i, run in enumerate(runs):
+        if run.run_id in ids[:i]:
+            lines += [f"> Note: {labels[i]} is the same run as {labels[ids.index(run.run_id)]}: it is compared with "
+                      "itself.", ""]
+        elif not run.steady_steps:
+            lines += [f"> Note: {labels[i]} measured no steady step: its rates are unknown (–), and what it shows "
+                      "is of its start only.", ""]
+        elif run.exit_code:
+            how = "was stopped" if run.exit_code in words.STOPPED_EXIT_CODES else "failed"
+            lines += [f"> Note: {labels[i]} {how} (exit code {run.exit_code}): its figures are of the "
+                      f"{run.steady_steps} steady steps before that.", ""]
+    return lines
+
+
 def render_compare(comparison: Comparison) -> str:
     runs = comparison.runs
     labels = [_label(i) for i in range(len(runs))]
@@ -114,7 +133,10 @@ def render_compare(comparison: Comparison) -> str:
     lines.append("| verdict | " + " | ".join(_cell(f"{r.verdict or '–'} ({r.bottleneck or '–'})") for r in runs) + " |")
     lines.append("| steady steps | " + " | ".join(str(r.steady_steps if r.steady_steps is not None else "–")
                                                   for r in runs) + " |")
+    lines.append("| exit code | " + " | ".join(str(r.exit_code if r.exit_code is not None else "–") for r in runs)
+                 + " |")
     lines.append("")
+    lines += _run_notes(runs, labels)
     header = ["metric", labels[0]]
     for label in labels[1:]:
         header += [label, f"Δ {label} vs {labels[0]}"]

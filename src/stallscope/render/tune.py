@@ -40,6 +40,8 @@ def render(result: TuneResult, console: Console) -> None:
     if result.original is None or not result.original.ok:
         reason = result.original.reason if result.original else "not run"
         console.print(f"[red]The original configuration failed ({escape(str(reason))}); nothing to tune against.[/]")
+        if result.original is not None and result.original.trial_dir:
+            console.print(f"Its output (stdout.txt, stderr.txt): {result.original.trial_dir}", markup=False)
         return
     for note in result.notes:
         console.print(note, markup=False)

@@ -33,6 +33,7 @@ WORKER_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 PREFETCH_LADDER = (1, 2, 4, 8)
 DIAGNOSIS_Z = 1.0
 PRACTICAL_GAIN = 1.03  # a final pick must be measured this much faster than the incumbent
+PICK_REL_SE = 0.25  # nor may its standard error be this share of its rate or more (a trial's is a few percent)
 
 
 class BudgetExhausted(Exception):
@@ -210,17 +211,22 @@ class Tuner:
         return kept
 
     def _winner(self) -> TrialResult | None:
-        """The fastest trial measured, when it beats the search's incumbent by a practical margin.
+        """The fastest trial measured with a rate that is evidence (``PICK_REL_SE``), when it beats the search's
+        incumbent by a practical margin.
 
         The significance test steers the climb (it must not wander on noise), but the final pick
         between configurations the climb could not tell apart is better made on the measured
         rates than on the order they were tried in; the confirmation run then measures it again.
+        A trial whose rate is no evidence (steps so uneven, or so few, that its standard error is a
+        quarter of it or more) does not take the pick: 8 workers measured 892 +- 710 samples/s took
+        it from 4 workers' 810 +- 54, its confirmation measured 165, and the tuner proposed nothing.
         """
         incumbent = self.best
         if incumbent is None or incumbent.rate is None:
             return incumbent
-        fastest = max((t for t in self.trials if t.ok and t.rate is not None and t is not self.superseded),
-                      key=lambda t: t.rate.value)
+        measured = [t for t in self.trials if t.ok and t.rate is not None and t is not self.superseded
+                    and t.rate.rel_se < PICK_REL_SE]
+        fastest = max(measured, key=lambda t: t.rate.value, default=incumbent)
         if fastest.rate is not None and fastest.rate.value >= incumbent.rate.value * PRACTICAL_GAIN:
             return fastest
         return incumbent

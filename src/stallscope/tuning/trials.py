@@ -219,6 +219,8 @@ def failure_reason(exit_code: int, summary: Mapping[str, Any] | None, stderr_tai
             return f"crashed {where}: {failure.get('type')}: {failure.get('message')}"[:300]
         return f"the script exited with code {code}"
     if not summary.get("steady_steps"):
+        if "loaders" in summary and not summary["loaders"]:
+            return "no torch DataLoader was created: tune changes DataLoader arguments only"
         return "no training steps were measured"
     return None
 
