@@ -22,6 +22,13 @@ workers, persistent, prefetch 1) 403.6: 0.790 against the best of 25 single runs
 of 3 alternating runs each: 366.3 vs 340.2). The machine's drift dwarfed the configurations: the original (0 workers)
 measured 220.1 in tune's first run and 343.6 in its confirmation, and 339.5 in the grid.
 
+2026-12-02 (session 19, at 3b0a5ff: also, a trial whose standard error is a quarter of its rate or more never takes the
+final pick, and the original's run not kept takes no part), --steps 100, about 10 min: **met**. tune used 8 runs (0.32
+of the grid): original (366.3), its diagnosis' 2 persistent workers (438.4), that trial's diagnosis' prefetch 1 (469.0),
+3 workers (453.1), 4 (420.4), 1 (344.2); its winner IS the grid's best configuration (2 workers, persistent, prefetch
+1): confirmed 431.9 against the grid's 466.7 (0.925 against the best of 25 single runs), **1.002 head to head**
+(medians of 3 alternating runs, 463.0 vs 462.0). The machine ran this grid 1.7x as fast as the run below.
+
 2026-12-02 (session 19: a loaded original runs again, the worker climb looks one count past one that did not pay,
 6a78dfa), --steps 100, about 11 min: tune used 8 runs (0.32 of the grid): original, the diagnosis' 2 workers, its
 diagnosis' persistent workers with prefetch 1 (the grid's best configuration, 249.3 samples/s in its one run), then 3

@@ -90,3 +90,20 @@ def test_a_run_of_a_few_steps_is_said_to_be_too_short_by_report_and_plan(tmp_pat
     doc = json.loads(planned.stdout)
     assert doc["recorded"]["steady_steps"] < 10
     assert "too few for these figures to act on" in doc["assumptions"][0]
+
+
+def test_a_run_that_crashed_is_said_at_the_top_of_its_plan(tmp_path):
+    """From the tester: a plan from a crashed run printed its prediction and said nothing of the crash."""
+    done = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "tiny_train.py"), "--n", "480", "--sleep-ms", "2",
+                              "--crash-main-at", "40"])
+    assert done.returncode == 1, done.stderr
+    planned = plan(tmp_path, "last", "--cores", "4", "--json", "-")
+    assert planned.returncode == 0, planned.stderr
+    doc = json.loads(planned.stdout)
+    (crash,) = [c for c in doc["cautions"] if c.startswith("the recorded run did not end as the training would")]
+    assert "in the script" in crash and f"its {doc['recorded']['steady_steps']} steady step(s) before that" in crash
+    assert crash in doc["assumptions"]
+    shown = plan(tmp_path, "last", "--cores", "4")
+    flat = " ".join(shown.stdout.split())
+    assert "note: the recorded run did not end as the training would" in flat
+    assert flat.count("the recorded run did not end as the training would") == 1  # not again under assumptions

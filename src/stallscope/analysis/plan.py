@@ -145,6 +145,8 @@ class Plan:
     saturates_first: str  # the input stage that costs the most per sample: it gives out first
     fixes: list[PlanFix] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
+    # what makes the recorded run a weak basis (too few steps, a crash, a stop): said first; also in the assumptions
+    cautions: list[str] = field(default_factory=list)
 
     def row(self, workers: int) -> WorkerRow | None:
         return next((r for r in self.rows if r.workers == workers), None)
@@ -429,6 +431,7 @@ def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
         "rows": [r.to_dict() for r in plan.rows],
         "fixes": [f.to_dict() for f in plan.fixes],
         "assumptions": plan.assumptions,
+        "cautions": plan.cautions,
     }
 
 
@@ -466,8 +469,14 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
     # the model's rate leaves out the workers' start-ups inside the steady steps; report's counts them
     recorded = {**plan.recorded, "samples_per_s_with_startups": analysis.samples_per_s,
                 "steady_steps": len(stats.steady)}
-    notes = plan.assumptions
+    cautions = []
     if len(stats.steady) < FEW_STEADY_STEPS:
-        notes = [f"the recorded run has {len(stats.steady)} steady step(s): too few for these figures to act on; "
-                 "record a run of more steps (more data or epochs, or a larger --steps where one was given)", *notes]
-    return dataclasses.replace(plan, recorded=recorded, assumptions=notes)
+        cautions.append(f"the recorded run has {len(stats.steady)} steady step(s): too few for these figures to act "
+                        "on; record a run of more steps (more data or epochs, or a larger --steps where one was given)")
+    failure = analysis.failure
+    if failure is not None:
+        where = "a DataLoader worker" if failure.where == "worker" else "the script"
+        how = f"exit code {failure.exit_code}" if failure.type == "exit" else f"{failure.type} in {where}"
+        cautions.append(f"the recorded run did not end as the training would ({how}): the figures are of its "
+                        f"{len(stats.steady)} steady step(s) before that")
+    return dataclasses.replace(plan, recorded=recorded, assumptions=[*cautions, *plan.assumptions], cautions=cautions)

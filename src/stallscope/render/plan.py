@@ -50,6 +50,8 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
     console.print(f"recorded: {rec.get('workers')} worker(s), {rec.get('cpus_free'):.2f} CPU(s) free per training "
                   "process" + rate
                   + (", compute on the CPU" if rec.get("compute_on_cpu") else ", compute on a GPU"))
+    for caution in plan.cautions:
+        console.print(f"[yellow]note: {escape(caution)}[/]")
     console.print(f"the compute could take {plan.compute_samples_per_s:,.1f} samples/s per process")
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     shown = [row for row in (plan.row(count) for count in _shown_rows(plan)) if row is not None]
@@ -100,4 +102,5 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
         console.print(f"  fix: {FIX_WORDS.get(fix.id, fix.id)}: predicted {fix.gain:.2f}x, {fed}")
     console.print("[dim]assumptions:[/]")
     for line in plan.assumptions:
-        console.print(f"[dim]  - {escape(line)}[/]")
+        if line not in plan.cautions:  # said at the top
+            console.print(f"[dim]  - {escape(line)}[/]")
