@@ -152,7 +152,7 @@ def test_other_programs_load_is_a_row_said_in_cpus_and_a_note_names_the_loaded_r
     assert row.values == [0.05, 0.47]
     text = render_compare(result)
     assert "| other programs' load (CPUs) | 0.05 | 0.47 | +0.42 CPUs |" in text  # not +840%
-    assert "> Note: other programs kept 0.5 CPUs during B's steps: that run had less of the machine" in text
+    assert "> Note: other programs kept 0.47 CPUs during B's steps: that run had less of the machine" in text
     # a history written before the figure was kept has no such row and no note
     older = compare([make_row("a", noisy(100.0)), make_row("b", noisy(130.0, seed=1))])
     assert all(r.metric.key != "other_cpus" for r in older.rows)

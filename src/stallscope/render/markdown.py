@@ -158,7 +158,7 @@ def render_compare(comparison: Comparison) -> str:
     loaded = [(label, cpus) for label, cpus in loaded if isinstance(cpus, (int, float)) and
               cpus >= OTHER_LOAD_NOTABLE_CPUS]
     if loaded:
-        said = ", ".join(f"{cpus:.1f} CPUs during {label}'s steps" for label, cpus in loaded)
+        said = ", ".join(f"{cpus:.2f} CPUs during {label}'s steps" for label, cpus in loaded)
         lines.append(f"> Note: other programs kept {said}: that run had less of the machine, and part of its "
                      "change may come from there (compare runs made under the same load).")
         lines.append("")
