@@ -400,20 +400,45 @@ def test_busy_threads_count_each_thread_while_it_runs_or_waits_for_a_core():
 
 def test_the_rate_prices_cpu_work_at_the_load_of_the_configuration_against_the_recorded_one():
     m = _recorded_alone()
-    assert m.rate() == pytest.approx(200.0) and m.cpu_second_cost() == pytest.approx(1.0)
-    # 2 workers: 400/s at the recorded cost (the CPU budget: 2 cores / 5 ms); 2.6 threads busy on 2 CPUs cost
-    # 1 + 0.12 (all cores busy) + 0.12 * 0.3 (1.3 threads per CPU) = 1.156 times as much; at the priced rate the
-    # load is the same (the work per second is), so that is the price: 400 / 1.156
-    assert m.cpu_second_cost(2) == pytest.approx(1.156)
-    assert m.rate(workers=2) == pytest.approx(400 / 1.156)
-    assert m.speedup(workers=2) == pytest.approx(2 / 1.156)
-    # planned for one CPU: 200/s with 2 workers at the recorded cost, 2.6 threads on it: the full time-sharing cost
+    assert m.rate() == pytest.approx(200.0) and m.load_costs() == pytest.approx((1.0, 1.0))
+    # 2 workers: 400/s at the recorded cost (the CPU budget: 2 cores / 5 ms). Both workers stay busy, and the
+    # compute, stretched by 3 threads wanting 2 CPUs, adds 1.5 * rate * its priced 1 ms: x threads per CPU beyond
+    # one cost the workers' CPU second 1 + 0.12 (all cores busy) + 0.12 x, the compute's 1 + 0.12 + 0.4 x, and the
+    # rate is the budget at those prices; the three agree at:
+    workers, compute = m.load_costs(2)
+    rate = m.rate(workers=2)
+    x = (2 + 1.5 * rate * 0.001 * compute) / 2 - 1
+    assert workers == pytest.approx(1.12 + 0.12 * x) and compute == pytest.approx(1.12 + 0.4 * x)
+    assert rate == pytest.approx(2 / (0.004 * workers + 0.001 * compute))
+    assert (workers, compute, rate) == pytest.approx((1.1582, 1.2473, 340.14), rel=1e-4)
+    assert m.cpu_second_cost(2) == workers
+    assert m.speedup(workers=2) == pytest.approx(rate / 200)
+    # planned for one CPU: 200/s with 2 workers at the recorded cost, 2.6 threads on it: the full time-sharing costs
     one = replace(m, usable_cpus=1.0)
-    assert one.cpu_second_cost(2) == pytest.approx(1.12)
-    assert one.rate(workers=2) == pytest.approx(200 / 1.12)
-    assert one.rate(workers=1) == pytest.approx(200 / 1.048)  # 1.4 threads on it
+    assert one.load_costs(2) == pytest.approx((1.12, 1.4))
+    assert one.rate(workers=2) == pytest.approx(1 / (0.004 * 1.12 + 0.001 * 1.4))
     # a model without a recorded load (hand-built, or an older caller) is priced as recorded
     assert replace(m, recorded_load_cost=None).rate(workers=2) == pytest.approx(400.0)
+
+
+def test_the_training_process_pays_more_for_sharing_its_core_than_the_workers():
+    """A training step's working set (weights, activations) is evicted at every switch on a shared core; a
+    decode streams through its image: one thread more than the CPUs costs the compute 40%, a worker 12%."""
+    from stallscope.analysis.capacity import COMPUTE_TIME_SHARING_COST
+
+    assert COMPUTE_TIME_SHARING_COST == 0.4
+    m = model(usable_cpus=4.0)
+    assert m.load_cost(4.0, compute=True) == pytest.approx(1.12)  # all cores busy: as the workers' work
+    assert m.load_cost(6.0, compute=True) == pytest.approx(1.32)  # 1.5 threads per CPU: half of it
+    assert m.load_cost(8.0, compute=True) == m.load_cost(20.0, compute=True) == pytest.approx(1.52)
+    # a model recorded with its compute sharing the CPU: a quieter configuration is cheaper for the compute, as
+    # much as the recorded load cost it (2 threads on 1 CPU: 1.4), the workers' work by their 1.12
+    shared = _recorded_alone(workers=1, usable_cpus=1.0, recorded_load_cost=1.12, recorded_compute_load_cost=1.4)
+    assert shared.load_costs(0) == pytest.approx((1 / 1.12, 1 / 1.4))
+    assert shared.rate(workers=0) == pytest.approx(1 / (0.004 / 1.12 + 0.001 / 1.4))
+    # without its own recorded figure (an older caller), the compute is priced against the workers' recorded load
+    older = replace(shared, recorded_compute_load_cost=None)
+    assert older.load_costs(0) == pytest.approx((1 / 1.12, 1 / 1.12))
 
 
 def test_a_model_recorded_under_load_prices_a_quieter_configuration_cheaper():
@@ -442,8 +467,16 @@ def test_a_slowed_model_stretches_cpu_work_but_not_blocked_time_nor_a_gpus_compu
     assert slowed.shm_write_per_sample_s == pytest.approx(0.00015)
     assert slowed.receive_cpu_s() == pytest.approx(0.0003)
     assert slowed.receive_per_sample_s == pytest.approx(0.0006)  # the wait for a worker's hand-over stays
-    assert slowed.recorded_load_cost is None
+    assert slowed.recorded_load_cost is None and slowed.recorded_compute_load_cost is None
     assert _recorded_alone().cpu_slowed(1.5).compute_per_sample_s == pytest.approx(0.0015)  # on the CPU
+    # the training process's own work at its own price: its compute and CPU, but not its rebuilding of batches
+    # (0.2 ms of its 1 ms with a worker) nor the workers' work
+    own = _recorded_alone(workers=1, receive_per_sample_s=0.0002, receive_cpu_per_sample_s=0.0002).cpu_slowed(1.1, 1.5)
+    assert own.compute_per_sample_s == pytest.approx(0.0015)
+    assert own.main_cpu_per_sample_s == pytest.approx(0.0008 * 1.5 + 0.0002 * 1.1)
+    assert own.receive_cpu_s() == pytest.approx(0.0002 * 1.1) and own.cost_s["decode"] == pytest.approx(0.0022)
+    on_gpu = _recorded_alone(compute_on_cpu=False).cpu_slowed(1.1, 1.5)  # its Python and launches: as the workers'
+    assert on_gpu.compute_per_sample_s == 0.001 and on_gpu.main_cpu_per_sample_s == pytest.approx(0.0011)
 
 
 def test_a_built_model_records_the_load_its_costs_were_measured_under():
@@ -452,6 +485,7 @@ def test_a_built_model_records_the_load_its_costs_were_measured_under():
     stats, train = _ten_steps_of_eight(workers=0)
     m = build_model(stats, train, 2.0, main_cpu_s=0.34)
     assert m.recorded_load_cost == pytest.approx(m.load_cost(m.busy_threads(0, None, m.rate())))
+    assert m.recorded_compute_load_cost == pytest.approx(m.load_cost(m.busy_threads(0, None, m.rate()), compute=True))
     assert m.cpu_second_cost() == pytest.approx(1.0)  # the recorded configuration is priced as measured
     assert m.cpu_second_cost(2) > 1.0
 

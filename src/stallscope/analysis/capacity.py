@@ -49,7 +49,9 @@ and a lower all-core clock; with more runnable threads than cores, the kernel sw
 its caches refilled. A run measures its costs under its own load only: a 0-worker run under one busy thread, which
 is why "add workers" from it was over-predicted by 10-19% on average. So every rate prices the CPU work (workers',
 the training process's, a CPU compute's) by ``load_cost`` of the threads that configuration keeps busy, over the
-load the run was recorded under (``recorded_load_cost``); both terms are estimates, stated where they are used.
+load the run was recorded under (``recorded_load_cost``); both terms are estimates, stated where they are used. The
+training process's own work pays more for sharing its core than the workers' does (``COMPUTE_TIME_SHARING_COST``):
+its working set is evicted at every switch.
 
 Some costs exist only with workers: a worker collates each batch into a fresh shared-memory segment and
 the training process maps it again, both paying page faults an in-process batch never does. A run with
@@ -93,6 +95,15 @@ ALL_CORES_BUSY_COST = 0.12
 #: Estimated; measured on the 2-core VM: decode and resize of 500x400 to 2000x1500 JPEGs +18-24% per image for
 #: 2 processes on one core, +10-14% for 3 or 4; a training step +17% beside two busy processes on two cores.
 TIME_SHARING_COST = 0.12
+#: ``TIME_SHARING_COST`` for the training process's own CPU work (a compute on the CPU, its Python): a training step
+#: suffers a neighbour on its core more than a decode does, as its weights, activations and optimizer state are a
+#: working set the neighbour's work evicts at every switch, where a decode streams through its image. Measured with
+#: plain torch on the 2-core VM, a training step's CPU per sample on one core beside decoding workers: +50-80%
+#: (session 18), +10-25% (session 19, a noisier day). 0.4 is between the two, not fitted; re-planning three saved
+#: ``benchmarks/transfer.py`` runs with it moved the starved and 2-thread compute rows on one core from +3..+25%
+#: over-predicted to -3..+16%; the large JPEGs' rows on one core and the 2-thread compute's 3 workers on two moved
+#: 3-4 points the other way (-9 -> -12%, -7 -> -11%). Estimated, not measured in a run.
+COMPUTE_TIME_SHARING_COST = 0.4
 #: Passes that price a configuration's CPU work at its load and read the load again at the priced rate; two or
 #: three agree to a millionth.
 LOAD_PASSES = 5
@@ -123,6 +134,8 @@ class ThroughputModel:
     physical_cores: float | None = None
     # what a CPU second cost under the recorded run's own load (``load_cost``); None: no load correction
     recorded_load_cost: float | None = None
+    # the same for the training process's own CPU work (``load_cost(..., compute=True)``); None: as the workers'
+    recorded_compute_load_cost: float | None = None
     # False where the compute is the user's figure for the target (plan --step-ms): not priced at any load
     compute_priced: bool = True
     # the training process's intra-op threads (torch.get_num_threads()) where recorded
@@ -225,23 +238,34 @@ class ThroughputModel:
                 cost: float | None = None) -> ThroughputModel:
         """The model with its CPU costs priced at the load ``workers`` (and ``scale``) put on the cores: what
         ``rate`` uses, and what the time a configuration spends where (a plan's data wait) is read from. ``cost``:
-        that load's ``cpu_second_cost``, where the caller has it already."""
-        relative = self.cpu_second_cost(workers, scale) if cost is None else cost
-        return self if abs(relative - 1.0) < 1e-9 else self.cpu_slowed(relative)
+        that load's ``cpu_second_cost``, where the caller has it already (the compute's is read again)."""
+        relative, compute = self.load_costs(workers, scale)
+        relative = relative if cost is None else cost
+        if abs(relative - 1.0) < 1e-9 and abs(compute - 1.0) < 1e-9:
+            return self
+        return self.cpu_slowed(relative, compute)
 
     def cpu_second_cost(self, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
+        """What a CPU second of the workers' costs with ``workers`` (and ``scale``) against the recorded run
+        (``load_costs``' first figure)."""
+        return self.load_costs(workers, scale)[0]
+
+    def load_costs(self, workers: int | None = None, scale: dict[str, float] | None = None) -> tuple[float, float]:
         """What a CPU second costs with ``workers`` (and ``scale``) against the recorded run: ``load_cost`` of the
-        threads that configuration keeps busy, over the recorded run's own. The load is read at the rate the priced
-        costs give (dearer CPU work slows the rate, which changes who waits), repeated until the two agree."""
+        threads that configuration keeps busy, over the recorded run's own, for the input work and for the
+        training process's own. The load is read at the rate the priced costs give (dearer CPU work slows the
+        rate, which changes who waits), repeated until the two agree."""
         workers = self.workers if workers is None else workers
         if self.recorded_load_cost is None:
-            return 1.0
-        relative = 1.0
+            return 1.0, 1.0
+        recorded_compute = self.recorded_compute_load_cost or self.recorded_load_cost
+        relative = (1.0, 1.0)
         for _ in range(LOAD_PASSES):
-            model = self if relative == 1.0 else self.cpu_slowed(relative)
+            model = self if relative == (1.0, 1.0) else self.cpu_slowed(*relative)
             busy = model.busy_threads(workers, scale, model._rate(workers, scale))
-            priced = self.load_cost(busy) / self.recorded_load_cost
-            if abs(priced - relative) < 1e-6:
+            priced = (self.load_cost(busy) / self.recorded_load_cost,
+                      self.load_cost(busy, compute=True) / recorded_compute)
+            if abs(priced[0] - relative[0]) < 1e-6 and abs(priced[1] - relative[1]) < 1e-6:
                 break
             relative = priced
         return priced
@@ -265,17 +289,19 @@ class ThroughputModel:
         main = occupancy * computing + rate * self.receive_cpu_s()
         return main + min(workers * on_cpu, rate * cpu * stretch) + helper
 
-    def load_cost(self, busy: float) -> float:
+    def load_cost(self, busy: float, compute: bool = False) -> float:
         """What a CPU second costs with ``busy`` threads wanting the usable CPUs, against one thread alone:
         ``ALL_CORES_BUSY_COST`` reached as the busy threads go from one to a thread per core, and
-        ``TIME_SHARING_COST`` as they go on to one thread more than CPUs."""
+        ``TIME_SHARING_COST`` (``COMPUTE_TIME_SHARING_COST`` for the training process's own work, ``compute``) as they
+        go on to one thread more than CPUs."""
         cpus = self.usable_cpus
         if cpus <= 0:
             return 1.0
         # over the cores: a core's hardware threads share more than caches, which SMT_YIELD prices already
         cores = min(self.physical_cores or cpus, cpus)
         shared = min(1.0, max(0.0, (busy - 1.0) / (cores - 1.0))) if cores > 1.0 else 0.0
-        return 1.0 + ALL_CORES_BUSY_COST * shared + TIME_SHARING_COST * min(1.0, max(0.0, busy / cpus - 1.0))
+        sharing_cost = COMPUTE_TIME_SHARING_COST if compute else TIME_SHARING_COST
+        return 1.0 + ALL_CORES_BUSY_COST * shared + sharing_cost * min(1.0, max(0.0, busy / cpus - 1.0))
 
     def with_compute_threads(self, threads: int) -> ThroughputModel:
         """The model with a CPU compute on ``threads`` intra-op threads instead of the recorded ``compute_threads``
@@ -295,22 +321,28 @@ class ThroughputModel:
         return dataclasses.replace(self, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
                                    main_occupancy=float(threads), compute_threads=threads)
 
-    def cpu_slowed(self, factor: float) -> ThroughputModel:
+    def cpu_slowed(self, factor: float, compute_factor: float | None = None) -> ThroughputModel:
         """The model with every CPU cost ``factor`` times as long: the workers' CPU stages and their shared-memory
-        writes, the training process's CPU and its rebuilding of received batches, its compute where it runs on
-        the CPU (and was measured, not given), the helpers'. Blocked time and a GPU's compute stay."""
+        writes, the training process's rebuilding of received batches and mapping them, the helpers'; and the
+        training process's own CPU and its compute where it runs on the CPU (and was measured, not given)
+        ``compute_factor`` times (``factor`` where not given). Blocked time and a GPU's compute stay."""
+        own = factor if compute_factor is None else compute_factor
         cost = {node: seconds * factor if node in CPU_STAGES else seconds for node, seconds in self.cost_s.items()}
         receive_cpu = self.receive_cpu_s()
         priced = self.compute_on_cpu and self.compute_priced
-        compute = self.compute_per_sample_s * factor if priced else self.compute_per_sample_s
+        compute = self.compute_per_sample_s * own if priced else self.compute_per_sample_s
+        # the training process's CPU is its compute's and, with workers, its rebuilding of received batches
+        main = self.main_cpu_per_sample_s
+        main_own = max(0.0, main - receive_cpu) if self.workers > 0 else main
+        main_cpu = main_own * (own if self.compute_on_cpu else factor) + (main - main_own) * factor
         return dataclasses.replace(
             self, cost_s=cost, compute_per_sample_s=compute,
-            main_cpu_per_sample_s=self.main_cpu_per_sample_s * factor,
+            main_cpu_per_sample_s=main_cpu,
             helper_cpu_per_sample_s=self.helper_cpu_per_sample_s * factor,
             shm_write_per_sample_s=self.shm_write_per_sample_s * factor,
             shm_read_per_sample_s=self.shm_read_per_sample_s * factor,
             receive_per_sample_s=self.receive_per_sample_s + receive_cpu * (factor - 1.0),
-            receive_cpu_per_sample_s=receive_cpu * factor, recorded_load_cost=None)
+            receive_cpu_per_sample_s=receive_cpu * factor, recorded_load_cost=None, recorded_compute_load_cost=None)
 
     def _rate(self, workers: int, scale: dict[str, float] | None) -> float:
         if workers <= 0:
@@ -486,7 +518,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded
     # configuration predicts what the model says for it, and every other configuration is priced against it.
     recorded = model.busy_threads(workers, None, model._rate(workers, None))
-    return dataclasses.replace(model, recorded_load_cost=model.load_cost(recorded))
+    return dataclasses.replace(model, recorded_load_cost=model.load_cost(recorded),
+                               recorded_compute_load_cost=model.load_cost(recorded, compute=True))
 
 
 def _at_full_core_speed(model: ThroughputModel) -> ThroughputModel:

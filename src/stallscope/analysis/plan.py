@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, CPU_STAGES, SMT_YIELD, THREADED_OCCUPANCY,
-                                          TIME_SHARING_COST, ThroughputModel)
+from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_TIME_SHARING_COST, CPU_STAGES, SMT_YIELD,
+                                          THREADED_OCCUPANCY, TIME_SHARING_COST, ThroughputModel)
 
 if TYPE_CHECKING:
     from stallscope.analysis.findings import Analysis
@@ -295,8 +295,9 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         notes.append(f"each CPU second is priced at the load of each worker count against the recorded run's "
                      f"(cpu_second_cost in each row): up to {100 * ALL_CORES_BUSY_COST:.0f}% more with every core "
                      f"busy than with one, up to {100 * TIME_SHARING_COST:.0f}% more again once threads outnumber "
-                     "the cores; less than recorded where the target's cores are less busy than the recorded "
-                     "run's (estimated, not measured: a run shows only its own load"
+                     f"the cores ({100 * COMPUTE_TIME_SHARING_COST:.0f}% for the training process's own work, whose "
+                     "working set the others evict); less than recorded where the target's cores are less busy "
+                     "than the recorded run's (estimated, not measured: a run shows only its own load"
                      + ("; the given step time is taken as it is)" if given else ")"))
     notes.append("workers are persistent: their start-up is not counted")
     return moved, notes
