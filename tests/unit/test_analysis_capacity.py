@@ -641,3 +641,20 @@ def test_no_queueing_term_where_the_blocked_time_holds_the_waits_for_a_core_alre
     # a kernel without run-queue figures: the wait for a core was counted as blocked time, not to be added again
     blind = _two_waiting_workers_on_one_core(blocked_holds_core_waits=True)
     assert blind.queued_rate(2, None, 40.0) is None and blind.rate() == pytest.approx(40.0)
+
+
+def test_intra_op_threads_spinning_while_the_process_loads_are_not_a_load_on_the_cores():
+    """Recorded with 0 workers on 2 CPUs, a compute on 2 threads: 1 ms per sample on both cores (2 ms of work),
+    and 4 ms of the process's CPU per sample: the other 2 ms are the second thread spinning while the first loaded
+    batches (OpenMP's wait). The recorded load counts the work: at 160/s, 4 ms of loading and 2 ms of compute keep
+    0.96 threads busy, not 1.28 (which would price every CPU second it measured 3% dearer than it was)."""
+    spun = _recorded_alone(main_cpu_per_sample_s=0.004, main_occupancy=2.0, compute_threads=2)
+    assert spun.working_cpu_s() == pytest.approx(0.002)
+    assert spun.busy_threads(0, None, 160.0) == pytest.approx(160 * (0.004 + 0.002))
+    assert spun.load_cost(spun.busy_threads(0, None, 160.0)) == pytest.approx(1.0)
+    # a compute on a GPU keeps its process's CPU as it is (Python, launches), and so does one thread's compute
+    assert replace(spun, compute_on_cpu=False).working_cpu_s() == 0.004
+    assert _recorded_alone().working_cpu_s() == 0.001
+    # with workers the received batches' rebuilding is work too
+    assert replace(spun, receive_per_sample_s=0.0005, receive_cpu_per_sample_s=0.0003).working_cpu_s() == (
+        pytest.approx(0.0023))

@@ -280,7 +280,7 @@ class ThroughputModel:
         cpu, blocked = self.costs(scale, workers)
         helper = rate * self.helper_cpu_per_sample_s
         if workers <= 0:
-            return rate * (cpu + self.main_cpu_per_sample_s) + helper
+            return rate * (cpu + self.working_cpu_s()) + helper
         occupancy = max(0.0, min(self.main_occupancy, self.usable_cpus))
         on_cpu = cpu / (cpu + blocked) if cpu + blocked > 0 else 0.0
         demand = occupancy + workers * on_cpu
@@ -288,6 +288,15 @@ class ThroughputModel:
         computing = min(1.0, rate * self.compute_per_sample_s * (stretch if self.compute_on_cpu else 1.0))
         main = occupancy * computing + rate * self.receive_cpu_s()
         return main + min(workers * on_cpu, rate * cpu * stretch) + helper
+
+    def working_cpu_s(self) -> float:
+        """The training process's CPU per sample that is work: its compute's on the cores it keeps busy, and
+        rebuilding received batches. A CPU compute's intra-op threads that had a core each spun waiting for work
+        while the process loaded batches itself (OpenMP's wait): that CPU is in ``main_cpu_per_sample_s`` but
+        loads the cores no more than an idle one, so it does not count as their load (``busy_threads``)."""
+        if not self.compute_on_cpu:
+            return self.main_cpu_per_sample_s
+        return min(self.main_cpu_per_sample_s, self.compute_per_sample_s * self.main_occupancy + self.receive_cpu_s())
 
     def load_cost(self, busy: float, compute: bool = False) -> float:
         """What a CPU second costs with ``busy`` threads wanting the usable CPUs, against one thread alone:
