@@ -82,6 +82,10 @@ def resolve_run(ref: str, store: Path) -> Path:
     base = runs_dir(store)
     if problem := store_is_a_file(store):
         raise FileNotFoundError(problem)
+    if not store.exists():
+        raise FileNotFoundError(f"no run {ref!r}: there is no store at {store} (nothing was recorded there); "
+                                f"stallscope run records into ./{DEFAULT_STORE_DIRNAME} where it runs, or where "
+                                "--store or $STALLSCOPE_HOME says")
     if base.is_dir():
         try:
             os.listdir(base)  # glob() takes a folder it cannot list for an empty one

@@ -84,6 +84,10 @@ def test_report_rerenders_saved_session(tmp_path):
     pasted = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True,
                             cwd=tmp_path / "store")  # from elsewhere than the run's own folder
     assert pasted.returncode == 0 and "verdict" in pasted.stdout, pasted.stderr
+    # the run says where it saved its session; a re-render says where the session is, not that it saved it
+    assert f"saved: {tmp_path / 'store'}" in said
+    shown = " ".join(pasted.stdout.split())
+    assert "session: " in shown and "saved:" not in shown, pasted.stdout[-1500:]
     here = subprocess.run([sys.executable, "-m", "stallscope", "run", "--", sys.executable, TINY], cwd=tmp_path,
                           capture_output=True, text=True)
     [own] = (tmp_path / ".stallscope" / "runs").iterdir()

@@ -172,6 +172,10 @@ def test_a_target_with_hyper_threading_counts_a_cores_second_thread_as_a_quarter
     assert any("each CPU a core of its own (as recorded; --threads-per-core 2" in n for n in cores.assumptions)
     doc = plan_dict(threads, "r1", PLAN_SCHEMA)
     assert doc["target"]["threads_per_core"] == 2 and doc["recorded"]["threads_per_core"] == 1.0
+    # a fraction of a core is said to three figures, not as Python's repr of 2 / 3 (the tester's "0.666667")
+    thirds = project(recorded(), Target(cores=2, gpus=1, step_s=0.004, threads_per_core=3), samples_per_step=16)
+    assert any("2 CPU(s) per process are 0.667 core(s) with 3 hardware threads each (given)" in n
+               for n in thirds.assumptions)
 
 
 def test_a_run_recorded_with_hyper_threading_is_planned_with_it_unless_told_otherwise():
@@ -309,3 +313,20 @@ def test_a_threaded_cpu_compute_is_planned_beside_workers_with_its_threads_cut_t
     out = io.StringIO()
     plan_render.render(single_plan, "RUN", Console(file=out, width=200))
     assert "compute threads" not in out.getvalue()  # no column where no row cuts them
+
+
+def test_the_training_process_taking_batches_from_workers_is_said_where_it_caps_the_rate():
+    """The tester's plan for 64 cores and 8 GPUs showed 145 samples/s against 160 of compute with no data wait,
+    and nothing said where the rest went: taking each batch from a worker, which the training process does
+    serially after its compute (0.2 ms per sample here, recorded with 1 worker, after 1 ms of compute)."""
+    with_workers = recorded(workers=1, receive_per_sample_s=0.0002, receive_cpu_per_sample_s=0.0002)
+    plan = project(with_workers, Target(cores=64, gpus=8, step_s=0.016), samples_per_step=16)
+    [said] = [n for n in plan.assumptions if n.startswith("with workers the training process also takes")]
+    assert said == ("with workers the training process also takes each batch from them: 0.200 ms per sample as "
+                    "recorded with 1 (rebuilding it, waiting for the hand-over, mapping it), after its 1.000 ms of "
+                    "compute: at most 833.3 samples/s per training process however many workers feed it, with no "
+                    "wait for data")
+    assert max(r.samples_per_s for r in plan.rows) == pytest.approx(1 / 0.0012)
+    # recorded without workers there is nothing recorded to say (the estimate's own line says what is estimated)
+    assert not any(n.startswith("with workers the training")
+                   for n in project(recorded(), Target(cores=64, gpus=8, step_s=0.016), 16).assumptions)

@@ -277,3 +277,24 @@ def test_a_ctrl_c_or_a_termination_is_said_as_a_stop_not_a_failure(failure, head
 
     f = Failure(*failure)
     assert (words.failure_headline(f), words.failure_detail(f)) == (headline, detail)
+
+
+def test_a_module_the_scripts_python_lacks_and_stallscopes_has_is_said_with_the_command_to_use(tmp_path):
+    """``stallscope run -- python train.py`` where that ``python`` is another interpreter without torch: the
+    failure says stallscope's own Python has the module, and the command that uses it."""
+    import shlex
+    import sys
+
+    from stallscope.analysis.findings import Failure
+
+    missing = Failure("main", "ModuleNotFoundError", "No module named 'json.decoder'", "train.py:1")
+    other = str(tmp_path / "python3")  # an interpreter that is not this one
+    assert words.missing_module_hint(missing, [other, "train.py", "--lr", "0.1 x"]) == (
+        f"the script's Python ({other}) cannot import json; stallscope's own Python has it: "
+        f"stallscope run -- {shlex.join([sys.executable, 'train.py', '--lr', '0.1 x'])}")
+    # nothing to say: the script ran on this very Python, the module is nowhere, or the failure is another
+    assert words.missing_module_hint(missing, [sys.executable, "train.py"]) is None
+    nowhere = Failure("main", "ModuleNotFoundError", "No module named 'no_such_module_anywhere'", None)
+    assert words.missing_module_hint(nowhere, [other, "train.py"]) is None
+    assert words.missing_module_hint(Failure("main", "RuntimeError", "No module named 'json'", None),
+                                     [other, "train.py"]) is None

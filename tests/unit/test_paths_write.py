@@ -221,4 +221,30 @@ def test_run_references_that_name_nothing_or_too_much_are_said_so(tmp_path):
     a_file.write_text("")
     with pytest.raises(FileNotFoundError, match="the store .* is a file, not a folder"):
         resolve_run("last", a_file)
+    # a store that does not exist is said so, not counted as holding no run (the tester's "it holds 0")
+    with pytest.raises(FileNotFoundError, match=r"no run 'last': there is no store at .*nowhere \(nothing was "
+                                                r"recorded there\)"):
+        resolve_run("last", tmp_path / "nowhere")
     assert resolve_run("20260101-000003", store) == store / "runs" / "20260101-000003-abc" / "session.json"
+
+
+def test_a_damaged_newest_session_says_how_to_reach_the_runs_around_it(tmp_path):
+    """``report last`` on a newest session that is not valid JSON: the error says how to go on (the tester was
+    left with "not a stallscope session" while ``compare last`` read another run from the history)."""
+    from stallscope.cli.report_cmd import load_run
+
+    store = tmp_path / "store"
+    run = store / "runs" / "20260101-000000-abc"
+    run.mkdir(parents=True)
+    (run / "session.json").write_text('{"schema": "stallscope.session/1", "run_id": ')  # cut short
+    with pytest.raises(ValueError, match=r"is not a stallscope session \(invalid JSON.*\)\. To go on: stallscope "
+                                         r"plan last~1 for the saved run before it, or a run id from stallscope "
+                                         r"history"):
+        load_run("last", str(store), "plan")
+    newer = store / "runs" / "20260102-000000-abc"
+    newer.mkdir()
+    (newer / "session.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"To go on: stallscope report last~2 for the saved run before it"):
+        load_run("last~1", str(store))
+    with pytest.raises(ValueError, match=r"not a stallscope session \(invalid JSON[^.]*\)$"):
+        load_run(run.name, str(store))  # named by its id: nothing to add

@@ -125,3 +125,23 @@ def test_a_search_that_tried_candidates_keeps_its_verdict() -> None:
     assert _confirm(outcome, 1, _never_called, _Confirmed()) == [
         "no configuration beat the original by more than the noise: keep it as it is"]
     assert _untried_note(outcome, Budget(trials=10)) == []
+
+
+def test_a_confirmation_run_under_other_programs_load_is_said() -> None:
+    """The tester's confirmation ran while other programs kept a CPU busy, and tune said nothing: the confirmed
+    gain compares runs that had different shares of the machine."""
+    from stallscope.tuning.noise import Rate
+
+    original = _original()
+    winner = TrialResult(2, "num_workers", {"num_workers": 2}, {"num_workers": 2}, True, rate=Rate(150.0, 2.0, 40))
+    outcome = SearchOutcome([original, winner], original, winner, "converged")
+    load = {"confirm-winner": 0.1, "confirm-original": 1.04}
+
+    def evaluate(overrides, label, config):
+        return TrialResult(3, label, overrides, config, True, rate=Rate(120.0, 2.0, 40), other_cpus=load[label])
+
+    assert _confirm(outcome, 1, evaluate, _Confirmed()) == [
+        "other programs kept CPUs busy during the confirmation (confirm-original 1.04 CPUs): the confirmed figures "
+        "are for a machine that busy, and may move on a quiet one; run tune again when it is quiet to be sure"]
+    load["confirm-original"] = 0.2  # under the threshold report uses too: nothing to say
+    assert _confirm(outcome, 1, evaluate, _Confirmed()) == []

@@ -83,8 +83,8 @@ class Target:
         if self.threads_per_core is not None and not 1 <= self.threads_per_core <= MAX_THREADS_PER_CORE:
             raise PlanError(f"--threads-per-core must be between 1 and {MAX_THREADS_PER_CORE}")
         if self.cores < self.processes:
-            raise PlanError(f"{self.processes} training processes (one per GPU) on {self.cores:g} cores: each needs at "
-                            "least a core of its own; give --cores at least the number of GPUs")
+            raise PlanError(f"{self.processes} training processes (one per GPU) on {self.cores:.4g} cores: each "
+                            "needs at least a core of its own; give --cores at least the number of GPUs")
 
     @property
     def processes(self) -> int:
@@ -252,7 +252,7 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         # it again is counted by the model's CPU budget already
         main_cpu = compute + model.receive_cpu_s()
         notes.append(f"{target.gpus} GPU(s), {target.processes} training process(es), each keeping one core busy "
-                     f"while its GPU computes (Python, kernel launches, waiting on the GPU); {cores:g} core(s) per "
+                     f"while its GPU computes (Python, kernel launches, waiting on the GPU); {cores:.3g} core(s) per "
                      "process")
     else:
         occupancy = min(model.main_occupancy, cores)
@@ -265,7 +265,7 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
             notes.append(said)
         else:
             notes.append(f"no GPU: {target.processes} training process(es) computing on the CPU, each keeping "
-                         f"{occupancy:.2f} core(s) busy while it computes, as recorded; {cores:g} core(s) for each "
+                         f"{occupancy:.2f} core(s) busy while it computes, as recorded; {cores:.3g} core(s) for each "
                          "and its workers")
     physical, smt_note = _target_cores(model, target, cores)
     notes.append(smt_note)
@@ -283,6 +283,12 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
                      "the total samples/s below; where two or more workers and the training process outnumber the "
                      "cores, a worker back from storage waits for a core in proportion to the threads it finds there "
                      "(a mean-value estimate, not measured)")
+    if model.workers > 0 and (receive := moved.receive_s(model.workers)) > 0:
+        own = compute + receive
+        notes.append(f"with workers the training process also takes each batch from them: {_ms(receive)} per sample "
+                     f"as recorded with {model.workers} (rebuilding it, waiting for the hand-over, mapping it), after "
+                     f"its {_ms(compute)} of compute: at most {1 / own:.1f} samples/s per training process however "
+                     "many workers feed it, with no wait for data")
     if model.worker_only_basis:
         notes.append(f"recorded with 0 workers: passing batches through shared memory is estimated "
                      f"({_ms(model.shm_write_per_sample_s)} per sample in a worker, "
@@ -331,14 +337,15 @@ def _threads_on_target(model: ThroughputModel, cores: float, compute: float, mai
         held = max(model.main_occupancy, 1.0)
         return (spread, compute * held / spread, main_cpu,
                 f"no GPU: the training process computes on {threads} intra-op threads, recorded on "
-                f"{recorded_cpus:.3g} CPU(s): on {cores:g} they keep up to {spread:g} core(s) busy while it computes, "
-                f"at best {spread / held:.2f}x as fast (ideal parallel speed-up, not measured); workers beside them "
-                "hold it back to one core's speed at best, and threads that spin waiting for work take cores from "
-                "the workers (not priced): with workers, fewer threads (torch.set_num_threads) leave them the cores")
+                f"{recorded_cpus:.3g} CPU(s): on {cores:.3g} they keep up to {spread:.3g} core(s) busy while it "
+                f"computes, at best {spread / held:.2f}x as fast (ideal parallel speed-up, not measured); workers "
+                "beside them hold it back to one core's speed at best, and threads that spin waiting for work take "
+                "cores from the workers (not priced): with workers, fewer threads (torch.set_num_threads) leave them "
+                "the cores")
     if recorded_cpus >= threads - 0.5 and cores < threads - 0.5:
         work = min(main_cpu, compute * model.main_occupancy + model.receive_cpu_s())
         return (min(model.main_occupancy, cores), compute, work,
-                f"no GPU: the training process computes on {threads} intra-op threads, more than the {cores:g} "
+                f"no GPU: the training process computes on {threads} intra-op threads, more than the {cores:.3g} "
                 f"core(s) it has there: they do not spin waiting for work as they did on the recorded "
                 f"{recorded_cpus:.3g}, so its CPU is its compute's ({_ms(work)} per sample, recorded {_ms(main_cpu)})")
     return None
@@ -351,8 +358,8 @@ def _target_cores(model: ThroughputModel, target: Target, cpus: float) -> tuple[
     if threads <= 1.0:
         hint = "; --threads-per-core 2 for a target with hyper-threading" if target.threads_per_core is None else ""
         return None, f"each CPU a core of its own ({source}{hint})"
-    return cpus / threads, (f"{cpus:g} CPU(s) per process are {cpus / threads:g} core(s) with {threads:g} hardware "
-                            f"threads each ({source}): a thread on a core whose other thread is busy adds "
+    return cpus / threads, (f"{cpus:.3g} CPU(s) per process are {cpus / threads:.3g} core(s) with {threads:.3g} "
+                            f"hardware threads each ({source}): a thread on a core whose other thread is busy adds "
                             f"{100 * SMT_YIELD:.0f}% of a core (a typical figure for hyper-threading, not measured)")
 
 

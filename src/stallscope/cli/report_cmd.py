@@ -21,21 +21,23 @@ from stallscope.collect import recover_session
 from stallscope.launcher import save_session
 from stallscope.render import speedscope, terminal
 from stallscope.render.summary import print_json, summary_dict, write_summary
-from stallscope.session import Session
+from stallscope.session import Session, SessionFormatError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("report", help="re-render a saved run (terminal, HTML, Perfetto trace, speedscope)",
                               description="Analyse and render a saved session again (the script is not re-run).",
                               epilog="examples:\n  stallscope report last\n"
+                                     "  stallscope report last~1   (the run before the last)\n"
                                      "  stallscope report last --html report.html   (open in any browser, offline)\n"
                                      "  stallscope report last --trace trace.json   (open in ui.perfetto.dev)\n"
                                      "  stallscope report last --speedscope stacks.speedscope.json"
                                      "   (open in speedscope.app)",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", default="last",
-                   help="run id (or a unique prefix), a session.json path, a run directory, or 'last' (default); a run "
-                        "whose session was never saved (stallscope killed, disk full) is rebuilt from its raw events")
+                   help="run id (or a unique prefix), a session.json path, a run directory, 'last' (default) or "
+                        "'last~N' (N saved runs before the last); a run whose session was never saved (stallscope "
+                        "killed, disk full) is rebuilt from its raw events")
     p.add_argument("--json", metavar="PATH", help="write the summary JSON here")
     p.add_argument("--html", metavar="PATH", help="write a self-contained HTML report here")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace-event JSON (for ui.perfetto.dev) here")
@@ -77,7 +79,18 @@ def load_run(run: str, store: str | None, verb: str = "report") -> tuple[Session
     whose session was never saved is rebuilt from its raw events (said as ``stallscope VERB``). Raises OSError
     or ValueError."""
     path = paths.resolve_run(run, paths.store_dir(store))
-    return _recover(path, verb) if path.is_dir() else (Session.load(path), path)
+    if path.is_dir():
+        return _recover(path, verb)
+    try:
+        return Session.load(path), path
+    except SessionFormatError as exc:
+        back = 0 if run == "last" else int(run[5:]) if run.startswith("last~") and run[5:].isdigit() else None
+        if back is None:
+            raise
+        # ``last`` is the newest session file here, damaged; compare's ``last`` (the history's newest row) may be
+        # another run: say how to reach the ones around it
+        raise SessionFormatError(f"{exc}. To go on: stallscope {verb} last~{back + 1} for the saved run before it, "
+                                 "or a run id from stallscope history") from None
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -128,7 +141,7 @@ def handle(args: argparse.Namespace) -> int:
         for line in written:
             print(f"wrote {line}", file=sys.stderr)
         return 0
-    terminal.render(session, analysis, Console(), session_ref=str(path))
+    terminal.render(session, analysis, Console(), session_ref=str(path), just_saved=False)
     for line in written:
         print(f"wrote {line}")
     return 0

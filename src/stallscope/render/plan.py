@@ -39,8 +39,8 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
     t = plan.target
     gpus = f"{t.gpus} GPU(s), one training process each" if t.gpus else "no GPU (training on the CPU)"
     console.rule("[bold]stallscope plan")
-    console.print(f"run {escape(run_ref)} projected to {t.cores:g} cores, {gpus}: "
-                  f"{t.cores_per_process:g} core(s) per training process")
+    console.print(f"run {escape(run_ref)} projected to {t.cores:.4g} cores, {gpus}: "
+                  f"{t.cores_per_process:.3g} core(s) per training process")
     rec = plan.recorded
     measured = rec.get("samples_per_s")
     whole = rec.get("samples_per_s_with_startups")

@@ -24,7 +24,9 @@ def _bar(share: float, width: int = 24) -> str:
 
 
 def render(session: Session, analysis: Analysis, console: Console | None = None,
-           session_ref: str | None = None) -> None:
+           session_ref: str | None = None, just_saved: bool = True) -> None:
+    """The run's report. ``session_ref``: where its session file is, said at the end as ``saved:`` where it was
+    written just now (``just_saved``), as ``session:`` where a saved one is rendered again."""
     console = console or Console(stderr=True)
     stats = analysis.steps
     console.rule("[bold]stallscope")
@@ -88,6 +90,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         colour = "yellow" if stopped else "red"
         console.print(f"[bold {colour}]{words.failure_headline(f)}[/bold {colour}] in {words.failure_place(f)}: "
                       f"{escape(words.failure_detail(f))}", highlight=False)
+        if hint := words.missing_module_hint(f, session.command):
+            console.print(f"  hint: {escape(hint)}", highlight=False)
         if session.overrides and not stopped:
             console.print(f"  it ran with {escape(words.overrides(session.overrides))}, a change stallscope made to its "
                           "DataLoader: run it without that to see whether the change caused this", highlight=False)
@@ -98,7 +102,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     if session_ref:
         again = (paths.report_command(session_ref, session.run_id) if session.run_id
                  else f"stallscope report {session_ref}")
-        console.print(f"[dim]saved: {escape(session_ref)}   re-render: {escape(again)}[/dim]", highlight=False)
+        label = "saved" if just_saved else "session"
+        console.print(f"[dim]{label}: {escape(session_ref)}   re-render: {escape(again)}[/dim]", highlight=False)
 
 
 def _rank_table(console: Console, analysis: Analysis) -> None:

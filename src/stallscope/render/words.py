@@ -7,8 +7,13 @@ module does not know is shown by its id and facts rather than dropped.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
+import shlex
+import shutil
 import signal
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -490,6 +495,26 @@ def failure_detail(failure: Failure) -> str:
         return "KeyboardInterrupt (Ctrl-C or SIGINT)" + (f" while at {failure.location}" if failure.location else "")
     said = failure_message(failure) if failure.type == "exit" else f"{failure.type}: {failure_message(failure)}"
     return said + (f"  at {failure.location}" if failure.location else "")
+
+
+def missing_module_hint(failure: Failure, command: list[str]) -> str | None:
+    """Where the script could not import a module that stallscope's own Python has: the command's ``python`` is
+    another interpreter (the system's, another environment's), the commonest first run's mistake. None otherwise."""
+    if failure.type != "ModuleNotFoundError" or not failure.message or not command:
+        return None
+    named = re.match(r"No module named '([\w.]+)'", failure.message)
+    if not named:
+        return None
+    module = named.group(1).split(".")[0]
+    try:
+        here = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        here = False
+    theirs = shutil.which(command[0]) or command[0]
+    if not here or os.path.realpath(theirs) == os.path.realpath(sys.executable):
+        return None
+    return (f"the script's Python ({theirs}) cannot import {module}; stallscope's own Python has it: "
+            f"stallscope run -- {shlex.join([sys.executable, *command[1:]])}")
 
 
 def failure_place(failure: Failure) -> str:

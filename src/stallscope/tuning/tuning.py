@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import paths
+from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.tuning.noise import DEFAULT_Z, Rate, within_noise
 from stallscope.tuning.search import Budget, SearchOutcome, Tuner, config_key, overrides_for
 from stallscope.tuning.trials import TrialResult, run_trial, set_arguments
@@ -273,7 +274,18 @@ def _confirm(outcome: SearchOutcome, confirm_rounds: int,
     confirmed.original, confirmed.winner = pooled(runs["original"]), pooled(runs["winner"])
     if confirmed.winner is None:
         return ["the winner's confirmation run failed; see its trial folder"]
-    return []
+    return _loaded_confirmation_note(confirmed.runs)
+
+
+def _loaded_confirmation_note(runs: list[TrialResult]) -> list[str]:
+    """Where other programs kept ``OTHER_LOAD_NOTABLE_CPUS`` or more busy during a confirmation run, say so: the
+    confirmed gain compares runs that had different shares of the machine."""
+    loaded = [r for r in runs if r.ok and r.other_cpus >= OTHER_LOAD_NOTABLE_CPUS]
+    if not loaded:
+        return []
+    said = ", ".join(f"{r.label} {r.other_cpus:.2f}" for r in loaded)
+    return [f"other programs kept CPUs busy during the confirmation ({said} CPUs): the confirmed figures are for a "
+            "machine that busy, and may move on a quiet one; run tune again when it is quiet to be sure"]
 
 
 def _candidates(outcome: SearchOutcome) -> list[TrialResult]:
