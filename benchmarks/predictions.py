@@ -9,6 +9,13 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-03 (session 20, the training process's own work priced at 40% for sharing its core and a 0-worker
+run's spinning threads not counted as load, ec8954e), quiet, --rounds 2 --steps 40, about 8 min: starved 1.44x vs 1.37x
+(+5%), slow storage 8.00x vs 7.75x (+3%), large JPEGs 1.45x vs 1.68x (-14%), HTTP 8.00x vs 8.20x (-2%), tokenize 1.62x
+vs 1.93x (-16%), early exit 1.15x vs 1.09x (+5%), 2-thread compute 1.05x vs 1.01x (+4%; session 18 +13%), heavy model
+1.00x vs 1.04x (-3%), short epochs 0.92x vs 0.86x (+7%): **median 5%, worst 16%**. Large JPEGs and tokenize, whose
+compute is small beside their workers', were under-predicted in session 18 too (-11%, -8%).
+
 Measured 2026-12-02 (session 18, workers that wait on storage queueing for a core, c726a39), quiet, --rounds 2
 --steps 40, about 13 min: starved 1.53x vs 1.45x (+5%; rounds 1.27x and 1.63x), slow storage 6.65x vs 6.77x (-2%; the
 term took its prediction from 7.93x, and earlier sessions measured it at 7.6-8.9x), large JPEGs 1.50x vs 1.68x (-11%),

@@ -16,6 +16,11 @@ prefetch_factor=1): confirmed 525.4 samples/s against the grid's 580.5 (0.905, t
 best of 25 noisy runs), and 0.988 head to head (medians of 3 alternating runs each). With --steps 40 the
 per-trial noise (+-10-15%) let tune settle on 2 workers alone (head to head 0.81-0.92).
 
+2026-12-03 (session 20, at ec8954e: the compute's time-sharing cost and spin-is-not-load), --steps 100, quiet machine:
+**met**. tune used 8 runs (0.32 of the 25-configuration grid); its winner IS the grid's best configuration (2 workers,
+persistent, prefetch 1): confirmed 493.2 samples/s against the grid's 511.9 (0.963 against the best of 25 single runs),
+**0.988 head to head** (medians of 3 alternating runs: 484.8 vs 490.5).
+
 2026-12-01, --steps 100, quiet machine, 7 min 43 s: tune used 8 runs (0.32 of the 25-configuration grid), winner
 num_workers=3, persistent_workers=True, prefetch_factor=1, confirmed 318.6 samples/s against the grid's best (2
 workers, persistent, prefetch 1) 403.6: 0.790 against the best of 25 single runs, but **1.077 head to head** (medians

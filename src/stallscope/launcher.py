@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,10 +143,6 @@ def _quick_checks() -> list[dict[str, Any]]:
 
 #: Signals that end the job: forwarded to the script's process group like a terminal would deliver them.
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-#: The same signal again within this long is one sending delivered twice, not a repeat to escalate: ``timeout -s
-#: INT`` signals its child and then its own process group, which holds the child, microseconds apart. A person's
-#: second Ctrl-C comes a tenth of a second or more after the first.
-DUPLICATE_SIGNAL_NS = 50_000_000
 _PR_SET_PDEATHSIG = 1
 
 
@@ -159,11 +154,9 @@ class _SignalForwarder:
     sent to that orphaned group would be discarded by the kernel, so the child is stopped with SIGSTOP.
     """
 
-    def __init__(self, child: subprocess.Popen[bytes], clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(self, child: subprocess.Popen[bytes]) -> None:
         self.child = child
-        self.clock = clock
         self.received: list[int] = []
-        self._last_received_ns: int | None = None
         self.sent: int | None = None  # the last ending signal sent to the script's group
         self.stand_ins: set[int] = set()  # signals sent in place of one received (SIGTERM for a second Ctrl-C)
         self.paused_ns = 0
@@ -189,11 +182,6 @@ class _SignalForwarder:
             pass
 
     def _forward(self, signum: int, frame: Any) -> None:
-        now = self.clock()
-        last = self._last_received_ns
-        self._last_received_ns = now
-        if self.received and self.received[-1] == signum and last is not None and now - last < DUPLICATE_SIGNAL_NS:
-            return  # the same sending delivered twice (to the launcher and to its group): forwarded once already
         self.received.append(signum)
         self.sent = self.escalation(len(self.received), signum)
         if self.sent != signum:

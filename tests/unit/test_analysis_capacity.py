@@ -655,6 +655,23 @@ def test_intra_op_threads_spinning_while_the_process_loads_are_not_a_load_on_the
     # a compute on a GPU keeps its process's CPU as it is (Python, launches), and so does one thread's compute
     assert replace(spun, compute_on_cpu=False).working_cpu_s() == 0.004
     assert _recorded_alone().working_cpu_s() == 0.001
-    # with workers the received batches' rebuilding is work too
+    # nothing is received without workers: a recording with them does not lend its rebuilding to 0 workers' load
     assert replace(spun, receive_per_sample_s=0.0005, receive_cpu_per_sample_s=0.0003).working_cpu_s() == (
-        pytest.approx(0.0023))
+        pytest.approx(0.002))
+    # 2 threads on 4 CPUs: the occupancy read from the process's CPU (spin and all) is capped at the threads
+    wide = replace(spun, usable_cpus=4.0, main_cpu_per_sample_s=0.006, main_occupancy=4.0)
+    assert wide.working_cpu_s() == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize("cpus", [1.0, 2.0, 4.0])
+@pytest.mark.parametrize("compute", [0.0005, 0.001, 0.004])
+def test_the_two_load_costs_are_a_fixed_point_of_the_load_they_price(cpus, compute):
+    """``load_costs`` stops after ``LOAD_PASSES``: what it returns must price a load that gives the same costs
+    back, for the workers' work and the compute's, from an idle configuration to one that time-shares."""
+    m = _recorded_alone(usable_cpus=cpus, compute_per_sample_s=compute, main_cpu_per_sample_s=compute,
+                        recorded_compute_load_cost=1.0)
+    for workers in range(0, 6):
+        costs = m.load_costs(workers)
+        slowed = m.cpu_slowed(*costs)
+        busy = slowed.busy_threads(workers, None, slowed._rate(workers, None))
+        assert costs == pytest.approx((m.load_cost(busy), m.load_cost(busy, compute=True)), abs=1e-5)

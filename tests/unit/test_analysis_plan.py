@@ -101,7 +101,8 @@ def test_the_plan_document():
     assert doc["at_workers"] == {"workers": 3, "samples_per_s": 750.0, "total_samples_per_s": 1500.0,
                                  "data_wait_fraction": 0.25, "cores_wanted": 3.75,
                                  "cpu_second_cost": 1.0,  # a hand-built model: no recorded load to price against
-                                 "compute_threads": None}  # the compute is on the GPU: no threads to cut
+                                 "compute_threads": None,  # the compute is on the GPU: no threads to cut
+                                 "compute_cpu_second_cost": None}  # nor a CPU compute's own price
     assert doc["workers_needed_per_process"] is None and doc["limit"] == "cores"
     assert len(doc["rows"]) == 7 and doc["assumptions"]
 
@@ -198,7 +199,8 @@ def test_each_row_prices_cpu_work_at_its_load_and_a_given_step_time_is_taken_as_
     assert plan.row(2).samples_per_s == pytest.approx(2 / (0.004 * workers + 0.001 * compute))
     assert plan.row(0).cpu_second_cost == pytest.approx(1.0) and plan.row(0).samples_per_s == pytest.approx(200.0)
     assert plan.row(2).to_dict()["cpu_second_cost"] == 1.158
-    assert any("priced at the load of each worker count" in n and "40% for the training process's own work" in n
+    assert plan.row(2).to_dict()["compute_cpu_second_cost"] == round(compute, 3) == 1.247
+    assert any("priced at the load of each worker count" in n and "40% for the compute's own work" in n
                for n in plan.assumptions)
     # --step-ms on a CPU target: the given 16 ms per 16 samples is the target's own figure, not priced again
     given, notes = target_model(loaded, Target(cores=2, step_s=0.016), samples_per_step=16)
@@ -324,8 +326,8 @@ def test_the_training_process_taking_batches_from_workers_is_said_where_it_caps_
     [said] = [n for n in plan.assumptions if n.startswith("with workers the training process also takes")]
     assert said == ("with workers the training process also takes each batch from them: 0.200 ms per sample as "
                     "recorded with 1 (rebuilding it, waiting for the hand-over, mapping it), after its 1.000 ms of "
-                    "compute: at most 833.3 samples/s per training process however many workers feed it, with no "
-                    "wait for data")
+                    "compute: about 833.3 samples/s per training process with no wait for data, before the load's "
+                    "pricing (the wait for a busy worker's hand-over shrinks as more workers share the batches)")
     assert max(r.samples_per_s for r in plan.rows) == pytest.approx(1 / 0.0012)
     # recorded without workers there is nothing recorded to say (the estimate's own line says what is estimated)
     assert not any(n.startswith("with workers the training")

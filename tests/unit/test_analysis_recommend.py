@@ -93,7 +93,12 @@ def test_the_worker_advice_says_what_a_cpu_second_is_estimated_to_cost_at_its_lo
     # more threads than CPUs: the time-sharing part is named; at most one a CPU, only the shared caches are
     assert advice.facts["busy_threads_per_cpu"] > 1.0
     assert "(caches and memory shared between busy cores, switching between more threads than cores)" in reason
-    calmer = dict(advice.facts, busy_threads_per_cpu=0.9)
+    # the training step's own work is priced apart, and dearer: said beside it
+    workers, compute = m.load_costs(2)
+    assert advice.facts["compute_cpu_second_cost"] == pytest.approx(compute, abs=1e-3) and compute > workers
+    assert (f", the training step's own {round(100 * (advice.facts['compute_cpu_second_cost'] - 1))}% more (its "
+            "working set evicted by the others), counted in the prediction") in reason
+    calmer = dict(advice.facts, busy_threads_per_cpu=0.9, compute_cpu_second_cost=None)
     assert words._cpu_second_cost(calmer, 2).endswith(
         "(caches and memory shared between busy cores), counted in the prediction")
     assert words._cpu_second_cost(dict(advice.facts, cpu_second_cost=0.9), 2) == (

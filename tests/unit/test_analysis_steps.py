@@ -292,8 +292,16 @@ def test_a_module_the_scripts_python_lacks_and_stallscopes_has_is_said_with_the_
     assert words.missing_module_hint(missing, [other, "train.py", "--lr", "0.1 x"]) == (
         f"the script's Python ({other}) cannot import json; stallscope's own Python has it: "
         f"stallscope run -- {shlex.join([sys.executable, 'train.py', '--lr', '0.1 x'])}")
-    # nothing to say: the script ran on this very Python, the module is nowhere, or the failure is another
+    # a virtual environment's python links to the interpreter it was made from: the environment's is not the
+    # base one's, although both resolve to the same file
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(sys.executable)
+    assert words.missing_module_hint(missing, [str(venv_python), "train.py"]) is not None
+    # nothing to say: the script ran on this very Python, the module is nowhere, the failure is another, or the
+    # command is not a Python (its arguments are not a script's)
     assert words.missing_module_hint(missing, [sys.executable, "train.py"]) is None
+    assert words.missing_module_hint(missing, [str(tmp_path / "torchrun"), "--nproc_per_node", "2", "t.py"]) is None
     nowhere = Failure("main", "ModuleNotFoundError", "No module named 'no_such_module_anywhere'", None)
     assert words.missing_module_hint(nowhere, [other, "train.py"]) is None
     assert words.missing_module_hint(Failure("main", "RuntimeError", "No module named 'json'", None),

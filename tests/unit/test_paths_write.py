@@ -237,14 +237,17 @@ def test_a_damaged_newest_session_says_how_to_reach_the_runs_around_it(tmp_path)
     run = store / "runs" / "20260101-000000-abc"
     run.mkdir(parents=True)
     (run / "session.json").write_text('{"schema": "stallscope.session/1", "run_id": ')  # cut short
-    with pytest.raises(ValueError, match=r"is not a stallscope session \(invalid JSON.*\)\. To go on: stallscope "
-                                         r"plan last~1 for the saved run before it, or a run id from stallscope "
-                                         r"history"):
+    # the only run: nothing before it to name
+    with pytest.raises(ValueError, match=r"is not a stallscope session \(invalid JSON.*\)\. To go on: a run id "
+                                         r"from stallscope history$"):
         load_run("last", str(store), "plan")
     newer = store / "runs" / "20260102-000000-abc"
     newer.mkdir()
-    (newer / "session.json").write_text("[]")
-    with pytest.raises(ValueError, match=r"To go on: stallscope report last~2 for the saved run before it"):
-        load_run("last~1", str(store))
+    (newer / "session.json").write_text("not json")
+    with pytest.raises(ValueError, match=r"\. To go on: stallscope plan last~1 for the saved run before it, or a "
+                                         r"run id from stallscope history$"):
+        load_run("last", str(store), "plan")
+    with pytest.raises(ValueError, match=r"\. To go on: a run id from stallscope history$"):
+        load_run("last~1", str(store))  # the oldest: nothing before it
     with pytest.raises(ValueError, match=r"not a stallscope session \(invalid JSON[^.]*\)$"):
         load_run(run.name, str(store))  # named by its id: nothing to add

@@ -72,3 +72,13 @@ def test_the_checker_sees_a_removed_or_changed_field() -> None:
     assert _missing_or_changed({"a": [1, 2]}, {"a": [1, 3]}) == ["/a[1]: 2 -> 3"]
     assert _missing_or_changed({"change": "--set a=1   (in code: x)"}, {"change": "--set a=1   (in code: x at y)"}) == []
     assert _missing_or_changed({"change": "--set a=1"}, {"change": "--set a=2"}) != []
+
+
+def test_the_capacity_says_the_loads_its_costs_were_measured_under() -> None:
+    session = Session.load(DATA / "image-pipeline" / "session.json")
+    analysis = analyze(session)
+    capacity = summary_dict(session, analysis, None)["capacity"]
+    model = analysis.capacity.model
+    assert capacity["recorded_load_cost"] == round(model.recorded_load_cost, 4)
+    assert capacity["recorded_compute_load_cost"] == round(model.recorded_compute_load_cost, 4)
+    assert capacity["recorded_compute_load_cost"] >= capacity["recorded_load_cost"] >= 1.0

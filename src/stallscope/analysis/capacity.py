@@ -95,7 +95,7 @@ ALL_CORES_BUSY_COST = 0.12
 #: Estimated; measured on the 2-core VM: decode and resize of 500x400 to 2000x1500 JPEGs +18-24% per image for
 #: 2 processes on one core, +10-14% for 3 or 4; a training step +17% beside two busy processes on two cores.
 TIME_SHARING_COST = 0.12
-#: ``TIME_SHARING_COST`` for the training process's own CPU work (a compute on the CPU, its Python): a training step
+#: ``TIME_SHARING_COST`` for the training process's own CPU work where it computes on the CPU: a training step
 #: suffers a neighbour on its core more than a decode does, as its weights, activations and optimizer state are a
 #: working set the neighbour's work evicts at every switch, where a decode streams through its image. Measured with
 #: plain torch on the 2-core VM, a training step's CPU per sample on one core beside decoding workers: +50-80%
@@ -104,9 +104,11 @@ TIME_SHARING_COST = 0.12
 #: over-predicted to -3..+16%; the large JPEGs' rows on one core and the 2-thread compute's 3 workers on two moved
 #: 3-4 points the other way (-9 -> -12%, -7 -> -11%). Estimated, not measured in a run.
 COMPUTE_TIME_SHARING_COST = 0.4
-#: Passes that price a configuration's CPU work at its load and read the load again at the priced rate; two or
-#: three agree to a millionth.
-LOAD_PASSES = 5
+#: Passes that price a configuration's CPU work at its load and read the load again at the priced rate, at most: they
+#: stop once the workers' and the compute's prices agree to a millionth, which takes two or three passes for most
+#: configurations and up to eight for a heavy compute time-sharing its cores (the compute's dearer price moves the
+#: load).
+LOAD_PASSES = 12
 #: At most this many mean-value passes in ``queued_cpu_s``, which stops once the stretch moves by under a billionth:
 #: each pass shrinks the error by about the share of a core the others take, so the busiest cases want a hundred or so.
 QUEUE_PASSES = 400
@@ -235,12 +237,11 @@ class ThroughputModel:
         return self.at_load(workers, scale)._rate(workers, scale)
 
     def at_load(self, workers: int | None = None, scale: dict[str, float] | None = None,
-                cost: float | None = None) -> ThroughputModel:
+                costs: tuple[float, float] | None = None) -> ThroughputModel:
         """The model with its CPU costs priced at the load ``workers`` (and ``scale``) put on the cores: what
-        ``rate`` uses, and what the time a configuration spends where (a plan's data wait) is read from. ``cost``:
-        that load's ``cpu_second_cost``, where the caller has it already (the compute's is read again)."""
-        relative, compute = self.load_costs(workers, scale)
-        relative = relative if cost is None else cost
+        ``rate`` uses, and what the time a configuration spends where (a plan's data wait) is read from. ``costs``:
+        that load's ``load_costs``, where the caller has them already."""
+        relative, compute = self.load_costs(workers, scale) if costs is None else costs
         if abs(relative - 1.0) < 1e-9 and abs(compute - 1.0) < 1e-9:
             return self
         return self.cpu_slowed(relative, compute)
@@ -290,13 +291,16 @@ class ThroughputModel:
         return main + min(workers * on_cpu, rate * cpu * stretch) + helper
 
     def working_cpu_s(self) -> float:
-        """The training process's CPU per sample that is work: its compute's on the cores it keeps busy, and
-        rebuilding received batches. A CPU compute's intra-op threads that had a core each spun waiting for work
-        while the process loaded batches itself (OpenMP's wait): that CPU is in ``main_cpu_per_sample_s`` but
-        loads the cores no more than an idle one, so it does not count as their load (``busy_threads``)."""
+        """The training process's CPU per sample that is work when it loads its batches itself (0 workers): its
+        compute's, on no more cores than it kept busy and no more than its intra-op threads. Those threads, with a
+        core each, spun waiting for work while the process loaded batches (OpenMP's wait): that CPU is in
+        ``main_cpu_per_sample_s`` (and in an occupancy read from it) but loads the cores no more than an idle one,
+        so it does not count as their load (``busy_threads``). Rebuilding received batches is not there either:
+        without workers nothing is received."""
         if not self.compute_on_cpu:
             return self.main_cpu_per_sample_s
-        return min(self.main_cpu_per_sample_s, self.compute_per_sample_s * self.main_occupancy + self.receive_cpu_s())
+        cores = min(self.main_occupancy, float(self.compute_threads)) if self.compute_threads else self.main_occupancy
+        return min(self.main_cpu_per_sample_s, self.compute_per_sample_s * max(1.0, cores))
 
     def load_cost(self, busy: float, compute: bool = False) -> float:
         """What a CPU second costs with ``busy`` threads wanting the usable CPUs, against one thread alone:
@@ -332,9 +336,10 @@ class ThroughputModel:
 
     def cpu_slowed(self, factor: float, compute_factor: float | None = None) -> ThroughputModel:
         """The model with every CPU cost ``factor`` times as long: the workers' CPU stages and their shared-memory
-        writes, the training process's rebuilding of received batches and mapping them, the helpers'; and the
-        training process's own CPU and its compute where it runs on the CPU (and was measured, not given)
-        ``compute_factor`` times (``factor`` where not given). Blocked time and a GPU's compute stay."""
+        writes, the training process's rebuilding of received batches (and the mapping of them estimated for a
+        0-worker run), the helpers'; and the training process's own CPU and its compute where it runs on the CPU
+        (and was measured, not given) ``compute_factor`` times (``factor`` where not given; a recorded mapping is
+        part of that CPU). A GPU's compute, a given one and blocked time stay."""
         own = factor if compute_factor is None else compute_factor
         cost = {node: seconds * factor if node in CPU_STAGES else seconds for node, seconds in self.cost_s.items()}
         receive_cpu = self.receive_cpu_s()
@@ -343,7 +348,7 @@ class ThroughputModel:
         # the training process's CPU is its compute's and, with workers, its rebuilding of received batches
         main = self.main_cpu_per_sample_s
         main_own = max(0.0, main - receive_cpu) if self.workers > 0 else main
-        main_cpu = main_own * (own if self.compute_on_cpu else factor) + (main - main_own) * factor
+        main_cpu = main_own * (own if priced else factor) + (main - main_own) * factor
         return dataclasses.replace(
             self, cost_s=cost, compute_per_sample_s=compute,
             main_cpu_per_sample_s=main_cpu,

@@ -106,12 +106,15 @@ class WorkerRow:
     cores_wanted: float  # per process: workers' CPU at this rate plus the training process's own
     cpu_second_cost: float = 1.0  # a CPU second at this row's load against the recorded run's (estimated)
     compute_threads: int | None = None  # the compute's intra-op threads cut to this, where the row needs it
+    compute_cpu_second_cost: float | None = None  # the same for a CPU compute's own work; None: on a GPU
 
     def to_dict(self) -> dict[str, float | int | None]:
         return {"workers": self.workers, "samples_per_s": round(self.samples_per_s, 2),
                 "total_samples_per_s": round(self.total_samples_per_s, 2),
                 "data_wait_fraction": round(self.data_wait_fraction, 4), "cores_wanted": round(self.cores_wanted, 2),
-                "cpu_second_cost": round(self.cpu_second_cost, 3), "compute_threads": self.compute_threads}
+                "cpu_second_cost": round(self.cpu_second_cost, 3), "compute_threads": self.compute_threads,
+                "compute_cpu_second_cost": (round(self.compute_cpu_second_cost, 3)
+                                            if self.compute_cpu_second_cost is not None else None)}
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,8 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
     for workers in ([only] if only is not None else range(ceiling + 1)):
         threads = split_threads(recorded, workers, scale)
         model = recorded.with_compute_threads(threads) if threads else recorded
-        cost = model.cpu_second_cost(workers, scale)
-        priced = model.at_load(workers, scale, cost)  # the costs as that many workers' load prices them
+        costs = model.load_costs(workers, scale)
+        priced = model.at_load(workers, scale, costs)  # the costs as that many workers' load prices them
         rate = priced.rate(workers=workers, scale=scale)
         cpu, _ = priced.costs(scale, workers)
         own = priced.compute_per_sample_s + priced.receive_s(workers, scale)
@@ -198,7 +201,8 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
         else:
             wanted = min(rate * (cpu + priced.main_cpu_per_sample_s + priced.helper_cpu_per_sample_s),
                          workers + model.main_occupancy)
-        rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted, cost, threads))
+        rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted, costs[0], threads,
+                              costs[1] if model.compute_on_cpu and model.compute_priced else None))
     return rows
 
 
@@ -287,8 +291,9 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         own = compute + receive
         notes.append(f"with workers the training process also takes each batch from them: {_ms(receive)} per sample "
                      f"as recorded with {model.workers} (rebuilding it, waiting for the hand-over, mapping it), after "
-                     f"its {_ms(compute)} of compute: at most {1 / own:.1f} samples/s per training process however "
-                     "many workers feed it, with no wait for data")
+                     f"its {_ms(compute)} of compute: about {1 / own:.1f} samples/s per training process with no wait "
+                     "for data, before the load's pricing (the wait for a busy worker's hand-over shrinks as more "
+                     "workers share the batches)")
     if model.worker_only_basis:
         notes.append(f"recorded with 0 workers: passing batches through shared memory is estimated "
                      f"({_ms(model.shm_write_per_sample_s)} per sample in a worker, "
@@ -301,8 +306,10 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         notes.append(f"each CPU second is priced at the load of each worker count against the recorded run's "
                      f"(cpu_second_cost in each row): up to {100 * ALL_CORES_BUSY_COST:.0f}% more with every core "
                      f"busy than with one, up to {100 * TIME_SHARING_COST:.0f}% more again once threads outnumber "
-                     f"the cores ({100 * COMPUTE_TIME_SHARING_COST:.0f}% for the training process's own work, whose "
-                     "working set the others evict); less than recorded where the target's cores are less busy "
+                     "the cores" + (f" ({100 * COMPUTE_TIME_SHARING_COST:.0f}% for the compute's own work, whose "
+                                    "working set the others evict: compute_cpu_second_cost)"
+                                    if moved.compute_on_cpu and moved.compute_priced else "")
+                     + "; less than recorded where the target's cores are less busy "
                      "than the recorded run's (estimated, not measured: a run shows only its own load"
                      + ("; the given step time is taken as it is)" if given else ")"))
     notes.append("workers are persistent: their start-up is not counted")

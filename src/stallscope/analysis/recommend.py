@@ -40,11 +40,14 @@ def worker_candidates(model: ThroughputModel, usable_cpus: float) -> list[int]:
 def _load_facts(model: ThroughputModel, workers: int) -> dict[str, float]:
     """What a CPU second is estimated to cost with ``workers`` against the recorded run, and the threads per usable
     CPU that load is (above one, they take turns on the cores)."""
-    cost = model.cpu_second_cost(workers)
-    priced = model.at_load(workers, cost=cost)
+    costs = model.load_costs(workers)
+    priced = model.at_load(workers, costs=costs)
     busy = priced.busy_threads(workers, None, priced.rate(workers))
-    return {"cpu_second_cost": round(cost, 3),
-            "busy_threads_per_cpu": round(busy / model.usable_cpus, 2) if model.usable_cpus > 0 else 0.0}
+    facts = {"cpu_second_cost": round(costs[0], 3),
+             "busy_threads_per_cpu": round(busy / model.usable_cpus, 2) if model.usable_cpus > 0 else 0.0}
+    if model.compute_on_cpu:  # the training process's own CPU work, priced apart (COMPUTE_TIME_SHARING_COST)
+        facts["compute_cpu_second_cost"] = round(costs[1], 3)
+    return facts
 
 
 def best_worker_count(model: ThroughputModel, usable_cpus: float,

@@ -85,12 +85,16 @@ def load_run(run: str, store: str | None, verb: str = "report") -> tuple[Session
         return Session.load(path), path
     except SessionFormatError as exc:
         back = 0 if run == "last" else int(run[5:]) if run.startswith("last~") and run[5:].isdigit() else None
-        if back is None:
+        if back is None or "is not a stallscope session" not in str(exc):
             raise
         # ``last`` is the newest session file here, damaged; compare's ``last`` (the history's newest row) may be
         # another run: say how to reach the ones around it
-        raise SessionFormatError(f"{exc}. To go on: stallscope {verb} last~{back + 1} for the saved run before it, "
-                                 "or a run id from stallscope history") from None
+        try:
+            paths.resolve_run(f"last~{back + 1}", paths.store_dir(store))
+            before = f"stallscope {verb} last~{back + 1} for the saved run before it, or "
+        except FileNotFoundError:
+            before = ""
+        raise SessionFormatError(f"{exc}. To go on: {before}a run id from stallscope history") from None
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -182,6 +182,8 @@ def _capacity_dict(report: Any) -> dict[str, Any] | None:
         # a CPU second under the run's own load against one busy thread (estimated); other worker counts are priced
         # against it: null where the model has no load pricing
         "recorded_load_cost": _rounded(model.recorded_load_cost, 4),
+        # the same for the training process's own work, which pays more for sharing its core
+        "recorded_compute_load_cost": _rounded(model.recorded_compute_load_cost if model.compute_on_cpu else None, 4),
     }
 
 

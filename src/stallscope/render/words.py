@@ -503,7 +503,8 @@ def missing_module_hint(failure: Failure, command: list[str]) -> str | None:
     if failure.type != "ModuleNotFoundError" or not failure.message or not command:
         return None
     named = re.match(r"No module named '([\w.]+)'", failure.message)
-    if not named:
+    # only where the command is a Python itself: torchrun, accelerate or a shell script take other arguments
+    if not named or not re.fullmatch(r"python[\d.]*", os.path.basename(command[0])):
         return None
     module = named.group(1).split(".")[0]
     try:
@@ -511,7 +512,9 @@ def missing_module_hint(failure: Failure, command: list[str]) -> str | None:
     except (ImportError, ValueError):
         here = False
     theirs = shutil.which(command[0]) or command[0]
-    if not here or os.path.realpath(theirs) == os.path.realpath(sys.executable):
+    # not resolved through links: a virtual environment's python is a link to the interpreter it was made from,
+    # which without the environment lacks its packages
+    if not here or os.path.dirname(os.path.abspath(theirs)) == os.path.dirname(os.path.abspath(sys.executable)):
         return None
     return (f"the script's Python ({theirs}) cannot import {module}; stallscope's own Python has it: "
             f"stallscope run -- {shlex.join([sys.executable, *command[1:]])}")
@@ -606,8 +609,11 @@ def _cpu_second_cost(facts: dict, workers: int) -> str:
     why = "caches and memory shared between busy cores"
     if facts.get("busy_threads_per_cpu", 0.0) > 1.0:
         why += ", switching between more threads than cores"
+    compute = facts.get("compute_cpu_second_cost")
+    own = (f", the training step's own {100 * (compute - 1.0):.0f}% more (its working set evicted by the others)"
+           if compute is not None and compute - cost >= 0.01 else "")
     return (f"; with {workers} worker{plural} the cores are busier than in this run: each CPU second is estimated "
-            f"to cost {100 * (cost - 1.0):.0f}% more ({why}), counted in the prediction")
+            f"to cost {100 * (cost - 1.0):.0f}% more ({why}){own}, counted in the prediction")
 
 
 def _shared_memory_estimate(facts: dict) -> str:
