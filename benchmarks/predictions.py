@@ -9,6 +9,18 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-03 (session 21, at 4e7b5d1, the same model on these recordings: four baselines recorded once and
+re-analyzed at ec8954e and 4e7b5d1 gave identical recommendations and predictions), quiet, --rounds 2 --steps 40, two
+runs of about 6 min one after the other. First: starved 1.55x vs 1.38x (+12%), slow storage 8.00x vs 7.52x (+6%), large
+JPEGs 1.52x vs 1.78x (-15%), HTTP 8.00x vs 8.06x (-1%), tokenize 1.59x vs 1.91x (-17%), early exit 1.15x vs 1.10x
+(+5%), 2-thread compute (its recording advised no --set, so one worker more) 0.87x vs 0.75x (+16%), heavy model 1.00x
+vs 1.02x (-2%), short epochs 0.93x vs 0.82x (+14%): **median 12%, worst 17%, not met**. Second: starved 1.44x vs 1.45x
+(-1%), slow storage 8.00x vs 7.82x (+2%), large JPEGs 1.49x vs 1.69x (-12%), HTTP 8.00x vs 8.05x (-1%), tokenize 1.66x
+vs 1.88x (-12%), early exit 1.14x vs 1.01x (+13%), 2-thread compute (torch_threads=1 num_workers=1) 1.05x vs 0.99x
+(+6%), heavy model 1.00x vs 1.01x (-1%), short epochs 0.91x vs 0.86x (+7%): **median 6%, worst 13%**. What moved
+between the two is the baseline's recording (starved's prediction 1.55x vs 1.44x), not the measured speedups. Large
+JPEGs and tokenize, whose workers' CPU dwarfs their compute, are under-predicted by 12-17% in every run since session 18.
+
 Measured 2026-12-03 (session 20, the training process's own work priced at 40% for sharing its core and a 0-worker
 run's spinning threads not counted as load, ec8954e), quiet, --rounds 2 --steps 40, about 8 min: starved 1.44x vs 1.37x
 (+5%), slow storage 8.00x vs 7.75x (+3%), large JPEGs 1.45x vs 1.68x (-14%), HTTP 8.00x vs 8.20x (-2%), tokenize 1.62x
