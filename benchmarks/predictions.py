@@ -19,7 +19,8 @@ vs 1.02x (-2%), short epochs 0.93x vs 0.82x (+14%): **median 12%, worst 17%, not
 vs 1.88x (-12%), early exit 1.14x vs 1.01x (+13%), 2-thread compute (torch_threads=1 num_workers=1) 1.05x vs 0.99x
 (+6%), heavy model 1.00x vs 1.01x (-1%), short epochs 0.91x vs 0.86x (+7%): **median 6%, worst 13%**. What moved
 between the two is the baseline's recording (starved's prediction 1.55x vs 1.44x), not the measured speedups. Large
-JPEGs and tokenize, whose workers' CPU dwarfs their compute, are under-predicted by 12-17% in every run since session 18.
+JPEGs and tokenize, whose workers' CPU dwarfs their compute, are under-predicted by 12-17% in every run since session
+18.
 
 Measured 2026-12-03 (session 20, the training process's own work priced at 40% for sharing its core and a 0-worker
 run's spinning threads not counted as load, ec8954e), quiet, --rounds 2 --steps 40, about 8 min: starved 1.44x vs 1.37x
