@@ -195,11 +195,16 @@ def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibrati
     stats, train = _ten_steps_of_eight()
     # 600 kB per sample; the recorder measured 2 ms extra to write 4 MB and 0.25 ms to map and read it
     calibration = {"nbytes": 4_000_000, "write_extra_ns": 2_000_000, "read_extra_ns": 250_000}
+    # a training step on the CPU reads the batch 4 times over (RECEIVED_BATCH_READS); a copy to a GPU once
     m = build_model(stats, train, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration)
     assert m.shm_write_per_sample_s == pytest.approx(0.0003)
-    assert m.shm_read_per_sample_s == pytest.approx(0.0000375)
+    assert m.shm_read_per_sample_s == pytest.approx(4 * 0.0000375)
     assert m.worker_only_basis == "measured at exit"
-    typical = build_model(stats, train, 2.0, None, bytes_per_sample=600_000)
+    on_gpu = build_model(stats, train, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration,
+                         compute_on_cpu=False)
+    assert on_gpu.shm_read_per_sample_s == pytest.approx(0.0000375)
+    assert on_gpu.worker_only_basis == "measured at exit"
+    typical = build_model(stats, train, 2.0, None, bytes_per_sample=600_000, compute_on_cpu=False)
     assert typical.shm_write_per_sample_s == pytest.approx(600_000 * TYPICAL_SHM_WRITE_S_PER_BYTE)
     assert typical.worker_only_basis == "typical"
     unknown = build_model(stats, train, 2.0, None)
@@ -365,18 +370,18 @@ def _recorded_alone(**kw) -> ThroughputModel:
 def test_a_cpu_second_costs_more_as_the_cores_fill_and_more_again_once_threads_outnumber_them():
     from stallscope.analysis.capacity import ALL_CORES_BUSY_COST, TIME_SHARING_COST
 
-    assert (ALL_CORES_BUSY_COST, TIME_SHARING_COST) == (0.12, 0.12)
+    assert (ALL_CORES_BUSY_COST, TIME_SHARING_COST) == (0.04, 0.08)
     m = model(usable_cpus=4.0)
     assert m.load_cost(1.0) == pytest.approx(1.0)  # one thread: the cost every single-threaded run measured
-    assert m.load_cost(2.5) == pytest.approx(1.06)  # half the way from one core busy to all four
-    assert m.load_cost(4.0) == pytest.approx(1.12)
-    assert m.load_cost(6.0) == pytest.approx(1.18)  # 1.5 threads per CPU: half the time-sharing cost
-    assert m.load_cost(8.0) == m.load_cost(20.0) == pytest.approx(1.24)  # switching does not get more frequent
+    assert m.load_cost(2.5) == pytest.approx(1.02)  # half the way from one core busy to all four
+    assert m.load_cost(4.0) == pytest.approx(1.04)
+    assert m.load_cost(6.0) == pytest.approx(1.08)  # 1.5 threads per CPU: half the time-sharing cost
+    assert m.load_cost(8.0) == m.load_cost(20.0) == pytest.approx(1.12)  # switching does not get more frequent
     # 4 CPUs that are 2 cores' hardware threads: the cores are all busy at 2 threads (SMT_YIELD prices the rest)
-    assert model(usable_cpus=4.0, physical_cores=2.0).load_cost(2.0) == pytest.approx(1.12)
+    assert model(usable_cpus=4.0, physical_cores=2.0).load_cost(2.0) == pytest.approx(1.04)
     # one CPU: nothing to share but time
     assert model(usable_cpus=1.0).load_cost(1.0) == pytest.approx(1.0)
-    assert model(usable_cpus=1.0).load_cost(1.5) == pytest.approx(1.06)
+    assert model(usable_cpus=1.0).load_cost(1.5) == pytest.approx(1.04)
 
 
 def test_busy_threads_count_each_thread_while_it_runs_or_waits_for_a_core():
@@ -403,34 +408,34 @@ def test_the_rate_prices_cpu_work_at_the_load_of_the_configuration_against_the_r
     assert m.rate() == pytest.approx(200.0) and m.load_costs() == pytest.approx((1.0, 1.0))
     # 2 workers: 400/s at the recorded cost (the CPU budget: 2 cores / 5 ms). Both workers stay busy, and the
     # compute, stretched by 3 threads wanting 2 CPUs, adds 1.5 * rate * its priced 1 ms: x threads per CPU beyond
-    # one cost the workers' CPU second 1 + 0.12 (all cores busy) + 0.12 x, the compute's 1 + 0.12 + 0.4 x, and the
+    # one cost the workers' CPU second 1 + 0.04 (all cores busy) + 0.08 x, the compute's 1 + 0.04 + 0.1 x, and the
     # rate is the budget at those prices; the three agree at:
     workers, compute = m.load_costs(2)
     rate = m.rate(workers=2)
     x = (2 + 1.5 * rate * 0.001 * compute) / 2 - 1
-    assert workers == pytest.approx(1.12 + 0.12 * x) and compute == pytest.approx(1.12 + 0.4 * x)
+    assert workers == pytest.approx(1.04 + 0.08 * x) and compute == pytest.approx(1.04 + 0.1 * x)
     assert rate == pytest.approx(2 / (0.004 * workers + 0.001 * compute))
-    assert (workers, compute, rate) == pytest.approx((1.1582, 1.2473, 340.14), rel=1e-4)
+    assert (workers, compute, rate) == pytest.approx((1.0641, 1.0701, 375.48), rel=1e-4)
     assert m.cpu_second_cost(2) == workers
     assert m.speedup(workers=2) == pytest.approx(rate / 200)
     # planned for one CPU: 200/s with 2 workers at the recorded cost, 2.6 threads on it: the full time-sharing costs
     one = replace(m, usable_cpus=1.0)
-    assert one.load_costs(2) == pytest.approx((1.12, 1.4))
-    assert one.rate(workers=2) == pytest.approx(1 / (0.004 * 1.12 + 0.001 * 1.4))
+    assert one.load_costs(2) == pytest.approx((1.08, 1.1))
+    assert one.rate(workers=2) == pytest.approx(1 / (0.004 * 1.08 + 0.001 * 1.1))
     # a model without a recorded load (hand-built, or an older caller) is priced as recorded
     assert replace(m, recorded_load_cost=None).rate(workers=2) == pytest.approx(400.0)
 
 
 def test_the_training_process_pays_more_for_sharing_its_core_than_the_workers():
     """A training step's working set (weights, activations) is evicted at every switch on a shared core; a
-    decode streams through its image: one thread more than the CPUs costs the compute 40%, a worker 12%."""
+    decode streams through its image: one thread more than the CPUs costs the compute 10%, a worker 8%."""
     from stallscope.analysis.capacity import COMPUTE_TIME_SHARING_COST
 
-    assert COMPUTE_TIME_SHARING_COST == 0.4
+    assert COMPUTE_TIME_SHARING_COST == 0.1
     m = model(usable_cpus=4.0)
-    assert m.load_cost(4.0, compute=True) == pytest.approx(1.12)  # all cores busy: as the workers' work
-    assert m.load_cost(6.0, compute=True) == pytest.approx(1.32)  # 1.5 threads per CPU: half of it
-    assert m.load_cost(8.0, compute=True) == m.load_cost(20.0, compute=True) == pytest.approx(1.52)
+    assert m.load_cost(4.0, compute=True) == pytest.approx(1.04)  # all cores busy: as the workers' work
+    assert m.load_cost(6.0, compute=True) == pytest.approx(1.09)  # 1.5 threads per CPU: half of it
+    assert m.load_cost(8.0, compute=True) == m.load_cost(20.0, compute=True) == pytest.approx(1.14)
     # a model recorded with its compute sharing the CPU: a quieter configuration is cheaper for the compute, as
     # much as the recorded load cost it (2 threads on 1 CPU: 1.4), the workers' work by their 1.12
     shared = _recorded_alone(workers=1, usable_cpus=1.0, recorded_load_cost=1.12, recorded_compute_load_cost=1.4)

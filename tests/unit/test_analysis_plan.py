@@ -193,14 +193,14 @@ def test_a_run_recorded_with_hyper_threading_is_planned_with_it_unless_told_othe
 def test_each_row_prices_cpu_work_at_its_load_and_a_given_step_time_is_taken_as_it_is():
     loaded = recorded(recorded_load_cost=1.0)
     plan = project(loaded, Target(cores=2), samples_per_step=16)
-    # 2 workers on 2 CPUs: 4 ms of transform priced 1.158 times and 1 ms of compute 1.247 (test_analysis_capacity)
+    # 2 workers on 2 CPUs: 4 ms of transform priced 1.064 times and 1 ms of compute 1.070 (test_analysis_capacity)
     workers, compute = loaded.load_costs(2)
-    assert plan.row(2).cpu_second_cost == pytest.approx(workers) == pytest.approx(1.1582, rel=1e-4)
+    assert plan.row(2).cpu_second_cost == pytest.approx(workers) == pytest.approx(1.0641, rel=1e-4)
     assert plan.row(2).samples_per_s == pytest.approx(2 / (0.004 * workers + 0.001 * compute))
     assert plan.row(0).cpu_second_cost == pytest.approx(1.0) and plan.row(0).samples_per_s == pytest.approx(200.0)
-    assert plan.row(2).to_dict()["cpu_second_cost"] == 1.158
-    assert plan.row(2).to_dict()["compute_cpu_second_cost"] == round(compute, 3) == 1.247
-    assert any("priced at the load of each worker count" in n and "40% for the compute's own work" in n
+    assert plan.row(2).to_dict()["cpu_second_cost"] == 1.064
+    assert plan.row(2).to_dict()["compute_cpu_second_cost"] == round(compute, 3) == 1.07
+    assert any("priced at the load of each worker count" in n and "10% for the compute's own work" in n
                for n in plan.assumptions)
     # --step-ms on a CPU target: the given 16 ms per 16 samples is the target's own figure, not priced again
     given, notes = target_model(loaded, Target(cores=2, step_s=0.016), samples_per_step=16)
@@ -332,3 +332,14 @@ def test_the_training_process_taking_batches_from_workers_is_said_where_it_caps_
     # recorded without workers there is nothing recorded to say (the estimate's own line says what is estimated)
     assert not any(n.startswith("with workers the training")
                    for n in project(recorded(), Target(cores=64, gpus=8, step_s=0.016), 16).assumptions)
+
+
+def test_the_assumptions_say_how_a_zero_worker_runs_shared_memory_cost_was_estimated():
+    estimated = dict(shm_write_per_sample_s=0.0003, shm_read_per_sample_s=0.00015, worker_only_basis="measured at exit")
+    on_cpu = project(recorded(**estimated), Target(cores=2), samples_per_step=16)
+    note = next(n for n in on_cpu.assumptions if "passing batches through shared memory is estimated" in n)
+    assert note == ("recorded with 0 workers: passing batches through shared memory is estimated (0.300 ms per sample "
+                    "in a worker, 0.150 ms in the training process, whose CPU training step reads it 4 times over; "
+                    "per-byte cost measured at exit); pickling and descriptor passing are not")
+    on_gpu = project(recorded(compute_on_cpu=False, **estimated), Target(cores=2, gpus=1), samples_per_step=16)
+    assert any("0.150 ms in the training process; per-byte cost measured at exit" in n for n in on_gpu.assumptions)

@@ -20,8 +20,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_TIME_SHARING_COST, CPU_STAGES, SMT_YIELD,
-                                          THREADED_OCCUPANCY, TIME_SHARING_COST, ThroughputModel)
+from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_TIME_SHARING_COST, CPU_STAGES,
+                                          RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY, TIME_SHARING_COST,
+                                          ThroughputModel)
 
 if TYPE_CHECKING:
     from stallscope.analysis.findings import Analysis
@@ -297,7 +298,9 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
     if model.worker_only_basis:
         notes.append(f"recorded with 0 workers: passing batches through shared memory is estimated "
                      f"({_ms(model.shm_write_per_sample_s)} per sample in a worker, "
-                     f"{_ms(model.shm_read_per_sample_s)} in the training process; per-byte cost "
+                     f"{_ms(model.shm_read_per_sample_s)} in the training process"
+                     + (f", whose CPU training step reads it {RECEIVED_BATCH_READS:g} times over"
+                        if model.compute_on_cpu else "") + "; per-byte cost "
                      f"{model.worker_only_basis}); pickling and descriptor passing are not")
     elif model.workers == 0:
         notes.append("recorded with 0 workers: what only workers cost (collate into shared memory, passing batches "

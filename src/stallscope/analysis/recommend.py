@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from stallscope.analysis.capacity import THREADED_OCCUPANCY, ThroughputModel
+from stallscope.analysis.capacity import RECEIVED_BATCH_READS, THREADED_OCCUPANCY, ThroughputModel
 from stallscope.analysis.epochs import EpochShape, best_over_epochs, epoch_cost, rate_over_epochs
 from stallscope.analysis.findings import (
     LoaderSummary,
@@ -106,7 +106,9 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                  "blocked_s_per_sample": model.cost_s.get("storage", 0.0),
                  "compute_s_per_sample": model.compute_per_sample_s,
                  **({"shared_memory_s_per_sample": model.shm_write_per_sample_s + model.shm_read_per_sample_s,
-                     "shared_memory_basis": model.worker_only_basis} if model.worker_only_basis else {}),
+                     "shared_memory_basis": model.worker_only_basis,
+                     "shared_memory_reads": RECEIVED_BATCH_READS if model.compute_on_cpu else 1.0}
+                    if model.worker_only_basis else {}),
                  **({"threads_per_core": round(model.threads_per_core, 2)} if model.physical_cores else {}),
                  **_load_facts(model, best_workers)}))
         elif workers > usable_cpus + 1 and best_workers < workers:

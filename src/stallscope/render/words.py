@@ -622,6 +622,9 @@ def _shared_memory_estimate(facts: dict) -> str:
         return ""
     basis = "per-byte cost measured on this machine" if facts.get("shared_memory_basis") == "measured at exit" \
         else "typical per-byte cost"
+    reads = facts.get("shared_memory_reads", 1.0)
+    if reads > 1.0:  # a training step on the CPU passes over its batch more than once (RECEIVED_BATCH_READS)
+        basis += f", read {reads:g} times over by the training step on the CPU, estimated"
     seconds = facts["shared_memory_s_per_sample"]
     amount = f"{1e6 * seconds:.0f} us" if seconds < 1e-4 else f"{1000 * seconds:.2f} ms"
     return (f"; with workers, passing batches through shared memory adds an estimated {amount} per sample "
