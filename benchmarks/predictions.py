@@ -149,10 +149,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--only", nargs="*", help="scenario names (prefixes) to run")
+    p.add_argument("--store", help="keep every run's session in this store (default: a temporary one, removed), for "
+                                   "stallscope report/compare on them afterwards")
     args = p.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as store:
-        out = Path(store) / "summary.json"
+    with tempfile.TemporaryDirectory() as scratch:
+        store = args.store or scratch
+        Path(store).mkdir(parents=True, exist_ok=True)
+        out = Path(scratch) / "summary.json"
         for name, command in scenarios().items():
             if args.only and not any(name.startswith(o) for o in args.only):
                 continue
@@ -173,7 +177,8 @@ def main() -> int:
                     before = run(store, command, args.steps, [], out)
                 ratios.append(after["throughput"]["samples_per_s"] / before["throughput"]["samples_per_s"])
             rows.append((name, " ".join(change), predicted, statistics.median(ratios)))
-            print(f"{name}: {change} predicted {predicted:.2f} measured {ratios}", flush=True)
+            print(f"{name}: {change} predicted {predicted:.2f} measured {ratios} (baseline {base['run_id']})",
+                  flush=True)
     print()
     print("| scenario | change | predicted | measured | error |")
     print("|---|---|--:|--:|--:|")

@@ -353,11 +353,13 @@ class Session:
         try:
             data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            raise SessionFormatError(f"{path} is not a stallscope session (not UTF-8 text)") from None
+            raise SessionFormatError(f"{path} is not a stallscope session (not UTF-8 text)", unparsable=True) from None
         except json.JSONDecodeError as exc:
-            raise SessionFormatError(f"{path} is not a stallscope session (invalid JSON: {exc})") from None
+            raise SessionFormatError(f"{path} is not a stallscope session (invalid JSON: {exc})",
+                                     unparsable=True) from None
         except RecursionError:
-            raise SessionFormatError(f"{path} is not a stallscope session (JSON nested too deep)") from None
+            raise SessionFormatError(f"{path} is not a stallscope session (JSON nested too deep)",
+                                     unparsable=True) from None
         try:
             return cls.from_dict(data)
         except SessionFormatError as exc:
@@ -393,7 +395,12 @@ def sort_in_time(lists: dict[str, list[Any]]) -> None:
 
 
 class SessionFormatError(ValueError):
-    """A file or document that is not a session this stallscope can read; the message says what is wrong."""
+    """A file or document that is not a session this stallscope can read; the message says what is wrong.
+    ``unparsable``: the file is not a JSON document at all (damaged, cut short, not text), not one of another shape."""
+
+    def __init__(self, message: str, *, unparsable: bool = False) -> None:
+        super().__init__(message)
+        self.unparsable = unparsable
 
 
 @functools.lru_cache(maxsize=None)

@@ -96,6 +96,8 @@ def test_malformed_session_files_are_one_clear_error_naming_the_file(tmp_path, c
     assert str(path) in str(caught.value) and reason in str(caught.value)
     assert "\n" not in str(caught.value)
     assert isinstance(caught.value, ValueError)
+    # not a JSON document at all (a damaged file) versus a document of another shape
+    assert caught.value.unparsable is (case in ("deep nesting", "binary garbage", "empty"))
 
 
 def test_the_valid_document_loads():

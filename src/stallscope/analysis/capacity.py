@@ -155,6 +155,12 @@ class ThroughputModel:
     # the kernel did not report run-queue waits: the workers' blocked time holds their waits for a core already
     blocked_holds_core_waits: bool = False
 
+    @property
+    def compute_priced_apart(self) -> bool:
+        """Whether the training process's own work is priced at its own load cost (``COMPUTE_TIME_SHARING_COST``):
+        it computes on the CPU and its time was measured, not given for the target (plan --step-ms)."""
+        return self.compute_on_cpu and self.compute_priced
+
     def core_capacity(self, busy: float) -> float:
         """Cores' worth of work ``busy`` runnable threads get done at once: a core each up to the physical cores,
         ``SMT_YIELD`` for each further one (on a core's second or later hardware thread), never more than the usable
@@ -353,7 +359,7 @@ class ThroughputModel:
         own = factor if compute_factor is None else compute_factor
         cost = {node: seconds * factor if node in CPU_STAGES else seconds for node, seconds in self.cost_s.items()}
         receive_cpu = self.receive_cpu_s()
-        priced = self.compute_on_cpu and self.compute_priced
+        priced = self.compute_priced_apart
         compute = self.compute_per_sample_s * own if priced else self.compute_per_sample_s
         # the training process's CPU is its compute's and, with workers, its rebuilding of received batches
         main = self.main_cpu_per_sample_s

@@ -203,7 +203,7 @@ def _rows(model: ThroughputModel, processes: int, ceiling: int,
             wanted = min(rate * (cpu + priced.main_cpu_per_sample_s + priced.helper_cpu_per_sample_s),
                          workers + model.main_occupancy)
         rows.append(WorkerRow(workers, rate, rate * processes, wait, wanted, costs[0], threads,
-                              costs[1] if model.compute_on_cpu and model.compute_priced else None))
+                              costs[1] if model.compute_priced_apart else None))
     return rows
 
 
@@ -311,7 +311,7 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
                      f"busy than with one, up to {100 * TIME_SHARING_COST:.0f}% more again once threads outnumber "
                      "the cores" + (f" ({100 * COMPUTE_TIME_SHARING_COST:.0f}% for the compute's own work, whose "
                                     "working set the others evict: compute_cpu_second_cost)"
-                                    if moved.compute_on_cpu and moved.compute_priced else "")
+                                    if moved.compute_priced_apart else "")
                      + "; less than recorded where the target's cores are less busy "
                      "than the recorded run's (estimated, not measured: a run shows only its own load"
                      + ("; the given step time is taken as it is)" if given else ")"))

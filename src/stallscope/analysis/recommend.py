@@ -45,7 +45,7 @@ def _load_facts(model: ThroughputModel, workers: int) -> dict[str, float]:
     busy = priced.busy_threads(workers, None, priced.rate(workers))
     facts = {"cpu_second_cost": round(costs[0], 3),
              "busy_threads_per_cpu": round(busy / model.usable_cpus, 2) if model.usable_cpus > 0 else 0.0}
-    if model.compute_on_cpu:  # the training process's own CPU work, priced apart (COMPUTE_TIME_SHARING_COST)
+    if model.compute_priced_apart:  # the training process's own CPU work (COMPUTE_TIME_SHARING_COST)
         facts["compute_cpu_second_cost"] = round(costs[1], 3)
     return facts
 

@@ -85,7 +85,7 @@ def load_run(run: str, store: str | None, verb: str = "report") -> tuple[Session
         return Session.load(path), path
     except SessionFormatError as exc:
         back = 0 if run == "last" else int(run[5:]) if run.startswith("last~") and run[5:].isdigit() else None
-        if back is None or "is not a stallscope session" not in str(exc):
+        if back is None or not exc.unparsable:
             raise
         # ``last`` is the newest session file here, damaged; compare's ``last`` (the history's newest row) may be
         # another run: say how to reach the ones around it
@@ -94,7 +94,8 @@ def load_run(run: str, store: str | None, verb: str = "report") -> tuple[Session
             before = f"stallscope {verb} last~{back + 1} for the saved run before it, or "
         except FileNotFoundError:
             before = ""
-        raise SessionFormatError(f"{exc}. To go on: {before}a run id from stallscope history") from None
+        raise SessionFormatError(f"{exc}. To go on: {before}a run id from stallscope history",
+                                 unparsable=True) from None
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -183,7 +183,8 @@ def _capacity_dict(report: Any) -> dict[str, Any] | None:
         # against it: null where the model has no load pricing
         "recorded_load_cost": _rounded(model.recorded_load_cost, 4),
         # the same for the training process's own work, which pays more for sharing its core
-        "recorded_compute_load_cost": _rounded(model.recorded_compute_load_cost if model.compute_on_cpu else None, 4),
+        "recorded_compute_load_cost": _rounded(
+            model.recorded_compute_load_cost if model.compute_priced_apart else None, 4),
     }
 
 
