@@ -27,6 +27,17 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-03 (session 22, b23123c: the load costs read from the runs' own CPU per sample, a worker's CPU second
++4% with every core busy and +8% time-shared, the training step's +10% time-shared, and a 0-worker run's batches from
+workers read 4 times over by a CPU training step), nothing else running but **a drifting machine**: the baseline run
+again moved by a median of 10% and up to +51% (session 20: 1%), and the heavy model, which no worker count changes,
+measured 0.86x to 1.14x. ``--rounds 2 --out /tmp/s22/tr``, 22 min: 1 -> 2 cores median 6%, worst 20% (tokenize 3
+workers: 1.83x planned, 1.52x measured in both rounds, against 1-core baselines of 300, 249 and 282 samples/s); 2 -> 1
+cores median 4%, worst 21% (tokenize 2 workers: 0.86x planned, rounds 1.22x and 0.97x). The same recordings planned
+with session 20's constants: up 5%/17%, down 6%/24%. Session 20's quiet run (``/tmp/s20/tr2``) re-planned with this
+model: up 2%/9%, down 2%/8% (with session 20's constants 2%/15% and 3%/11%); the eight saved runs of sessions 17-20
+(189 planned configurations) median 3.5%, mean 4.9%, four over 20% (session 20's constants: 4.3%, 6.1%, five).
+
 Measured 2026-12-03 (session 20: the training process's own work pays 40% for sharing its core, and a 0-worker
 run's intra-op threads spinning while it loads are not a load on the cores, cad1d67), nothing else running, a quiet
 machine (the baseline run again moved by median 1%), ``--rounds 2 --out /tmp/s20/tr2``, 18 min: 1 -> 2 cores median

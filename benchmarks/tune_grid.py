@@ -16,6 +16,14 @@ prefetch_factor=1): confirmed 525.4 samples/s against the grid's 580.5 (0.905, t
 best of 25 noisy runs), and 0.988 head to head (medians of 3 alternating runs each). With --steps 40 the
 per-trial noise (+-10-15%) let tune settle on 2 workers alone (head to head 0.81-0.92).
 
+2026-12-03 (session 22, at b23123c: the load costs from the runs' own CPU per sample), --steps 100, a drifting machine
+(the original measured 305.7 in tune's first run, 343.9 in its confirmation and 360.8 in the grid), 9 min: **met**.
+tune used 8 runs (0.32 of the grid): original, its diagnosis' 2 persistent workers (324.9), 3 (295.1), 4 (235.9), 1
+(297.6), then that trial's diagnosis' prefetch 1 (420.8); its winner, 2 workers persistent prefetch 1, confirmed
+409.6 against the grid's best single run, 4 workers persistent prefetch 1 at 392.0 (the grid's own run of tune's
+winner: 381.7): 1.045, and **1.163 head to head** (medians of 3 alternating runs: 348.7 vs 299.7). The reproduce line
+measured 343.5 and 373.8.
+
 2026-12-03 (session 20, at ec8954e: the compute's time-sharing cost and spin-is-not-load), --steps 100, quiet machine:
 **met**. tune used 8 runs (0.32 of the 25-configuration grid); its winner IS the grid's best configuration (2 workers,
 persistent, prefetch 1): confirmed 493.2 samples/s against the grid's 511.9 (0.963 against the best of 25 single runs),
