@@ -47,11 +47,10 @@ measured their CPU costs slowed the same way; ``build_model`` takes that out fir
 A CPU second does not cost the same at every load. With every core busy, the cores share caches, memory bandwidth
 and a lower all-core clock; with more runnable threads than cores, the kernel switches between them and each finds
 its caches refilled. A run measures its costs under its own load only: a 0-worker run under one busy thread. So
-every rate prices the CPU work (workers',
-the training process's, a CPU compute's) by ``load_cost`` of the threads that configuration keeps busy, over the
-load the run was recorded under (``recorded_load_cost``); both terms are estimates, stated where they are used. The
-training process's own work pays more for sharing its core than the workers' does (``COMPUTE_TIME_SHARING_COST``):
-its working set is evicted at every switch.
+every rate prices the CPU work (workers', the training process's, a CPU compute's) by ``load_cost`` of the threads
+that configuration keeps busy, over the load the run was recorded under (``recorded_load_cost``); both terms are
+estimates, stated where they are used. The training process's own work pays a little more for sharing its core
+than the workers' does (``COMPUTE_TIME_SHARING_COST``): its working set is evicted at every switch.
 
 Some costs exist only with workers: a worker collates each batch into a fresh shared-memory segment and
 the training process maps it again, both paying page faults an in-process batch never does. A run with
