@@ -164,6 +164,20 @@ def test_occupancy_is_the_training_process_cpu_over_its_compute():
     assert build_model(stats, train, 4.0, 0.44, compute_on_cpu=False).compute_on_cpu is False
 
 
+def test_restarted_workers_warm_up_is_taken_out_of_their_steady_cost():
+    """A tenth of 2 restarted workers' CPU went into warming up new workers: the steady cost per sample is the
+    rest (the epochs' own cost prices the warm-up at every restart); a run without workers has none to take out."""
+    from stallscope.analysis.capacity import build_model
+
+    stats, train = _ten_steps_of_eight(workers=2)
+    assert build_model(stats, train, 4.0, 0.1).cost_s["transform"] == pytest.approx(0.24 / 80)
+    warmed = build_model(stats, train, 4.0, 0.1, warmup_share=0.1)
+    assert warmed.cost_s["transform"] == pytest.approx(0.9 * 0.24 / 80)
+    assert warmed.cost_s["storage"] == pytest.approx(0.06 / 80)  # blocked time stays
+    stats, train = _ten_steps_of_eight(workers=0)
+    assert build_model(stats, train, 4.0, 0.44, warmup_share=0.1).cost_s["transform"] == pytest.approx(0.24 / 80)
+
+
 def test_no_predicted_gain_says_why():
     from stallscope.analysis.recommend import _no_predicted_gain
     from stallscope.render import words
@@ -179,14 +193,22 @@ def test_no_predicted_gain_says_why():
 
 
 def test_shared_memory_costs_count_only_with_workers():
-    # 0.5 ms of collate into shared memory per sample (worker CPU) and 0.1 ms to map it in the training process
-    m = model(workers=0, shm_write_per_sample_s=0.0005, shm_read_per_sample_s=0.0001, worker_only_basis="typical")
+    # 0.5 ms of collate into shared memory per sample (worker CPU) and 0.1 ms to map it and read it once in the
+    # training process, which computes on a GPU: its copy to the device reads it once
+    m = model(workers=0, shm_write_per_sample_s=0.0005, shm_read_per_sample_s=0.0001, worker_only_basis="typical",
+              compute_on_cpu=False)
     assert m.rate() == pytest.approx(1 / 0.010)  # without workers: 8 ms loading + 2 ms compute, no shared memory
     assert m.rate(workers=1) == pytest.approx(1 / 0.0085)  # one worker: 8.5 ms per sample
     assert m.compute_rate(workers=1) == pytest.approx(1 / 0.0021)  # compute plus mapping each batch
     # 4 cores / (8.5 ms worker CPU + 2 ms training CPU + 0.1 ms mapping batches in the training process)
     assert m.rate(workers=8) == pytest.approx(4 / 0.0106)
     assert m.receive_s(0) == 0.0 and m.receive_s(2) == pytest.approx(0.0001)
+    # a training step on the CPU reads it 4 times over (RECEIVED_BATCH_READS): 0.4 ms; the same recording moved to
+    # a GPU (plan --gpus) pays one pass again
+    on_cpu = replace(m, compute_on_cpu=True)
+    assert on_cpu.shm_read_s() == pytest.approx(0.0004) and on_cpu.receive_s(2) == pytest.approx(0.0004)
+    assert on_cpu.compute_rate(workers=1) == pytest.approx(1 / 0.0024)
+    assert replace(on_cpu, compute_on_cpu=False).shm_read_s() == pytest.approx(0.0001)
 
 
 def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibration():
@@ -198,11 +220,12 @@ def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibrati
     # a training step on the CPU reads the batch 4 times over (RECEIVED_BATCH_READS); a copy to a GPU once
     m = build_model(stats, train, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration)
     assert m.shm_write_per_sample_s == pytest.approx(0.0003)
-    assert m.shm_read_per_sample_s == pytest.approx(4 * 0.0000375)
+    assert m.shm_read_per_sample_s == pytest.approx(0.0000375)  # one pass, as calibrated
+    assert m.shm_read_s() == pytest.approx(4 * 0.0000375)
     assert m.worker_only_basis == "measured at exit"
     on_gpu = build_model(stats, train, 2.0, None, bytes_per_sample=600_000, shm_calibration=calibration,
                          compute_on_cpu=False)
-    assert on_gpu.shm_read_per_sample_s == pytest.approx(0.0000375)
+    assert on_gpu.shm_read_s() == pytest.approx(0.0000375)
     assert on_gpu.worker_only_basis == "measured at exit"
     typical = build_model(stats, train, 2.0, None, bytes_per_sample=600_000, compute_on_cpu=False)
     assert typical.shm_write_per_sample_s == pytest.approx(600_000 * TYPICAL_SHM_WRITE_S_PER_BYTE)

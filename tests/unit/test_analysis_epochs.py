@@ -14,6 +14,7 @@ from stallscope.analysis.epochs import (
     TYPICAL_FORKED_STOP_S,
     TYPICAL_FORK_START_S,
     TYPICAL_SPAWN_START_S,
+    TYPICAL_WARMUP_BATCHES,
     EpochShape,
     best_over_epochs,
     epoch_cost,
@@ -94,6 +95,29 @@ def test_leaving_epochs_early_drops_the_batches_in_flight():
     assert epoch_cost(slow_storage, shape(left_early=True), 2, True).dropped_s == pytest.approx(4 * 8 * 0.011 / 2)
 
 
+def test_restarted_workers_warm_up_again_every_epoch_kept_alive_ones_never():
+    """A new worker's first two batches cost half a batch's CPU more (0.5 x 8 samples x 8 ms = 32 ms): the first
+    batch is that much later, or later by all of the new workers' warm-up on the cores they share."""
+    warming = shape(warmup_batches=0.5)
+    cost = epoch_cost(model(), warming, 2, persistent=False)
+    # 2 workers of 4 cores warm up side by side: one worker's 32 ms, beyond the 32 ms fill
+    assert (cost.fill_s, cost.warmup_s) == (pytest.approx(8 * 0.008 - 8 / 250), pytest.approx(0.032))
+    assert cost.total_s == pytest.approx(2 * 0.03 + 0.032 + 0.032)
+    # 6 workers on 4 cores: all six warm-ups share the cores, 6 x 32 ms / 4; the steady interval is 8 / 400 s
+    assert model().rate(6) == pytest.approx(400.0)
+    assert epoch_cost(model(), warming, 6, persistent=False).warmup_s == pytest.approx(
+        8 * 0.008 + 6 * 0.032 / 4 - 8 / 400 - (8 * 0.008 - 8 / 400))
+    assert epoch_cost(model(), warming, 2, persistent=True).warmup_s == 0.0
+    assert rate_over_epochs(model(), warming, 2, False) == pytest.approx(800 / (3.2 + 9 * (0.06 + 0.032 + 0.032)))
+
+
+def test_the_warm_up_share_of_a_recorded_runs_worker_cpu():
+    """9 restarts of 2 workers, each warming up half a batch of 8: 72 samples' worth of CPU beside the 800 made."""
+    assert shape(warmup_batches=0.5).warmup_share(2) == pytest.approx(72 / 872)
+    assert shape(warmup_batches=0.5, persistent=True).warmup_share(2) == 0.0
+    assert shape(warmup_batches=0.5).warmup_share(0) == 0.0
+
+
 def test_without_workers_an_epoch_start_costs_nothing():
     assert epoch_cost(model(), shape(left_early=True), 0, persistent=False).total_s == 0.0
     assert rate_over_epochs(model(), shape(), 0, persistent=False) == pytest.approx(100.0)
@@ -145,6 +169,14 @@ def test_the_recommendation_carries_both_settings_and_the_epoch_costs():
     assert "--set persistent_workers=true" in said.change
     assert "the measured steps start 9 new epochs" in said.reason and "counted in the prediction" in said.reason
     assert not any(r.id == "persistent-workers" for r in recs)
+    # restarted workers warm up at every epoch: said with its figure and where it comes from
+    warming = shape(rebuilt=True, warmup_batches=0.5, warmup_basis="typical of a new worker")
+    recs = recommend("input-bound", stats, train, {"transform": 6.0, "compute": 2.0}, 4, model=model(),
+                     epochs=warming)
+    rec = next(r for r in recs if r.id == "num-workers")
+    assert rec.facts["warmup_batches"] == 0.5 and rec.facts["epoch_warmup_s"] > 0
+    assert ("a new worker's first two batches cost 0.50 of a batch's CPU more than its later ones (typical of a new "
+            "worker, estimated)") in words.recommendation(rec).reason
 
 
 @pytest.mark.parametrize("platform, python, context, expected", [
@@ -290,6 +322,53 @@ def test_measured_spawns_count_one_round_per_core_count():
     stats, train = _stats_and_train(session, workers=4, startup=[1.5, 1.6, 3.0, 3.2])
     got = epoch_shape(session, stats, train, cpus=2.0)
     assert got.worker_start_s == pytest.approx(1.6) and got.serial_start is False
+
+
+def _with_worker_lives(session: Session, lives: list[tuple[float, float, int]]) -> Session:
+    """``session`` with one worker life per entry: (first batch's, second batch's CPU per sample in ms, batches),
+    the later batches at 1 ms per sample, 8 samples each."""
+    fetches = []
+    for iter_id, (first, second, batches) in enumerate(lives):
+        for seq in range(batches):
+            per_sample = first if seq == 0 else second if seq == 1 else 1.0
+            t = 3000 * MS + iter_id * 1000 * MS + seq * 20 * MS
+            fetches.append(FetchRecord(0, iter_id, 0, seq, t, t + 10 * MS, int(8 * per_sample * MS), 0, 8, {}, {},
+                                       "ok", 200 + iter_id))
+    return replace(session, fetches=fetches)
+
+
+def test_a_new_workers_warm_up_is_measured_from_its_first_two_batches():
+    """Each life: its first two batches' CPU beyond 8 samples at its later batches' 1 ms each, in batches of 8 ms:
+    (1.5 + 1.1 - 2) x 8 / 8 = 0.6, then 0.2 and 0.4; the median, 0.4. A life of four batches is too short to tell
+    its steady cost and is left out."""
+    session = _with_worker_lives(_session(epochs=3, workers=1),
+                                 [(1.5, 1.1, 6), (1.2, 1.0, 5), (1.3, 1.1, 7), (3.0, 3.0, 4)])
+    stats, train = _stats_and_train(session, workers=1)
+    got = epoch_shape(session, stats, train)
+    assert (got.warmup_batches, got.warmup_basis) == (pytest.approx(0.4), "measured")
+    # a worker whose first batches were cheaper than its later ones does not warm up below nothing
+    session = _with_worker_lives(_session(epochs=3, workers=1), [(0.5, 0.5, 6)])
+    stats, train = _stats_and_train(session, workers=1)
+    assert epoch_shape(session, stats, train).warmup_batches == 0.0
+
+
+def test_without_a_worker_life_to_measure_the_warm_up_is_typical():
+    stats, train = _stats_and_train(session := _session(epochs=3))
+    got = epoch_shape(session, stats, train)
+    assert (got.warmup_batches, got.warmup_basis) == (TYPICAL_WARMUP_BATCHES, "typical of a new worker")
+
+
+def test_the_advice_says_what_warming_up_costs_and_where_the_figure_comes_from():
+    from stallscope.analysis.recommend import _no_predicted_gain
+    from stallscope.render import words
+
+    tiny = shape(restarts=99, samples=800, worker_start_s=2.0, serial_start=False, rebuilt=True, warmup_batches=0.5,
+                 warmup_basis="typical of a new worker")
+    rec = _no_predicted_gain(model(), 0, tiny)
+    assert rec.facts["epoch_warmup_s"] == pytest.approx(0.032)
+    said = words.recommendation(rec)
+    assert "(starting them 2.00 s, refilling the queue 0.04 s, the new workers' first batches costing more CPU " \
+           "0.03 s)" in said.reason
 
 
 def _stopped(session: Session, stops_ms: list[tuple[float, float]], workers: int = 1) -> Session:

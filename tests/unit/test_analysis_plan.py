@@ -339,7 +339,10 @@ def test_the_assumptions_say_how_a_zero_worker_runs_shared_memory_cost_was_estim
     on_cpu = project(recorded(**estimated), Target(cores=2), samples_per_step=16)
     note = next(n for n in on_cpu.assumptions if "passing batches through shared memory is estimated" in n)
     assert note == ("recorded with 0 workers: passing batches through shared memory is estimated (0.300 ms per sample "
-                    "in a worker, 0.150 ms in the training process, whose CPU training step reads it 4 times over; "
+                    "in a worker, 0.600 ms in the training process, whose CPU training step reads it 4 times over; "
                     "per-byte cost measured at exit); pickling and descriptor passing are not")
     on_gpu = project(recorded(compute_on_cpu=False, **estimated), Target(cores=2, gpus=1), samples_per_step=16)
     assert any("0.150 ms in the training process; per-byte cost measured at exit" in n for n in on_gpu.assumptions)
+    # recorded computing on the CPU, planned for a GPU: the copy to the device reads the batch once
+    moved = project(recorded(**estimated), Target(cores=2, gpus=1), samples_per_step=16)
+    assert any("0.150 ms in the training process; per-byte cost measured at exit" in n for n in moved.assumptions)

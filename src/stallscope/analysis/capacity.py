@@ -137,7 +137,7 @@ class ThroughputModel:
     compute_on_cpu: bool = True  # the training computes on the CPU (no GPU): it slows when cores are shared
     # Costs only workers bring, estimated for a run recorded without them (0 when measured in the run):
     shm_write_per_sample_s: float = 0.0  # a worker's collate into shared memory (worker CPU)
-    shm_read_per_sample_s: float = 0.0  # mapping the batch again in the training process
+    shm_read_per_sample_s: float = 0.0  # mapping the batch again and reading it once, in the training process
     worker_only_basis: str | None = None  # "measured at exit" or "typical" where estimated; None when not
     # the CPU part of receive_per_sample_s (rebuilding); the rest waited on a busy worker. None: all of it CPU
     receive_cpu_per_sample_s: float | None = None
@@ -196,7 +196,14 @@ class ThroughputModel:
         workers = self.workers if workers is None else workers
         if workers <= 0:
             return 0.0
-        return self.receive_cpu_s() + self.handover_wait_s(workers, scale) + self.shm_read_per_sample_s
+        return self.receive_cpu_s() + self.handover_wait_s(workers, scale) + self.shm_read_s()
+
+    def shm_read_s(self) -> float:
+        """The training process's side of passing a batch through shared memory, per sample, where estimated for a
+        run recorded without workers: the one-pass read, ``RECEIVED_BATCH_READS`` times where the training step
+        computes on the CPU (a copy to a GPU reads it once). Read from ``compute_on_cpu`` where priced, so a CPU
+        recording planned for a GPU (``plan --gpus``) pays one pass."""
+        return self.shm_read_per_sample_s * (RECEIVED_BATCH_READS if self.compute_on_cpu else 1.0)
 
     def receive_cpu_s(self) -> float:
         """The CPU part of receiving a batch, per sample (rebuilding it)."""
@@ -227,7 +234,7 @@ class ThroughputModel:
     def cpu_rate(self, scale: dict[str, float] | None = None, workers: int | None = None) -> float:
         cpu, _ = self.costs(scale, workers)
         workers = self.workers if workers is None else workers
-        mapping = self.shm_read_per_sample_s if workers > 0 else 0.0  # the training process's, estimated
+        mapping = self.shm_read_s() if workers > 0 else 0.0  # the training process's, estimated
         demand = cpu + self.main_cpu_per_sample_s + self.helper_cpu_per_sample_s + mapping
         return self.core_capacity(self.usable_cpus) / demand if demand > 0 else float("inf")
 
@@ -501,12 +508,14 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                 helper_cpu_s: float | None = None, compute_on_cpu: bool = True,
                 bytes_per_sample: float | None = None,
                 shm_calibration: dict | None = None,
-                physical_cores: float | None = None) -> ThroughputModel | None:
+                physical_cores: float | None = None, warmup_share: float = 0.0) -> ThroughputModel | None:
     """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler);
     ``helper_cpu_s``: those of its child processes that are not DataLoader workers; ``compute_on_cpu``:
     False when the training computes on a GPU; ``bytes_per_sample`` of the batches the loader returns and
     the recorder's ``shm_calibration`` (``Session.calibrations``) price the costs only workers bring;
-    ``physical_cores``: the cores ``usable_cpus`` are hardware threads of, where fewer (SMT)."""
+    ``physical_cores``: the cores ``usable_cpus`` are hardware threads of, where fewer (SMT);
+    ``warmup_share``: the share of the workers' CPU that restarted workers spent warming up
+    (``EpochShape.warmup_share``), taken out of their steady costs: the epochs' own cost prices it."""
     pipeline = train.pipeline if train else None
     steady = stats.steady
     if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
@@ -514,6 +523,9 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     cost = {node: seconds / pipeline.samples for node, seconds in pipeline.node_cpu_s.items() if node != "storage"}
     cost["storage"] = (pipeline.blocked_s + pipeline.node_cpu_s.get("storage", 0.0)) / pipeline.samples
     workers = pipeline.num_workers
+    if workers > 0 and 0.0 < warmup_share < 1.0:
+        cost = {node: seconds * (1.0 - warmup_share) if node in CPU_STAGES else seconds
+                for node, seconds in cost.items()}
     compute = (stats.compute_s + stats.transfer_s) / stats.samples
     if main_cpu_s is None:
         main_cpu = compute  # one busy core while computing
@@ -533,10 +545,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     occupancy = (max(0.0, main_cpu - receive_cpu) / compute if main_cpu_s is not None and compute > 0 else 1.0)
     write = read = 0.0
     basis = None
-    if workers == 0 and bytes_per_sample:
+    if workers == 0 and bytes_per_sample:  # a CPU step reads it RECEIVED_BATCH_READS times over (shm_read_s)
         write, read, basis = _worker_only_costs(bytes_per_sample, shm_calibration)
-        if compute_on_cpu:  # a CPU step passes over its input more than once (RECEIVED_BATCH_READS)
-            read *= RECEIVED_BATCH_READS
     threads = train.config.get("torch_threads") if train else None
     model = ThroughputModel(cost, compute, main_cpu, workers, float(usable_cpus), measured, receive, helper,
                             receive_cpu_per_sample_s=min(receive, receive_cpu),

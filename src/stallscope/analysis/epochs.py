@@ -13,6 +13,9 @@ and each new ``iter(loader)`` pays again for what the steady rate leaves out:
   down a whole interpreter first, a third of its import time (0.5 s with torch, 0.9 s with torchvision too).
 - **filling**: the first batch of an epoch is made from scratch by one worker (``batch_size`` samples at
   its per-sample cost), where in the steady state a batch arrives every ``batch_size / rate``.
+- **warming up**: a new worker's first batches cost it more CPU than its later ones (pages it shares with the
+  training process copied as it writes to them, its allocator's arenas and the CPU's caches filled again), so
+  the first batch arrives later still, and restarted workers pay it every epoch.
 - **dropped batches**: a loop that leaves an epoch early (``break``) leaves up to
   ``num_workers x prefetch_factor`` batches in flight; the workers finish them and they are thrown away.
   Persistent workers finish all of them before the next epoch (the iterator's reset waits for them);
@@ -27,6 +30,7 @@ are then estimated from the recorded per-sample costs and the start method, and 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 from stallscope.analysis.capacity import ThroughputModel
@@ -50,6 +54,16 @@ TYPICAL_SPAWN_START_S = 2.0
 #: importing torch, 0.9 s after 3.1 s importing torch and torchvision).
 TYPICAL_FORKED_STOP_S = 0.005
 SPAWN_TEARDOWN_SHARE = 0.3
+#: Batches' worth of CPU a new worker spends on its first two batches beyond its steady cost per sample, where
+#: no worker of the run made enough batches to measure it (``_worker_warmup``). Measured on the 2-core development
+#: VM (2026-12-03, saved ``benchmarks/predictions.py`` and ``transfer.py`` runs, forked workers): the median over
+#: each run's worker lives 0.3-0.9 for 500x400 and 2000x1500 JPEGs (most 0.4-0.6, a worker's first batch 40-50%
+#: dearer than its later ones, the second 2-10%), 1-2 for loaders of a millisecond or less per sample (HTTP, a
+#: heavy model's small inputs), where a fixed cost weighs more; median of all runs 0.5.
+TYPICAL_WARMUP_BATCHES = 0.5
+#: A worker life is measured for its warm-up only with at least this many batches: two warming up, three or more
+#: for its steady cost.
+WARMUP_MIN_FETCHES = 5
 #: Samplers that walk the whole dataset: with one of them an epoch is ``len(dataset)`` samples, for sessions
 #: recorded before ``len(loader)`` was.
 WHOLE_DATASET_SAMPLERS = ("RandomSampler", "SequentialSampler")
@@ -65,7 +79,8 @@ class EpochShape:
     ``serial_start``: workers start one after another (fork) rather than side by side (spawn, forkserver);
     ``rebuilt``: the script builds a new DataLoader every epoch, so ``persistent_workers`` cannot keep them;
     ``worker_stop_s``: seconds for a round of stopped workers (one per core) to exit once their batch is done,
-    per ``stop_basis``.
+    per ``stop_basis``; ``warmup_batches``: batches' worth of CPU a new worker spends on its first batches
+    beyond its steady cost, per ``warmup_basis``.
     """
     restarts: int
     samples: int
@@ -79,6 +94,18 @@ class EpochShape:
     rebuilt: bool = False
     worker_stop_s: float = 0.0
     stop_basis: str = "measured"
+    warmup_batches: float = 0.0
+    warmup_basis: str = "measured"
+
+    def warmup_share(self, workers: int) -> float:
+        """The share of ``workers`` workers' CPU over the measured steps that was their restarts' warm-up
+        (``warmup_batches`` each time a worker starts), where the workers were restarted; 0 with persistent ones.
+        The model's per-sample costs are read from those steps, so ``build_model`` takes it out of them and
+        ``epoch_cost`` adds it back at every restart of whatever worker count is priced."""
+        if workers <= 0 or self.persistent or self.samples <= 0:
+            return 0.0
+        warming = self.restarts * workers * self.warmup_batches * self.batch_size
+        return warming / (self.samples + warming)
 
 
 def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None,
@@ -97,13 +124,15 @@ def epoch_shape(session: Session, stats: StepStats, train: LoaderSummary | None,
         return None
     start_s, serial, basis = _worker_start(session, train, cpus)
     stop_s, stop_basis = _worker_stop(session, train, cpus)
+    warmup, warmup_basis = _worker_warmup(session, train)
     rebuilt = len(train.ids) > 1
     return EpochShape(
         restarts=restarts, samples=int(stats.samples), batch_size=batch_size,
         prefetch_factor=int(config.get("prefetch_factor") or 2),
         persistent=bool(config.get("persistent_workers")) and not rebuilt,
         left_early=_left_early(session, train, batch_size), worker_start_s=start_s, serial_start=serial,
-        start_basis=basis, rebuilt=rebuilt, worker_stop_s=stop_s, stop_basis=stop_basis)
+        start_basis=basis, rebuilt=rebuilt, worker_stop_s=stop_s, stop_basis=stop_basis,
+        warmup_batches=warmup, warmup_basis=warmup_basis)
 
 
 def _left_early(session: Session, train: LoaderSummary, batch_size: int) -> bool:
@@ -170,6 +199,36 @@ def _worker_start(session: Session, train: LoaderSummary, cpus: float) -> tuple[
     return TYPICAL_SPAWN_START_S, False, f"typical {method} start"
 
 
+def _worker_warmup(session: Session, train: LoaderSummary) -> tuple[float, str]:
+    """(batches' worth of CPU a new worker spends on its first two batches beyond its steady cost, how the figure
+    was obtained).
+
+    Measured from the loader's worker lives (one worker of one ``iter``) of at least ``WARMUP_MIN_FETCHES``
+    batches: the CPU of its first two batches less their samples at the median CPU per sample of its later ones, in
+    full batches at that cost; the median over the lives, none below 0. Anywhere a worker's first batch is
+    recorded, inside the measured steps or not. Otherwise ``TYPICAL_WARMUP_BATCHES``."""
+    ids = set(train.ids)
+    foreign = foreign_records(session, train.ids, train.pid)
+    lives: dict[tuple[int, int, int], list] = {}
+    for f in session.fetches:
+        if f.loader_id in ids and f.worker >= 0 and not foreign.has(f.pid, f.worker):
+            lives.setdefault((f.loader_id, f.iter_id, f.worker), []).append(f)
+    each = []
+    for fetches in lives.values():
+        if len(fetches) < WARMUP_MIN_FETCHES or any(f.items <= 0 for f in fetches):
+            continue
+        fetches.sort(key=lambda f: f.start_ns)
+        steady = statistics.median(f.cpu_ns / f.items for f in fetches[2:])
+        batch = max(f.items for f in fetches)
+        if steady <= 0:
+            continue
+        first = fetches[0].cpu_ns + fetches[1].cpu_ns - steady * (fetches[0].items + fetches[1].items)
+        each.append(max(0.0, first / (steady * batch)))
+    if each:
+        return statistics.median(each), "measured"
+    return TYPICAL_WARMUP_BATCHES, "typical of a new worker"
+
+
 def _worker_stop(session: Session, train: LoaderSummary, cpus: float) -> tuple[float, str]:
     """(seconds for one round of stopped workers to exit after their last batch, how the figure was obtained).
 
@@ -216,15 +275,16 @@ def _resident_bytes(session: Session) -> int | None:
 @dataclass(frozen=True)
 class EpochCost:
     """Seconds one epoch start costs beyond the steady rate, by part (``stop_s``: the previous epoch's workers
-    exiting)."""
+    exiting; ``warmup_s``: the new workers' first batches costing more than their steady ones)."""
     start_s: float
     fill_s: float
     dropped_s: float
     stop_s: float = 0.0
+    warmup_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.start_s + self.fill_s + self.dropped_s + self.stop_s
+        return self.start_s + self.fill_s + self.dropped_s + self.stop_s + self.warmup_s
 
 
 def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persistent: bool,
@@ -233,10 +293,12 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
     to refill). Start-up: ``workers x worker_start_s`` when forked one after another, else ``worker_start_s``
     once per round of as many workers as there are cores; stopping the previous epoch's, ``worker_stop_s`` per
     round; neither with persistent workers. Filling: one worker's batch at its per-sample cost, less the steady
-    interval between batches. Dropped: the batches in flight when an epoch is left early, made by the workers
-    side by side and no faster than the cores they have allow. The workers' costs are priced at the load
-    ``workers`` put on the cores, as the steady rate is. ``rate``: the model's steady rate with ``workers``, where
-    the caller has it already."""
+    interval between batches. Warming up, for restarted workers: the first batch is later by what warming up
+    costs one worker (``warmup_batches`` of its batches' CPU), or by what it costs all of them together on the
+    cores they have, where they outnumber those; less what the steady interval leaves to spare. Dropped: the
+    batches in flight when an epoch is left early, made by the workers side by side and no faster than the cores
+    they have allow. The workers' costs are priced at the load ``workers`` put on the cores, as the steady rate
+    is. ``rate``: the model's steady rate with ``workers``, where the caller has it already."""
     if workers <= 0:
         return EpochCost(0.0, 0.0, 0.0)
     cpu, blocked = model.at_load(workers).costs(None, workers)  # priced at that many workers' load, as the rate
@@ -248,7 +310,12 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
         start = workers * shape.worker_start_s if shape.serial_start else shape.worker_start_s * rounds
         stop = shape.worker_stop_s * rounds
     batch = shape.batch_size
-    fill = max(0.0, batch * (cpu + blocked) - (batch / rate if rate > 0 else 0.0))
+    interval = batch / rate if rate > 0 else 0.0
+    first = batch * (cpu + blocked)
+    fill = max(0.0, first - interval)
+    cores = max(1e-9, model.core_capacity(min(float(workers), model.usable_cpus)))
+    warming = 0.0 if persistent else shape.warmup_batches * batch * cpu
+    warmup = max(0.0, first + max(warming, workers * warming / cores) - interval) - fill
     dropped = 0.0
     if shape.left_early:
         # The batches in flight are finished and thrown away, by the workers in parallel and no faster than the
@@ -257,9 +324,8 @@ def epoch_cost(model: ThroughputModel, shape: EpochShape, workers: int, persiste
         # (measured with 2 workers x prefetch 2: 4 and 3 per epoch).
         in_flight = workers * shape.prefetch_factor - (0 if persistent else 1)
         work = max(0, in_flight) * batch
-        cores = max(1e-9, model.core_capacity(min(float(workers), model.usable_cpus)))
         dropped = max(work * (cpu + blocked) / workers, work * cpu / cores)
-    return EpochCost(start, fill, dropped, stop)
+    return EpochCost(start, fill, dropped, stop, warmup)
 
 
 def rate_over_epochs(model: ThroughputModel, shape: EpochShape, workers: int, persistent: bool) -> float:

@@ -157,11 +157,13 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         other = (other_cores_between(session, *window) if stats.steady else None) or system.other_cores_mean or 0.0
     on_gpu = bool(session.transfers or session.gpu_spans) or any(p.cuda_device for p in session.processes)
     usable = max(1.0, cpus - other)
+    epochs = epoch_shape(session, stats, train, usable)
+    warmup_share = epochs.warmup_share(int(train.pipeline.num_workers)) if epochs and train and train.pipeline else 0.0
     model = build_model(stats, train, usable, main_cpu, startup, helper_cpu,
                         compute_on_cpu=not on_gpu, bytes_per_sample=_bytes_per_sample(session, stats),
                         shm_calibration=next((c for c in session.calibrations if c.get("kind") == "shared_memory"
                                               and c.get("pid") == session.main_pid), None),
-                        physical_cores=_physical_cores(session, usable))
+                        physical_cores=_physical_cores(session, usable), warmup_share=warmup_share)
     pitfalls = find_pitfalls(session, loaders, system, cpus)
     spots = session_hotspots(session, stats.loader_ids, seconds)
     conditions = []
@@ -184,7 +186,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         loaders=loaders,
         recommendations=_with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
                                                           _unpinned_fraction(session, stats),
-                                                          epoch_shape(session, stats, train, usable)), train), spots),
+                                                          epochs), train), spots),
         failure=_failure(session),
         usable_cpus=cpus,
         notes=list(session.notes),

@@ -298,9 +298,9 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
     if model.worker_only_basis:
         notes.append(f"recorded with 0 workers: passing batches through shared memory is estimated "
                      f"({_ms(model.shm_write_per_sample_s)} per sample in a worker, "
-                     f"{_ms(model.shm_read_per_sample_s)} in the training process"
+                     f"{_ms(moved.shm_read_s())} in the training process"
                      + (f", whose CPU training step reads it {RECEIVED_BATCH_READS:g} times over"
-                        if model.compute_on_cpu else "") + "; per-byte cost "
+                        if moved.compute_on_cpu else "") + "; per-byte cost "
                      f"{model.worker_only_basis}); pickling and descriptor passing are not")
     elif model.workers == 0:
         notes.append("recorded with 0 workers: what only workers cost (collate into shared memory, passing batches "

@@ -94,6 +94,8 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                            "epoch_stop_now_s": now.stop_s,
                            "epoch_start_s": cost.start_s, "epoch_fill_s": cost.fill_s,
                            "epoch_dropped_s": cost.dropped_s, "epoch_stop_s": cost.stop_s,
+                           "epoch_warmup_s": cost.warmup_s, "warmup_batches": epochs.warmup_batches,
+                           "warmup_basis": epochs.warmup_basis,
                            "worker_start_s": epochs.worker_start_s, "worker_start_basis": epochs.start_basis,
                            "worker_stop_s": epochs.worker_stop_s, "worker_stop_basis": epochs.stop_basis,
                            "left_early": epochs.left_early,
@@ -105,7 +107,7 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                  "workers": workers, "usable_cpus": usable_cpus, "loader_s_per_sample": sum(model.cost_s.values()),
                  "blocked_s_per_sample": model.cost_s.get("storage", 0.0),
                  "compute_s_per_sample": model.compute_per_sample_s,
-                 **({"shared_memory_s_per_sample": model.shm_write_per_sample_s + model.shm_read_per_sample_s,
+                 **({"shared_memory_s_per_sample": model.shm_write_per_sample_s + model.shm_read_s(),
                      "shared_memory_basis": model.worker_only_basis,
                      "shared_memory_reads": RECEIVED_BATCH_READS if model.compute_on_cpu else 1.0}
                     if model.worker_only_basis else {}),
@@ -234,7 +236,7 @@ def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape 
         reason = "epoch-starts"
         extra = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s, "epoch_start_s": cost.start_s,
                  "epoch_fill_s": cost.fill_s, "epoch_dropped_s": cost.dropped_s, "epoch_stop_s": cost.stop_s,
-                 "samples_per_epoch": epochs.samples / (epochs.restarts + 1)}
+                 "epoch_warmup_s": cost.warmup_s, "samples_per_epoch": epochs.samples / (epochs.restarts + 1)}
     elif model.compute_on_cpu and model.main_occupancy >= 0.75 * model.usable_cpus:
         reason = "compute-takes-the-cores"
     elif workers > 0 and model.cpu_rate() <= 1.05 * model.rate():

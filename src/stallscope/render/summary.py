@@ -175,7 +175,7 @@ def _capacity_dict(report: Any) -> dict[str, Any] | None:
         "training_process_cpu_ms_per_sample": round(1000 * model.main_cpu_per_sample_s, 4),
         "receive_ms_per_sample": round(1000 * model.receive_per_sample_s, 4),
         "worker_only_ms_per_sample": {"shared_memory_write": round(1000 * model.shm_write_per_sample_s, 4),
-                                      "shared_memory_read": round(1000 * model.shm_read_per_sample_s, 4),
+                                      "shared_memory_read": round(1000 * model.shm_read_s(), 4),  # as priced
                                       "basis": model.worker_only_basis},
         "usable_cpus": round(model.usable_cpus, 3),  # less what other programs kept busy
         "physical_cores": _rounded(model.physical_cores, 3),  # null: each CPU a core of its own

@@ -570,6 +570,10 @@ def _epoch_starts(facts: dict, workers: int) -> str:
     start = ("" if not facts["epoch_start_s"] else
              f"; a worker takes {facts['worker_start_s']:.2f} s to start"
              + (", measured" if basis == "measured" else f" ({basis}, estimated)"))
+    if facts.get("epoch_warmup_s") and facts.get("warmup_batches"):
+        start += (f"; a new worker's first two batches cost {facts['warmup_batches']:.2f} of a batch's CPU more than "
+                  "its later ones" + (", measured" if facts.get("warmup_basis") == "measured"
+                                      else f" ({facts.get('warmup_basis')}, estimated)"))
     stop_basis = facts.get("worker_stop_basis")
     if facts.get("epoch_stop_s"):
         start += (f"; a stopped worker takes {facts['worker_stop_s']:.2f} s to exit"
@@ -592,6 +596,8 @@ def _epoch_cost_parts(facts: dict) -> str:
     parts = [f"stopping the last epoch's {facts.get('epoch_stop_s', 0):.2f} s" if facts.get("epoch_stop_s") else "",
              f"starting them {facts.get('epoch_start_s', 0):.2f} s" if facts.get("epoch_start_s") else "",
              f"refilling the queue {facts.get('epoch_fill_s', 0):.2f} s" if facts.get("epoch_fill_s") else "",
+             f"the new workers' first batches costing more CPU {facts.get('epoch_warmup_s', 0):.2f} s"
+             if facts.get("epoch_warmup_s") else "",
              f"batches in flight dropped when the loop leaves the epoch early {facts.get('epoch_dropped_s', 0):.2f} s"
              if facts.get("epoch_dropped_s") else ""]
     return ", ".join(p for p in parts if p) or "nothing"
