@@ -27,6 +27,12 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-03 (session 23, 04ec143: a new worker's warm-up priced at epoch starts, which these 40-step runs
+of one epoch do not reach, so the plans are session 22's), ``--rounds 2 --out /tmp/s23/tr``, on a drifting machine (the
+baseline run again moved by a median of 10%, from -26% to +33%): 1 -> 2 cores median 9%, worst 24% (tokenize 1 worker:
+planned 1.07x, rounds 0.71x and 1.01x; 2-thread compute with 1 worker: 1.22x planned, rounds 1.11x and 0.87x, where
+session 22 measured 1.24x and 1.17x for the same plan); 2 -> 1 core median 5%, worst 12%. Up not met, down met.
+
 Measured 2026-12-03 (session 22, b23123c: the load costs read from the runs' own CPU per sample, a worker's CPU second
 +4% with every core busy and +8% time-shared, the training step's +10% time-shared, and a 0-worker run's batches from
 workers read 4 times over by a CPU training step), nothing else running but **a drifting machine**: the baseline run
