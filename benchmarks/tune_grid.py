@@ -16,6 +16,16 @@ prefetch_factor=1): confirmed 525.4 samples/s against the grid's 580.5 (0.905, t
 best of 25 noisy runs), and 0.988 head to head (medians of 3 alternating runs each). With --steps 40 the
 per-trial noise (+-10-15%) let tune settle on 2 workers alone (head to head 0.81-0.92).
 
+2026-12-03 (session 23, at 04ec143: a new worker's warm-up priced at every epoch start), --steps 100, a drifting
+machine, two runs, **not met** in either. First: the diagnosis trial (2 workers persistent, 315.0) did not beat the
+original (316.1), so tune climbed from 0 workers (1: 252.3, 2: 276.6), followed a 1-worker trial's diagnosis (prefetch
+1: 264.0) and kept the original after 5 runs; the grid's best single run, 3 workers persistent prefetch 1, 379.7:
+0.832, **0.913 head to head** (309.0 vs 338.6). Second (``--store /tmp/s23/gstore``): original 253.8, diagnosis 2
+workers persistent 328.0, its diagnosis prefetch 1 333.4 (within the noise, so not the incumbent), 3/4/1 workers
+persistent 299.8/265.4/218.1; winner 2 workers persistent, confirmed 277.3 against the grid's best single run, 4
+workers persistent prefetch 1, 418.3: 0.663, **0.938 head to head** (266.0 vs 283.7). The model's chain is session
+22's (2 workers kept alive, then prefetch 1); the same configuration measured 328.0 and 277.3 in one tune.
+
 2026-12-03 (session 22, at b23123c: the load costs from the runs' own CPU per sample), --steps 100, a drifting machine
 (the original measured 305.7 in tune's first run, 343.9 in its confirmation and 360.8 in the grid), 9 min: **met**.
 tune used 8 runs (0.32 of the grid): original, its diagnosis' 2 persistent workers (324.9), 3 (295.1), 4 (235.9), 1
