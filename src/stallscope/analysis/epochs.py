@@ -199,6 +199,14 @@ def _worker_start(session: Session, train: LoaderSummary, cpus: float) -> tuple[
     return TYPICAL_SPAWN_START_S, False, f"typical {method} start"
 
 
+def _own_fetches(session: Session, train: LoaderSummary) -> list:
+    """The batches the training loader's own workers (or its process, worker -1) fetched: not those of another
+    training process's loaders recorded in the same session."""
+    ids = set(train.ids)
+    foreign = foreign_records(session, train.ids, train.pid)
+    return [f for f in session.fetches if f.loader_id in ids and not foreign.has(f.pid, f.worker)]
+
+
 def _worker_warmup(session: Session, train: LoaderSummary) -> tuple[float, str]:
     """(batches' worth of CPU a new worker spends on its first two batches beyond its steady cost, how the figure
     was obtained).
@@ -207,11 +215,9 @@ def _worker_warmup(session: Session, train: LoaderSummary) -> tuple[float, str]:
     batches: the CPU of its first two batches less their samples at the median CPU per sample of its later ones, in
     full batches at that cost; the median over the lives, none below 0. Anywhere a worker's first batch is
     recorded, inside the measured steps or not. Otherwise ``TYPICAL_WARMUP_BATCHES``."""
-    ids = set(train.ids)
-    foreign = foreign_records(session, train.ids, train.pid)
     lives: dict[tuple[int, int, int], list] = {}
-    for f in session.fetches:
-        if f.loader_id in ids and f.worker >= 0 and not foreign.has(f.pid, f.worker):
+    for f in _own_fetches(session, train):
+        if f.worker >= 0:
             lives.setdefault((f.loader_id, f.iter_id, f.worker), []).append(f)
     each = []
     for fetches in lives.values():
@@ -237,10 +243,8 @@ def _worker_stop(session: Session, train: LoaderSummary, cpus: float) -> tuple[f
     the median. Otherwise estimated from how the workers are started (see ``TYPICAL_FORKED_STOP_S``)."""
     ids = set(train.ids)
     ends: dict[tuple[int, int], list[int]] = {}
-    foreign = foreign_records(session, train.ids, train.pid)
-    for f in session.fetches:
-        if f.loader_id in ids and not foreign.has(f.pid, f.worker):
-            ends.setdefault((f.loader_id, f.iter_id), []).append(f.end_ns)
+    for f in _own_fetches(session, train):
+        ends.setdefault((f.loader_id, f.iter_id), []).append(f.end_ns)
     each = []
     for stop in session.shutdowns:
         if stop.loader_id not in ids or stop.num_workers <= 0 or stop.pid != session.main_pid:
