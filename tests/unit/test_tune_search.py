@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -348,3 +349,66 @@ def test_a_rate_that_is_no_evidence_does_not_take_the_final_pick():
     outcome = Tuner(evaluate, Budget(trials=20)).run()
     assert any(t.config["num_workers"] == 8 for t in outcome.trials)
     assert outcome.best.config["num_workers"] == 4
+
+
+class RepeatedRuns(FakeJob):
+    """Each configuration's runs measure the next of its listed rates (the last one again after that); the original
+    (0 workers) advises 2 persistent workers at ``predicted``; configurations not listed measure 200."""
+
+    def __init__(self, runs: dict[int, list[float]], predicted: float, se: float = 8.0) -> None:
+        advice = [{"id": "num-workers", "overrides": {"num_workers": 2, "persistent_workers": True},
+                   "predicted_speedup": predicted}]
+        super().__init__(lambda c: 200.0, se=se, recs=lambda c: advice if c["num_workers"] == 0 else [])
+        self.runs = {workers: list(rates) for workers, rates in runs.items()}
+
+    def __call__(self, config: dict[str, Any], label: str) -> TrialResult:
+        result = super().__call__(config, label)
+        rates = self.runs.get(result.config["num_workers"])
+        if not rates or (result.config["num_workers"] and not result.config["persistent_workers"]):
+            return result
+        value = rates.pop(0) if len(rates) > 1 else rates[0]
+        return replace(result, rate=Rate(value, self.se, 40))
+
+
+def test_a_diagnosis_that_tied_the_original_runs_again_and_the_mean_of_both_is_taken() -> None:
+    """Session 23's tune: 2 persistent workers predicted 1.24x and measured 315.0 against the original's 316.1. The
+    second run measures 345.0: over both, 330.0 +- 8 * sqrt(2) / 2 = 5.66, past 316.0 by 14.0 > 1 combined standard
+    error (sqrt(5.66^2 + 8^2) = 9.80), so the search goes on from 2 persistent workers."""
+    job = RepeatedRuns({0: [316.0], 2: [315.0, 345.0]}, predicted=1.24)
+    outcome = Tuner(job, Budget(trials=20)).run()
+    assert [label for label, _ in job.seen][:3] == ["original", "diagnosis", "diagnosis-again"]
+    best = outcome.best
+    assert best.config["num_workers"] == 2 and best.config["persistent_workers"] is True
+    assert best.index == 3 and best.label == "diagnosis-again"  # the final pick: its faster run (345 > 1.03 x 330)
+    assert outcome.trials[2].rate == Rate(345.0, 8.0, 40), "the second run's own row keeps its own rate"
+    assert outcome.notes == [
+        "the diagnosis' num_workers=2 persistent_workers=true (predicted 1.24x) measured 315.0 samples/s against the "
+        "original's 316.0, within the noise, so it ran again (345.0); over both runs 330.0 ± 5.7: taken, the search "
+        "went on from it"]
+    # The climb starts from the mean's configuration: 3 workers next, kept alive.
+    label, config = job.seen[3]
+    assert (label, config["num_workers"], config["persistent_workers"]) == ("num_workers", 3, True)
+    assert sum(1 for label, _ in job.seen if label == "diagnosis-again") == 1
+
+
+def test_a_tie_that_holds_on_the_second_run_leaves_the_original() -> None:
+    """The second run measures 318.0: over both 316.5, past 316.0 by less than a standard error: the original stays
+    and the climb goes from 0 workers (1 worker next)."""
+    job = RepeatedRuns({0: [316.0], 2: [315.0, 318.0]}, predicted=1.24)
+    outcome = Tuner(job, Budget(trials=20)).run()
+    assert outcome.best is outcome.original
+    assert outcome.notes[0].endswith("over both runs 316.5 ± 5.7: not past the original, which stayed")
+    label, config = job.seen[3]
+    assert (label, config["num_workers"], config["persistent_workers"]) == ("num_workers", 1, False)
+
+
+@pytest.mark.parametrize("runs,predicted,trials,why", [
+    ({0: [316.0], 2: [280.0]}, 1.24, 20, "clearly slower (36 > 2 combined errors, 22.6): the prediction is refuted"),
+    ({0: [316.0], 2: [315.0]}, 1.05, 20, "a 5% prediction is within one run's noise anyway"),
+    ({0: [316.0], 2: [315.0]}, 1.24, 4, "the budget keeps its last two runs for the confirmation"),
+])
+def test_no_second_run_without_a_tie_a_real_prediction_and_the_budget(runs, predicted, trials, why) -> None:
+    job = RepeatedRuns(runs, predicted=predicted)
+    outcome = Tuner(job, Budget(trials=trials, reserve=2)).run()
+    assert "diagnosis-again" not in [label for label, _ in job.seen], why
+    assert outcome.notes == []

@@ -31,8 +31,11 @@ def render(result: TuneResult, console: Console) -> None:
                         f"each ({result.stopped_said})")
     for col in ("#", "why", "change (--set)", result.unit, "verdict", "wait", "s", "result"):
         table.add_column(col, justify="right" if col in ("#", result.unit, "wait", "s") else "left")
+    # The winner is a trial of the search (for a diagnosis that ran twice, its second run, with both runs' mean): a
+    # run's index is unique among the search and the confirmation.
+    winner = result.winner.index if result.winner is not None and result.winner_overrides else None
     for trial in [*result.trials, *result.confirmation]:
-        best = " [bold green]<- winner[/]" if trial is result.winner and result.winner_overrides else ""
+        best = " [bold green]<- winner[/]" if trial.index == winner else ""
         table.add_row(str(trial.index), trial.label, Text(config_text(trial)), rate_text(trial), trial.verdict or "-",
                       f"{100 * trial.data_wait_fraction:.0f}%" if trial.data_wait_fraction is not None else "-",
                       f"{trial.wall_s:.0f}", ("ok" if trial.ok else f"[red]failed: {escape(str(trial.reason))}[/]") + best)

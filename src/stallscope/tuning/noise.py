@@ -67,6 +67,15 @@ def rate_of(durations_s: Sequence[float], work: Sequence[float] | None = None) -
     return Rate(value, se, n)
 
 
+def mean_rate(rates: Sequence[Rate]) -> Rate:
+    """The mean of repeated runs' rates of one configuration, with the standard error of that mean."""
+    if not rates:
+        raise ValueError("mean_rate needs at least one rate")
+    value = sum(r.value for r in rates) / len(rates)
+    se = math.sqrt(sum(r.se ** 2 for r in rates)) / len(rates)
+    return Rate(value, se, sum(r.steps for r in rates))
+
+
 def better(candidate: Rate, incumbent: Rate, z: float = DEFAULT_Z) -> bool:
     """True when ``candidate`` beats ``incumbent`` by more than ``z`` combined standard errors."""
     return candidate.value - incumbent.value > z * math.hypot(candidate.se, incumbent.se)

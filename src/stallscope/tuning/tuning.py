@@ -14,7 +14,7 @@ from typing import Any
 
 from stallscope import paths
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
-from stallscope.tuning.noise import DEFAULT_Z, Rate, within_noise
+from stallscope.tuning.noise import DEFAULT_Z, Rate, mean_rate, within_noise
 from stallscope.tuning.search import Budget, SearchOutcome, Tuner, config_key, overrides_for
 from stallscope.tuning.trials import TrialResult, run_trial, set_arguments
 
@@ -128,11 +128,7 @@ def _python_literal(value: Any) -> str:
 def pooled(results: list[TrialResult]) -> Rate | None:
     """The mean rate of repeated runs of one configuration, with the standard error of that mean."""
     rates = [r.rate for r in results if r.ok and r.rate is not None]
-    if not rates:
-        return None
-    value = sum(r.value for r in rates) / len(rates)
-    se = math.sqrt(sum(r.se ** 2 for r in rates)) / len(rates)
-    return Rate(value, se, sum(r.steps for r in rates))
+    return mean_rate(rates) if rates else None
 
 
 def reserved_runs(confirm_rounds: int = 1) -> int:
