@@ -17,6 +17,7 @@ from stallscope.analysis.epochs import (
     TYPICAL_WARMUP_BATCHES,
     EpochShape,
     best_over_epochs,
+    best_queue_over_epochs,
     epoch_cost,
     epoch_shape,
     rate_over_epochs,
@@ -507,3 +508,48 @@ def test_another_processs_loader_of_the_same_id_changes_none_of_the_epochs():
     own = replace(mixed, iters=[replace(it, pid=100) if it.pid == 300 else it for it in mixed.iters],
                   nexts=[replace(n, pid=100) if n.pid == 300 else n for n in mixed.nexts])
     assert (epoch_shape(own, stats, train).restarts, epoch_shape(own, stats, train).left_early) == (8, True)
+
+
+def test_a_loop_that_leaves_its_epochs_early_is_advised_one_batch_per_worker_in_flight():
+    """2 workers kept alive, 9 early exits: prefetch 2 drops 4 batches of 8 samples at 8 ms each, on 2 workers,
+    0.128 s, plus refilling 0.032 s: 800 / (3.2 + 9 x 0.16) = 172.4/s. Prefetch 1 drops 2 (0.064 s): 800 / (3.2 + 9 x
+    0.096) = 196.9/s, 14% more, past SHALLOW_QUEUE_GAIN: advised, and priced with its shape."""
+    left = shape(left_early=True)
+    assert best_over_epochs(model(), left, [1, 2], 0) == (2, True, pytest.approx(800 / (3.2 + 9 * 0.16) / 100))
+    workers, keep, priced, gain = best_queue_over_epochs(model(), left, [1, 2], workers_now=0)
+    assert (workers, keep, priced.prefetch_factor) == (2, True, 1)
+    assert priced == replace(left, prefetch_factor=1)
+    assert gain == pytest.approx(800 / (3.2 + 9 * 0.096) / 100)
+
+
+def test_the_queue_stays_as_it_is_where_a_shallower_one_gains_little_or_nothing_is_dropped():
+    # One early exit: 2 restarted workers at prefetch 2, 800 / (3.2 + 0.06 + 0.032 + 0.096) = 236.1/s, at prefetch 1
+    # 800 / 3.324 = 240.7/s: 2% more, not the 5% a shallower queue must gain.
+    once = shape(left_early=True, restarts=1)
+    workers, keep, priced, gain = best_queue_over_epochs(model(), once, [1, 2], workers_now=0)
+    assert (workers, keep, priced) == (2, False, once)
+    assert gain == pytest.approx(800 / 3.388 / 100)
+    # Epochs that run to their end drop nothing: the queue is never priced shallower.
+    assert best_queue_over_epochs(model(), shape(), [1, 2], 0)[2] == shape()
+
+
+def test_the_advice_says_the_shallower_queue_and_why():
+    from stallscope.analysis.recommend import recommend
+    from stallscope.render import words
+
+    stats = StepStats(0, "optimizer", [Step(k, k * 80 * MS, (k + 1) * 80 * MS, 60 * MS, 0, 1, 8) for k in range(100)],
+                      0, 8.0, 6.0, 0.0, 2.0, 0.0, 0.0, 800, 0.08, 0.08, 0.06, 0.08)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 0, "batch_size": 8}, {}, 100, 10, 6.0, 0.0, None)
+    left = shape(left_early=True)
+    recs = recommend("input-bound", stats, train, {"transform": 6.0, "compute": 2.0}, 4, model=model(), epochs=left)
+    rec = next(r for r in recs if r.id == "num-workers")
+    assert rec.overrides == {"num_workers": rec.overrides["num_workers"], "persistent_workers": True,
+                             "prefetch_factor": 1}
+    workers, _, priced, gain = best_queue_over_epochs(model(), left, list(range(1, 7)), 0)
+    assert rec.overrides["num_workers"] == workers and rec.predicted_speedup == pytest.approx(gain, abs=0.01)
+    assert rec.facts["epoch_dropped_s"] == pytest.approx(epoch_cost(model(), priced, workers, True).dropped_s)
+    said = words.recommendation(rec)
+    assert said.title.endswith("kept alive between epochs and 1 batch each in flight")
+    assert "--set prefetch_factor=1" in said.change
+    assert ("the loop leaves each epoch early, and the batches in flight then are dropped: with prefetch_factor=1 a "
+            "worker has 1 in flight, not 2") in said.reason

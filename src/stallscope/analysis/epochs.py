@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stallscope.analysis.capacity import ThroughputModel
 from stallscope.analysis.findings import LoaderSummary, StepStats
@@ -64,6 +64,10 @@ TYPICAL_WARMUP_BATCHES = 0.5
 #: A worker life is measured for its warm-up only with at least this many batches: two warming up, three or more
 #: for its steady cost.
 WARMUP_MIN_FETCHES = 5
+#: Where the loop leaves its epochs early, one batch per worker in flight (``prefetch_factor=1``) is advised with a
+#: worker count when, over the measured epoch starts, it gains this much on the deeper queue's best setting: it saves
+#: only the batches an early exit drops, and a deeper queue absorbs uneven batches that no steady rate shows.
+SHALLOW_QUEUE_GAIN = 1.05
 #: Samplers that walk the whole dataset: with one of them an epoch is ``len(dataset)`` samples, for sessions
 #: recorded before ``len(loader)`` was.
 WHOLE_DATASET_SAMPLERS = ("RandomSampler", "SequentialSampler")
@@ -356,3 +360,22 @@ def best_over_epochs(model: ThroughputModel, shape: EpochShape, candidates: list
     keep = shape.persistent or ((workers, True) in options
                                 and options[(workers, True)] >= 1.05 * options[(workers, shape.persistent)])
     return workers, keep, options[(workers, keep)] / baseline if baseline > 0 else 1.0
+
+
+def best_queue_over_epochs(model: ThroughputModel, shape: EpochShape, candidates: list[int], workers_now: int
+                           ) -> tuple[int, bool, EpochShape, float]:
+    """:func:`best_over_epochs`, and where the loop leaves its epochs early with a queue deeper than one batch per
+    worker, the same with ``prefetch_factor=1``: every epoch start then drops one batch per worker instead of
+    ``prefetch_factor`` of them. Taken where it gains ``SHALLOW_QUEUE_GAIN`` over the deeper queue's best (the
+    speedups are both over the current setting). Returns (workers, persistent, the shape priced, whose
+    ``prefetch_factor`` is the one advised, speedup)."""
+    workers, keep, gain = best_over_epochs(model, shape, candidates, workers_now)
+    if not shape.left_early or shape.prefetch_factor <= 1:
+        return workers, keep, shape, gain
+    shallow = replace(shape, prefetch_factor=1)
+    baseline = rate_over_epochs(model, shape, workers_now, shape.persistent)
+    shallow_workers, shallow_keep, _ = best_over_epochs(model, shallow, candidates, workers_now)
+    shallow_gain = rate_over_epochs(model, shallow, shallow_workers, shallow_keep) / baseline if baseline > 0 else 1.0
+    if shallow_gain >= SHALLOW_QUEUE_GAIN * gain:
+        return shallow_workers, shallow_keep, shallow, shallow_gain
+    return workers, keep, shape, gain

@@ -11,7 +11,13 @@ from __future__ import annotations
 import math
 
 from stallscope.analysis.capacity import RECEIVED_BATCH_READS, THREADED_OCCUPANCY, ThroughputModel
-from stallscope.analysis.epochs import EpochShape, best_over_epochs, epoch_cost, rate_over_epochs
+from stallscope.analysis.epochs import (
+    EpochShape,
+    best_over_epochs,
+    best_queue_over_epochs,
+    epoch_cost,
+    rate_over_epochs,
+)
 from stallscope.analysis.findings import (
     LoaderSummary,
     Recommendation,
@@ -82,12 +88,14 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
         change: dict[str, object] = {"num_workers": best_workers}
         over_epochs: dict[str, object] = {}
         if epochs is not None:
-            best_workers, keep_alive, gain = best_over_epochs(
+            best_workers, keep_alive, priced, gain = best_queue_over_epochs(
                 model, epochs, worker_candidates(model, model.usable_cpus), workers)
             change = {"num_workers": best_workers}
             if keep_alive and not epochs.persistent:
                 change["persistent_workers"] = True
-            cost = epoch_cost(model, epochs, best_workers, keep_alive)
+            if priced.prefetch_factor != epochs.prefetch_factor:
+                change["prefetch_factor"] = priced.prefetch_factor
+            cost = epoch_cost(model, priced, best_workers, keep_alive)
             now = epoch_cost(model, epochs, workers, epochs.persistent)
             over_epochs = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s,
                            "epoch_cost_now_s": now.total_s, "epoch_start_now_s": now.start_s,
@@ -98,7 +106,8 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                            "warmup_basis": epochs.warmup_basis,
                            "worker_start_s": epochs.worker_start_s, "worker_start_basis": epochs.start_basis,
                            "worker_stop_s": epochs.worker_stop_s, "worker_stop_basis": epochs.stop_basis,
-                           "left_early": epochs.left_early,
+                           "left_early": epochs.left_early, "prefetch_factor": priced.prefetch_factor,
+                           "prefetch_factor_now": epochs.prefetch_factor,
                            "steady_speedup": round(model.speedup(best_workers), 2)}
         if best_workers != workers and gain >= MIN_GAIN:
             recs.append(Recommendation(

@@ -118,6 +118,9 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
     if rid == "num-workers":
         n = o["num_workers"]
         kept = ", kept alive between epochs" if o.get("persistent_workers") else ""
+        if "prefetch_factor" in o:
+            depth = o["prefetch_factor"]
+            kept += f"{' and' if kept else ','} {depth} batch{'es' if depth != 1 else ''} each in flight"
         return (f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {f['workers']}){kept}",
                 _set_change(o, f),
                 f"{f['usable_cpus']} usable CPUs{_hardware_threads(f)}; each sample costs "
@@ -574,6 +577,10 @@ def _epoch_starts(facts: dict, workers: int) -> str:
         start += (f"; a new worker's first two batches cost {facts['warmup_batches']:.2f} of a batch's CPU more than "
                   "its later ones" + (", measured" if facts.get("warmup_basis") == "measured"
                                       else f" ({facts.get('warmup_basis')}, estimated)"))
+    if facts.get("prefetch_factor", facts.get("prefetch_factor_now")) != facts.get("prefetch_factor_now"):
+        start += (f"; the loop leaves each epoch early, and the batches in flight then are dropped: with "
+                  f"prefetch_factor={facts['prefetch_factor']} a worker has {facts['prefetch_factor']} in flight, not "
+                  f"{facts['prefetch_factor_now']}")
     stop_basis = facts.get("worker_stop_basis")
     if facts.get("epoch_stop_s"):
         start += (f"; a stopped worker takes {facts['worker_stop_s']:.2f} s to exit"
