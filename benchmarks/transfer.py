@@ -165,40 +165,51 @@ GPU_SCENARIO = "GPU images (1 worker)"
 GPU_FILES = 600  # a smaller demo dataset: generated in seconds on the GPU machine
 
 
-#: Seconds the capacity probe keeps each core busy.
-PROBE_S = 1.0
+#: Seconds the capacity probe keeps the cores busy, one alone, then all of them, ``PROBE_ROUNDS`` times.
+PROBE_S = 0.5
+PROBE_ROUNDS = 3
 
 
-def delivered_cpus(cpus: list[int], seconds: float = PROBE_S) -> float:
-    """CPU seconds per wall second that a busy loop pinned to each of ``cpus`` gets, all of them at once.
-
-    ``len(cpus)`` where the cores are the machine's own. On a virtual machine whose host lends its cores to others
-    it is less, and the guest's CPU clocks (which every per-sample cost stallscope measures is read from) do not
-    count the time its vCPUs were not running: this VM's two busy vCPUs measured 1.1-1.4 at times while one alone
-    got 1.0. The plans assume whole cores, so the figure says how far the machine was from that during a scenario.
-    """
+def loop_rates(cpus: list[int], seconds: float = PROBE_S) -> list[float]:
+    """Iterations per wall second of a busy Python loop pinned to each of ``cpus``, all of them at once."""
     children = []
     for cpu in cpus:
         read, write = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child spins on its core for ``seconds`` of wall time and reports its CPU time
+        if pid == 0:  # the child spins on its core for ``seconds`` of wall time and reports how far it got
             try:
                 os.close(read)
                 os.sched_setaffinity(0, [cpu])
-                wall, cpu_start = time.perf_counter(), time.process_time()
-                while time.perf_counter() - wall < seconds:
-                    pass
-                os.write(write, repr(time.process_time() - cpu_start).encode())
+                start, count = time.perf_counter(), 0
+                while time.perf_counter() - start < seconds:
+                    count += 1
+                os.write(write, repr(count / seconds).encode())
             finally:
                 os._exit(0)
         os.close(write)
         children.append((pid, read))
-    total = 0.0
+    rates = []
     for pid, read in children:
         with os.fdopen(read) as reply:
-            total += float(reply.read() or 0.0)
+            rates.append(float(reply.read() or 0.0))
         os.waitpid(pid, 0)
-    return total / seconds
+    return rates
+
+
+def effective_cores(cpus: list[int], seconds: float = PROBE_S) -> float:
+    """The work ``cpus`` do together, all busy, in units of one of them busy alone just before: ``len(cpus)`` where
+    the cores are the machine's own and nothing else uses them.
+
+    The plans scale whole cores. On this VM the figure moves: a host that lends the vCPUs' cores to others takes
+    time from them (the guest's CPU clocks do not count it, so no CPU cost stallscope measures shows it), and
+    neighbours on the host change how much work a CPU second does (the same loop took 0.69 to 1.14 CPU seconds
+    within a minute). Probed before and after each scenario, it says how far the machine was from the plans' cores.
+    """
+    alone = together = 0.0
+    for _ in range(PROBE_ROUNDS):  # alternately: one second's figure moves by 10-20% on this VM
+        alone += loop_rates(cpus[:1], seconds)[0]
+        together += sum(loop_rates(cpus, seconds))
+    return together / alone if alone > 0 else 0.0
 
 
 def scenario_pool(wanted: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
@@ -258,7 +269,7 @@ def measure(args: argparse.Namespace) -> dict:
             if direction not in args.directions:
                 continue
             rounds = []
-            delivered = [delivered_cpus(large)]
+            delivered = [effective_cores(large)]
             for r in range(args.rounds):
                 # each round records its own baseline and runs the planned configurations after it, in the
                 # other order every second round, so that the machine's drift does not favour one worker count
@@ -271,8 +282,8 @@ def measure(args: argparse.Namespace) -> dict:
             entry: dict = {"rounds": rounds}
             if args.again:  # the baseline once more, after: the machine's drift over the scenario shows, and halves
                 entry["recorded_again"] = record(out / "store", command, args.steps, None, source, out / "s.json")
-            delivered.append(delivered_cpus(large))
-            entry["delivered_cpus"] = {"cores": len(large), "before": round(delivered[0], 3),
+            delivered.append(effective_cores(large))
+            entry["effective_cores"] = {"cores": len(large), "before": round(delivered[0], 3),
                                        "after": round(delivered[1], 3)}
             results[f"{name} [{direction}: {len(source)}->{len(target)} cores]"] = entry
             (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -347,13 +358,13 @@ def rescore(results: dict) -> int:
         if values:
             print(f"\n{direction}: median absolute error {100 * statistics.median(values):.0f}%, worst "
                   f"{100 * max(values):.0f}%, {len(values)} planned configurations")
-    delivered = [(e["delivered_cpus"]["cores"], e["delivered_cpus"][when]) for e in results.values()
-                 if "delivered_cpus" in e for when in ("before", "after")]
-    if delivered:
-        figures = [cpus for _, cpus in delivered]
-        print(f"\n{delivered[0][0]} busy cores delivered {min(figures):.2f} to {max(figures):.2f} CPUs (median "
-              f"{statistics.median(figures):.2f}), probed before and after each scenario: the plans assume "
-              f"{delivered[0][0]}")
+    probes = [(e["effective_cores"]["cores"], e["effective_cores"][when]) for e in results.values()
+              if "effective_cores" in e for when in ("before", "after")]
+    if probes:
+        figures = [cores for _, cores in probes]
+        print(f"\n{probes[0][0]} cores busy together did {min(figures):.2f} to {max(figures):.2f} times the work of one "
+              f"alone (median {statistics.median(figures):.2f}), probed before and after each scenario: the plans "
+              f"assume {probes[0][0]}")
     if drifts:
         print(f"\nthe baseline run again after the planned runs: {', '.join(f'{100 * d:+.0f}%' for d in drifts)} "
               f"(median absolute {100 * statistics.median(abs(d) for d in drifts):.0f}%): the machine's own drift, "
