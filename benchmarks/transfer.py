@@ -362,8 +362,8 @@ def rescore(results: dict) -> int:
               if "effective_cores" in e for when in ("before", "after")]
     if probes:
         figures = [cores for _, cores in probes]
-        print(f"\n{probes[0][0]} cores busy together did {min(figures):.2f} to {max(figures):.2f} times the work of one "
-              f"alone (median {statistics.median(figures):.2f}), probed before and after each scenario: the plans "
+        print(f"\n{probes[0][0]} cores busy together did {min(figures):.2f} to {max(figures):.2f} times the work of "
+              f"one alone (median {statistics.median(figures):.2f}), probed before and after each scenario: the plans "
               f"assume {probes[0][0]}")
     if drifts:
         print(f"\nthe baseline run again after the planned runs: {', '.join(f'{100 * d:+.0f}%' for d in drifts)} "

@@ -412,3 +412,21 @@ def test_no_second_run_without_a_tie_a_real_prediction_and_the_budget(runs, pred
     outcome = Tuner(job, Budget(trials=trials, reserve=2)).run()
     assert "diagnosis-again" not in [label for label, _ in job.seen], why
     assert outcome.notes == []
+
+
+@pytest.mark.parametrize("three,picked", [(108.0, 2), (116.0, 3)])
+def test_a_blind_probe_displaces_the_diagnosis_pick_only_past_the_noise(three, picked) -> None:
+    """The diagnosis' 2 workers measure 100 +- 5 (past the original's 80); the climb's 3 workers 108 (8% faster, but
+    within z = 2 combined standard errors, 14.1): the pick stays with the prediction. At 116 (16 > 14.1) it is
+    taken, in the climb and as the pick."""
+    rates = {0: 80.0, 1: 85.0, 2: 100.0, 3: three, 4: 90.0}
+    job = FakeJob(lambda c: rates.get(c["num_workers"], 70.0), se=5.0, recs=recommend_two)
+    outcome = Tuner(job, Budget(trials=20)).run()
+    assert [label for label, _ in job.seen][:3] == ["original", "diagnosis", "num_workers"]
+    assert outcome.best.config["num_workers"] == picked
+
+
+def test_a_blind_probe_still_takes_the_pick_from_the_original_by_the_practical_margin() -> None:
+    """No diagnosis: 1 worker 85 +- 5 against the original's 80 is within the noise, but 6% faster: it is the pick."""
+    job = FakeJob(lambda c: {0: 80.0, 1: 85.0}.get(c["num_workers"], 70.0), se=5.0)
+    assert Tuner(job, Budget(trials=20)).run().best.config["num_workers"] == 1
