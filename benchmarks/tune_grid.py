@@ -16,6 +16,24 @@ prefetch_factor=1): confirmed 525.4 samples/s against the grid's 580.5 (0.905, t
 best of 25 noisy runs), and 0.988 head to head (medians of 3 alternating runs each). With --steps 40 the
 per-trial noise (+-10-15%) let tune settle on 2 workers alone (head to head 0.81-0.92).
 
+2026-12-03 (session 24), --steps 100, three runs, one change each. **Met in the last.**
+1. At 3c210bd (a diagnosis that predicted 1.10x or more and tied the incumbent runs once more, the mean of both runs
+   deciding): original 347.6; diagnosis 2 workers persistent 326.9, again 368.8, over both 347.9: not past the original;
+   the climb from 0 (1: 266.9, 2: 372.0) and a 1-worker trial's diagnosis (320.9); pick 2 workers (the fastest, 7% up),
+   confirmed 359.6 against the grid's best single run, 2 workers persistent prefetch 1, 457.8: 0.786, **0.928 head to
+   head** (340.5 vs 367.1). Here 2 workers persistent at prefetch 2 measured 317.6 in the grid, 2 at prefetch 1 457.8.
+2. At 893985e (the worker advice comes with ``prefetch_factor=1`` where the loop leaves its epochs early: 2 workers
+   kept alive, one batch each in flight, 1.36x predicted against 1.28x in the first run's grid): the diagnosis was the
+   grid's best configuration (399.4 against the original's 256.5); then 3/4/1 workers 430.0/384.8/292.3 and 2 restarted
+   340.5; the final pick took the fastest, 3 workers (430.0 +- 15.0 against 399.4 +- 18.1, 1.3 combined standard
+   errors), confirmed 414.9 against the grid's best, 2 workers persistent prefetch 1, 453.4: 0.915, **0.839 head to
+   head** (447.9 vs 534.0). Not met.
+3. At fbd3e2f (a configuration tried blind displaces the diagnosis' as the final pick only past z = 2 standard errors,
+   as in the climb): original 318.7; diagnosis 2 workers persistent prefetch 1, 434.9; 3/4/1 workers 407.9/358.2/328.3,
+   2 restarted 355.8; winner the diagnosis, confirmed 447.0 (original 343.9, 1.30x) against the grid's best single run,
+   2 workers persistent prefetch 2, 465.0 +- 27.6 (its prefetch 1 twin 461.7): **0.961 in 8 runs (0.32 of the grid),
+   1.024 head to head** (398.0 vs 388.8). The reproduce line measured 449.0 and 444.6.
+
 2026-12-03 (session 23, at 04ec143: a new worker's warm-up priced at every epoch start), --steps 100, a drifting
 machine, two runs, **not met** in either. First: the diagnosis trial (2 workers persistent, 315.0) did not beat the
 original (316.1), so tune climbed from 0 workers (1: 252.3, 2: 276.6), followed a 1-worker trial's diagnosis (prefetch
