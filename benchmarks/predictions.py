@@ -16,7 +16,13 @@ rounds 2.01x, 1.96x, 1.98x), HTTP -3%, tokenize +17% (1.75x vs 1.49x; rounds 1.4
 (1.14x vs 1.00x), 2-thread compute +32% (its baseline's advice had no ``--set`` this time, so the check was one worker
 more: 0.82x predicted, rounds 0.55x, 0.62x, 0.73x: a worker beside two intra-op threads on two cores costs them more
 than the model's one-core-at-best), heavy model -6%, short epochs +3% (now advised 2 workers kept alive with one batch
-each in flight: 1.06x vs 1.03x): **median 6%, worst 32%: not met**.
+each in flight: 1.06x vs 1.03x): **median 6%, worst 32%: not met**. Again at fbd3e2f (``--store /tmp/s24/pstore2``):
+starved +13%, slow storage +6%, large JPEGs -3%, HTTP +1%, tokenize -13% (rounds 1.13x, 2.30x, 1.93x), early exit -3%,
+2-thread compute +26% (one worker more, 0.88x vs 0.69x), heavy model +16% (1.00x vs 0.86x, a change that does nothing),
+short epochs +22% (2 workers kept alive, one batch each in flight, 1.14x vs 0.93x): **median 13%, worst 26%: not met**.
+By hand right after (two rounds, 40 steps): short epochs 289/272 samples/s, 2 workers kept alive 228/198, the same with
+one batch each in flight 275/237: the shallower queue gains 20% as priced, but 2 kept-alive workers on epochs of 5
+batches of 32 lose to none, where the model has them 1.06-1.14x ahead.
 
 Measured 2026-12-03 (session 23, at 04ec143: a new worker's first two batches cost it more CPU, 0.5 of a batch
 typical or measured from the run's worker lives, paid at every restart), ``--rounds 3 --store /tmp/s23/pstore``:
