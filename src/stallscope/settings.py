@@ -137,6 +137,11 @@ def format_value(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
+def overrides_text(overrides: Mapping[str, Any]) -> str:
+    """``num_workers=2 persistent_workers=true``: settings as ``--set`` reads them, for tables and notes."""
+    return " ".join(f"{k}={format_value(v)}" for k, v in overrides.items())
+
+
 def set_arguments(overrides: Mapping[str, Any], order: tuple[str, ...] = tuple(SETTABLE)) -> list[str]:
     """``["--set", "num_workers=2", ...]``, in ``order`` (names outside it last)."""
     args: list[str] = []

@@ -15,7 +15,7 @@ from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.paths import write_file
 from stallscope.render.tune import config_text, rate_text, render
-from stallscope.settings import format_value
+from stallscope.settings import overrides_text
 from stallscope.tuning.trials import (
     TrialResult,
     interrupt_on_sigterm,
@@ -126,7 +126,7 @@ def handle(args: argparse.Namespace) -> int:
     status.start()
 
     def on_start(index: int, label: str, overrides: dict) -> None:
-        text = " ".join(f"{k}={format_value(v)}" for k, v in overrides.items()) or "original configuration"
+        text = overrides_text(overrides) or "original configuration"
         status.update(f"trial {index} ({label}): {escape(text)} ...")
 
     def on_done(trial: TrialResult) -> None:

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from stallscope.history.runs import RunRow
 from stallscope.render.markdown import short_commit
-from stallscope.settings import format_value
+from stallscope.settings import overrides_text
 
 
 def short_command(command: list[str]) -> str:
@@ -41,7 +41,7 @@ def history_table(rows: list[RunRow]) -> Table:
         command = short_command(r.command)
         table.add_row(
             Text(r.run_id), started, Text(command),
-            Text(" ".join(f"{k}={format_value(v)}" for k, v in r.overrides.items())), Text(short_commit(r.git_commit)),
+            Text(overrides_text(r.overrides)), Text(short_commit(r.git_commit)),
             f"{r.verdict or '–'}" + (f" ({r.bottleneck})" if r.bottleneck else ""),
             str(r.steady_steps if r.steady_steps is not None else "–"),
             _fmt(r.step_median_s, 1000), _fmt(r.step_p90_s, 1000), _fmt(r.steps_per_s, digits=2),

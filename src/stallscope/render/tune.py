@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from stallscope.settings import format_value
+from stallscope.settings import overrides_text
 from stallscope.tuning.trials import TrialResult
 from stallscope.tuning.tuning import TuneResult
 
@@ -17,7 +17,7 @@ from stallscope.tuning.tuning import TuneResult
 def config_text(trial: TrialResult) -> str:
     if not trial.overrides:
         return "(original)"
-    return " ".join(f"{k}={format_value(v)}" for k, v in trial.overrides.items())
+    return overrides_text(trial.overrides)
 
 
 def rate_text(trial: TrialResult) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
-from stallscope.settings import format_value
+from stallscope.settings import overrides_text
 from stallscope.tuning.noise import DEFAULT_Z, better, mean_rate, within_noise
 from stallscope.tuning.trials import KNOBS, TrialResult, normalize
 
@@ -201,9 +201,7 @@ class Tuner:
         load is the original from then on, the other is ``superseded``. Said in the notes when it ran."""
         if first.other_cpus < OTHER_LOAD_NOTABLE_CPUS or not self.budget.allows(extra=2):
             return first
-        again = self.evaluate(normalize(first.config), "original-again")
-        self.budget.record(again.wall_s)
-        self.trials.append(again)
+        again = self._run_again(first, "original-again")
         quieter = again.ok and again.rate is not None and again.other_cpus < first.other_cpus
         kept = again if quieter else first
         then = f"{again.other_cpus:.2f} busy then" if again.ok else f"that run failed: {again.reason}"
@@ -216,6 +214,14 @@ class Tuner:
             self.tried[config_key(first.config)] = again
             self.original = again
         return kept
+
+    def _run_again(self, trial: TrialResult, label: str) -> TrialResult:
+        """``trial``'s configuration once more, past ``_try``'s cache of what was tried: a trial of its own, on the
+        budget, in the search's list."""
+        again = self.evaluate(normalize(trial.config), label)
+        self.budget.record(again.wall_s)
+        self.trials.append(again)
+        return again
 
     def _winner(self) -> TrialResult | None:
         """The fastest trial measured with a rate that is evidence (``PICK_REL_SE``), when it beats the search's
@@ -302,9 +308,7 @@ class Tuner:
                 or result is self.best or not within_noise(result.rate, incumbent.rate, self.z) \
                 or not self.budget.allows():
             return
-        again = self.evaluate(normalize(result.config), "diagnosis-again")
-        self.budget.record(again.wall_s)
-        self.trials.append(again)
+        again = self._run_again(result, "diagnosis-again")
         if not again.ok or again.rate is None:
             self.notes.append(f"the diagnosis' {self._change_text(result)} tied the {self._who(incumbent)} and ran "
                               f"again, which failed: {again.reason}")
@@ -323,7 +327,7 @@ class Tuner:
 
     def _change_text(self, trial: TrialResult) -> str:
         changes = overrides_for(trial.config, self.original_config)
-        return " ".join(f"{k}={format_value(v)}" for k, v in changes.items()) or "configuration"
+        return overrides_text(changes) or "configuration"
 
     def _who(self, trial: TrialResult) -> str:
         return "original" if trial is self.original else "incumbent"
