@@ -431,18 +431,24 @@ def test_the_rate_prices_cpu_work_at_the_load_of_the_configuration_against_the_r
     assert m.rate() == pytest.approx(200.0) and m.load_costs() == pytest.approx((1.0, 1.0))
     # 2 workers: 400/s at the recorded cost (the CPU budget: 2 cores / 5 ms). Both workers stay busy, and the
     # compute, stretched by 3 threads wanting 2 CPUs, adds 1.5 * rate * its priced 1 ms: x threads per CPU beyond
-    # one cost the workers' CPU second 1 + 0.04 (all cores busy) + 0.08 x, the compute's 1 + 0.04 + 0.1 x, and the
-    # rate is the budget at those prices; the three agree at:
+    # one cost the workers' CPU second 1 + 0.04 (all cores busy) + 0.08 x, the compute's 1 + 0.04 + 0.1 x; the
+    # workers' is dearer again by 0.3 of the share of the time the training computes beside them (rate * its
+    # priced 1 ms), and the rate is the budget at those prices; the four agree at:
     workers, compute = m.load_costs(2)
     rate = m.rate(workers=2)
     x = (2 + 1.5 * rate * 0.001 * compute) / 2 - 1
-    assert workers == pytest.approx(1.04 + 0.08 * x) and compute == pytest.approx(1.04 + 0.1 * x)
+    share = rate * 0.001 * compute
+    assert m.computing_share(2, rate) == pytest.approx(rate * 0.001)  # at the recorded price; priced, as above
+    assert workers == pytest.approx((1.04 + 0.08 * x) * (1 + 0.3 * share))
+    assert compute == pytest.approx(1.04 + 0.1 * x)
     assert rate == pytest.approx(2 / (0.004 * workers + 0.001 * compute))
-    assert (workers, compute, rate) == pytest.approx((1.0641, 1.0701, 375.48), rel=1e-4)
+    assert (workers, compute, rate) == pytest.approx((1.1797, 1.0677, 345.63), rel=1e-4)
     assert m.cpu_second_cost(2) == workers
     assert m.speedup(workers=2) == pytest.approx(rate / 200)
-    # planned for one CPU: 200/s with 2 workers at the recorded cost, 2.6 threads on it: the full time-sharing costs
+    # planned for one CPU: 200/s with 2 workers at the recorded cost, 2.6 threads on it: the full time-sharing costs,
+    # and no compute beside the workers (it takes turns with them on the one CPU)
     one = replace(m, usable_cpus=1.0)
+    assert one.computing_share(2, 200.0) == 0.0
     assert one.load_costs(2) == pytest.approx((1.08, 1.1))
     assert one.rate(workers=2) == pytest.approx(1 / (0.004 * 1.08 + 0.001 * 1.1))
     # a model without a recorded load (hand-built, or an older caller) is priced as recorded
@@ -467,6 +473,31 @@ def test_the_training_process_pays_more_for_sharing_its_core_than_the_workers():
     # without its own recorded figure (an older caller), the compute is priced against the workers' recorded load
     older = replace(shared, recorded_compute_load_cost=None)
     assert older.load_costs(0) == pytest.approx((1 / 1.12, 1 / 1.12))
+
+
+def test_workers_pay_more_for_a_cpu_second_while_the_training_computes_beside_them():
+    """A training step on the CPU is a heavier neighbour than another worker: the share of the time it computes
+    beside the workers, on another core, makes their CPU second dearer by up to COMPUTE_NEIGHBOUR_COST."""
+    from stallscope.analysis.capacity import COMPUTE_NEIGHBOUR_COST
+
+    assert COMPUTE_NEIGHBOUR_COST == 0.3
+    m = _recorded_alone()
+    assert m.computing_share(0, 200.0) == 0.0  # no workers: the training loads and computes in turn
+    assert m.computing_share(2, 400.0) == pytest.approx(0.4)  # 400/s x 1 ms
+    assert m.computing_share(2, 2000.0) == 1.0  # all of the time at most
+    assert replace(m, usable_cpus=1.5).computing_share(2, 400.0) == pytest.approx(0.2)  # half a CPU beside it
+    assert replace(m, compute_on_cpu=False).computing_share(2, 400.0) == 0.0  # a GPU's compute: no CPU neighbour
+    assert replace(m, compute_priced=False).computing_share(2, 400.0) == 0.0  # a step time given for a target
+    # recorded with 2 workers beside a compute 30% of the time: the workers' recorded costs hold 1.09 of it, so
+    # a configuration whose compute is beside them 40% of the time prices their CPU second at 1.12 / 1.09 of it
+    loaded = _recorded_alone(workers=2, recorded_load_cost=1.04, recorded_computing_share=0.3)
+    workers, _ = loaded.load_costs(2)
+    rate = loaded.rate(workers=2)
+    busy = loaded.cpu_slowed(*loaded.load_costs(2)).busy_threads(2, None, rate)
+    share = loaded.cpu_slowed(*loaded.load_costs(2)).computing_share(2, rate)
+    assert workers == pytest.approx(loaded.load_cost(busy) * (1 + 0.3 * share) / (1.04 * (1 + 0.3 * 0.3)))
+    # a slowed model (priced already) carries no recorded share, as it carries no recorded load
+    assert loaded.cpu_slowed(1.1).recorded_computing_share is None
 
 
 def test_a_model_recorded_under_load_prices_a_quieter_configuration_cheaper():
@@ -516,6 +547,10 @@ def test_a_built_model_records_the_load_its_costs_were_measured_under():
     assert m.recorded_compute_load_cost == pytest.approx(m.load_cost(m.busy_threads(0, None, m.rate()), compute=True))
     assert m.cpu_second_cost() == pytest.approx(1.0)  # the recorded configuration is priced as measured
     assert m.cpu_second_cost(2) > 1.0
+    assert m.recorded_computing_share == 0.0  # no workers: nothing computed beside them
+    loaded = build_model(*_ten_steps_of_eight(workers=2), 2.0, main_cpu_s=0.34)
+    assert loaded.recorded_computing_share == pytest.approx(loaded.computing_share(2, loaded._rate(2, None)))
+    assert loaded.recorded_computing_share > 0.0 and loaded.cpu_second_cost() == pytest.approx(1.0)
 
 
 def _eight_threads_on_eight_cores(**kw) -> ThroughputModel:
@@ -578,6 +613,16 @@ def test_a_split_asks_for_no_more_workers_than_cpus_unless_they_wait_on_storage(
     assert _split_the_cores(m, 0, None, 1.0).overrides == {"torch_threads": 1, "num_workers": 2}
     waiting = replace(m, cost_s={"transform": 0.001, "storage": 0.030})
     assert _split_the_cores(waiting, 0, None, 1.0).overrides["num_workers"] > 2
+    # the CPUs are counted whole: other programs' 3% of a core leave 1.97 usable, still room for 2 workers (a 1.97
+    # read as 1 held a recorded 2-thread compute on 2 cores to a single worker, which gains nothing)
+    busy_host = replace(m, usable_cpus=1.97, main_occupancy=1.97)
+    assert _split_the_cores(busy_host, 0, None, 1.0).overrides == {"torch_threads": 1, "num_workers": 2}
+
+
+def test_a_worker_count_is_held_to_the_usable_cpus_counted_whole():
+    from stallscope.analysis.recommend import whole_cpus
+
+    assert [whole_cpus(c) for c in (0.3, 1.0, 1.4, 1.5, 1.97, 2.0, 7.6)] == [1, 1, 1, 2, 2, 2, 8]
 
 
 def test_a_compute_busier_than_torchs_threads_is_not_advised_torch_threads():
@@ -696,10 +741,14 @@ def test_intra_op_threads_spinning_while_the_process_loads_are_not_a_load_on_the
 def test_the_two_load_costs_are_a_fixed_point_of_the_load_they_price(cpus, compute):
     """``load_costs`` stops after ``LOAD_PASSES``: what it returns must price a load that gives the same costs
     back, for the workers' work and the compute's, from an idle configuration to one that time-shares."""
+    from stallscope.analysis.capacity import COMPUTE_NEIGHBOUR_COST
+
     m = _recorded_alone(usable_cpus=cpus, compute_per_sample_s=compute, main_cpu_per_sample_s=compute,
                         recorded_compute_load_cost=1.0)
     for workers in range(0, 6):
         costs = m.load_costs(workers)
         slowed = m.cpu_slowed(*costs)
-        busy = slowed.busy_threads(workers, None, slowed._rate(workers, None))
-        assert costs == pytest.approx((m.load_cost(busy), m.load_cost(busy, compute=True)), abs=1e-5)
+        rate = slowed._rate(workers, None)
+        busy = slowed.busy_threads(workers, None, rate)
+        neighbour = 1.0 + COMPUTE_NEIGHBOUR_COST * slowed.computing_share(workers, rate)
+        assert costs == pytest.approx((m.load_cost(busy) * neighbour, m.load_cost(busy, compute=True)), abs=1e-5)

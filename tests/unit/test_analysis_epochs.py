@@ -469,12 +469,18 @@ def test_when_even_kept_alive_workers_cannot_pay_off_the_words_say_refilling_not
 
 
 def test_an_epoch_start_prices_the_workers_work_at_their_load_as_the_steady_rate_does():
-    """With a recorded load (one thread, cost 1.0), 2 workers on 4 CPUs: both busy, the compute half of the time,
-    2.5 threads cost 1 + 0.04 * 1.5 / 3; the first batch is filled at that price, against the steady interval at
-    the priced rate."""
+    """With a recorded load (one thread, cost 1.0), 2 workers on 4 CPUs: both busy, the compute 2 ms a sample at
+    the priced rate (0.44 of the time), 2.44 threads cost 1 + 0.04 * 1.44 / 3, and the compute beside the workers
+    1 + 0.3 * 0.44 on top; the first batch is filled at that price, against the steady interval at the priced
+    rate."""
     m = replace(model(), recorded_load_cost=1.0)
     cost = m.cpu_second_cost(2)
-    assert cost == pytest.approx(1.02)
+    priced = m.cpu_slowed(*m.load_costs(2))
+    share = priced.computing_share(2, m.rate(2))
+    assert share == pytest.approx(m.rate(2) * 0.002 * m.load_costs(2)[1])
+    busy = priced.busy_threads(2, None, m.rate(2))
+    assert cost == pytest.approx((1 + 0.04 * (busy - 1) / 3) * (1 + 0.3 * share))
+    assert (cost, share, busy) == pytest.approx((1.1542, 0.4415, 2.4415), abs=1e-4)
     assert m.rate(2) == pytest.approx(250.0 / cost)
     assert epoch_cost(m, shape(), 2, persistent=False).fill_s == pytest.approx(8 * 0.008 * cost - 8 / m.rate(2))
 

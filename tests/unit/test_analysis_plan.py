@@ -193,13 +193,13 @@ def test_a_run_recorded_with_hyper_threading_is_planned_with_it_unless_told_othe
 def test_each_row_prices_cpu_work_at_its_load_and_a_given_step_time_is_taken_as_it_is():
     loaded = recorded(recorded_load_cost=1.0)
     plan = project(loaded, Target(cores=2), samples_per_step=16)
-    # 2 workers on 2 CPUs: 4 ms of transform priced 1.064 times and 1 ms of compute 1.070 (test_analysis_capacity)
+    # 2 workers on 2 CPUs: 4 ms of transform priced 1.180 times and 1 ms of compute 1.068 (test_analysis_capacity)
     workers, compute = loaded.load_costs(2)
-    assert plan.row(2).cpu_second_cost == pytest.approx(workers) == pytest.approx(1.0641, rel=1e-4)
+    assert plan.row(2).cpu_second_cost == pytest.approx(workers) == pytest.approx(1.1797, rel=1e-4)
     assert plan.row(2).samples_per_s == pytest.approx(2 / (0.004 * workers + 0.001 * compute))
     assert plan.row(0).cpu_second_cost == pytest.approx(1.0) and plan.row(0).samples_per_s == pytest.approx(200.0)
-    assert plan.row(2).to_dict()["cpu_second_cost"] == 1.064
-    assert plan.row(2).to_dict()["compute_cpu_second_cost"] == round(compute, 3) == 1.07
+    assert plan.row(2).to_dict()["cpu_second_cost"] == 1.18
+    assert plan.row(2).to_dict()["compute_cpu_second_cost"] == round(compute, 3) == 1.068
     assert any("priced at the load of each worker count" in n and "10% for the compute's own work" in n
                for n in plan.assumptions)
     # --step-ms on a CPU target: the given 16 ms per 16 samples is the target's own figure, not priced again

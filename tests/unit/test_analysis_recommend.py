@@ -92,17 +92,24 @@ def test_the_worker_advice_says_what_a_cpu_second_is_estimated_to_cost_at_its_lo
             f"{round(100 * (advice.facts['cpu_second_cost'] - 1))}% more") in reason
     # more threads than CPUs: the time-sharing part is named; at most one a CPU, only the shared caches are
     assert advice.facts["busy_threads_per_cpu"] > 1.0
-    assert "(caches and memory shared between busy cores, switching between more threads than cores)" in reason
-    # the training step's own work is priced apart, and dearer: said beside it
+    # the training computes on the CPU beside the workers a share of the time: said with its share
+    priced = m.at_load(2)
+    share = priced.computing_share(2, priced.rate(2))
+    assert advice.facts["computing_beside_workers"] == round(share, 2) > 0.05
+    assert ("(caches and memory shared between busy cores, switching between more threads than cores, the training "
+            f"step computing on another core {100 * share:.0f}% of the time)") in reason
+    alone = dict(advice.facts, computing_beside_workers=0.0)
+    assert "computing on another core" not in words._cpu_second_cost(alone, 2)
+    # the training step's own work is priced apart: its own figure
     workers, compute = m.load_costs(2)
-    assert advice.facts["compute_cpu_second_cost"] == pytest.approx(compute, abs=1e-3) and compute > workers
+    assert advice.facts["compute_cpu_second_cost"] == pytest.approx(compute, abs=1e-3)
     dearer = dict(advice.facts, compute_cpu_second_cost=advice.facts["cpu_second_cost"] + 0.05)
     assert (f", the training step's own {round(100 * (dearer['compute_cpu_second_cost'] - 1))}% more (its "
             "working set evicted by the others), counted in the prediction") in words._cpu_second_cost(dearer, 2)
     # within a point of the workers' price, it is not said apart
     assert "training step's own" not in words._cpu_second_cost(dict(advice.facts, compute_cpu_second_cost=(
         advice.facts["cpu_second_cost"] + 0.005)), 2)
-    calmer = dict(advice.facts, busy_threads_per_cpu=0.9, compute_cpu_second_cost=None)
+    calmer = dict(advice.facts, busy_threads_per_cpu=0.9, compute_cpu_second_cost=None, computing_beside_workers=0.0)
     assert words._cpu_second_cost(calmer, 2).endswith(
         "(caches and memory shared between busy cores), counted in the prediction")
     assert words._cpu_second_cost(dict(advice.facts, cpu_second_cost=0.9), 2) == (

@@ -50,7 +50,11 @@ its caches refilled. A run measures its costs under its own load only: a 0-worke
 every rate prices the CPU work (workers', the training process's, a CPU compute's) by ``load_cost`` of the threads
 that configuration keeps busy, over the load the run was recorded under (``recorded_load_cost``); both terms are
 estimates, stated where they are used. The training process's own work pays a little more for sharing its core
-than the workers' does (``COMPUTE_TIME_SHARING_COST``): its working set is evicted at every switch.
+than the workers' does (``COMPUTE_TIME_SHARING_COST``): its working set is evicted at every switch. And a worker's
+CPU second costs more again while the training computes on the CPU beside it, on another core
+(``COMPUTE_NEIGHBOUR_COST``, for the share of the time it does, ``computing_share``): a training step is a heavier
+neighbour for the shared caches and memory than another worker's decode, and a 0-worker run, whose loading and
+compute took turns, never shows it.
 
 Some costs exist only with workers: a worker collates each batch into a fresh shared-memory segment and
 the training process maps it again, both paying page faults an in-process batch never does. A run with
@@ -105,6 +109,17 @@ TIME_SHARING_COST = 0.08
 #: from a step's CPU beside workers against the same step without them; that difference is the batches coming from
 #: another process (``RECEIVED_BATCH_READS``), which stays the same at every worker count. Estimated.
 COMPUTE_TIME_SHARING_COST = 0.1
+#: How much more a worker's CPU second costs while the training process computes on the CPU beside it, on another
+#: core, reached as that computing goes from none of the time to all of it: a training step streams its
+#: activations and weights through the caches and memory the cores share, a heavier neighbour than another
+#: worker's decode (which ``ALL_CORES_BUSY_COST`` prices). A 0-worker run never shows it: its loading and its compute
+#: took turns on one thread. Measured on the 2-core development VM (2026-12-03): the same 500x400 JPEG pipeline's
+#: decode and transform CPU per sample in 1 or 2 workers beside the reference training, over the same in-process,
+#: 1.08-1.42x (median 1.17; 15 pairs of saved ``demo`` and ``benchmarks/predictions.py`` runs), where the load terms
+#: gave 1.04-1.06x, with the training computing 30-50% of the time; without a compute beside them (the training
+#: process idle between batches), 1 and 2 workers measured within 5% of in-process. The collate into shared memory
+#: rose likewise: 1.14-2.4x its calibration at exit. Estimated.
+COMPUTE_NEIGHBOUR_COST = 0.3
 #: How many times a training step that computes on the CPU pays the calibrated cost of reading a batch that a worker
 #: wrote into shared memory (``record/shm_cost.py`` times one pass), estimated for a run recorded without workers.
 #: Measured on the 2-core VM: the step's own CPU per sample with workers over the same step loading in-process, against
@@ -147,6 +162,9 @@ class ThroughputModel:
     recorded_load_cost: float | None = None
     # the same for the training process's own CPU work (``load_cost(..., compute=True)``); None: as the workers'
     recorded_compute_load_cost: float | None = None
+    # the share of the time the training process computed on the CPU beside busy workers in the recorded run
+    # (``computing_share``); None: not priced
+    recorded_computing_share: float | None = None
     # False where the compute is the user's figure for the target (plan --step-ms): not priced at any load
     compute_priced: bool = True
     # the training process's intra-op threads (torch.get_num_threads()) where recorded
@@ -282,11 +300,14 @@ class ThroughputModel:
         if self.recorded_load_cost is None:
             return 1.0, 1.0
         recorded_compute = self.recorded_compute_load_cost or self.recorded_load_cost
+        recorded_neighbour = 1.0 + COMPUTE_NEIGHBOUR_COST * (self.recorded_computing_share or 0.0)
         relative = (1.0, 1.0)
         for _ in range(LOAD_PASSES):
             model = self if relative == (1.0, 1.0) else self.cpu_slowed(*relative)
-            busy = model.busy_threads(workers, scale, model._rate(workers, scale))
-            priced = (self.load_cost(busy) / self.recorded_load_cost,
+            rate = model._rate(workers, scale)
+            busy = model.busy_threads(workers, scale, rate)
+            neighbour = 1.0 + COMPUTE_NEIGHBOUR_COST * model.computing_share(workers, rate)
+            priced = (self.load_cost(busy) * neighbour / (self.recorded_load_cost * recorded_neighbour),
                       self.load_cost(busy, compute=True) / recorded_compute)
             if abs(priced[0] - relative[0]) < 1e-6 and abs(priced[1] - relative[1]) < 1e-6:
                 break
@@ -311,6 +332,18 @@ class ThroughputModel:
         computing = min(1.0, rate * self.compute_per_sample_s * (stretch if self.compute_on_cpu else 1.0))
         main = occupancy * computing + rate * self.receive_cpu_s()
         return main + min(workers * on_cpu, rate * cpu * stretch) + helper
+
+    def computing_share(self, workers: int, rate: float) -> float:
+        """The share of the time the training process computes on the CPU beside busy workers, at ``rate``
+        samples/s: what makes their CPU seconds dearer (``COMPUTE_NEIGHBOUR_COST``). None of it without workers (the
+        training process then loads and computes in turn), with the compute on a GPU or given for the target, and
+        on a single core, where the two take turns on it (``TIME_SHARING_COST`` prices that) or share it as its
+        hardware threads (``SMT_YIELD`` does); on a fraction of a second core (a quota) in proportion."""
+        if workers <= 0 or not self.compute_priced_apart or rate <= 0:
+            return 0.0
+        cores = min(self.physical_cores or self.usable_cpus, self.usable_cpus)
+        beside = min(1.0, max(0.0, cores - 1.0))
+        return min(1.0, rate * self.compute_per_sample_s) * beside
 
     def working_cpu_s(self) -> float:
         """The training process's CPU per sample that is work when it loads its batches itself (0 workers): its
@@ -378,7 +411,8 @@ class ThroughputModel:
             shm_write_per_sample_s=self.shm_write_per_sample_s * factor,
             shm_read_per_sample_s=self.shm_read_per_sample_s * factor,
             receive_per_sample_s=self.receive_per_sample_s + receive_cpu * (factor - 1.0),
-            receive_cpu_per_sample_s=receive_cpu * factor, recorded_load_cost=None, recorded_compute_load_cost=None)
+            receive_cpu_per_sample_s=receive_cpu * factor, recorded_load_cost=None, recorded_compute_load_cost=None,
+            recorded_computing_share=None)
 
     def _rate(self, workers: int, scale: dict[str, float] | None) -> float:
         if workers <= 0:
@@ -558,9 +592,11 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     model = _at_full_core_speed(model)
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded
     # configuration predicts what the model says for it, and every other configuration is priced against it.
-    recorded = model.busy_threads(workers, None, model._rate(workers, None))
+    rate = model._rate(workers, None)
+    recorded = model.busy_threads(workers, None, rate)
     return dataclasses.replace(model, recorded_load_cost=model.load_cost(recorded),
-                               recorded_compute_load_cost=model.load_cost(recorded, compute=True))
+                               recorded_compute_load_cost=model.load_cost(recorded, compute=True),
+                               recorded_computing_share=model.computing_share(workers, rate))
 
 
 def _at_full_core_speed(model: ThroughputModel) -> ThroughputModel:

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_TIME_SHARING_COST, CPU_STAGES,
-                                          RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY, TIME_SHARING_COST,
-                                          ThroughputModel)
+from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
+                                          CPU_STAGES, RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY,
+                                          TIME_SHARING_COST, ThroughputModel)
 
 if TYPE_CHECKING:
     from stallscope.analysis.findings import Analysis
@@ -310,7 +310,9 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
                      f"(cpu_second_cost in each row): up to {100 * ALL_CORES_BUSY_COST:.0f}% more with every core "
                      f"busy than with one, up to {100 * TIME_SHARING_COST:.0f}% more again once threads outnumber "
                      "the cores" + (f" ({100 * COMPUTE_TIME_SHARING_COST:.0f}% for the compute's own work, whose "
-                                    "working set the others evict: compute_cpu_second_cost)"
+                                    "working set the others evict: compute_cpu_second_cost; and the workers' up to "
+                                    f"{100 * COMPUTE_NEIGHBOUR_COST:.0f}% more for the share of the time it computes "
+                                    "on another core beside them)"
                                     if moved.compute_priced_apart else "")
                      + "; less than recorded where the target's cores are less busy "
                      "than the recorded run's (estimated, not measured: a run shows only its own load"

@@ -44,13 +44,17 @@ def worker_candidates(model: ThroughputModel, usable_cpus: float) -> list[int]:
 
 
 def _load_facts(model: ThroughputModel, workers: int) -> dict[str, float]:
-    """What a CPU second is estimated to cost with ``workers`` against the recorded run, and the threads per usable
-    CPU that load is (above one, they take turns on the cores)."""
+    """What a CPU second is estimated to cost with ``workers`` against the recorded run, the threads per usable
+    CPU that load is (above one, they take turns on the cores) and the share of the time the training computes on
+    the CPU beside the workers."""
     costs = model.load_costs(workers)
     priced = model.at_load(workers, costs=costs)
-    busy = priced.busy_threads(workers, None, priced.rate(workers))
+    rate = priced.rate(workers)
+    busy = priced.busy_threads(workers, None, rate)
     facts = {"cpu_second_cost": round(costs[0], 3),
-             "busy_threads_per_cpu": round(busy / model.usable_cpus, 2) if model.usable_cpus > 0 else 0.0}
+             "busy_threads_per_cpu": round(busy / model.usable_cpus, 2) if model.usable_cpus > 0 else 0.0,
+             # the share of the time the training computes on the CPU beside the workers (COMPUTE_NEIGHBOUR_COST)
+             "computing_beside_workers": round(priced.computing_share(workers, rate), 2)}
     if model.compute_priced_apart:  # the training process's own CPU work (COMPUTE_TIME_SHARING_COST)
         facts["compute_cpu_second_cost"] = round(costs[1], 3)
     return facts
@@ -186,6 +190,12 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     return recs
 
 
+def whole_cpus(usable_cpus: float) -> int:
+    """The CPUs a worker count is held to, counted whole: the usable CPUs (less what other programs kept busy)
+    rounded to the nearest, at least 1."""
+    return max(1, math.floor(usable_cpus + 0.5))
+
+
 def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | None,
                      workers_alone: float) -> Recommendation | None:
     """A compute on the CPU that runs intra-op threads on most cores leaves none to workers, and workers beside it
@@ -204,8 +214,9 @@ def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | 
     for fewer in reversed(range(1, min(threads, math.ceil(model.main_occupancy)))):
         split = model.with_compute_threads(fewer)
         # no more workers than CPUs, unless they mostly wait on storage: a split shares the cores out, and torch
-        # itself warns of more workers than CPUs (a single compute thread beside them only takes turns)
-        within = candidates if io_heavy else [c for c in candidates if c <= max(1, math.floor(model.usable_cpus))]
+        # itself warns of more workers than CPUs (a single compute thread beside them only takes turns). The CPUs
+        # counted whole: other programs' few percent of a core (1.97 of 2 usable) do not take a worker's place.
+        within = candidates if io_heavy else [c for c in candidates if c <= whole_cpus(model.usable_cpus)]
         if epochs is not None:
             count, keep, _ = best_over_epochs(split, epochs, within, workers)
             rate = rate_over_epochs(split, epochs, count, keep)

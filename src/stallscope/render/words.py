@@ -622,6 +622,9 @@ def _cpu_second_cost(facts: dict, workers: int) -> str:
     why = "caches and memory shared between busy cores"
     if facts.get("busy_threads_per_cpu", 0.0) > 1.0:
         why += ", switching between more threads than cores"
+    beside = facts.get("computing_beside_workers", 0.0)
+    if beside >= 0.05:
+        why += f", the training step computing on another core {100 * beside:.0f}% of the time"
     compute = facts.get("compute_cpu_second_cost")
     own = (f", the training step's own {100 * (compute - 1.0):.0f}% more (its working set evicted by the others)"
            if compute is not None and compute - cost >= 0.01 else "")
