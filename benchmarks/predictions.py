@@ -9,6 +9,16 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
 
+Measured 2026-12-03 (session 25, at d9b5b07: a worker's CPU second dearer while the training computes beside it,
+``COMPUTE_NEIGHBOUR_COST``; split-the-cores counts 1.97 usable CPUs as 2), ``--rounds 3 --store /tmp/s25/pstore``:
+starved +1% (1.41x vs 1.39x; rounds 1.39x, 1.04x, 1.45x), slow storage -1%, large JPEGs -10% (1.61x vs 1.78x), HTTP
+-0%, tokenize +11% (1.73x vs 1.56x), early exit +15% (``prefetch_factor=1``, 1.13x vs 0.98x; rounds 0.98x, 1.14x,
+0.93x), 2-thread compute -11% (now advised ``torch_threads=1 num_workers=2``: 1.13x vs 1.28x; rounds 1.23x, 1.28x,
+1.52x), heavy model +5%, short epochs -5% (no advice now, so one worker more: 0.81x vs 0.85x): **median 5%, worst 15%:
+met**. Offline on session 24's saved baselines (``/tmp/s24/pstore*``, their own measured runs) the term moved the
+starved and demo predictions from 1.41-1.52x to 1.31-1.40x and dropped the short-epoch advice its runs had measured at
+0.90x and 1.03x.
+
 Measured 2026-12-03 (session 24, at 893985e: the model unchanged; where the loop leaves its epochs early, the worker
 advice comes with ``prefetch_factor=1``), ``--rounds 3 --store /tmp/s24/pstore``, a noisy machine (a fixed Python
 loop took 0.69 to 1.14 CPU seconds within a minute): starved -6%, slow storage +6%, large JPEGs -18% (1.62x vs 1.98x;

@@ -48,6 +48,15 @@ def test_doctor_writes_the_json_contract(jpeg_folder: Path, tmp_path: Path) -> N
     bench = checks["storage.bench"]["data"]
     assert 0 < bench["bytes_read"] <= bench["cap_bytes"]
     assert bench["cap_bytes"] == int(files["total_bytes"] * 0.05)
+    # the CPU probe ran on the usable CPUs: 3 rounds of 0.5 s, a figure of work in CPUs' worth
+    capacity = checks["cpu.capacity"]
+    usable = checks["cpu.usable"]["data"]["usable"]
+    assert capacity["data"]["probed_cpus"] == min(usable, checks["cpu.usable"]["data"]["affinity"])
+    assert capacity["data"]["rounds"] == 3 and capacity["data"]["seconds"] == 0.5
+    assert 0 < capacity["data"]["effective_cpus"] and capacity["data"]["share"] == pytest.approx(
+        capacity["data"]["effective_cpus"] / capacity["data"]["probed_cpus"], abs=1e-3)
+    assert capacity["status"] == ("n/a" if capacity["data"]["probed_cpus"] < 2 else
+                                  "pass" if capacity["data"]["share"] >= 0.85 else "warn")
 
 
 def test_doctor_without_bench(jpeg_folder: Path, tmp_path: Path) -> None:
@@ -56,6 +65,7 @@ def test_doctor_without_bench(jpeg_folder: Path, tmp_path: Path) -> None:
     assert proc.returncode in (0, 1), proc.stderr
     checks = {c["id"]: c for c in json.loads(out.read_text())["checks"]}
     assert checks["storage.bench"]["status"] == "n/a"
+    assert checks["cpu.capacity"]["status"] == "n/a" and "--no-bench" in checks["cpu.capacity"]["value"]
 
 
 @pytest.mark.parametrize("make_bad, message", [

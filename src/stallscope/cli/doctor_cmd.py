@@ -27,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("data_dir", nargs="?", metavar="DATA_DIR", help="the dataset folder the DataLoader reads")
     parser.add_argument("--json", metavar="PATH", dest="json_path", help="also write the checks as JSON to PATH")
-    parser.add_argument("--no-bench", action="store_true", help="skip the storage micro-benchmark")
+    parser.add_argument("--no-bench", action="store_true",
+                        help="skip the micro-benchmarks: storage speed and the CPU capacity probe (3 s together)")
     parser.add_argument("--bench-seconds", type=at_least(0, float), default=3.0, metavar="S",
                         help="time budget of the storage micro-benchmark (default 3)")
     parser.add_argument("--num-workers", type=at_least(0), default=None, metavar="N",
@@ -46,7 +47,8 @@ def handle(args: argparse.Namespace) -> int:
     loader = LoaderAssumptions(num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
                                batch_size=args.batch_size)
     try:
-        report = run_doctor(args.data_dir, bench_seconds=0.0 if args.no_bench else args.bench_seconds, loader=loader)
+        report = run_doctor(args.data_dir, bench_seconds=0.0 if args.no_bench else args.bench_seconds, loader=loader,
+                            **({"cpu_probe_seconds": 0.0} if args.no_bench else {}))
     except OSError as exc:
         print(f"stallscope doctor: {exc}", file=sys.stderr)
         return 2

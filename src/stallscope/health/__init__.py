@@ -25,6 +25,7 @@ from stallscope.health.checks import (
     DoctorReport,
     not_applicable,
 )
+from stallscope.health.cpu_probe import PROBE_S, check_cpu_capacity
 from stallscope.health.dataset import BenchOptions, dataset_checks
 from stallscope.health.gpu import GpuFacts, gpu_checks, read_gpus
 from stallscope.health.host import Host
@@ -73,15 +74,18 @@ def quick_checks(*, root: str | os.PathLike[str] = "/", nvml: Any | None = None,
 def run_doctor(data_dir: str | os.PathLike[str] | None = None, *, root: str | os.PathLike[str] = "/",
                nvml: Any | None = None, gpu: bool = True, bench_seconds: float = 3.0, bench_fraction: float = 0.05,
                bench_max_bytes: int = 256 << 20, loader: LoaderAssumptions | None = None,
-               environ: Mapping[str, str] | None = None) -> DoctorReport:
-    """All checks: machine, GPU (NVML, imported lazily unless ``nvml`` is given), software, and the dataset.
+               environ: Mapping[str, str] | None = None, cpu_probe_seconds: float = PROBE_S) -> DoctorReport:
+    """All checks: machine (with the CPU capacity probe), GPU (NVML, imported lazily unless ``nvml`` is given),
+    software, and the dataset.
 
-    ``bench_seconds <= 0`` skips the storage micro-benchmark. Raises ``OSError`` for a bad ``data_dir``.
+    ``bench_seconds <= 0`` skips the storage micro-benchmark, ``cpu_probe_seconds <= 0`` the CPU probe (each of
+    its busy loops runs that long, 6 of them). Raises ``OSError`` for a bad ``data_dir``.
     """
     start = time.perf_counter()
     folder = validate_data_dir(data_dir) if data_dir is not None else None
     host = _host(root, environ)
     checks = machine_checks(host, loader)
+    checks.append(check_cpu_capacity(host, cpu_probe_seconds))
     facts = read_gpus(host, nvml) if gpu else GpuFacts(absent="GPU checks disabled")
     checks.extend(gpu_checks(host, facts))
     checks.extend(software_checks(host, usable_cpu_count(host), driver_cuda=facts.cuda_driver, driver=facts.driver))
