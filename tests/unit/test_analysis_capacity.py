@@ -487,7 +487,10 @@ def test_workers_pay_more_for_a_cpu_second_while_the_training_computes_beside_th
     assert m.computing_share(2, 2000.0) == 1.0  # all of the time at most
     assert replace(m, usable_cpus=1.5).computing_share(2, 400.0) == pytest.approx(0.2)  # half a CPU beside it
     assert replace(m, compute_on_cpu=False).computing_share(2, 400.0) == 0.0  # a GPU's compute: no CPU neighbour
-    assert replace(m, compute_priced=False).computing_share(2, 400.0) == 0.0  # a step time given for a target
+    # a step time given for the target (plan --step-ms on a CPU machine) is still a compute beside the workers
+    assert replace(m, compute_priced=False).computing_share(2, 400.0) == pytest.approx(0.4)
+    # 2 CPUs that are one core's hardware threads: SMT_YIELD prices what they share, not this
+    assert replace(m, physical_cores=1.0).computing_share(2, 400.0) == 0.0
     # recorded with 2 workers beside a compute 30% of the time: the workers' recorded costs hold 1.09 of it, so
     # a configuration whose compute is beside them 40% of the time prices their CPU second at 1.12 / 1.09 of it
     loaded = _recorded_alone(workers=2, recorded_load_cost=1.04, recorded_computing_share=0.3)
@@ -622,7 +625,7 @@ def test_a_split_asks_for_no_more_workers_than_cpus_unless_they_wait_on_storage(
 def test_a_worker_count_is_held_to_the_usable_cpus_counted_whole():
     from stallscope.analysis.recommend import whole_cpus
 
-    assert [whole_cpus(c) for c in (0.3, 1.0, 1.4, 1.5, 1.97, 2.0, 7.6)] == [1, 1, 1, 2, 2, 2, 8]
+    assert [whole_cpus(c) for c in (0.3, 1.0, 1.5, 1.74, 1.75, 1.97, 2.0, 7.6)] == [1, 1, 1, 1, 2, 2, 2, 7]
 
 
 def test_a_compute_busier_than_torchs_threads_is_not_advised_torch_threads():

@@ -82,3 +82,5 @@ def test_the_capacity_says_the_loads_its_costs_were_measured_under() -> None:
     assert capacity["recorded_load_cost"] == round(model.recorded_load_cost, 4)
     assert capacity["recorded_compute_load_cost"] == round(model.recorded_compute_load_cost, 4)
     assert capacity["recorded_compute_load_cost"] >= capacity["recorded_load_cost"] >= 1.0
+    assert capacity["recorded_computing_share"] == round(model.recorded_computing_share, 4)
+    assert (model.workers == 0) == (capacity["recorded_computing_share"] == 0.0)  # no workers: none beside them

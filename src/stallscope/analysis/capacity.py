@@ -293,9 +293,10 @@ class ThroughputModel:
 
     def load_costs(self, workers: int | None = None, scale: dict[str, float] | None = None) -> tuple[float, float]:
         """What a CPU second costs with ``workers`` (and ``scale``) against the recorded run: ``load_cost`` of the
-        threads that configuration keeps busy, over the recorded run's own, for the input work and for the
-        training process's own. The load is read at the rate the priced costs give (dearer CPU work slows the
-        rate, which changes who waits), repeated until the two agree."""
+        threads that configuration keeps busy, over the recorded run's own, for the input work (and dearer again
+        by the compute beside the workers, ``computing_share``, over the recorded run's) and for the training
+        process's own. The load is read at the rate the priced costs give (dearer CPU work slows the rate, which
+        changes who waits), repeated until the two agree."""
         workers = self.workers if workers is None else workers
         if self.recorded_load_cost is None:
             return 1.0, 1.0
@@ -306,6 +307,8 @@ class ThroughputModel:
             model = self if relative == (1.0, 1.0) else self.cpu_slowed(*relative)
             rate = model._rate(workers, scale)
             busy = model.busy_threads(workers, scale, rate)
+            # the compute beside the workers: priced with their work, and with the training process's rebuilding
+            # and mapping of their batches (``cpu_slowed``'s ``factor``), as memory-bound as the workers' collate
             neighbour = 1.0 + COMPUTE_NEIGHBOUR_COST * model.computing_share(workers, rate)
             priced = (self.load_cost(busy) * neighbour / (self.recorded_load_cost * recorded_neighbour),
                       self.load_cost(busy, compute=True) / recorded_compute)
@@ -335,11 +338,12 @@ class ThroughputModel:
 
     def computing_share(self, workers: int, rate: float) -> float:
         """The share of the time the training process computes on the CPU beside busy workers, at ``rate``
-        samples/s: what makes their CPU seconds dearer (``COMPUTE_NEIGHBOUR_COST``). None of it without workers (the
-        training process then loads and computes in turn), with the compute on a GPU or given for the target, and
-        on a single core, where the two take turns on it (``TIME_SHARING_COST`` prices that) or share it as its
-        hardware threads (``SMT_YIELD`` does); on a fraction of a second core (a quota) in proportion."""
-        if workers <= 0 or not self.compute_priced_apart or rate <= 0:
+        samples/s: what makes their CPU seconds dearer (``COMPUTE_NEIGHBOUR_COST``; a step time given for a CPU
+        target, ``plan --step-ms``, is such a compute too). None of it without workers (the training process then
+        loads and computes in turn), with the compute on a GPU, and on a single core, where the two take turns on
+        it (``TIME_SHARING_COST`` prices that) or share it as its hardware threads (``SMT_YIELD`` does); on a
+        fraction of a second core (a quota) in proportion."""
+        if workers <= 0 or not self.compute_on_cpu or rate <= 0:
             return 0.0
         cores = min(self.physical_cores or self.usable_cpus, self.usable_cpus)
         beside = min(1.0, max(0.0, cores - 1.0))

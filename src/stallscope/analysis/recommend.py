@@ -191,9 +191,9 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
 
 
 def whole_cpus(usable_cpus: float) -> int:
-    """The CPUs a worker count is held to, counted whole: the usable CPUs (less what other programs kept busy)
-    rounded to the nearest, at least 1."""
-    return max(1, math.floor(usable_cpus + 0.5))
+    """The CPUs a worker count is held to, counted whole: the usable CPUs (less what other programs kept busy),
+    where others took no more than a quarter of a CPU counted as the whole CPU; at least 1."""
+    return max(1, math.floor(usable_cpus + 0.25))
 
 
 def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | None,
@@ -215,7 +215,7 @@ def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | 
         split = model.with_compute_threads(fewer)
         # no more workers than CPUs, unless they mostly wait on storage: a split shares the cores out, and torch
         # itself warns of more workers than CPUs (a single compute thread beside them only takes turns). The CPUs
-        # counted whole: other programs' few percent of a core (1.97 of 2 usable) do not take a worker's place.
+        # counted whole: other programs' few percent of a CPU (1.97 of 2 usable) do not take a worker's place.
         within = candidates if io_heavy else [c for c in candidates if c <= whole_cpus(model.usable_cpus)]
         if epochs is not None:
             count, keep, _ = best_over_epochs(split, epochs, within, workers)

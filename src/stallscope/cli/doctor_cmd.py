@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from stallscope.cli.args import at_least, output_error
-from stallscope.health import FAIL, LoaderAssumptions, run_doctor
+from stallscope.health import FAIL, PROBE_S, LoaderAssumptions, run_doctor
 from stallscope.paths import write_file
 from stallscope.render.doctor import render
 from stallscope.render.summary import print_json
@@ -28,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("data_dir", nargs="?", metavar="DATA_DIR", help="the dataset folder the DataLoader reads")
     parser.add_argument("--json", metavar="PATH", dest="json_path", help="also write the checks as JSON to PATH")
     parser.add_argument("--no-bench", action="store_true",
-                        help="skip the micro-benchmarks: storage speed and the CPU capacity probe (3 s together)")
+                        help="skip the micro-benchmarks: storage speed (--bench-seconds) and the CPU capacity probe "
+                             "(3 s: a busy loop on one core alone, then on all, 3 times)")
     parser.add_argument("--bench-seconds", type=at_least(0, float), default=3.0, metavar="S",
                         help="time budget of the storage micro-benchmark (default 3)")
     parser.add_argument("--num-workers", type=at_least(0), default=None, metavar="N",
@@ -48,7 +49,7 @@ def handle(args: argparse.Namespace) -> int:
                                batch_size=args.batch_size)
     try:
         report = run_doctor(args.data_dir, bench_seconds=0.0 if args.no_bench else args.bench_seconds, loader=loader,
-                            **({"cpu_probe_seconds": 0.0} if args.no_bench else {}))
+                            cpu_probe_seconds=0.0 if args.no_bench else PROBE_S)
     except OSError as exc:
         print(f"stallscope doctor: {exc}", file=sys.stderr)
         return 2

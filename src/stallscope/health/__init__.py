@@ -74,12 +74,13 @@ def quick_checks(*, root: str | os.PathLike[str] = "/", nvml: Any | None = None,
 def run_doctor(data_dir: str | os.PathLike[str] | None = None, *, root: str | os.PathLike[str] = "/",
                nvml: Any | None = None, gpu: bool = True, bench_seconds: float = 3.0, bench_fraction: float = 0.05,
                bench_max_bytes: int = 256 << 20, loader: LoaderAssumptions | None = None,
-               environ: Mapping[str, str] | None = None, cpu_probe_seconds: float = PROBE_S) -> DoctorReport:
+               environ: Mapping[str, str] | None = None, cpu_probe_seconds: float = 0.0) -> DoctorReport:
     """All checks: machine (with the CPU capacity probe), GPU (NVML, imported lazily unless ``nvml`` is given),
     software, and the dataset.
 
-    ``bench_seconds <= 0`` skips the storage micro-benchmark, ``cpu_probe_seconds <= 0`` the CPU probe (each of
-    its busy loops runs that long, 6 of them). Raises ``OSError`` for a bad ``data_dir``.
+    ``bench_seconds <= 0`` skips the storage micro-benchmark. ``cpu_probe_seconds``: how long each of the CPU
+    probe's 6 busy loops runs (``PROBE_S``, 0.5, in ``stallscope doctor``); off by default here, as the probe forks
+    (a caller's threads and locks are copied into each child). Raises ``OSError`` for a bad ``data_dir``.
     """
     start = time.perf_counter()
     folder = validate_data_dir(data_dir) if data_dir is not None else None
@@ -101,6 +102,7 @@ def run_doctor(data_dir: str | os.PathLike[str] | None = None, *, root: str | os
 
 
 __all__ = [
-    "DOCTOR_SCHEMA", "FAIL", "NA", "PASS", "STATUSES", "UNKNOWN", "WARN", "BenchOptions", "Check", "DoctorReport",
+    "DOCTOR_SCHEMA", "FAIL", "NA", "PASS", "PROBE_S", "STATUSES", "UNKNOWN", "WARN", "BenchOptions", "Check",
+    "DoctorReport",
     "Host", "LoaderAssumptions", "quick_checks", "run_doctor", "validate_data_dir",
 ]

@@ -78,6 +78,13 @@ def physical_cores(host: Host, cpus: set[int] | None) -> int | None:
 
     The model needs it because a core's second hardware thread adds only a fraction of a core: a job that keeps
     all 16 CPUs of an 8-core, 16-thread machine busy gets nowhere near twice what 8 busy CPUs give."""
+    groups = core_groups(host, cpus)
+    return len(groups) if groups is not None else None
+
+
+def core_groups(host: Host, cpus: set[int] | None) -> list[frozenset[int]] | None:
+    """The cores ``cpus`` span, each as the set of its hardware threads (all of them, in ``cpus`` or not), in
+    order; None where the topology is not visible (``physical_cores``)."""
     online = _online_set(host)
     if cpus and online:  # a mask may name possible CPUs that are offline (no topology folder)
         cpus = cpus & online
@@ -97,7 +104,7 @@ def physical_cores(host: Host, cpus: set[int] | None) -> int | None:
         if siblings is None or cpu not in siblings:
             return None
         cores.add(siblings)
-    return len(cores)
+    return sorted(cores, key=min)
 
 
 def usable_cpu_count(host: Host) -> int | None:

@@ -185,6 +185,9 @@ def _capacity_dict(report: Any) -> dict[str, Any] | None:
         # the same for the training process's own work, which pays more for sharing its core
         "recorded_compute_load_cost": _rounded(
             model.recorded_compute_load_cost if model.compute_priced_apart else None, 4),
+        # the share of the time the training computed on the CPU beside busy workers (0 without workers): what
+        # made their CPU seconds dearer (COMPUTE_NEIGHBOUR_COST); other configurations are priced against it
+        "recorded_computing_share": _rounded(model.recorded_computing_share, 4),
     }
 
 
