@@ -7,7 +7,8 @@ samples/s, and the prediction is the one the baseline's diagnosis printed (from 
 Where the baseline's diagnosis has no ``--set`` recommendation (nothing predicted to help), the check is one
 worker more, with the speedup the baseline's own model predicts for it (near 1.0x, if it is right).
 
-Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40]
+Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40] [--store DIR]
+Score saved runs again (nothing run): python benchmarks/predictions.py --rescore DIR [DIR ...]
 
 Measured 2026-12-03 (session 25, at d9b5b07: a worker's CPU second dearer while the training computes beside it,
 ``COMPUTE_NEIGHBOUR_COST``; split-the-cores counts 1.97 usable CPUs as 2), ``--rounds 3 --store /tmp/s25/pstore``:
@@ -153,6 +154,7 @@ from stallscope.analysis import analyze
 from stallscope.analysis.epochs import epoch_shape, rate_over_epochs
 from stallscope.demo.dataset import DatasetSpec, demo_dataset
 from stallscope.demo.scenarios import LARGE, REFERENCE_SCRIPT
+from stallscope.history.store import list_runs
 from stallscope.session import Session
 from stallscope.settings import format_value
 
@@ -202,7 +204,12 @@ def main() -> int:
     p.add_argument("--only", nargs="*", help="scenario names (prefixes) to run")
     p.add_argument("--store", help="keep every run's session in this store (default: a temporary one, removed), for "
                                    "stallscope report/compare on them afterwards")
+    p.add_argument("--rescore", nargs="+", metavar="STORE",
+                   help="run nothing: predict again from each saved baseline in these --store folders (or demo "
+                        "stores) with the model as it is now, against the same store's measured runs")
     args = p.parse_args()
+    if args.rescore:
+        return print_table(rescore(args.rescore))
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         store = args.store or scratch
@@ -230,6 +237,10 @@ def main() -> int:
             rows.append((name, " ".join(change), predicted, statistics.median(ratios)))
             print(f"{name}: {change} predicted {predicted:.2f} measured {ratios} (baseline {base['run_id']})",
                   flush=True)
+    return print_table(rows)
+
+
+def print_table(rows: list[tuple[str, str, float, float]]) -> int:
     print()
     print("| scenario | change | predicted | measured | error |")
     print("|---|---|--:|--:|--:|")
@@ -242,6 +253,38 @@ def main() -> int:
         print(f"\nmedian absolute error {100 * statistics.median(errors):.0f}%, worst {100 * max(errors):.0f}%, "
               f"{len(errors)} scenarios")
     return 0
+
+
+def rescore(stores: list[str]) -> list[tuple[str, str, float, float]]:
+    """For each command in each store: its first run without overrides analysed again, its advice (or one worker
+    more) priced by the model as it is now, against the mean samples/s of the store's runs with that change over
+    the mean of its runs without. A change the model no longer advises is printed, not scored."""
+    rows = []
+    for store in stores:
+        by_command: dict[tuple[str, ...], list] = {}
+        for row in list_runs(store):
+            by_command.setdefault(tuple(row.command[1:]), []).append(row)
+        for command, runs in by_command.items():
+            before = [r for r in runs if not r.overrides and r.samples_per_s]
+            if not before or not before[0].session_path:
+                continue
+            summary = {"session": before[0].session_path}
+            top = next((r for r in analyze(Session.load(before[0].session_path)).recommendations if r.overrides), None)
+            if top is None:
+                change, predicted = one_more_worker(summary)
+                overrides = {k: json.loads(v) for k, v in (item.split("=", 1) for item in change)}
+            else:
+                overrides, predicted = dict(top.overrides), top.predicted_speedup
+            after = [r for r in runs if r.overrides == overrides and r.samples_per_s]
+            name = f"{Path(store).name}: {' '.join(command)[-60:]}"
+            text = " ".join(f"{key}={format_value(value)}" for key, value in overrides.items())
+            if not after:
+                measured = sorted({json.dumps(r.overrides, sort_keys=True) for r in runs if r.overrides})
+                print(f"{name}: now {text} ({predicted:.2f}x), not measured in this store (measured: {measured})")
+                continue
+            ratio = statistics.mean(r.samples_per_s for r in after) / statistics.mean(r.samples_per_s for r in before)
+            rows.append((name, text, predicted, ratio))
+    return rows
 
 
 def one_more_worker(summary: dict) -> tuple[list[str], float]:
