@@ -53,7 +53,9 @@ def _both_start_methods(tmp_path: Path, args: list[str]) -> dict[str, CliResult]
 
 @pytest.mark.parametrize("scenario", list(PLANTED))
 def test_planted_line_is_the_top_hotspot_of_the_limiting_stage(tmp_path, scenario):
-    runs = _both_start_methods(tmp_path, ["--steps", "30", "--", sys.executable, str(SCRIPT), scenario, "START"])
+    # 200 steps: about 2 s of fetching at the sampler's 9 Hz gives ~20 samples (30 steps gave 1-3, too few to say
+    # what share of a stage the planted line has)
+    runs = _both_start_methods(tmp_path, ["--steps", "200", "--", sys.executable, str(SCRIPT), scenario, "START"])
     for start_method, result in runs.items():
         _check_planted(scenario, start_method, result)
 
@@ -69,7 +71,13 @@ def _check_planted(scenario: str, start_method: str, result: CliResult) -> None:
     assert (top["file"], top["line"]) == (str(SCRIPT), _planted_line(scenario)), (start_method, spots[:4])
     assert top["function"] == function
     assert top["library"] == library
-    assert top["share_of_stage"] > 0.5, spots[:4]
+    # almost all of a sample's time is on the planted line: most of the stage's samples, where it has enough of them
+    # to say (a 30-step run that drew 2 samples there, one of them the worker's collate, read exactly 0.5 once in CI)
+    session = json.loads(Path(summary["session"]).read_text())
+    drawn = sum(row["count"] for row in session["stack_samples"] if row["stage"] == stage)
+    assert drawn >= 1
+    if drawn >= 5:
+        assert top["share_of_stage"] > 0.5, (drawn, spots[:4])
     assert top["share_of_step"] == pytest.approx(top["share_of_stage"] * summary["nodes"][stage]["share"], abs=2e-4)
     shares = [h["share_of_step"] for h in spots]
     assert shares == sorted(shares, reverse=True)
