@@ -21,7 +21,7 @@ from collections.abc import Callable
 from stallscope.health import cgroup
 from stallscope.health.checks import PASS, WARN, Check, not_applicable, unknown
 from stallscope.health.host import Host
-from stallscope.health.system import allowed_cpus, core_groups
+from stallscope.health.system import allowed_cpus, core_groups, usable_cpu_count
 
 #: Seconds of each busy loop, and rounds of one-alone then all-together (alternated, so a drift of the host
 #: between the two does not read as one of them).
@@ -149,7 +149,7 @@ def check_cpu_capacity(host: Host, seconds: float = PROBE_S, rounds: int = PROBE
     threshold = f">= {100 * MIN_SHARE:.0f}% of {n}"
     if share >= MIN_SHARE:
         return Check("cpu.capacity", title, PASS, value, threshold, why, "", data)
-    usable = len(allowed_cpus(host)[0] or cpus)
+    usable = usable_cpu_count(host) or len(cpus)  # the one rule for usable CPUs: affinity, then the quota
     fix = (f"Count {100 * share:.0f}% of the CPUs in a plan (stallscope plan RUN --cores {usable * share:.1f} "
            f"rather than {usable}), run doctor again later (a shared host's figure moves with its other guests), or "
            "use a machine with dedicated cores.")
