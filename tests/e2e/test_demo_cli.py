@@ -15,23 +15,43 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def _demo(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # the dataset is generated here, not in ~
+def _demo(tmp_path: Path, *args: str, cache: Path | None = None) -> subprocess.CompletedProcess:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    # the dataset is generated here, not in ~
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache or tmp_path / "cache")}
     return subprocess.run([sys.executable, "-m", "stallscope", "demo", "--store", str(tmp_path / "store"),
                            "--json", str(tmp_path / "first.json"), *args],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
 
 
+def _runs(folder: Path) -> list[dict]:
+    runs = [json.loads(path.read_text()) for path in (folder / "store" / "runs").glob("*/run.json")]
+    return sorted(runs, key=lambda run: run["started_wall"])
+
+
 def test_demo_diagnoses_then_measures_the_fix_in_two_alternated_pairs(tmp_path):
-    done = _demo(tmp_path, "--steps", "10")
-    assert done.returncode == 0, done.stderr[-2000:]
-    first = json.loads((tmp_path / "first.json").read_text())
-    assert first["verdict"] == "input-bound"
-    top = first["recommendations"][0]
-    change = top["overrides"]
-    assert set(change) == {"num_workers"} and change["num_workers"] >= 1  # as many as this machine's cores allow
-    runs = [json.loads(path.read_text()) for path in (tmp_path / "store" / "runs").glob("*/run.json")]
-    runs.sort(key=lambda run: run["started_wall"])
+    for attempt in range(2):
+        folder = tmp_path / f"attempt{attempt}"
+        done = _demo(folder, "--steps", "10", cache=tmp_path / "cache")
+        assert done.returncode == 0, done.stderr[-2000:]
+        first = json.loads((folder / "first.json").read_text())
+        assert first["verdict"] == "input-bound"
+        top = first["recommendations"][0]
+        change = top["overrides"]
+        if set(change) == {"num_workers"}:
+            break
+        # Workers are the fix only where the CPUs are there to run them: a machine whose other programs kept one
+        # busy (a shared CI runner) is told so and advised otherwise. Only that load excuses other advice, and the
+        # demo runs once more to find the machine quieter.
+        other = first["system"]["other_cores_mean"] or 0.0
+        assert other >= 0.25, (change, other, done.stderr[-2000:])
+        # and the model planned for the CPUs left to it (2 less 1 busy: no room for a worker beside the training)
+        assert first["capacity"]["usable_cpus"] <= first["usable_cpus"] - 0.25, first["capacity"]
+    else:
+        pytest.skip(f"other programs kept {other:.2f} CPUs busy during both demos' first runs: advice for that load "
+                    "checked, the fix's measurement needs a quieter machine")
+    assert change["num_workers"] >= 1  # as many as this machine's cores allow
+    runs = _runs(folder)
     assert [run["overrides"] for run in runs] == [{}, change, change, {}]
     err = " ".join(done.stderr.split())
     assert "run 3 of 4: after again" in err and "run 4 of 4: before again" in err
