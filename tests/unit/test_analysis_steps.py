@@ -143,6 +143,54 @@ def test_validation_loop_is_excluded_from_the_training_step():
     assert roles == {0: "train", 1: "eval"}
 
 
+def _zipped(first_wait: int, second_wait: int, steps: int = 6) -> Session:
+    """``for images, noise in zip(loader0, loader1)``: each 100 ms step takes loader 0's batch, then loader 1's
+    (zip asks them in that order), then computes and steps the optimizer."""
+    nexts, opts = [], []
+    for k in range(steps):
+        t = 100 * k
+        nexts += [nxt(t, t + first_wait), nxt(t + first_wait, t + first_wait + second_wait, loader=1)]
+        opts.append(opt(t + 90, t + 100))
+    return make_session(nexts, opts, loaders=(0, 1))
+
+
+def test_a_loader_zipped_with_the_training_loader_is_paired_and_its_waits_are_the_steps():
+    """The costly loader asked first (60 ms) is the training loader, though the cheap one's batch (5 ms) is the last
+    before each optimizer step; both waits are the step's data wait, and nothing is left out as a validation loop."""
+    session = _zipped(60, 5)
+    stats = step_stats(session)
+    assert stats.loader_ids == (0,) and stats.paired_loader_ids == (1,)
+    assert [s.wait_ns for s in stats.steps] == [65 * MS] * 6
+    assert all(s.excluded_ns == 0 for s in stats.steps)
+    assert stats.data_wait_fraction == pytest.approx(0.65)
+    roles = {ld.loader_id: ld.role for ld in analyze(session).loaders}
+    assert roles == {0: "train", 1: "paired"}
+
+
+def test_of_zipped_loaders_the_one_the_steps_wait_on_longest_is_the_training_loader():
+    session = _zipped(5, 60)
+    stats = step_stats(session)
+    assert stats.loader_ids == (1,) and stats.paired_loader_ids == (0,)
+    assert [s.wait_ns for s in stats.steps] == [65 * MS] * 6
+
+
+def test_a_loader_that_feeds_few_of_the_steps_is_not_paired():
+    """Loader 1 delivers in 2 of the 6 steps the training loader feeds (a third, under ``PAIRED_SHARE``): a loop of
+    its own, left out of the steps it falls in."""
+    nexts, opts = [], []
+    for k in range(6):
+        t = 100 * k
+        nexts.append(nxt(t, t + 10))
+        if k in (2, 4):
+            nexts.append(nxt(t + 20, t + 50, loader=1))
+        opts.append(opt(t + 90, t + 100))
+    session = make_session(nexts, opts, loaders=(0, 1))
+    stats = step_stats(session)
+    assert stats.loader_ids == (0,) and stats.paired_loader_ids == ()
+    assert [s.excluded_ns for s in stats.steps] == [0, 0, 30 * MS, 0, 30 * MS, 0]
+    assert [s.wait_ns for s in stats.steps] == [10 * MS] * 6
+
+
 def test_a_pause_inside_a_validation_loop_or_a_copy_is_left_out_once():
     """300..450 is the validation loop, and the job stood still 320..420 inside it: 150 ms left out, not 250."""
     nexts = [nxt(0, 10), nxt(100, 110), nxt(200, 210),

@@ -53,6 +53,8 @@ class StepStats:
     sync_s: float = 0.0  # steady-state seconds waiting in collectives
     loader_ids: tuple[int, ...] = ()  # the training loader's ids: one per DataLoader built at its line
     stalled_s: float = 0.0  # in wall_s and wait_s: blocked in next() calls that never returned a batch
+    # loaders fed together with the training loader (zip): their waits are in wait_s
+    paired_loader_ids: tuple[int, ...] = ()
 
     @property
     def sync_fraction(self) -> float:
@@ -99,7 +101,7 @@ class LoaderSummary:
     """One loader of the script: the DataLoaders built at one line of it (``loader_ids``, one per epoch
     when the script builds a new one each epoch), with their batches, epochs and waits together."""
     loader_id: int
-    role: str  # "train" | "eval" | "other"
+    role: str  # "train" | "paired" (fed with it, zip) | "eval" | "other"
     site: str
     config: dict[str, Any]
     overrides: dict[str, Any]

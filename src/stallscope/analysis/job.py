@@ -45,7 +45,8 @@ def _loader_groups(session: Session, train_ids: tuple[int, ...]) -> list[list[Lo
     return list(groups.values())
 
 
-def _loader_summaries(session: Session, train_ids: tuple[int, ...]) -> list[LoaderSummary]:
+def _loader_summaries(session: Session, train_ids: tuple[int, ...],
+                      paired_ids: tuple[int, ...] = ()) -> list[LoaderSummary]:
     # loader ids are numbered per process (a spawned worker that runs the script's module code again builds a loader
     # 0 of its own): each tally is by process and id
     waits: dict[tuple[int, int], float] = defaultdict(float)
@@ -64,8 +65,12 @@ def _loader_summaries(session: Session, train_ids: tuple[int, ...]) -> list[Load
         ids = tuple(g.loader_id for g in group)
         keys = [(ld.pid, i) for i in ids]  # a group's loaders were all built in one process
         used = sum(batches[k] for k in keys)
-        role = "train" if train_ids and ld.pid == session.main_pid and ids == tuple(train_ids) \
-            else ("eval" if used else "other")
+        if train_ids and ld.pid == session.main_pid and ids == tuple(train_ids):
+            role = "train"
+        elif ld.pid == session.main_pid and ld.loader_id in paired_ids:
+            role = "paired"  # fed with the training loader, one batch of each per step (zip)
+        else:
+            role = "eval" if used else "other"
         summaries.append(LoaderSummary(
             loader_id=ld.loader_id, role=role, site=ld.site, config=ld.config, overrides=ld.overrides,
             batches=used, epochs=len(set().union(*(epochs[k] for k in keys))), wait_s=sum(waits[k] for k in keys),
@@ -136,7 +141,7 @@ def analyze(session: Session) -> Analysis:
 def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     """One training process (``session.main_pid``) and its workers, on ``cpus`` usable CPUs."""
     stats = step_stats(session)
-    loaders = _loader_summaries(session, stats.loader_ids)
+    loaders = _loader_summaries(session, stats.loader_ids, stats.paired_loader_ids)
     train = next((ld for ld in loaders if ld.role == "train"), None)
     verdict = verdict_for(stats)
     startup = _startup_in_steady(session, stats, train)

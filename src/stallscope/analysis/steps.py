@@ -5,6 +5,12 @@ optimizer step after at least one batch of the training loader (two optimizers o
 are one step; gradient accumulation over several batches is one step). Without an optimizer
 (evaluation, inference) every batch of the busiest loader is a step. Time spent inside other
 loaders' loops (a validation pass between training steps) is excluded from the step it falls in.
+
+A loader whose batches feed (nearly) every optimizer step beside the training loader's is fed with it, not a loop of
+its own: ``zip(images, captions)``, a GAN's real images and its noise. Its waits are the step's data wait, and of the
+loaders fed together the training loader is the one the step waited on longest (the one to fix); the others are
+"paired". Taking the last batch before each optimizer step alone named ``zip``'s second loader, a cheap one, and left
+the costly first loader's waits out of every step as if they were a validation loop's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from stallscope.session import NextRecord, Session
 #: Below this many steady steps a run's figures are said to rest on too few steps (a run killed early, a --steps of
 #: a few): one slow batch moves a 5-step median and rate by a fifth.
 FEW_STEADY_STEPS = 10
+#: A loader (its line's loaders together) that delivered batches in at least this share of the optimizer steps the
+#: training loader fed is fed with it; a validation loader delivers in one step per epoch or so.
+PAIRED_SHARE = 0.8
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -56,30 +65,69 @@ def epochs_of(session: Session, loader_ids: Sequence[int], pid: int | None = Non
 
 
 def train_loader_ids(session: Session, pid: int | None) -> tuple[tuple[int, ...], str]:
-    """The training loader(s) and how steps end. Its batches precede optimizer steps (without optimizer
-    steps: the busiest loader). Every loader built at its line whose batches also feed optimizer steps is
-    the same training loader in a later epoch; one built there that feeds none (an evaluation loader made
-    by the same helper) is not."""
+    """The training loader(s) and how steps end (``training_loaders`` without the loaders paired with them)."""
+    train, boundary, _paired = training_loaders(session, pid)
+    return train, boundary
+
+
+def training_loaders(session: Session, pid: int | None) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
+    """The training loader(s), how steps end, and the loaders paired with them. The training loader's batches
+    precede optimizer steps (without optimizer steps: the busiest loader). Every loader built at its line whose
+    batches also feed optimizer steps is the same training loader in a later epoch; one built there that feeds none
+    (an evaluation loader made by the same helper) is not. Loaders built at another line that fed ``PAIRED_SHARE``
+    of its optimizer steps are fed together with it (``zip``): of those, the one whose batches the steps waited on
+    longest is the training loader, and the others are paired."""
     nexts = [n for n in session.nexts if n.pid == pid]
     if not nexts:
-        return (), "none"
+        return (), "none", ()
     opts = [o for o in session.optimizer_steps if o.pid == pid]
     if opts:
         votes: Counter[int] = Counter()
+        fed: Counter[int] = Counter()  # optimizer steps each loader delivered a batch for
         i = 0
         last: NextRecord | None = None
         for opt in opts:
+            delivered: set[int] = set()
             while i < len(nexts) and nexts[i].end_ns <= opt.start_ns:
                 last = nexts[i]
+                delivered.add(last.loader_id)
                 i += 1
             if last is not None:
                 votes[last.loader_id] += 1
+            fed.update(delivered)
         if votes:
             winner = votes.most_common(1)[0][0]
-            return tuple(sorted(i for i in same_site(session, winner) if votes[i] > 0 or i == winner)), "optimizer"
+            train = tuple(sorted(i for i in same_site(session, winner) if votes[i] > 0 or i == winner))
+            groups = _paired_groups(session, train, fed)
+            if groups:
+                waited: Counter[int] = Counter()
+                for n in nexts:
+                    waited[n.loader_id] += n.end_ns - n.start_ns
+                groups.append(train)
+                train = max(groups, key=lambda g: (sum(waited[i] for i in g), g == groups[-1]))
+                paired = tuple(sorted(i for g in groups if g != train for i in g))
+                return train, "optimizer", paired
+            return train, "optimizer", ()
     busiest = Counter(n.loader_id for n in nexts).most_common(1)[0][0]
     used = {n.loader_id for n in nexts}
-    return tuple(sorted(i for i in same_site(session, busiest) if i in used)), "batch"
+    return tuple(sorted(i for i in same_site(session, busiest) if i in used)), "batch", ()
+
+
+def _paired_groups(session: Session, train: tuple[int, ...], fed: Counter[int]) -> list[tuple[int, ...]]:
+    """The other lines' loaders (each line's together) that delivered batches in ``PAIRED_SHARE`` of the optimizer
+    steps the training loader ``train`` did."""
+    steps_fed = sum(fed[i] for i in train)
+    groups: list[tuple[int, ...]] = []
+    seen = set(train)
+    for loader_id in sorted(fed):
+        if loader_id in seen:
+            continue
+        # not the training loader's own ids: an evaluation loader built by the same helper shares its line
+        group = tuple(sorted(i for i in same_site(session, loader_id) if fed[i] > 0 and i not in train))
+        seen.update(group)
+        if steps_fed > 0 and sum(fed[i] for i in group) >= PAIRED_SHARE * steps_fed:
+            groups.append(group)
+    return groups
 
 
 def _other_loader_spans(session: Session, pid: int | None, train_ids: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -139,7 +187,7 @@ def _warm_up(steps: list[Step], warmup: int, first_round: int) -> int:
 
 def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> StepStats:
     pid = session.main_pid if pid is None else pid
-    train_ids, boundary = train_loader_ids(session, pid)
+    train_ids, boundary, paired_ids = training_loaders(session, pid)
     if not train_ids:
         return StepStats(None, "none", [], 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
     nexts = [n for n in session.nexts if n.pid == pid and n.loader_id in train_ids]
@@ -152,7 +200,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
                                  + [(sd.start_ns, sd.end_ns) for sd in session.shutdowns
                                     if sd.pid == pid and sd.loader_id in train_ids])
     transfers = [t for t in session.transfers if t.pid == pid]
-    others = _other_loader_spans(session, pid, train_ids)
+    others = _other_loader_spans(session, pid, train_ids + paired_ids)
     # Ctrl-Z: the job stood still; like another loader's loop, not the step's time (nor its wait's, its copies')
     paused = merge_intervals([(int(p["start_ns"]), int(p["end_ns"])) for p in session.pauses])
     left_out = merge_intervals([*others, *paused])  # a stop inside a validation loop is left out once
@@ -160,7 +208,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
 
     bounds: list[tuple[int, int]] = []
     if boundary == "optimizer":
-        start = min([nexts[0].start_ns] + [it.start_ns for it in iters if it.start_ns <= nexts[0].start_ns])
+        first = min(n.start_ns for n in session.nexts if n.pid == pid and n.loader_id in {*train_ids, *paired_ids})
+        start = min([first] + [it.start_ns for it in iters if it.start_ns <= first])
         i = 0
         seen_batch = False
         for opt in (o for o in session.optimizer_steps if o.pid == pid):
@@ -185,12 +234,15 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
 
     # each step finds what lies in it by bisection: scanning the whole run for each step was quadratic
     batches = SpanIndex((n.start_ns, n.end_ns, n) for n in nexts)
+    paired_set = set(paired_ids)
+    paired = SpanIndex((n.start_ns, n.end_ns, n) for n in session.nexts if n.pid == pid and n.loader_id in paired_set)
     restarts, copies = index_of(boundaries), SpanIndex((t.start_ns, t.end_ns, t) for t in transfers)
     outside, rank_waits = index_of(left_out), index_of(waits_for_ranks)
     steps: list[Step] = []
     for index, (s0, s1) in enumerate(bounds):
         inside = batches.within(s0, s1)
         wait = sum(_unpaused(paused, n.start_ns, n.end_ns, n.start_ns, n.end_ns) for n in inside)
+        wait += sum(_unpaused(paused, b0, b1, s0, s1) for b0, b1, _ in paired.overlapping(s0, s1))
         wait += sum(_unpaused(paused, b0, b1, s0, s1) for b0, b1, _ in restarts.overlapping(s0, s1))
         transfer = sum(_unpaused(paused, t0, t1, s0, s1) for t0, t1, _ in copies.overlapping(s0, s1))
         excluded = outside.overlap_ns(s0, s1)
@@ -228,4 +280,5 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         first_step_s=steps[0].duration_ns / 1e9 if steps else None,
         sync_s=sum(s.sync_ns for s in steady) / 1e9,
         stalled_s=stalled,
+        paired_loader_ids=paired_ids,
     )
