@@ -150,3 +150,14 @@ def test_loaders_fed_together_with_zip_are_diagnosed_by_the_one_the_steps_wait_o
     assert summary["verdict"] == "input-bound" and summary["data_wait_fraction"] > 0.5
     assert summary["steady_steps"] >= 30  # 40 steps, all of them steps (none left out)
     assert summary["recommendations"][0]["overrides"].get("num_workers", 0) >= 1
+
+
+def test_a_dataset_that_batches_itself_under_batch_size_none_is_costed_per_sample(tmp_path):
+    """One fetched item is a batch of 8 samples (WebDataset's ``.batched()``): its 8 sleeps of 2 ms are 2 ms per
+    sample, not 16, and the model reproduces the run it was built from (it read an eighth of it: 17 samples/s for a
+    measured 137 on a WebDataset pipeline)."""
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPTS / "self_batching.py")])
+    assert result.returncode == 0, result.stderr[-2000:]
+    capacity = result.summary["capacity"]
+    assert 1.9 <= capacity["cost_ms_per_sample"]["storage"] < 8.0, capacity
+    assert 0.8 < capacity["predicted_samples_per_s"] / capacity["measured_samples_per_s"] < 1.25, capacity

@@ -242,6 +242,34 @@ def test_starved_main_process_fetch_is_split_exactly():
     assert top.id == "num-workers" and top.predicted_speedup > 1.5
 
 
+def test_a_loader_without_batching_whose_dataset_batches_counts_the_batches_samples():
+    """``batch_size=None`` over a dataset that yields ready batches of 4 (WebDataset's ``.batched(4)``): each fetch is
+    one item, a batch of 4 samples as the steps count them, so the loader's cost per sample is the fetch's over 4
+    (it read 4 times that, and the model's rate a quarter of the measured one)."""
+    nexts = [nxt(100 * k, 100 * k + 60) for k in range(5)]
+    opts = [opt(100 * k + 95, 100 * k + 100) for k in range(5)]
+    fetches = [FetchRecord(0, 0, -1, k, (100 * k + 5) * MS, (100 * k + 55) * MS, 50 * MS, 0, 1,
+                           {"decode": [30 * MS, 30 * MS, 4]}, {"Image.convert": [30 * MS, 30 * MS, 4]}, None, PID)
+               for k in range(5)]
+    session = make_session(nexts, opts, fetches=fetches)
+    unbatched = {"num_workers": 0, "batch_size": None, "batch_sampler": None}
+    session = dataclasses.replace(session, loaders=[dataclasses.replace(session.loaders[0], config=unbatched)])
+    result = analyze(session)
+    assert result.train_loader.pipeline.samples == 20  # 5 fetches of one 4-sample batch each
+    model = result.capacity.model
+    assert model.cost_s["decode"] == pytest.approx(0.030 / 4)
+    # the same run from a DataLoader that batches 4 items itself: the same model
+    batching = {"num_workers": 0, "batch_size": 4, "batch_sampler": "BatchSampler"}
+    batched = dataclasses.replace(session, loaders=[dataclasses.replace(session.loaders[0], config=batching)],
+                                  fetches=[dataclasses.replace(f, items=4) for f in fetches])
+    same = analyze(batched)
+    assert same.train_loader.pipeline.samples == 20
+    assert model.rate(workers=0) == pytest.approx(same.capacity.model.rate(workers=0))
+    assert model.rate(workers=2) == pytest.approx(same.capacity.model.rate(workers=2))
+    # a batching loader counts its fetched items, whatever the batches' first length
+    assert analyze(dataclasses.replace(batched, fetches=fetches)).train_loader.pipeline.samples == 5
+
+
 def _per_epoch_session(helper_eval: bool):
     """4 epochs, each a new training DataLoader (ids 0, 2, 4, 6) built at one line, 3 batches and optimizer
     steps each, then an evaluation loader (ids 1, 3, 5, 7) with 2 batches and no optimizer step. With

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from stallscope.analysis.findings import WorkerPipeline
-from stallscope.session import FetchRecord, Session
+from stallscope.session import FetchRecord, LoaderRecord, Session
 
 
 def split_fetch(fetch: FetchRecord, shares: dict[str, float] | None = None) -> dict[str, int]:
@@ -126,6 +126,21 @@ def foreign_records(session: Session, loader_ids: tuple[int, ...], owner: int | 
     return Foreign(others, frozenset(p.pid for p in session.processes if p.ppid in others and p.pid != owner))
 
 
+def _samples_fetched(session: Session, fetches: list[FetchRecord], ids: tuple[int, ...], owner: int | None,
+                     loader: LoaderRecord | None) -> int:
+    """The samples the fetches made, as the training steps count them. A DataLoader that batches fetches
+    ``batch_size`` items for each batch; one that does not (``batch_size=None``) fetches one item per batch, which is
+    a batch already where the dataset batches itself (WebDataset's ``.batched()``, a stream of ready batches): its
+    samples are the batches' own, as the steps counted them (the batch's first length). Counted as one item, the
+    loader's cost per sample read 8 times the steps' (a batch of 8), and the model's rates a tenth of those measured."""
+    items = sum(f.items for f in fetches)
+    if loader is None or loader.config.get("batch_size") is not None or loader.config.get("batch_sampler"):
+        return items
+    delivered = [n.batch_size for n in session.nexts
+                 if n.loader_id in ids and n.batch_size and (owner is None or n.pid == owner)]
+    return round(len(fetches) * statistics.mean(delivered)) if delivered else items
+
+
 def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: int | None = None
                     ) -> WorkerPipeline | None:
     """The workers' side of a loader: one DataLoader, or the several a script built at one line (a new one
@@ -187,7 +202,7 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
         busy_s=busy / 1e9,
         node_s={k: v / 1e9 for k, v in sorted(node_ns.items())},
         node_cpu_s={k: v / 1e9 for k, v in sorted(node_cpu_ns.items())},
-        samples=sum(f.items for f in fetches),
+        samples=_samples_fetched(session, fetches, ids, owner, loader),
         direct_s=direct / 1e9,
         cpu_s=cpu / 1e9,
         blocked_s=blocked / 1e9,
