@@ -237,8 +237,8 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
                         "(the step time on its CPU)")
     if target.step_s is not None:
         compute = target.step_s / samples_per_step
-        notes.append(f"compute: {1000 * target.step_s:.1f} ms per step of {samples_per_step:g} samples (given), "
-                     f"{_ms(compute)} per sample")
+        notes.append(f"compute: {1000 * target.step_s:.1f} ms per step (given) of {samples_per_step:.4g} samples (the "
+                     f"recorded steps' mean), {_ms(compute)} per sample")
     elif target.samples_per_s is not None:
         compute = target.processes / target.samples_per_s
         notes.append(f"compute: {target.samples_per_s:g} samples/s for the whole job (given), "
