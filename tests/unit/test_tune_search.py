@@ -430,3 +430,42 @@ def test_a_blind_probe_still_takes_the_pick_from_the_original_by_the_practical_m
     """No diagnosis: 1 worker 85 +- 5 against the original's 80 is within the noise, but 6% faster: it is the pick."""
     job = FakeJob(lambda c: {0: 80.0, 1: 85.0}.get(c["num_workers"], 70.0), se=5.0)
     assert Tuner(job, Budget(trials=20)).run().best.config["num_workers"] == 1
+
+
+def split_model(config: dict[str, Any]) -> float:
+    """A CPU compute on 2 threads beside which a worker holds the threads back: one worker more (84) or one thread
+    fewer (80) loses, both together win (133), as a small CNN on 2 cores measured."""
+    rates = {(2, 0): 100.0, (2, 1): 84.0, (1, 0): 80.0, (1, 1): 133.0, (1, 2): 125.0}
+    return rates.get((config["torch_threads"], config["num_workers"]), 90.0)
+
+
+def test_a_threaded_cpu_compute_tries_fewer_threads_and_more_workers_together() -> None:
+    job = FakeJob(split_model)
+    outcome = Tuner(job, Budget(trials=20)).run({"torch_threads": 2})
+    splits = [(c["torch_threads"], c["num_workers"]) for label, c in job.seen if label == "split"]
+    assert splits == [(1, 1)]  # first, before the worker climb: one thread fewer, one worker more
+    assert [label for label, _ in job.seen][:2] == ["original", "split"]
+    assert (outcome.best.config["torch_threads"], outcome.best.config["num_workers"]) == (1, 1)
+    # the worker climb then starts from the split: 2 workers with 1 thread lost, 3 did too
+    assert [c["num_workers"] for label, c in job.seen if label == "num_workers"][:2] == [2, 3]
+
+
+class DeviceJob(FakeJob):
+    def __call__(self, config: dict[str, Any], label: str) -> TrialResult:
+        return replace(super().__call__(config, label), uses_device=True)
+
+
+def test_no_split_where_the_compute_has_one_thread_or_batches_go_to_a_device() -> None:
+    for job, original in ((FakeJob(split_model), {"torch_threads": 1}), (DeviceJob(split_model), {"torch_threads": 2})):
+        Tuner(job, Budget(trials=20)).run(original)
+        assert not [c for label, c in job.seen if label == "split"]
+
+
+def test_the_split_goes_down_the_thread_counts_while_each_pays() -> None:
+    from stallscope.tuning.search import _fewer_threads
+
+    assert _fewer_threads(8) == [7, 4, 2, 1] and _fewer_threads(2) == [1] and _fewer_threads(3) == [2, 1]
+    job = FakeJob(lambda c: {8: 100.0, 7: 120.0, 4: 150.0, 2: 140.0}.get(c["torch_threads"], 90.0))
+    Tuner(job, Budget(trials=30)).run({"torch_threads": 8})
+    splits = [(c["torch_threads"], c["num_workers"]) for label, c in job.seen if label == "split"]
+    assert splits == [(7, 1), (4, 4), (2, 6)]  # 2 threads lost to 4: no further down
