@@ -132,7 +132,8 @@ def _samples_fetched(session: Session, fetches: list[FetchRecord], ids: tuple[in
     ``batch_size`` items for each batch; one that does not (``batch_size=None``) fetches one item per batch, which is
     a batch already where the dataset batches itself (WebDataset's ``.batched()``, a stream of ready batches): its
     samples are the batches' own, as the steps counted them (the batch's first length). Counted as one item, the
-    loader's cost per sample read 8 times the steps' (a batch of 8), and the model's rates a tenth of those measured."""
+    loader's cost per sample read 8 times the steps' (a batch of 8), and the model's rates an eighth of those
+    measured."""
     items = sum(f.items for f in fetches)
     if loader is None or loader.config.get("batch_size") is not None or loader.config.get("batch_sampler"):
         return items

@@ -64,12 +64,6 @@ def epochs_of(session: Session, loader_ids: Sequence[int], pid: int | None = Non
     return epochs
 
 
-def train_loader_ids(session: Session, pid: int | None) -> tuple[tuple[int, ...], str]:
-    """The training loader(s) and how steps end (``training_loaders`` without the loaders paired with them)."""
-    train, boundary, _paired = training_loaders(session, pid)
-    return train, boundary
-
-
 def training_loaders(session: Session, pid: int | None) -> tuple[tuple[int, ...], str, tuple[int, ...]]:
     """The training loader(s), how steps end, and the loaders paired with them. The training loader's batches
     precede optimizer steps (without optimizer steps: the busiest loader). Every loader built at its line whose

@@ -351,10 +351,10 @@ class Tuner:
     def _axes(self) -> list[str]:
         axes = ["num_workers", "persistent_workers", "prefetch_factor"]
         threads = self.best.config.get("torch_threads") if self.best is not None else None
-        if isinstance(threads, int) and threads > 1 and not any(t.uses_device for t in self.trials):
-            axes.insert(0, "split")
         if any(t.uses_device for t in self.trials):
             axes.append("pin_memory")
+        elif isinstance(threads, int) and threads > 1:  # a compute on the CPU, on several threads
+            axes.insert(0, "split")
         if self.tune_batch_size:
             axes.append("batch_size")
         return axes
