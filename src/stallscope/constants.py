@@ -19,3 +19,10 @@ DEFAULT_STORE_DIRNAME = ".stallscope"
 #: The launcher's note when the run's folder disappeared while the job ran (a cleanup script, ``rm -rf``): it
 #: begins every such note, so the analysis tells "events lost" from "the recorder never started".
 EVENTS_LOST_NOTE = "the run's folder was removed while the job ran"
+#: Words in each launcher note that says a signal reached the script ("stopped by SIGINT sent to stallscope",
+#: "SIGINT was forwarded to the script, ..."): a job with no recorded process, such a note and a run shorter than
+#: ``STARTING_S`` was stopped while Python started, before the recorder could, which is not the recorder failing.
+SIGNAL_NOTE_WORDS = ("sent to stallscope", "forwarded to the script")
+#: Seconds within which a Python job may still be starting (the interpreter, site, stallscope's recorder: well
+#: under a second on the development VM, more on a slow network file system).
+STARTING_S = 10.0

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,20 +144,31 @@ def _quick_checks() -> list[dict[str, Any]]:
 
 #: Signals that end the job: forwarded to the script's process group like a terminal would deliver them.
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+#: The same ending signal again within this many seconds is one signal delivered twice, not a second Ctrl-C:
+#: ``timeout -s INT`` (and ``kill -INT -- -PGID`` from a job's script) sends it to stallscope and then to the group
+#: stallscope is in, microseconds apart or a few scheduler slices where the cores are busy. Escalated, it cut short
+#: the script's own Ctrl-C handling (a checkpoint being saved) with SIGTERM. A person who reads that the first was
+#: ignored and presses Ctrl-C again takes longer than this (a reaction alone takes about 0.2 s).
+REPEAT_WINDOW_S = 0.1
 _PR_SET_PDEATHSIG = 1
 
 
 class _SignalForwarder:
     """Forward ending signals to the child's process group (escalating to SIGTERM, then SIGKILL, on
-    repeats), and stop and continue it with the launcher.
+    repeats, but not on the same signal delivered twice within ``REPEAT_WINDOW_S``), and stop and continue it
+    with the launcher. The launcher's other threads block these signals (``background.start_thread``), so the
+    main thread, waiting for the child, takes them at once.
 
     The child runs in its own session, so a terminal's Ctrl-Z reaches only the launcher; and SIGTSTP
     sent to that orphaned group would be discarded by the kernel, so the child is stopped with SIGSTOP.
     """
 
-    def __init__(self, child: subprocess.Popen[bytes]) -> None:
+    def __init__(self, child: subprocess.Popen[bytes], clock: Callable[[], float] = time.monotonic) -> None:
         self.child = child
+        self.clock = clock
         self.received: list[int] = []
+        self.last_received_at = -float("inf")
+        self.repeats = 0  # the same signal again within REPEAT_WINDOW_S: not forwarded again
         self.sent: int | None = None  # the last ending signal sent to the script's group
         self.stand_ins: set[int] = set()  # signals sent in place of one received (SIGTERM for a second Ctrl-C)
         self.paused_ns = 0
@@ -182,6 +194,11 @@ class _SignalForwarder:
             pass
 
     def _forward(self, signum: int, frame: Any) -> None:
+        now = self.clock()
+        if self.received and self.received[-1] == signum and now - self.last_received_at < REPEAT_WINDOW_S:
+            self.repeats += 1  # the one just forwarded, delivered twice
+            return
+        self.last_received_at = now
         self.received.append(signum)
         self.sent = self.escalation(len(self.received), signum)
         if self.sent != signum:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.analysis.steps import step_stats
+from stallscope.launcher import REPEAT_WINDOW_S
 from stallscope.session import Session
 from tests.conftest import SCRIPTS, process_alive, run_cli, wait_for
 
@@ -279,6 +280,7 @@ def _ctrl_c_ignored(tmp_path, batches: int, second: int | None = None) -> tuple[
             while "ignoring Ctrl-C" not in (line := proc.stdout.readline()):
                 pass
             said = line
+            time.sleep(3 * REPEAT_WINDOW_S)  # a person reads that it was ignored, then presses again
             proc.send_signal(second)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -432,3 +434,42 @@ def test_a_run_folder_removed_while_the_job_runs_is_said_as_lost_events(tmp_path
     assert "the run's folder was removed while the job ran" in result.stderr
     assert "the recorder started in no process" not in result.stderr
     assert "nothing was measured" in result.stderr
+
+
+def test_a_sigint_sent_twice_with_a_sigcont_as_timeout_sends_it_interrupts_the_script_once(tmp_path):
+    """``timeout -s INT`` sends SIGINT to stallscope, then to its process group, then SIGCONT to both, at once. The
+    script's Ctrl-C handler (saving a checkpoint) runs once and is not cut short by a SIGTERM for a "second" Ctrl-C;
+    and the SIGINT is forwarded at once, not when the script ends (the SIGCONT once took the SIGINT with it into the
+    launcher's sampler thread, which left the main thread waiting for the script)."""
+    script = tmp_path / "checkpointing.py"
+    script.write_text("import sys, time\nfrom torch.utils.data import DataLoader\n"
+                      "i = -1\n"
+                      "try:\n"
+                      "    for i, b in enumerate(DataLoader(list(range(100_000)), batch_size=2)):\n"
+                      "        time.sleep(0.01)\n"
+                      "        if i == 20: print('training', flush=True)\n"
+                      "except KeyboardInterrupt:\n"
+                      "    print(f'interrupted at batch {i}: saving', flush=True)\n"
+                      "    time.sleep(1.0)\n"
+                      "    print('saved', flush=True)\n"
+                      "    sys.exit(5)\n")
+    out = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
+                             str(tmp_path / "store"), "--", sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        while "training" not in proc.stdout.readline():
+            pass
+        for sig in (signal.SIGINT, signal.SIGINT, signal.SIGCONT, signal.SIGCONT):
+            os.kill(proc.pid, sig)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 5, stderr[-3000:]
+    [interrupted] = [line for line in stdout.splitlines() if line.startswith("interrupted at batch")]
+    assert int(interrupted.split()[3].rstrip(":")) < 20_000, "the Ctrl-C reached the script only at its end"
+    assert "saved" in stdout.splitlines()
+    summary = json.loads(out.read_text())
+    assert summary["exit_code"] == 5 and summary["ended_by"] == "exit"
+    assert "SIGINT was forwarded to the script, which went on and exited with code 5" in summary["notes"]

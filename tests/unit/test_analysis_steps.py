@@ -382,3 +382,21 @@ def test_a_module_the_scripts_python_lacks_and_stallscopes_has_is_said_with_the_
     assert words.missing_module_hint(nowhere, [other, "train.py"]) is None
     assert words.missing_module_hint(Failure("main", "RuntimeError", "No module named 'json'", None),
                                      [other, "train.py"]) is None
+
+
+@pytest.mark.parametrize("seconds,note,condition", [
+    (0.4, "SIGINT was forwarded to the script, which went on and exited with code 1", "stopped-while-starting"),
+    (0.4, "stopped by SIGTERM sent to stallscope", "stopped-while-starting"),
+    (60.0, "stopped by SIGINT sent to stallscope", "recorder-not-started"),  # it ran: the recorder did not start
+    (0.4, None, "recorder-not-started"),
+])
+def test_a_job_with_no_recorded_process_says_whether_a_signal_stopped_it_while_starting(seconds, note, condition):
+    """Ctrl-C while Python imports stallscope's recorder (sitecustomize) ends the script before any process is
+    recorded: that is not python -I ignoring the recorder."""
+    session = dataclasses.replace(make_session([], loaders=()), processes=[], end_ns=int(seconds * 1e9),
+                                  notes=[note] if note else [])
+    result = analyze(session)
+    assert result.conditions == [condition]
+    said = " ".join(words.notes(result))
+    assert ("while Python was starting" in said) == (condition == "stopped-while-starting")
+    assert ("python -I" in said) == (condition == "recorder-not-started")

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from stallscope.launcher import _ending, _exit_code, _SignalForwarder
+from stallscope.launcher import REPEAT_WINDOW_S, _ending, _exit_code, _SignalForwarder
 
 INT, TERM, KILL = signal.SIGINT, signal.SIGTERM, signal.SIGKILL
 
@@ -16,10 +16,28 @@ class _NoChild:
     pid = 2 ** 22 + 12345  # above any pid Linux gives; and nothing is sent anyway (below)
 
 
+class _Clock:
+    """Seconds that pass only when ``advance`` says (the forwarder reads it at each signal)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _forwarder(clock: _Clock, sent: list[int] | None = None) -> _SignalForwarder:
+    forwarder = _SignalForwarder(_NoChild(), clock=clock)  # type: ignore[arg-type]
+    # no process is signalled: what would have been sent is kept
+    forwarder._signal_group = (sent if sent is not None else []).append  # type: ignore[method-assign]
+    return forwarder
+
+
 def _ended(received: list[int], returncode: int) -> tuple[int, str, list[str]]:
-    forwarder = _SignalForwarder(_NoChild())  # type: ignore[arg-type]
-    forwarder._signal_group = lambda signum: None  # type: ignore[method-assign]  # no process is signalled
-    for signum in received:
+    clock = _Clock()
+    forwarder = _forwarder(clock)
+    for signum in received:  # a second apart: each one a signal of its own
+        clock.now += 1.0
         forwarder._forward(signum, None)
     return (_exit_code(forwarder, returncode), *_ending(forwarder, returncode))
 
@@ -43,3 +61,29 @@ def test_a_run_ended_by_signals_keeps_the_users_code_and_says_what_was_sent(rece
     exit_code, ended_by, notes = _ended(received, returncode)
     assert exit_code == code and notes == [note]
     assert ended_by == ("exit" if returncode == 0 else "interrupt")
+
+
+def test_the_same_signal_again_within_the_window_is_one_signal_delivered_twice():
+    """``timeout -s INT`` sends SIGINT to stallscope and then to its group: one Ctrl-C, forwarded once, no SIGTERM."""
+    clock, sent = _Clock(), []
+    forwarder = _forwarder(clock, sent)
+    forwarder._forward(INT, None)
+    clock.now += REPEAT_WINDOW_S - 0.01
+    forwarder._forward(INT, None)
+    assert sent == [INT] and forwarder.received == [INT] and forwarder.repeats == 1
+    assert _exit_code(forwarder, -INT) == 130
+    assert _ending(forwarder, -INT) == ("interrupt", ["stopped by SIGINT sent to stallscope"])
+
+
+def test_the_same_signal_after_the_window_escalates_and_a_different_one_within_it_counts():
+    clock, sent = _Clock(), []
+    forwarder = _forwarder(clock, sent)
+    forwarder._forward(INT, None)
+    clock.now += 0.01
+    forwarder._forward(INT, None)  # a repeat, not counted
+    clock.now += REPEAT_WINDOW_S  # 0.26 s after the first: a second Ctrl-C
+    forwarder._forward(INT, None)
+    assert sent == [INT, TERM] and forwarder.received == [INT, INT]
+    clock.now += 0.01
+    forwarder._forward(TERM, None)  # another signal, however soon: the user's own
+    assert sent == [INT, TERM, KILL] and forwarder.received == [INT, INT, TERM]

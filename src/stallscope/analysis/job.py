@@ -24,7 +24,7 @@ from stallscope.analysis.recommend import recommend
 from stallscope.analysis.steps import FEW_STEADY_STEPS, epochs_of, step_stats
 from stallscope.analysis.sync import merge_intervals, overlap_ns
 from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
-from stallscope.constants import EVENTS_LOST_NOTE
+from stallscope.constants import EVENTS_LOST_NOTE, SIGNAL_NOTE_WORDS, STARTING_S
 from stallscope.environment import recorded_physical_cores, recorded_usable_cpus
 from stallscope.session import LoaderRecord, Session
 
@@ -174,7 +174,9 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     conditions = []
     if not session.processes:
         lost = any(note.startswith(EVENTS_LOST_NOTE) for note in session.notes)
-        conditions.append("events-lost" if lost else "recorder-not-started")
+        signalled = (any(words in note for note in session.notes for words in SIGNAL_NOTE_WORDS)
+                     and session.end_ns - session.start_ns < STARTING_S * 1e9)
+        conditions.append("events-lost" if lost else "stopped-while-starting" if signalled else "recorder-not-started")
     elif not session.loaders:
         conditions.append("no-dataloader")
     elif not stats.steps:

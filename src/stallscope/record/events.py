@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stallscope.background import start_thread
 from stallscope.settings import ENV_RANK_PID
 
 #: Small on purpose: buffered records that outlive a young-generation collection make Python's
@@ -179,7 +180,7 @@ def start_background_flusher(period_s: float = FLUSH_EVERY_NS / 1e9) -> None:
             time.sleep(period_s)
             flush()
 
-    threading.Thread(target=loop, name="stallscope-flush", daemon=True).start()
+    start_thread(loop, "stallscope-flush")
     _background_flusher = True
 
 

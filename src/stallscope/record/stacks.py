@@ -55,6 +55,7 @@ import threading
 import time
 from typing import Any
 
+from stallscope.background import start_thread
 from stallscope.record import events
 from stallscope.settings import ENV_STACK_SAMPLE_HZ
 
@@ -312,8 +313,7 @@ def _start_thread() -> None:
     try:
         _thread_running = True
         _generation += 1
-        threading.Thread(target=_loop, args=(_generation, _interval_ns / 1e9, _current_frames),
-                         name="stallscope-stacks", daemon=True).start()
+        start_thread(_loop, "stallscope-stacks", (_generation, _interval_ns / 1e9, _current_frames))
     except Exception as exc:  # noqa: BLE001 - never into the script: the fetch goes on unsampled
         _thread_running = False
         _mode = _OFF

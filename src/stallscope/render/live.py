@@ -37,6 +37,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from stallscope.background import start_thread
 from stallscope.sample.progress import Progress
 
 UPDATE_EVERY_S = 0.5
@@ -122,13 +123,13 @@ class LiveView:
         self._plain = False  # copy only, no status line: the run ended, or the view failed
         self._child_done = threading.Event()
         self._drained = threading.Event()  # ...and copied what the script wrote (quiet for a moment, or EOF)
-        self._thread = threading.Thread(target=self._run, name="stallscope-live", daemon=True)
+        self._thread: threading.Thread | None = None
         self._previous_winch: Any = None
 
     def start(self) -> None:
         """The child has its end of the pseudo-terminal: ours must close, or its end-of-file never comes."""
         os.close(self.child_fd)
-        self._thread.start()
+        self._thread = start_thread(self._run, "stallscope-live")
         with contextlib.suppress(ValueError, OSError):  # not the main thread: the size stays as it was
             self._previous_winch = signal.signal(signal.SIGWINCH, self._resized)
 
@@ -136,7 +137,7 @@ class LiveView:
         """After the script ended: wait until the status line is gone and its output has been copied
         (at most ``DRAIN_AT_MOST_S``; after that the thread goes on copying on its own)."""
         self._child_done.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._drained.wait(timeout=DRAIN_AT_MOST_S)
         if self._previous_winch is not None:
             with contextlib.suppress(ValueError, OSError):

@@ -440,6 +440,8 @@ CONDITIONS = {
     "recorder-not-started": "the recorder started in no process of the command: it starts through the "
                             "sitecustomize that stallscope puts on PYTHONPATH, which python -I, -E and -S ignore, "
                             "as do Pythons older than 3.10 and those of another version without stallscope installed",
+    "stopped-while-starting": "nothing was measured: the signal (see the note) reached the script while Python was "
+                              "starting, before the recorder started in it",
     "events-lost": "nothing was measured: the run's folder, and the events recorded in it, were removed while "
                    "the job ran (see the note)",
     "no-dataloader": "no torch DataLoader was created: stallscope measures DataLoader-fed training",

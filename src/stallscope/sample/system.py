@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from stallscope.background import start_thread
 from stallscope.sample.gpu import GpuProbe
 from stallscope.system_samples import TREE_REFRESH_S
 
@@ -59,8 +60,7 @@ class SystemSampler:
         self._training: dict[int, bool] = {}  # pid -> a training process (no USS reads), decided once
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="stallscope-sampler", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._loop, "stallscope-sampler")
 
     def stop(self) -> dict[str, Any]:
         self._stop.set()
