@@ -257,6 +257,15 @@ def test_ctrl_z_stops_the_job_and_fg_continues_it(tmp_path):
     assert max(s.duration_ns for s in step_stats(session).steps) < 0.5e9, "a step kept the pause"
 
 
+def _start_training(tmp_path, script) -> tuple[subprocess.Popen, Path]:
+    """``stallscope run --json`` on ``script``, its output piped: (the process, where its summary will be)."""
+    out = tmp_path / "s.json"
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
+                             str(tmp_path / "store"), "--", sys.executable, str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    return proc, out
+
+
 def _ctrl_c_ignored(tmp_path, batches: int, second: int | None = None) -> tuple[int, str, str, dict]:
     """A script that ignores Ctrl-C over ``batches`` batches: stallscope gets SIGINT once it trains, then ``second``
     (if any) once the script has said it ignored the first. (exit code, stdout after 'training', stderr, summary)."""
@@ -267,10 +276,7 @@ def _ctrl_c_ignored(tmp_path, batches: int, second: int | None = None) -> tuple[
                       "    time.sleep(0.01)\n"
                       "    if i == 20: print('training', flush=True)\n"
                       "print('done', flush=True)\n")
-    out = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
-                             str(tmp_path / "store"), "--", sys.executable, str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc, out = _start_training(tmp_path, script)
     said = ""
     try:
         while "training" not in proc.stdout.readline():
@@ -453,10 +459,7 @@ def test_a_sigint_sent_twice_with_a_sigcont_as_timeout_sends_it_interrupts_the_s
                       "    time.sleep(1.0)\n"
                       "    print('saved', flush=True)\n"
                       "    sys.exit(5)\n")
-    out = tmp_path / "s.json"
-    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store",
-                             str(tmp_path / "store"), "--", sys.executable, str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    proc, out = _start_training(tmp_path, script)
     try:
         while "training" not in proc.stdout.readline():
             pass
