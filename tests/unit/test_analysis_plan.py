@@ -346,3 +346,25 @@ def test_the_assumptions_say_how_a_zero_worker_runs_shared_memory_cost_was_estim
     # recorded computing on the CPU, planned for a GPU: the copy to the device reads the batch once
     moved = project(recorded(**estimated), Target(cores=2, gpus=1), samples_per_step=16)
     assert any("0.150 ms in the training process; per-byte cost measured at exit" in n for n in moved.assumptions)
+
+
+def test_threads_that_outnumber_the_targets_cores_are_cut_beside_workers():
+    """2 threads recorded on 2 cores, planned on 1: beside any worker the plan keeps 1 thread (its occupancy there
+    is already the one core, so comparing with it cut nothing), with 0 workers the script's 2; on 2 cores with 1
+    worker of 2 ms per sample the cores are shared and the threads cut to 1 as before."""
+    from stallscope.analysis.plan import split_threads
+
+    model = recorded(usable_cpus=2.0, main_occupancy=2.0, compute_threads=2, compute_per_sample_s=0.001,
+                     main_cpu_per_sample_s=0.006)
+    moved, _ = target_model(model, Target(cores=1), samples_per_step=16)
+    assert moved.main_occupancy == pytest.approx(1.0) and moved.compute_threads == 2
+    assert [split_threads(moved, w) for w in range(4)] == [None, 1, 1, 1]
+    plan = project(model, Target(cores=1), samples_per_step=16)
+    assert [r.compute_threads for r in plan.rows[:4]] == [None, 1, 1, 1]
+    # the rate is the one-core budget either way: the compute's 2 ms of work (no spin on one core) and the
+    # workers' 4 ms of transform; 1 thread changes what is run, not the work priced
+    assert plan.row(1).samples_per_s == pytest.approx(moved.at_load(1).rate(workers=1))
+    same, _ = target_model(model, Target(cores=2), samples_per_step=16)
+    assert split_threads(same, 1) == 1 and split_threads(same, 0) is None
+    single = recorded(usable_cpus=2.0, main_occupancy=1.0, compute_threads=1)
+    assert split_threads(target_model(single, Target(cores=1), samples_per_step=16)[0], 2) is None

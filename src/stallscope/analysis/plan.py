@@ -168,20 +168,24 @@ def split_threads(model: ThroughputModel, workers: int, scale: dict[str, float] 
     workers would want more cores than there are: as many as the cores the workers leave, at least one. A compute
     whose threads lose their cores to workers waits at every parallel region for the one that lost it; on the
     2-core development machine such a compute ran 3-6x slower per sample than on one thread alone, far past the
-    model's one-core bound, so a row with workers is planned with the threads cut (``--set torch_threads``). None
-    where nothing needs cutting: a compute on the GPU, one thread, threads not recorded, cores enough for all."""
+    model's one-core bound, so a row with workers is planned with the threads cut (``--set torch_threads``). That
+    holds too where the target has fewer cores than the recorded threads (its occupancy there is its cores): 2
+    threads recorded on 2 cores and run on 1 beside 1-3 workers measured 0.2-0.6 ms more of the training process's
+    CPU per sample than 1 thread did in the same rounds (2026-12-04, 1.8-2.4 ms against 1.4-1.9). None where nothing
+    needs cutting: a compute on the GPU, one thread, threads not recorded, cores enough for all."""
     if workers <= 0 or not model.compute_on_cpu or not model.compute_threads:
         return None
     if not model.compute_priced:  # the step time was given for the target: no thread count changes it
         return None
-    if model.main_occupancy <= THREADED_OCCUPANCY:
+    outnumbered = model.compute_threads > model.usable_cpus + 0.5  # they take turns on the cores even alone
+    if model.main_occupancy <= THREADED_OCCUPANCY and not outnumbered:
         return None
     cpu, blocked = model.costs(scale, workers)
     wanted = workers * (cpu / (cpu + blocked) if cpu + blocked > 0 else 0.0)  # the cores the workers keep busy
     if model.core_capacity(model.main_occupancy + wanted) >= model.main_occupancy + wanted:
         return None  # a core each
     threads = max(1, math.floor(model.usable_cpus - wanted + 1e-9))
-    return threads if threads < model.main_occupancy else None
+    return threads if threads < (model.compute_threads if outnumbered else model.main_occupancy) else None
 
 
 def _rows(model: ThroughputModel, processes: int, ceiling: int,
