@@ -27,6 +27,18 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-04 (session 27), down only, starved and the 2-thread compute (the rows that failed it before).
+At 2363721, ``--rounds 1 --out /tmp/s27/tr``: starved +2/+9/+10% (1/2/3 workers on one core), the 2-thread compute
++18/+33/+37%: the plan kept the script's 2 intra-op threads on one core beside the workers (``split_threads`` compared
+the threads it would keep with the compute's occupancy on the target, already clamped to its one core, so it never
+cut them). The same configurations run by hand on one core, 2 threads against 1 in two rounds: the training process
+1.8-2.4 ms of CPU per sample with 2, 1.4-1.9 with 1; the workers' CPU per sample 2.9-4.8 ms for the same 2.8 ms of
+recorded work in either (one round's rates 142-220 samples/s for the same configuration: this VM's lone vCPU drifts).
+At e92f2ce (threads cut where they outnumber the target's cores), ``--rounds 2 --out /tmp/s27/tr2``: starved +9/+16/+9%,
+the 2-thread compute (now run with 1 thread, as planned) +10/+25/+10%: **down median 10%, worst 25%, not met**. Every
+down row is over-predicted: one core does less per CPU second than the recording's two (starved's 0-worker recordings
+cost more per sample on one core, session 25) and nothing in the model prices it; the baseline again moved -16..+5%.
+
 Measured 2026-12-03 (session 25, at d9b5b07: a worker's CPU second dearer while the training computes on another core
 beside it, ``COMPUTE_NEIGHBOUR_COST``), ``--rounds 2 --out /tmp/s25/tr``: **1 -> 2 cores median 7%, worst 18%, all
 18 within 20%: met**; 2 -> 1 cores median 6%, worst 30%: the 2-thread compute's 3 workers on one core 0.62x planned,
