@@ -1,3 +1,3 @@
-from stallscope.cli.main import main
+from stallscope.cli.entry import main
 
 raise SystemExit(main())

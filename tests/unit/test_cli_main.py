@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -149,3 +152,22 @@ def test_a_closed_standard_error_is_not_wrapped(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr("sys.stderr", None)
     assert main.main(["history", "--store", str(tmp_path / "nothing")]) == 2
     assert "no run history" in capsys.readouterr().out
+
+
+def test_ctrl_c_while_the_entry_imports_the_cli_is_interrupted_not_a_traceback():
+    # a real SIGINT, sent by the interpreter to itself when the console script's entry asks for ``cli.main``:
+    # the KeyboardInterrupt comes from inside the import, before ``cli.main`` could catch anything
+    planted = textwrap.dedent("""
+        import os, signal, sys
+        class SendCtrlC:
+            def find_spec(self, name, path=None, target=None):
+                if name == "stallscope.cli.main":
+                    os.kill(os.getpid(), signal.SIGINT)
+                return None
+        sys.meta_path.insert(0, SendCtrlC())
+        from stallscope.cli.entry import main
+        sys.exit(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", planted, "run", "--", "python", "x.py"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert (done.returncode, done.stderr.strip()) == (130, "stallscope: interrupted")
