@@ -27,6 +27,42 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-04 (session 28, later: a compute recorded with more intra-op threads than CPUs is planned from its
+one-thread time, ``OVERSUBSCRIBED_THREAD_COST``). The up direction at d8b8444, ``--directions up --rounds 2 --out
+/tmp/s28/trup``, 10 min: **1 -> 2 cores median 4%, worst 21%**: every row within 10% but the 2-thread compute's
+(-6/-21/-11%: 2 threads recorded on one CPU, cut to 1 beside 1-3 workers on two, planned 1.19x/1.34x/1.30x, measured
+1.26x/1.71x/1.47x). Its recorded compute held the threads' waits for the one CPU: by hand, 40 steps, 0 workers, the
+reference training's compute per sample on one CPU was 0.74-0.81 ms on 1 thread, 1.19-1.23 on 2, 1.80-1.91 on 3, 2.49 on
+4; on two CPUs 0.76 on 1, 0.48 on 2, 1.04 on 3, 1.66 on 4; the plan had taken the 2-thread time for the one-thread one.
+Rescored with the change: **up median 3%, worst 10%** (the 2-thread rows -2/-10/+1%, the other 15 unchanged); the down
+runs above unchanged (none recorded so). Run live after it, ``--only 2-thread --rounds 2 --out /tmp/s28/tr2t``: up
+-5/+0/+1% (the model before it, rescored on the same runs: -8/-12/-11%), down +6/+8/+7%.
+
+Measured 2026-12-04 (session 28, at d8b8444, the model unchanged since e92f2ce), down only, all six scenarios,
+``--directions down --rounds 2 --out /tmp/s28/tr``, 10 min: **2 -> 1 cores median 8%, worst 22%, three rows outside 20%:
+not met.** Starved +20/+12/+4% (1/2/3 workers), the 2-thread compute +14/+8/+10%, tokenize -9/-20/-22%, large JPEGs
+-5/-11/-4%, slow storage +1/+0/+8%, heavy model -0/-6/-0%. The misses go both ways, and each run's own figures say why:
+the 500x400 JPEG pipeline's workers on one core cost 9-28% more CPU per sample than planned (its transform +30% over the
+in-process recording), while the tokenizing worker cost 11-27% less than in its 2-core recording (2.5-2.9 ms against
+2.9-3.25 ms, its training process waiting 2.8-3.3 ms per sample there for the worker's hand-over, 0.2-0.9 ms on one
+core), and large JPEGs' matched the plan (-14..+1%). Tried offline (``--rescore``) and not kept: the compute-neighbour
+cost on a single core too (the training step evicting the workers' caches between their slices): starved +15/+8/-0%,
+2-thread +12/+5/+7%, tokenize -10/-21/-23%, large JPEGs -7/-13/-6%: median 7%, worst 23%. One load term cannot move both
+signs; the baseline again moved -15..+31% between runs (starved's two 2-core recordings 255 and 336 samples/s), the
+probe read 1.56-2.16. Run again with ``--rounds 4 --out /tmp/s28/tr4`` (21 min, same code): **down median 4%, worst
+25%**: starved +3/+9/+4%, the 2-thread compute +6/-1/+6%, slow storage +0/+4/+10%, large JPEGs -3/-4/-2%, heavy model
+-4/-3/-3%, all within 10%; tokenize -12/**-25/-22%** the two rows outside 20% (0.87x and 0.88x planned for 2 and 3
+workers on one core, rounds 1.11-1.23x). So starved's over-prediction was mostly the machine's noise (the baseline moved
+-26..+23%; the probe read 1.37-2.23), and tokenize's is the model's: the same scenario by hand on a quiet machine right
+after, plain torch and under stallscope, ran at 386-438 samples/s with 1 worker on two cores and with 1 or 2 on one, the
+worker's CPU per sample 2.25-2.49 ms in all of them. The plan charges 2 and 3 workers on one core the 8% time-sharing
+cost (``TIME_SHARING_COST``): rescored with it at 0, tokenize 2 and 3 workers are 0.94x and 0.95x (-19%, -16%; starved's
+rows then +6/+16/+11%). A pure-Python tokenizer whose sample is 2 KB keeps its working set in the caches through the
+switches; a 500x400 JPEG's does not. The rest (1 worker on one core -12% too) is the benchmark's 2-core recordings
+running slower than its 1-core runs (271-364 samples/s against 347-384 for 2 and 3 workers on one core), which by hand
+did not show. Not changed: bytes per sample would tell these two pipelines apart, but a real BPE tokenizer's working set
+is its merges table, which a sample's bytes do not show.
+
 Measured 2026-12-04 (session 27), down only, starved and the 2-thread compute (the rows that failed it before).
 At 2363721, ``--rounds 1 --out /tmp/s27/tr``: starved +2/+9/+10% (1/2/3 workers on one core), the 2-thread compute
 +18/+33/+37%: the plan kept the script's 2 intra-op threads on one core beside the workers (``split_threads`` compared

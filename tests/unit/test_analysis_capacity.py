@@ -755,3 +755,36 @@ def test_the_two_load_costs_are_a_fixed_point_of_the_load_they_price(cpus, compu
         busy = slowed.busy_threads(workers, None, rate)
         neighbour = 1.0 + COMPUTE_NEIGHBOUR_COST * slowed.computing_share(workers, rate)
         assert costs == pytest.approx((m.load_cost(busy) * neighbour, m.load_cost(busy, compute=True)), abs=1e-5)
+
+
+def test_a_compute_recorded_with_more_threads_than_cpus_is_credited_their_waits_when_cut_to_the_cpus():
+    """2 threads on 1 CPU computed for 1.55 ms per sample: 1 ms of one thread's time and 0.55 of waiting at each
+    parallel region for the thread without a CPU (OVERSUBSCRIBED_THREAD_COST). Cut to 1 thread: 1 ms."""
+    from stallscope.analysis.capacity import OVERSUBSCRIBED_THREAD_COST, build_model
+
+    assert OVERSUBSCRIBED_THREAD_COST == pytest.approx(0.55)
+    m = model(cost_s={"transform": 0.004}, compute_per_sample_s=0.00155, main_cpu_per_sample_s=0.00155, workers=0,
+              usable_cpus=1.0, main_occupancy=1.0, compute_threads=2, compute_oversubscribed=True)
+    assert m.one_thread_compute_s() == pytest.approx(0.001)
+    one = m.with_compute_threads(1)
+    assert one.compute_per_sample_s == pytest.approx(0.001) and one.main_cpu_per_sample_s == pytest.approx(0.001)
+    assert one.compute_threads == 1 and one.main_occupancy == 1.0 and one.compute_oversubscribed is False
+    # 4 threads on 2 CPUs: 1 + 0.55 * 2 one-thread times; cut to 2, the one-thread time over 2 (ideal), to 3 (still
+    # more than the CPUs) as recorded
+    four = replace(m, usable_cpus=2.0, main_occupancy=2.0, compute_threads=4, compute_per_sample_s=0.0021,
+                   main_cpu_per_sample_s=0.0042)
+    assert four.one_thread_compute_s() == pytest.approx(0.001)
+    assert four.with_compute_threads(2).compute_per_sample_s == pytest.approx(0.0005)
+    assert four.with_compute_threads(3) is four
+    # 16 threads on 2 CPUs (torch's default in a 2-CPU container): no more than 3 beyond the CPUs are credited
+    many = replace(four, compute_threads=16, compute_per_sample_s=0.01)
+    assert many.one_thread_compute_s() == pytest.approx(0.01 / (1 + 0.55 * 3))
+    # not recorded so (as many CPUs as threads): the recorded time stays, as before
+    plain = replace(m, compute_oversubscribed=False)
+    assert plain.one_thread_compute_s() == pytest.approx(0.00155) and plain.with_compute_threads(1) is plain
+    # build_model marks it from the recorded threads against the usable CPUs, for a CPU compute only
+    stats, train = _ten_steps_of_eight()
+    train.config["torch_threads"] = 2
+    assert build_model(stats, train, 1.0, 0.44).compute_oversubscribed is True
+    assert build_model(stats, train, 2.0, 0.44).compute_oversubscribed is False
+    assert build_model(stats, train, 1.0, 0.44, compute_on_cpu=False).compute_oversubscribed is False

@@ -368,3 +368,27 @@ def test_threads_that_outnumber_the_targets_cores_are_cut_beside_workers():
     assert split_threads(same, 1) == 1 and split_threads(same, 0) is None
     single = recorded(usable_cpus=2.0, main_occupancy=1.0, compute_threads=1)
     assert split_threads(target_model(single, Target(cores=1), samples_per_step=16)[0], 2) is None
+
+
+def test_threads_recorded_on_fewer_cpus_are_planned_from_their_one_thread_time():
+    """2 threads recorded on 1 CPU, 1.55 ms of compute per sample: 1 ms of one thread's time (see
+    OVERSUBSCRIBED_THREAD_COST). On 2 cores: 0.5 ms on 2 threads (ideal), and beside workers, cut to 1 thread, 1 ms;
+    on 4 cores the same; a compute not recorded so is spread from its recorded time as before."""
+    from dataclasses import replace
+
+    model = recorded(usable_cpus=1.0, main_occupancy=1.0, compute_threads=2, compute_per_sample_s=0.00155,
+                     main_cpu_per_sample_s=0.00155, compute_oversubscribed=True)
+    moved, notes = target_model(model, Target(cores=2), samples_per_step=16)
+    assert moved.compute_per_sample_s == pytest.approx(0.0005) and moved.main_occupancy == pytest.approx(2.0)
+    assert moved.compute_oversubscribed is False
+    assert any("waited for the threads that had no CPU" in n and "3.10x as fast" in n for n in notes)
+    plan = project(model, Target(cores=2), samples_per_step=16)
+    assert plan.row(1).compute_threads == 1
+    assert moved.with_compute_threads(1).compute_per_sample_s == pytest.approx(0.001)  # its work on one thread
+    # still more threads than cores there (4 recorded on 1, planned on 2): the one-thread time and 2 threads' waits
+    four = replace(model, compute_threads=4, compute_per_sample_s=0.001 * (1 + 0.55 * 3))
+    wide, _ = target_model(four, Target(cores=2), samples_per_step=16)
+    assert wide.compute_per_sample_s == pytest.approx(0.001 * (1 + 0.55 * 2)) and wide.compute_oversubscribed
+    assert wide.with_compute_threads(2).compute_per_sample_s == pytest.approx(0.0005)
+    before, _ = target_model(replace(model, compute_oversubscribed=False), Target(cores=2), samples_per_step=16)
+    assert before.compute_per_sample_s == pytest.approx(0.00155 / 2)

@@ -128,6 +128,18 @@ COMPUTE_NEIGHBOUR_COST = 0.3
 #: more than once and each pass over pages mapped from another process costs more than over its own; which of these
 #: dominates was not measured. On a GPU the batch is read once, by the copy to the device, so the factor is 1 there.
 RECEIVED_BATCH_READS = 4.0
+#: How much longer a CPU compute takes, in units of its one-thread time, for each intra-op thread beyond the CPUs the
+#: process may use: each parallel region waits for the threads that lost their CPU, so more threads than CPUs run
+#: slower than one. Measured on the 2-core development VM (2026-12-04, the reference training, 40 steps, 0 workers):
+#: on one CPU, 1 thread 0.74-0.81 ms per sample, 2 threads 1.19-1.23 (+0.55 of one thread's time), 3 threads
+#: 1.80-1.91 (+0.7 each), 4 threads 2.49 (+0.75 each); on two CPUs, 3 threads 1.04 and 4 threads 1.66 against one
+#: thread's 0.76 (+0.37, +0.59 each; median of all +0.59). Estimated from these; only a run recorded with more
+#: threads than CPUs (``compute_oversubscribed``) is credited with it, where a change cuts them to the CPUs.
+OVERSUBSCRIBED_THREAD_COST = 0.55
+#: Threads beyond the CPUs counted at most: the measurements above went to 3 (4 threads on one CPU). A compute recorded
+#: with more (torch's default threads in a container whose quota is a few of the host's CPUs) is credited no more
+#: than measured: a cut to its CPUs is predicted to gain less than it may.
+OVERSUBSCRIBED_THREADS_PRICED = 3.0
 #: Passes that price a configuration's CPU work at its load and read the load again at the priced rate, at most: they
 #: stop once the workers' and the compute's prices agree to a millionth, which takes two or three passes for most
 #: configurations and up to eight for a heavy compute time-sharing its cores (the compute's dearer price moves the
@@ -169,6 +181,8 @@ class ThroughputModel:
     compute_priced: bool = True
     # the training process's intra-op threads (torch.get_num_threads()) where recorded
     compute_threads: int | None = None
+    # the compute was recorded with more intra-op threads than usable CPUs: its time holds their waits for a CPU
+    compute_oversubscribed: bool = False
     # the kernel did not report run-queue waits: the workers' blocked time holds their waits for a core already
     blocked_holds_core_waits: bool = False
 
@@ -375,16 +389,34 @@ class ThroughputModel:
         sharing_cost = COMPUTE_TIME_SHARING_COST if compute else TIME_SHARING_COST
         return 1.0 + ALL_CORES_BUSY_COST * shared + sharing_cost * min(1.0, max(0.0, busy / cpus - 1.0))
 
+    def one_thread_compute_s(self) -> float:
+        """The compute's time per sample on one thread, for a compute recorded with more threads than usable CPUs:
+        the recorded time less what its threads beyond the CPUs cost (``OVERSUBSCRIBED_THREAD_COST``). The recorded
+        time where it was not recorded so."""
+        if not (self.compute_oversubscribed and self.compute_threads):
+            return self.compute_per_sample_s
+        return self.compute_per_sample_s / oversubscription_cost(self.compute_threads, self.usable_cpus)
+
     def with_compute_threads(self, threads: int) -> ThroughputModel:
         """The model with a CPU compute on ``threads`` intra-op threads instead of the recorded ``compute_threads``
         (``--set torch_threads``): fewer threads leave cores to workers, and a compute that keeps no more threads
         than its cores busy is not held back by them (``shared_cores_rate``). Its CPU work stays: it keeps at most
         ``threads`` cores busy and its time grows by what it loses of its recorded occupancy. That occupancy counts
         whatever the threads spent waiting at each parallel region's end, and no parallel overhead is credited
-        back, so fewer threads are predicted no faster than that. Unchanged where the compute is on a GPU, its
-        threads were not recorded, or ``threads`` is not fewer than it kept busy."""
+        back, so fewer threads are predicted no faster than that. But a compute recorded with more threads than CPUs
+        (``compute_oversubscribed``) cut to no more than the CPUs loses their waits for a CPU: it is its one-thread
+        time (``one_thread_compute_s``) over the threads. Unchanged where the compute is on a GPU, its threads were
+        not recorded, or ``threads`` is not fewer than it kept busy."""
         occupancy = self.main_occupancy
-        if not self.compute_on_cpu or self.compute_threads is None or threads <= 0 or threads >= occupancy:
+        if not self.compute_on_cpu or self.compute_threads is None or threads <= 0:
+            return self
+        if self.compute_oversubscribed and threads < self.compute_threads and threads <= self.usable_cpus + 1e-9:
+            compute = self.one_thread_compute_s() / threads  # no more threads than CPUs: ideal speed-up, as above
+            main_cpu = min(self.main_cpu_per_sample_s, compute * threads + self.receive_cpu_s())
+            return dataclasses.replace(self, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
+                                       main_occupancy=float(threads), compute_threads=threads,
+                                       compute_oversubscribed=False)
+        if threads >= occupancy:
             return self
         compute = self.compute_per_sample_s * occupancy / threads
         # ``threads`` threads computing for ``compute`` seconds burn no more CPU than that: what the recorded threads
@@ -541,6 +573,14 @@ class CapacityReport:
     predicted_samples_per_s: float | None = None
 
 
+def oversubscription_cost(threads: float, cpus: float) -> float:
+    """How many one-thread times a CPU compute on ``threads`` intra-op threads takes on ``cpus`` CPUs where they
+    outnumber them (``OVERSUBSCRIBED_THREAD_COST`` for each beyond, up to ``OVERSUBSCRIBED_THREADS_PRICED``); 1 where
+    they do not."""
+    extra = min(max(0.0, threads - cpus), OVERSUBSCRIBED_THREADS_PRICED)
+    return 1.0 + OVERSUBSCRIBED_THREAD_COST * extra
+
+
 def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: float,
                 main_cpu_s: float | None, startup_s: float = 0.0,
                 helper_cpu_s: float | None = None, compute_on_cpu: bool = True,
@@ -592,6 +632,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                             shm_write_per_sample_s=write, shm_read_per_sample_s=read, worker_only_basis=basis,
                             physical_cores=physical_cores if physical_cores and physical_cores < usable_cpus else None,
                             compute_threads=threads if isinstance(threads, int) and threads > 0 else None,
+                            compute_oversubscribed=(compute_on_cpu and isinstance(threads, int)
+                                                    and threads > usable_cpus + 0.5),
                             blocked_holds_core_waits=pipeline.runqueue_s is None)
     model = _at_full_core_speed(model)
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
                                           CPU_STAGES, RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY,
-                                          TIME_SHARING_COST, ThroughputModel)
+                                          TIME_SHARING_COST, ThroughputModel, oversubscription_cost)
 
 if TYPE_CHECKING:
     from stallscope.analysis.findings import Analysis
@@ -255,6 +255,7 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
                      "--samples-per-s for the target's step time")
     if compute <= 0:
         raise PlanError("the recorded run has no compute time per sample: give --step-ms or --samples-per-s")
+    threaded = None
     if target.gpus > 0:
         occupancy = 1.0
         # rebuilding the batches it receives is CPU; waiting for a worker to hand one over is not, and mapping
@@ -279,9 +280,15 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
     physical, smt_note = _target_cores(model, target, cores)
     notes.append(smt_note)
     given = target.step_s is not None or target.samples_per_s is not None  # the target's own figure: not priced
+    # still more threads than CPUs there, priced so (``_threads_on_target``), or the same CPUs as recorded: a cut to the
+    # CPUs is credited with their waits; elsewhere the recorded time is not taken apart
+    oversubscribed = (model.compute_oversubscribed and target.gpus == 0 and not given
+                      and (model.compute_threads or 0) > cores + 0.5
+                      and (threaded is not None or abs(cores - model.usable_cpus) < 0.5))
     moved = dataclasses.replace(model, usable_cpus=cores, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
                                 main_occupancy=occupancy, compute_on_cpu=target.gpus == 0, physical_cores=physical,
-                                compute_priced=model.compute_priced and not given)
+                                compute_priced=model.compute_priced and not given,
+                                compute_oversubscribed=oversubscribed)
     cpu = sum(model.cost_s.get(n, 0.0) for n in CPU_STAGES)
     notes.append(f"input costs per sample as recorded: {_ms(cpu)} of CPU (decode, transform, collate) and "
                  f"{_ms(model.cost_s.get('storage', 0.0))} blocked on storage, on cores as fast as the recorded "
@@ -333,10 +340,11 @@ def _threads_on_target(model: ThroughputModel, cores: float, compute: float, mai
     OpenMP's threads (libgomp, which torch's wheels use) wait for the next parallel region by spinning while the
     process has no more threads than the CPUs it may use, and hardly at all once it has more. So:
 
-    - recorded with fewer CPUs than threads (a 1-core container), the compute kept only those CPUs busy; on a
-      target with more, its threads take up to one CPU each while it computes, in less time (no more than the
-      parallel speed-up the threads allow, taken as ideal), and workers beside them hold them back
-      (``ThroughputModel.shared_cores_rate``);
+    - recorded with fewer CPUs than threads (a 1-core container), the compute kept only those CPUs busy, and each
+      parallel region waited for the threads that had none: its time is its one-thread time and those waits
+      (``ThroughputModel.one_thread_compute_s``); on a target with more, its threads take up to one CPU each while
+      it computes, in the one-thread time over them (the parallel speed-up taken as ideal), and workers beside them
+      hold them back (``ThroughputModel.shared_cores_rate``);
     - recorded with at least as many CPUs as threads, the threads spun: the training process's CPU counts them
       spinning while it computed and while it loaded batches itself. On a target with fewer CPUs than threads
       they do not spin, so its CPU is only the compute's work, which is at most the recorded compute time on
@@ -351,10 +359,18 @@ def _threads_on_target(model: ThroughputModel, cores: float, compute: float, mai
     if recorded_cpus < threads - 0.5 and cores > recorded_cpus + 0.5 and not given:
         spread = min(float(threads), cores)
         held = max(model.main_occupancy, 1.0)
-        return (spread, compute * held / spread, main_cpu,
+        if model.compute_oversubscribed:  # its recorded time held its threads' waits for a CPU
+            one = model.one_thread_compute_s() * (compute / model.compute_per_sample_s)
+            spread_compute = one / spread if threads <= cores else one * oversubscription_cost(threads, cores)
+        else:
+            spread_compute = compute * held / spread
+        return (spread, spread_compute, main_cpu,
                 f"no GPU: the training process computes on {threads} intra-op threads, recorded on "
-                f"{recorded_cpus:.3g} CPU(s): on {cores:.3g} they keep up to {spread:.3g} core(s) busy while it "
-                f"computes, at best {spread / held:.2f}x as fast (ideal parallel speed-up, not measured); workers "
+                f"{recorded_cpus:.3g} CPU(s), where each parallel region waited for the threads that had no CPU: on "
+                f"{cores:.3g} they keep up to {spread:.3g} core(s) busy while it computes, at best "
+                f"{compute / spread_compute:.2f}x as fast ("
+                + ("without those waits, " if model.compute_oversubscribed else "")
+                + "at an ideal parallel speed-up: estimated, not measured); workers "
                 "beside them hold it back to one core's speed at best, and threads that spin waiting for work take "
                 "cores from the workers (not priced): with workers, fewer threads (torch.set_num_threads) leave them "
                 "the cores")
