@@ -140,3 +140,30 @@ def test_the_worker_advice_from_a_zero_worker_run_says_how_its_shared_memory_cos
     assert ("passing batches through shared memory adds an estimated 0.45 ms per sample (per-byte cost measured on "
             "this machine, read 4 times over by the training step on the CPU, estimated)") in said[True]
     assert "adds an estimated 0.34 ms per sample (per-byte cost measured on this machine)" in said[False]
+
+
+def test_more_compute_threads_than_cpus_are_cut_to_the_cpus_first_even_where_no_input_fix_is_the_finding():
+    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.recommend import recommend
+    from tests.unit.test_analysis_capacity import _ten_steps_of_eight
+
+    stats, train = _ten_steps_of_eight(workers=0)
+    train.config["torch_threads"] = 2
+    # 1 usable CPU, 2 threads: 1.25 ms of compute per sample is 1.25 / 1.55 of one thread's time and its waits
+    m = build_model(stats, train, 1.0, main_cpu_s=0.34)
+    assert m.compute_oversubscribed and m.compute_per_sample_s == pytest.approx(0.00125)
+    first, second, *_ = recommend("compute-bound", stats, train, {"transform": 0.3, "compute": 0.1}, 1, model=m)
+    assert (first.id, first.overrides, second.id) == ("compute-threads", {"torch_threads": 1}, "no-input-fix")
+    cut = m.with_compute_threads(1)
+    assert first.facts["cut_compute_s_per_sample"] == pytest.approx(0.00125 / 1.55)
+    assert first.predicted_speedup == round(cut.rate() / m.rate(), 2) and first.predicted_speedup >= 1.05
+    said = words.recommendation(first)
+    assert said.title == "Use 1 compute thread (now 2)"
+    assert said.change.startswith("--set torch_threads=1   (in code: torch.set_num_threads(1)")
+    assert "2 intra-op threads on 1 usable CPU: each parallel region waits" in said.reason
+    assert "0.81 ms per sample instead of 1.25 ms" in said.reason
+    # as many CPUs as threads: nothing to cut; a compute on the GPU: not its threads' waits
+    roomy = build_model(stats, train, 2.0, main_cpu_s=0.34)
+    assert all(r.id != "compute-threads" for r in recommend("compute-bound", stats, train, {}, 2, model=roomy))
+    gpu = build_model(stats, train, 1.0, main_cpu_s=0.34, compute_on_cpu=False)
+    assert all(r.id != "compute-threads" for r in recommend("compute-bound", stats, train, {}, 1, model=gpu))

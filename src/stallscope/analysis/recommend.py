@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from stallscope.analysis.capacity import RECEIVED_BATCH_READS, THREADED_OCCUPANCY, ThroughputModel
+from stallscope.analysis.capacity import (OVERSUBSCRIBED_THREAD_COST, RECEIVED_BATCH_READS, THREADED_OCCUPANCY,
+                                          ThroughputModel)
 from stallscope.analysis.epochs import (
     EpochShape,
     best_over_epochs,
@@ -184,9 +185,15 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     if verdict == "input-bound" and pipeline is not None:
         recs.extend(r for r in _stage_fixes(seconds, train, model, workers)
                     if r.predicted_speedup is None or r.predicted_speedup >= MIN_GAIN)
+    threads_cut = _threads_for_the_cpus(model, workers) if model is not None else None
+    if threads_cut is not None and not any(r.id == "split-the-cores" for r in recs):
+        recs.append(threads_cut)
     if input_side and model is not None and not recs:
         recs.append(_no_predicted_gain(model, workers, epochs))
-    recs.sort(key=lambda r: (r.id not in ("no-input-fix", "no-predicted-gain"), -_rank_value(r)))
+    # what no change can do first; but a compute-bound job's own threads' waits before "no input fix"
+    first = {"compute-threads": 0} if verdict == "compute-bound" else {}
+    recs.sort(key=lambda r: (first.get(r.id, 1 if r.id in ("no-input-fix", "no-predicted-gain") else 2),
+                             -_rank_value(r)))
     return recs
 
 
@@ -239,6 +246,28 @@ def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | 
         "usable_cpus": round(model.usable_cpus, 2), "workers": workers,
         "compute_s_per_sample": model.compute_per_sample_s, "split_compute_s_per_sample": split.compute_per_sample_s,
         "workers_alone_speedup": round(workers_alone, 2), **_load_facts(split, count)})
+
+
+def _threads_for_the_cpus(model: ThroughputModel, workers: int) -> Recommendation | None:
+    """A CPU compute recorded with more intra-op threads than usable CPUs (torch counts the machine's cores, not a
+    container's share of them) waits at every parallel region for the threads that have no CPU
+    (``OVERSUBSCRIBED_THREAD_COST``): as many threads as whole CPUs, with the workers as they are, where that is
+    predicted to gain 5%. Where the cores are also to be split with workers, ``_split_the_cores`` says it."""
+    threads = model.compute_threads
+    if not model.compute_oversubscribed or not model.compute_on_cpu or not threads:
+        return None
+    fewer = whole_cpus(model.usable_cpus)
+    now = model.rate()
+    if fewer >= threads or now <= 0:
+        return None
+    cut = model.with_compute_threads(fewer)
+    gain = cut.rate() / now
+    if gain < MIN_GAIN:
+        return None
+    return Recommendation("compute-threads", "compute", round(gain, 2), {"torch_threads": fewer}, {
+        "torch_threads": threads, "usable_cpus": round(model.usable_cpus, 2), "workers": workers,
+        "compute_s_per_sample": model.compute_per_sample_s, "cut_compute_s_per_sample": cut.compute_per_sample_s,
+        "oversubscribed_thread_cost": OVERSUBSCRIBED_THREAD_COST})
 
 
 def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape | None = None) -> Recommendation:

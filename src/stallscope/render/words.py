@@ -140,6 +140,15 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 f"to take {1000 * f['split_compute_s_per_sample']:.2f} ms per sample instead of "
                 f"{1000 * f['compute_s_per_sample']:.2f} ms, and the workers load on the cores it leaves"
                 + _cpu_second_cost(f, n))
+    if rid == "compute-threads":
+        t = o["torch_threads"]
+        return (f"Use {t} compute thread{'s' if t != 1 else ''} (now {f['torch_threads']})", _set_change(o, f),
+                f"the training process computes on the CPU with {f['torch_threads']} intra-op threads on "
+                f"{f['usable_cpus']:g} usable CPU{'s' if f['usable_cpus'] != 1 else ''}: each parallel region waits "
+                f"for the threads that have no CPU; with {t} its compute is predicted to take "
+                f"{1000 * f['cut_compute_s_per_sample']:.2f} ms per sample instead of "
+                f"{1000 * f['compute_s_per_sample']:.2f} ms (estimated: each thread beyond the CPUs priced at "
+                f"{f['oversubscribed_thread_cost']:g} of one thread's time, as measured on a 2-CPU machine)")
     if rid == "fewer-workers":
         n = o["num_workers"]
         return (f"Use {n} workers instead of {f['workers']}", _set_change(o, f),
