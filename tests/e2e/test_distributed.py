@@ -75,8 +75,14 @@ def test_recorder_does_not_change_training(tmp_path, late_hook):
     plain = tmp_path / "plain"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE")}
     args = ("--samples", "128", "--hidden", "96", "--late-hook", str(late_hook))
-    proc = subprocess.run(torchrun(2, DDP, *args, "--losses", str(plain)),
-                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    # The baseline is torch alone, without stallscope. Once in CI (loaded machine) a rank of it died at exit with
+    # "terminate called without an active exception" (SIGABRT in gloo's threads; 0 of 12 runs here); a second try
+    # of the baseline says nothing about the tool, so it gets up to three.
+    for _ in range(3):
+        proc = subprocess.run(torchrun(2, DDP, *args, "--losses", str(plain)),
+                              env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        if proc.returncode == 0:
+            break
     assert proc.returncode == 0, proc.stderr[-3000:]
     recorded = tmp_path / "recorded"
     result = run_cli(tmp_path, ["--", *torchrun(2, DDP, *args, "--losses", str(recorded))])

@@ -26,10 +26,21 @@ def test_batch_means_error_sees_alternating_blocks() -> None:
     durations = [0.1] * 4 + [0.2] * 4 + [0.1] * 4 + [0.2] * 4
     rate = rate_of(durations)
     assert rate.value == pytest.approx(16 / 2.4)
-    block_rates = [10.0, 5.0, 10.0, 5.0]
-    mean = sum(block_rates) / 4
-    sd = math.sqrt(sum((r - mean) ** 2 for r in block_rates) / 3)
-    assert rate.se == pytest.approx(sd / 2)
+    block_times = [0.1, 0.2, 0.1, 0.2]  # seconds per step, one observation per block
+    mean = sum(block_times) / 4
+    sd = math.sqrt(sum((t - mean) ** 2 for t in block_times) / 3)
+    assert rate.se == pytest.approx(rate.value * (sd / 2) / mean)
+
+
+def test_a_block_of_prefetched_batches_does_not_blow_up_the_error() -> None:
+    # 16 steps: one block of 4 batches the workers had queued (0.1 ms each), three at 10 ms. Block rates would be
+    # 10000/s and 100/s, a spread of rates far beyond the rate itself; block times keep the error below the rate.
+    durations = [0.0001] * 4 + [0.01] * 12
+    rate = rate_of(durations)
+    assert rate.value == pytest.approx(16 / 0.1204)
+    assert 0 < rate.se < rate.value / 2
+    # Block times 0.0001, 0.01, 0.01, 0.01 s per step: sd 0.00495 s, over sqrt(4) blocks, over a mean of 0.007525 s.
+    assert rate.se == pytest.approx(rate.value * 0.3289, rel=0.01)
 
 
 def test_too_few_steps_are_very_noisy() -> None:
