@@ -66,6 +66,11 @@ SETTABLE: dict[str, str] = {
 #: Overrides that the recorder applies itself instead of passing them to ``DataLoader.__init__``.
 PROCESS_SETTINGS = ("sharing_strategy", "torch_threads")
 
+#: More worker processes (DataLoader workers, pack's readers) or intra-op threads than any machine runs. A bigger
+#: number is a typo: ``--set num_workers=100000`` forked about 850 workers and 11 GB before it was killed.
+MAX_WORKERS = 1024
+MAX_THREADS = 1024
+
 
 class OverrideError(ValueError):
     """A ``--set`` item that cannot be applied; the message says why and what would be accepted."""
@@ -115,6 +120,12 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         raise OverrideError("--set prefetch_factor=0: must be at least 1")
     if "torch_threads" in parsed and not parsed["torch_threads"]:
         raise OverrideError(f"--set torch_threads={parsed['torch_threads']}: a number of threads, at least 1")
+    if (parsed.get("num_workers") or 0) > MAX_WORKERS:
+        raise OverrideError(f"--set num_workers={parsed['num_workers']}: at most {MAX_WORKERS} worker processes "
+                            f"(a few per CPU core is already plenty)")
+    if (parsed.get("torch_threads") or 0) > MAX_THREADS:
+        raise OverrideError(f"--set torch_threads={parsed['torch_threads']}: at most {MAX_THREADS} threads "
+                            f"(one per CPU core is the most that helps)")
     if parsed.get("batch_size") == 0:
         raise OverrideError("--set batch_size=0: must be at least 1 (or none: no batching)")
     timeout = parsed.get("timeout")

@@ -85,7 +85,11 @@ def test_storage_bound_runs_tabulate_past_the_cores():
     ({"cores": 4, "workers": -2}, "--workers"),
     ({"cores": 4, "threads_per_core": 0.5}, "--threads-per-core"),
     ({"cores": 4, "threads_per_core": 16}, "--threads-per-core"),
-    ({"cores": 4, "gpus": 100_000}, "at least a core of its own"),
+    ({"cores": 4, "gpus": 1000}, "at least a core of its own"),
+    ({"cores": 1e6, "gpus": 1000}, "--cores must be at most 65536"),
+    ({"cores": 8192, "gpus": 100_000}, "--gpus must be at most 4096"),
+    ({"cores": 4, "step_s": 1e305}, r"--step-ms must be at most 86400000 \(a day per step\)"),
+    ({"cores": 4, "samples_per_s": 1e300}, "--samples-per-s must be at most 1e"),
 ])
 def test_impossible_targets_are_refused(kwargs, message):
     with pytest.raises(PlanError, match=message):

@@ -67,6 +67,19 @@ def test_numbers_below_their_minimum_are_usage_errors(text, minimum, kind, ok):
             at_least(minimum, kind)(text)
 
 
+def test_a_number_past_its_bound_is_a_usage_error_naming_the_bound():
+    import argparse
+
+    from stallscope.cli.args import at_least
+
+    limit = at_least(0, most=1_000_000_000)
+    assert limit("30") == 30
+    with pytest.raises(argparse.ArgumentTypeError, match="must be at most 1000000000, not 99999999999999999999"):
+        limit("99999999999999999999")
+    with pytest.raises(argparse.ArgumentTypeError, match="must be at least 0"):
+        limit("-1")
+
+
 def test_an_unknown_option_is_said_by_the_verbs_parser(capsys):
     with pytest.raises(SystemExit) as done:
         main.main(["history", "--nosuch"])

@@ -63,13 +63,22 @@ def test_decoder_choice_is_reported(folder):
         FastImageFolder(folder, decoder="nope")
 
 
-def test_file_list_variant(folder, tmp_path):
+@pytest.mark.parametrize("first_line", ["# path,label", "path,label", "filename,class"])
+def test_file_list_variant(folder, tmp_path, first_line):
+    """A comment or a header line (one word per column, naming no file) is not taken for a missing file."""
     ref = FastImageFolder(folder)
     lines = [f"{path},{ref.classes[label]}" for path, label in ref.samples[:10]]
-    (tmp_path / "list.csv").write_text("# path,label\n" + "\n".join(lines) + "\n")
+    (tmp_path / "list.csv").write_text(first_line + "\n" + "\n".join(lines) + "\n")
     ds = FastImageFolder.from_file_list(tmp_path / "list.csv")
     assert len(ds) == 10 and ds.samples[0][0] == ref.samples[0][0]
     assert ds[0][0].dtype == torch.uint8
+
+
+def test_a_first_line_naming_a_missing_file_is_a_row_not_a_header(tmp_path):
+    from stallscope.data.sources import read_file_list
+
+    (tmp_path / "list.csv").write_text("gone.jpg,cat\nthere.jpg,dog\n")
+    assert [p.name for p, _ in read_file_list(tmp_path / "list.csv").samples] == ["gone.jpg", "there.jpg"]
 
 
 def test_bad_roots_raise_clear_errors(tmp_path):

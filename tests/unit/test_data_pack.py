@@ -218,6 +218,10 @@ def test_errors_for_missing_or_unfinished_packs(tmp_path, source):
         pack(tmp_path / "nothing", tmp_path / "out")
     with pytest.raises(PackError, match="unknown format"):
         pack(source, tmp_path / "out", PackOptions(format="zip"))
+    with pytest.raises(PackError, match="--commit-every must be at least 1"):
+        pack(source, tmp_path / "out", PackOptions(commit_every=0))
+    with pytest.raises(PackError, match="--workers must be between 0 .* and 1024"):
+        pack(source, tmp_path / "out", PackOptions(workers=100_000))
     (tmp_path / "half").mkdir()
     with pytest.raises(PackFormatError, match=INDEX_NAME):
         verify(tmp_path / "half")

@@ -40,7 +40,9 @@ def test_set_values_round_trip_through_their_arguments() -> None:
 @pytest.mark.parametrize("item,reason", [("timeout=-1", "0 (wait forever) or more"), ("timeout=nan", "or more"),
                                          ("batch_size=0", "at least 1"), ("prefetch_factor=0", "at least 1"),
                                          ("multiprocessing_context=bogus", "choose one of"),
-                                         ("num_workers=-2", "must not be negative")])
+                                         ("num_workers=-2", "must not be negative"),
+                                         ("num_workers=100000", "at most 1024 worker processes"),
+                                         ("torch_threads=5000", "at most 1024 threads")])
 def test_values_torch_would_crash_on_are_refused_here(item, reason):
     with pytest.raises(OverrideError, match=re.escape(reason)):
         parse_overrides([item])

@@ -181,3 +181,16 @@ def test_old_histories_set_aside_in_the_same_second_never_overwrite_each_other(t
                                        "history.sqlite3.before-rebuild-20260101-000000-2",
                                        "history.sqlite3.before-rebuild-20260101-000000-3"]
     assert [p.read_text() for p in names] == ["first", "second", "third"] and not history.exists()
+
+
+def test_an_emptied_history_beside_saved_runs_says_to_rebuild(tmp_path):
+    """A 0-byte history.sqlite3 (a disk that filled, a file truncated by hand) next to saved runs: the runs are not
+    lost, and the message says how to get their rows back."""
+    store.history_path(tmp_path).write_bytes(b"")
+    with pytest.raises(HistoryError, match="no run history .* yet"):
+        list_runs(tmp_path)
+    saved = tmp_path / "runs" / "20240101-000000-aaaaaa"
+    saved.mkdir(parents=True)
+    (saved / "session.json").write_text("{}")
+    with pytest.raises(HistoryError, match=r"holds no runs, but .*runs does: .*stallscope history --rebuild"):
+        list_runs(tmp_path)

@@ -164,3 +164,23 @@ def test_an_export_keeps_the_tracebacks_of_the_threads_it_starts_and_no_others()
         threading.excepthook = hook
     assert [str(e) for e in passed_on] == ["an earlier thread's"]
     assert [getattr(e, "errno", None) for e in failed] == [28]
+
+
+def test_an_mlflow_server_that_refuses_connections_fails_at_once_in_words():
+    """MLflow's own client retries a refused connection for minutes; the export checks the server answers first."""
+    import socket
+
+    import pytest
+
+    from stallscope.trackers.to_mlflow import UnreachableServer, check_reachable
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1)
+        port = listening.getsockname()[1]
+        check_reachable(f"http://127.0.0.1:{port}")  # a server that accepts: no error
+    with pytest.raises(UnreachableServer, match=rf"http://127.0.0.1:{port} does not accept connections \(connection "
+                                                r"refused\); is it running"):
+        check_reachable(f"http://127.0.0.1:{port}")  # the same port, closed now
+    check_reachable("sqlite:///nowhere/mlflow.db")  # not a server: MLflow's to judge
+    check_reachable("file:///tmp/mlruns")

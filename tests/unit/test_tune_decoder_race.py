@@ -115,3 +115,37 @@ def test_race_measures_the_turbojpeg_rows(tmp_path: Path) -> None:
     render_race(race, console)
     table = console.file.getvalue()
     assert "turbojpeg-fast crop (centre, 50% of area)" in table and "turbojpeg-fast" in table
+
+
+def test_race_leaves_out_files_pillow_cannot_decode_and_says_which(tmp_path: Path) -> None:
+    from stallscope.render.bench import render_race
+
+    folder = tmp_path / "jpegs"
+    folder.mkdir()
+    good = _jpeg(400, 300)
+    (folder / "a_good.jpg").write_bytes(good)
+    (folder / "b_empty.jpg").write_bytes(b"")
+    (folder / "c_truncated.jpg").write_bytes(good[: len(good) // 2])
+    (folder / "d_good.jpg").write_bytes(_jpeg(300, 400))
+    race = race_decoders(folder, files=10, repeats=1, min_seconds=0.01)
+    assert race.files == 2
+    assert sorted(Path(item["path"]).name for item in race.skipped) == ["b_empty.jpg", "c_truncated.jpg"]
+    assert race.megapixels == pytest.approx(0.12)
+    pillow = next(r for r in race.results if r["decoder"] == "pillow" and r["scale"] == 1)
+    assert pillow["error"] is None and pillow["images_per_s"] > 0
+    assert json.loads(json.dumps(race.to_dict()))["skipped"] == race.skipped
+    console = Console(file=io.StringIO(), width=300)
+    render_race(race, console)
+    assert "left out 2 file(s) Pillow cannot decode" in console.file.getvalue()
+
+
+def test_race_on_no_decodable_file_or_no_folder_is_a_clear_error(tmp_path: Path) -> None:
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "empty.jpg").write_bytes(b"")
+    with pytest.raises(RuntimeError, match="none of the 1 JPEG files .* could be decoded"):
+        race_decoders(folder, files=4, repeats=1, min_seconds=0.01)
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        race_decoders(tmp_path / "missing", files=4)
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        race_decoders(folder / "empty.jpg", files=4)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
                                           CPU_STAGES, RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY,
                                           TIME_SHARING_COST, ThroughputModel, oversubscription_cost)
+from stallscope.settings import MAX_WORKERS
 
 if TYPE_CHECKING:
     from stallscope.analysis.findings import Analysis
@@ -40,9 +41,13 @@ FIX_SCALES: dict[str, dict[str, float]] = {
     "uint8-device-normalize": {},  # filled from the run's share of normalization in transform
 }
 FIX_STAGE = {"pack-dataset": "storage", "reduced-size-decode": "decode", "uint8-device-normalize": "transform"}
-#: More workers per process than any machine runs; the table is computed row by row up to the asked count.
-MAX_WORKERS = 1024
 MAX_THREADS_PER_CORE = 8  # the most any CPU has had (IBM POWER); x86 has 1 or 2
+#: Bounds past any real machine or job: beyond them a figure is a typo, and the arithmetic loses its meaning
+#: (``--step-ms 1e308`` planned 0.0 samples/s and wrote NaN, which JSON parsers refuse).
+MAX_CORES = 65536
+MAX_GPUS = 4096
+MAX_STEP_S = 86400.0  # a day per step
+MAX_SAMPLES_PER_S = 1e9
 
 
 class PlanError(ValueError):
@@ -70,13 +75,21 @@ class Target:
     def __post_init__(self) -> None:
         if not (self.cores > 0 and math.isfinite(self.cores)):
             raise PlanError("--cores must be a positive number")
+        if self.cores > MAX_CORES:
+            raise PlanError(f"--cores must be at most {MAX_CORES}")
         if self.gpus < 0:
             raise PlanError("--gpus cannot be negative")
+        if self.gpus > MAX_GPUS:
+            raise PlanError(f"--gpus must be at most {MAX_GPUS} (the GPUs of one machine)")
         if self.step_s is not None and self.samples_per_s is not None:
             raise PlanError("give --step-ms or --samples-per-s, not both")
-        for name, value in (("--step-ms", self.step_s), ("--samples-per-s", self.samples_per_s)):
+        for name, value, most in (("--step-ms", self.step_s, MAX_STEP_S), ("--samples-per-s", self.samples_per_s,
+                                                                             MAX_SAMPLES_PER_S)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise PlanError(f"{name} must be a positive number")
+            if value is not None and value > most:
+                shown = f"{most * 1000:.0f} (a day per step)" if name == "--step-ms" else f"{most:.0e}"
+                raise PlanError(f"{name} must be at most {shown}")
         if self.workers is not None and not 0 <= self.workers <= MAX_WORKERS:
             raise PlanError(f"--workers must be between 0 and {MAX_WORKERS}")
         if self.ranks is not None and self.ranks < 1:

@@ -14,9 +14,10 @@ from pathlib import Path
 from stallscope import paths
 
 
-def at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
+def at_least(minimum: float, kind: type = int, most: float | None = None) -> Callable[[str], float]:
     """An argparse ``type`` for a number of ``kind`` no lower than ``minimum`` (and finite): ``--limit -1`` or
-    ``--batch-size 0`` are refused with a usage error instead of being run."""
+    ``--batch-size 0`` are refused with a usage error instead of being run; and no higher than ``most`` where
+    given (a number past any real use is a typo, and may not fit where it goes, as SQLite's 64-bit integers)."""
     def parse(text: str) -> float:
         try:
             value = kind(text)
@@ -24,6 +25,9 @@ def at_least(minimum: float, kind: type = int) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}: {text!r}") from None
         if not math.isfinite(value) or value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, not {text}")
+        if most is not None and value > most:
+            shown = f"{int(most):d}" if kind is int else f"{most:g}"
+            raise argparse.ArgumentTypeError(f"must be at most {shown}, not {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages

@@ -13,11 +13,12 @@ from rich.markup import escape
 from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
+from stallscope.paths import write_file
 from stallscope.render.bench import render, render_race
+from stallscope.settings import MAX_WORKERS
 from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, bench
 from stallscope.tuning.decoders import race_decoders
 from stallscope.tuning.trials import interrupt_on_sigterm, interrupted_exit_code
-from stallscope.paths import write_file
 
 EPILOG = """examples:
   stallscope bench -- python train.py            input capacity per worker count, ceiling, current throughput
@@ -64,6 +65,8 @@ def worker_counts(text: str | None) -> list[int] | None:
         raise ValueError("--workers takes comma-separated integers, e.g. 0,2,4") from None
     if any(n < 0 for n in counts):
         raise ValueError("--workers counts must be 0 or more")
+    if any(n > MAX_WORKERS for n in counts):
+        raise ValueError(f"--workers counts must be at most {MAX_WORKERS} (a few per CPU core is already plenty)")
     return counts
 
 

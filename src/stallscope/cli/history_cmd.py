@@ -41,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="only runs with this verdict")
     p.add_argument("--git", metavar="COMMIT", help="only runs made at this git commit (a prefix is enough)")
     p.add_argument("--since", metavar="WHEN", help="only runs started since WHEN: YYYY-MM-DD, or an age like 2h, 3d")
-    p.add_argument("--limit", type=at_least(0), default=30, metavar="N", help="the N most recent runs (default 30; 0: all)")
+    p.add_argument("--limit", type=at_least(0, most=1_000_000_000), default=30, metavar="N",
+                   help="the N most recent runs (default 30; 0: all)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     p.add_argument("--rebuild", action="store_true",
                    help="make the history again from the store's saved sessions (after it was damaged or deleted); "

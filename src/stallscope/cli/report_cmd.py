@@ -119,6 +119,7 @@ def handle(args: argparse.Namespace) -> int:
         if args.json and args.json != "-":
             target = args.json
             write_summary(args.json, summary_dict(session, analysis, path))
+            written.append(f"summary JSON: {Path(args.json).resolve()}")
         if args.trace:
             from stallscope.render import trace
 

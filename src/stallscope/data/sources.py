@@ -83,7 +83,8 @@ def read_file_list(list_path: str | os.PathLike[str]) -> SourceList:
     """Parse ``path,label`` lines (CSV; relative paths are relative to the list's folder).
 
     Labels are integers used as they are, or names mapped to indices in sorted order. Blank
-    lines and lines starting with ``#`` are ignored.
+    lines and lines starting with ``#`` are ignored, and so is a header line (``path,label``, ``filename,class``):
+    a first line whose path is one word, no file of that name beside the list.
     """
     list_path = Path(list_path)
     if not list_path.is_file():
@@ -97,6 +98,8 @@ def read_file_list(list_path: str | os.PathLike[str]) -> SourceList:
             if len(row) < 2:
                 raise SourceError(f"{list_path}:{lineno}: expected 'path,label', got {','.join(row)!r}")
             path = Path(row[0].strip())
+            if not rows and _is_header(row[0].strip(), base):
+                continue
             rows.append((path if path.is_absolute() else base / path, row[1].strip()))
     if not rows:
         raise SourceError(f"{list_path}: the file list is empty")
@@ -109,6 +112,11 @@ def read_file_list(list_path: str | os.PathLike[str]) -> SourceList:
     classes = tuple(sorted({label for _, label in rows}))
     index = {name: i for i, name in enumerate(classes)}
     return SourceList(base, tuple((p, index[label]) for p, label in rows), classes)
+
+
+def _is_header(first: str, base: Path) -> bool:
+    """Whether a file list's first path is a column's name: one word (no folder, no suffix), naming no file."""
+    return first.replace("_", "").isalnum() and not (base / first).exists()
 
 
 def open_source(src: str | os.PathLike[str]) -> SourceList:

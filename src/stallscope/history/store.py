@@ -226,6 +226,9 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
         # The file is there but its tables are not: SQLite made it, then could not write them (a full disk).
         if paths.disk_full(path):
             raise _full(path)
+        if any((path.parent / "runs").glob("*/session.json")):  # its runs are there: the history lost them
+            raise HistoryError(f"the run history at {path} holds no runs, but {path.parent / 'runs'} does: "
+                               "rebuild it from them with: stallscope history --rebuild")
         raise HistoryError(f"no run history at {path} yet: the file holds no runs (record a run with: "
                            "stallscope run -- python train.py)")
     row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()

@@ -51,3 +51,7 @@ def render_race(race: DecoderRace, console: Console) -> None:
                       _fmt(rate) if rate else f"[red]{escape(str(r.get('error')))}[/]",
                       f"{rate / base:.2f}x" if rate and base else "-")
     console.print(table)
+    if race.skipped:
+        shown = ", ".join(f"{escape(item['path'])} ({escape(item['error'])})" for item in race.skipped[:3])
+        more = f" and {len(race.skipped) - 3} more" if len(race.skipped) > 3 else ""
+        console.print(f"[yellow]left out {len(race.skipped)} file(s) Pillow cannot decode:[/] {shown}{more}")

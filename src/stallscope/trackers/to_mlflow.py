@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from stallscope.session import Session
 from stallscope.trackers import metrics, script_run
@@ -35,6 +37,36 @@ def absolute_uri(uri: str, cwd: str) -> str:
     return uri
 
 
+#: Seconds to wait for an MLflow server to accept a connection before giving up on it.
+CONNECT_TIMEOUT_S = 5.0
+
+
+class UnreachableServer(ConnectionError):
+    """The tracking URI names a server that does not accept connections."""
+
+
+def check_reachable(uri: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail at once where an http(s) tracking server does not accept a connection. MLflow's client retries every
+    request with back-off for minutes (made for servers that rate-limit), so an export to a server that is down
+    or a mistyped port would sit silent for about four minutes; a refused or timed-out connection is not a rate
+    limit. Other URIs (files, databases, databricks) are left to MLflow."""
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise UnreachableServer(f"the MLflow tracking URI {uri} has an invalid port") from None
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = (f"no answer within {timeout_s:g} s" if isinstance(exc, TimeoutError)
+                  else (exc.strerror or type(exc).__name__).lower())
+        raise UnreachableServer(f"the MLflow server at {uri} does not accept connections ({reason}); is it running, "
+                                f"and is that its address?") from None
+
+
 def _experiment_id(client: Any) -> str:
     """The experiment a new run goes to: ``MLFLOW_EXPERIMENT_ID``, ``MLFLOW_EXPERIMENT_NAME`` (made when
     missing), else MLflow's default experiment."""
@@ -57,6 +89,7 @@ def log(summary: dict[str, Any], session: Session, files: list[Path], *, uri: st
     script_uri = absolute_uri(script["uri"], script.get("cwd") or session.cwd) if script else None
     attach = script is not None and (uri is None or absolute_uri(uri, os.getcwd()) == script_uri)
     tracking_uri = script_uri if attach else (uri or mlflow.get_tracking_uri())
+    check_reachable(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     tags = metrics.tags(summary)
     if attach:

@@ -50,13 +50,14 @@ class DecoderRace:
     megapixels: float  # mean size of the files
     cpu: int | None
     results: list[dict[str, Any]] = field(default_factory=list)  # decoder, scale, images_per_s, error
+    skipped: list[dict[str, str]] = field(default_factory=list)  # path, error: files Pillow cannot decode
 
     def ranked(self) -> list[dict[str, Any]]:
         return sorted((r for r in self.results if r.get("images_per_s")), key=lambda r: -r["images_per_s"])
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": "stallscope.decoder-race/1", "folder": self.folder, "files": self.files,
-                "megapixels": self.megapixels, "cpu": self.cpu, "results": self.results}
+                "megapixels": self.megapixels, "cpu": self.cpu, "results": self.results, "skipped": self.skipped}
 
 
 def find_jpegs(folder: Path, limit: int) -> list[Path]:
@@ -72,8 +73,16 @@ def find_jpegs(folder: Path, limit: int) -> list[Path]:
 
 def race_decoders(folder: str | os.PathLike[str], *, files: int = 64, repeats: int = 3, min_seconds: float = 0.3,
                   timeout_s: float = 600.0) -> DecoderRace:
-    """Race the installed decoders on up to ``files`` JPEGs of ``folder`` in a single-core child."""
-    paths = find_jpegs(Path(folder), files)
+    """Race the installed decoders on up to ``files`` JPEGs of ``folder`` in a single-core child.
+
+    Files Pillow cannot decode whole (empty, truncated, not a JPEG inside) are left out of the race and listed in
+    ``skipped``: one bad file in a dataset is common, and it says nothing about the decoders."""
+    root = Path(folder)
+    if not root.exists():
+        raise FileNotFoundError(f"no such folder: {folder}")
+    if not root.is_dir():
+        raise FileNotFoundError(f"not a folder: {folder} (give the folder that holds the JPEGs)")
+    paths = find_jpegs(root, files)
     if not paths:
         raise FileNotFoundError(f"no JPEG files under {folder}")
     try:
@@ -88,8 +97,13 @@ def race_decoders(folder: str | os.PathLike[str], *, files: int = 64, repeats: i
     if proc.returncode != 0:
         raise RuntimeError(f"decoder race failed: {proc.stderr.strip()[-500:]}")
     data = json.loads(proc.stdout)
-    return DecoderRace(folder=str(folder), files=len(paths), megapixels=data["megapixels"], cpu=cpu,
-                       results=data["results"])
+    skipped = data.get("skipped", [])
+    if len(skipped) == len(paths):
+        first = skipped[0]
+        raise RuntimeError(f"none of the {len(paths)} JPEG files under {folder} could be decoded "
+                           f"(first: {first['path']}: {first['error']})")
+    return DecoderRace(folder=str(folder), files=len(paths) - len(skipped), megapixels=data["megapixels"], cpu=cpu,
+                       results=data["results"], skipped=skipped)
 
 
 def crop_plan(width: int, height: int) -> CropPlan:
@@ -232,13 +246,23 @@ def _child() -> None:
             os.sched_setaffinity(0, {int(request["cpu"])})
         except (AttributeError, OSError):
             pass
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     blobs = []
+    skipped = []
     for path in request["files"]:
-        data = Path(path).read_bytes()
-        with Image.open(io.BytesIO(data)) as img:
-            blobs.append((data, img.width, img.height))
+        try:
+            data = Path(path).read_bytes()
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()  # a truncated file opens; it fails here, as it would in every decoder's row
+                blobs.append((data, img.width, img.height))
+        except UnidentifiedImageError:  # its message names an in-memory buffer, not the file
+            skipped.append({"path": path, "error": "not an image Pillow can identify"})
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            skipped.append({"path": path, "error": f"{type(exc).__name__}: {exc}"[:200]})
+    if not blobs:
+        json.dump({"megapixels": 0.0, "results": [], "skipped": skipped}, sys.stdout)
+        return
     results = []
     for name, scale, fn in _contenders([(w, h) for _, w, h in blobs]):
         entry: dict[str, Any] = {"decoder": name, "scale": scale, "images_per_s": None, "error": None}
@@ -248,7 +272,7 @@ def _child() -> None:
             entry["error"] = f"{type(exc).__name__}: {exc}"[:200]
         results.append(entry)
     mp = sum(w * h for _, w, h in blobs) / len(blobs) / 1e6
-    json.dump({"megapixels": round(mp, 3), "results": results}, sys.stdout)
+    json.dump({"megapixels": round(mp, 3), "results": results, "skipped": skipped}, sys.stdout)
 
 
 __all__ = ["DecoderRace", "crop_plan", "crop_scale", "find_jpegs", "race_decoders"]

@@ -35,7 +35,7 @@ from stallscope.data.index import (
 )
 from stallscope.data.packing.prepare import FATAL_KINDS, Prepared, prepare
 from stallscope.data.sources import SourceList, open_source
-from stallscope.settings import ENV_PACK_THROTTLE
+from stallscope.settings import ENV_PACK_THROTTLE, MAX_WORKERS
 
 STATE_NAME = "state.json"
 
@@ -62,6 +62,10 @@ def _write_failure(exc: BaseException) -> str | None:
     return None
 
 
+#: Records a pack worker prepares per task it is handed (few enough that progress and Ctrl-C stay prompt).
+PREPARE_CHUNK = 16
+
+
 @dataclass(frozen=True)
 class PackOptions:
     format: str = "lmdb"
@@ -79,10 +83,12 @@ class PackOptions:
             raise PackError("--max-side must be positive (0 keeps images as they are)")
         if not 1 <= self.quality <= 100:
             raise PackError("--quality must be between 1 and 100")
-        if self.workers < 0:
-            raise PackError("--workers must be 0 (in-process) or more")
-        if self.shard_size < 1 or self.commit_every < 1:
+        if not 0 <= self.workers <= MAX_WORKERS:
+            raise PackError(f"--workers must be between 0 (in-process) and {MAX_WORKERS}")
+        if self.shard_size < 1:
             raise PackError("--shard-size must be at least 1")
+        if self.commit_every < 1:
+            raise PackError("--commit-every must be at least 1")
 
     def content_options(self) -> dict[str, object]:
         """The options that change the output bytes (workers and strictness do not)."""
@@ -156,10 +162,11 @@ def _prepared_stream(tasks: list[tuple], workers: int) -> Iterator[Prepared]:
         yield from map(prepare, tasks)
         return
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    chunks = -(-len(tasks) // PREPARE_CHUNK)
     with _sigint_ignored_while_forking():
-        pool = ctx.Pool(workers, initializer=_ignore_sigint)
+        pool = ctx.Pool(min(workers, chunks), initializer=_ignore_sigint)  # a process per chunk of work at most
     try:
-        yield from pool.imap(prepare, tasks, chunksize=16)
+        yield from pool.imap(prepare, tasks, chunksize=PREPARE_CHUNK)
         pool.close()
     finally:
         pool.terminate()
