@@ -16,6 +16,12 @@ prefetch_factor=1): confirmed 525.4 samples/s against the grid's 580.5 (0.905, t
 best of 25 noisy runs), and 0.988 head to head (medians of 3 alternating runs each). With --steps 40 the
 per-trial noise (+-10-15%) let tune settle on 2 workers alone (head to head 0.81-0.92).
 
+2026-12-04 (session 29, at f7df250: a trial's standard error from its blocks' time per sample, not their rates),
+--steps 100, 10 min: **met**. tune used 8 runs (0.32 of the grid): original 435.0, diagnosis 2 workers persistent
+prefetch 1 593.1, 3/4/1 workers 513.8/517.9/398.7, 2 restarted 457.7; winner the diagnosis, which is the grid's best
+configuration (625.8 +- 7.0 in the grid), confirmed 554.1 +- 9.2 against the original's 491.2: 0.885 of the grid's
+single best run, **0.968 head to head** (598.5 vs 618.3); the reproduce line measured 587.8 and 601.8.
+
 2026-12-03 (session 24), --steps 100, three runs, one change each. **Met in the last.**
 1. At 3c210bd (a diagnosis that predicted 1.10x or more and tied the incumbent runs once more, the mean of both runs
    deciding): original 347.6; diagnosis 2 workers persistent 326.9, again 368.8, over both 347.9: not past the original;
