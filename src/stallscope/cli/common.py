@@ -136,7 +136,8 @@ def log_to_tracker(verb: str, result: RunResult, target: str) -> None:
 
 
 #: Said after "the run was not added to the history": its session is saved, so the history can get it back.
-HISTORY_REBUILD_HINT = "; once the store can be written again, stallscope history --rebuild adds it from its saved session"
+HISTORY_REBUILD_HINT = ("; stallscope history --rebuild adds it from its saved session (it keeps a damaged history "
+                        "aside; a full disk needs space freed first)")
 
 
 def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bool) -> None:
