@@ -10,6 +10,12 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40] [--store DIR]
 Score saved runs again (nothing run): python benchmarks/predictions.py --rescore DIR [DIR ...]
 
+Measured 2026-12-04 (session 29, at e0592f7: the model as of session 28, whose changes reach only a compute recorded
+with more threads than CPUs), ``--rounds 3 --store /tmp/s29/pstore``, 7 min: starved -6% (1.34x vs 1.42x), slow storage
++2%, large JPEGs -13% (1.55x vs 1.77x; rounds 1.82x, 1.77x, 1.76x), HTTP +1%, tokenize +9% (1.74x vs 1.59x; rounds
+1.70x, 1.32x, 1.59x), early exit +12% (1.13x vs 1.01x), 2-thread compute -2% (1.13x vs 1.16x), heavy model -1%, short
+epochs -3% (no advice: one worker more, 0.79x vs 0.82x): **median 3%, worst 13%: met**.
+
 Measured 2026-12-03 (session 25, at d9b5b07: a worker's CPU second dearer while the training computes beside it,
 ``COMPUTE_NEIGHBOUR_COST``; split-the-cores counts 1.97 usable CPUs as 2), ``--rounds 3 --store /tmp/s25/pstore``:
 starved +1% (1.41x vs 1.39x; rounds 1.39x, 1.04x, 1.45x), slow storage -1%, large JPEGs -10% (1.61x vs 1.78x), HTTP
