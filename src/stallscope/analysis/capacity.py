@@ -573,6 +573,12 @@ class CapacityReport:
     predicted_samples_per_s: float | None = None
 
 
+def threads_outnumber_cpus(threads: int | None, cpus: float) -> bool:
+    """Whether a compute's intra-op threads are more than the CPUs it may use (by half a CPU: a quota of 1.97 CPUs
+    is two), so that its parallel regions wait for the threads without one (``OVERSUBSCRIBED_THREAD_COST``)."""
+    return threads is not None and threads > cpus + 0.5
+
+
 def oversubscription_cost(threads: float, cpus: float) -> float:
     """How many one-thread times a CPU compute on ``threads`` intra-op threads takes on ``cpus`` CPUs where they
     outnumber them (``OVERSUBSCRIBED_THREAD_COST`` for each beyond, up to ``OVERSUBSCRIBED_THREADS_PRICED``); 1 where
@@ -633,7 +639,7 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                             physical_cores=physical_cores if physical_cores and physical_cores < usable_cpus else None,
                             compute_threads=threads if isinstance(threads, int) and threads > 0 else None,
                             compute_oversubscribed=(compute_on_cpu and isinstance(threads, int)
-                                                    and threads > usable_cpus + 0.5),
+                                                    and threads_outnumber_cpus(threads, usable_cpus)),
                             blocked_holds_core_waits=pipeline.runqueue_s is None)
     model = _at_full_core_speed(model)
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
                                           CPU_STAGES, RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY,
-                                          TIME_SHARING_COST, ThroughputModel, oversubscription_cost)
+                                          TIME_SHARING_COST, ThroughputModel, oversubscription_cost,
+                                          threads_outnumber_cpus)
 from stallscope.settings import MAX_WORKERS
 
 if TYPE_CHECKING:
@@ -296,7 +297,7 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
     # still more threads than CPUs there, priced so (``_threads_on_target``), or the same CPUs as recorded: a cut to the
     # CPUs is credited with their waits; elsewhere the recorded time is not taken apart
     oversubscribed = (model.compute_oversubscribed and target.gpus == 0 and not given
-                      and (model.compute_threads or 0) > cores + 0.5
+                      and threads_outnumber_cpus(model.compute_threads, cores)
                       and (threaded is not None or abs(cores - model.usable_cpus) < 0.5))
     moved = dataclasses.replace(model, usable_cpus=cores, compute_per_sample_s=compute, main_cpu_per_sample_s=main_cpu,
                                 main_occupancy=occupancy, compute_on_cpu=target.gpus == 0, physical_cores=physical,

@@ -185,9 +185,9 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     if verdict == "input-bound" and pipeline is not None:
         recs.extend(r for r in _stage_fixes(seconds, train, model, workers)
                     if r.predicted_speedup is None or r.predicted_speedup >= MIN_GAIN)
-    threads_cut = _threads_for_the_cpus(model, workers) if model is not None else None
-    if threads_cut is not None and not any(r.id == "split-the-cores" for r in recs):
-        recs.append(threads_cut)
+    if model is not None and not any(r.id == "split-the-cores" for r in recs):  # that split cuts the threads too
+        if (threads_cut := _threads_for_the_cpus(model, workers)) is not None:
+            recs.append(threads_cut)
     if input_side and model is not None and not recs:
         recs.append(_no_predicted_gain(model, workers, epochs))
     # what no change can do first; but a compute-bound job's own threads' waits before "no input fix"
