@@ -137,6 +137,8 @@ class FetchRecord:
     ``timed`` is False for a batch whose library calls were not timed (the recorder times one batch
     in every few where timing each call would cost more than its budget): its ``by_node`` and
     ``by_name`` are empty and its per-node split is estimated from the loader's timed batches.
+    ``minflt``: minor page faults the fetching thread took, -1 where not counted (not Linux, or a
+    session recorded before they were).
     """
     loader_id: int
     iter_id: int
@@ -152,6 +154,7 @@ class FetchRecord:
     outcome: str | None
     pid: int
     timed: bool = True
+    minflt: int = -1
 
 
 @dataclass(frozen=True)

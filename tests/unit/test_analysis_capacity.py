@@ -788,3 +788,39 @@ def test_a_compute_recorded_with_more_threads_than_cpus_is_credited_their_waits_
     assert build_model(stats, train, 1.0, 0.44).compute_oversubscribed is True
     assert build_model(stats, train, 2.0, 0.44).compute_oversubscribed is False
     assert build_model(stats, train, 1.0, 0.44, compute_on_cpu=False).compute_oversubscribed is False
+
+
+def test_work_that_takes_no_fresh_memory_pays_little_for_sharing_a_core():
+    """A worker's time-sharing cost follows the page faults its work takes per CPU second: the full
+    TIME_SHARING_COST at FRESH_PAGES_FOR_FULL_SHARING_COST and over, RESIDENT_TIME_SHARING_COST at none, in
+    proportion between; the full cost where the faults were not counted (an older session)."""
+    from stallscope.analysis.capacity import (FRESH_PAGES_FOR_FULL_SHARING_COST, RESIDENT_TIME_SHARING_COST,
+                                              TIME_SHARING_COST)
+
+    assert (RESIDENT_TIME_SHARING_COST, FRESH_PAGES_FOR_FULL_SHARING_COST) == (0.02, 20_000.0)
+    assert model().worker_sharing_cost() == TIME_SHARING_COST == 0.08
+    assert model(fresh_pages_per_cpu_s=0.0).worker_sharing_cost() == pytest.approx(0.02)
+    assert model(fresh_pages_per_cpu_s=5_000.0).worker_sharing_cost() == pytest.approx(0.035)
+    assert model(fresh_pages_per_cpu_s=60_000.0).worker_sharing_cost() == pytest.approx(0.08)
+    # on one CPU with 2 threads wanting it: the whole time-sharing cost, the workers' by their faults
+    resident = model(usable_cpus=1.0, fresh_pages_per_cpu_s=1_000.0)
+    assert resident.load_cost(2.0) == pytest.approx(1.023)
+    assert resident.load_cost(2.0, compute=True) == pytest.approx(1.1)  # the compute's own work: as before
+    assert model(usable_cpus=1.0, fresh_pages_per_cpu_s=30_000.0).load_cost(2.0) == pytest.approx(1.08)
+
+
+def test_a_built_model_counts_the_fetches_faults_and_a_zero_worker_runs_shared_memory_pages():
+    """The pipeline's faults per CPU second of its fetches; a 0-worker run's batches would be collated into fresh
+    shared memory by workers: a page per 4096 bytes of each sample, with that collate's estimated CPU."""
+    from stallscope.analysis.capacity import build_model
+
+    stats, train = _ten_steps_of_eight(workers=2)
+    counted = replace(train, pipeline=replace(train.pipeline, fresh_pages=480))  # 80 samples, 0.24 s of CPU
+    assert build_model(stats, counted, 2.0, main_cpu_s=0.34).fresh_pages_per_cpu_s == pytest.approx(2_000.0)
+    assert build_model(stats, train, 2.0, main_cpu_s=0.34).fresh_pages_per_cpu_s is None  # not counted
+    stats, train = _ten_steps_of_eight(workers=0)
+    counted = replace(train, pipeline=replace(train.pipeline, fresh_pages=480))
+    m = build_model(stats, counted, 2.0, main_cpu_s=0.34, bytes_per_sample=40960.0)  # typical shm cost: 0.72 ns/B
+    assert m.shm_write_per_sample_s == pytest.approx(40960 * 0.72e-9)
+    assert m.fresh_pages_per_cpu_s == pytest.approx((480 + 80 * 10) / (0.24 + 80 * 40960 * 0.72e-9))
+    assert m.fresh_pages_per_cpu_s == pytest.approx(5_281.4, rel=1e-4)

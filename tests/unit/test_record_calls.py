@@ -175,16 +175,61 @@ def test_fetches_time_their_calls_in_one_batch_of_every_few_when_calls_are_cheap
     cheap = Fetcher(cost_ns=2_000)  # 8 calls of 2 us: timing them would cost far more than the budget
     for _ in range(40):
         assert fetch(cheap, list(range(8))) == [1] * 8
-    flags = [r[-1] for r in emitted]
+    flags = [r[13] for r in emitted]
     assert [i for i, timed in enumerate(flags) if timed] == [0, 16, 32]
     for record in emitted:
         assert record[0] == "fetch" and record[1:4] == (7, 0, 0)
         by_node, by_name = record[10], record[11]
-        assert (by_name["sample"][2] == 8 and by_node["transform"][2] == 8) if record[-1] else by_name == by_node == {}
+        assert (by_name["sample"][2] == 8 and by_node["transform"][2] == 8) if record[13] else by_name == by_node == {}
     emitted.clear()
     workers._fetch_seq.clear()
     workers._next_timed_seq.clear()
     slow = Fetcher(cost_ns=5_000_000)  # 5 ms per sample, as a JPEG decode: every batch is timed
     for _ in range(5):
         fetch(slow, list(range(8)))
-    assert [r[-1] for r in emitted] == [True] * 5
+    assert [r[13] for r in emitted] == [True] * 5
+
+
+@pytest.mark.skipif(not hasattr(__import__("resource"), "RUSAGE_THREAD"), reason="per-thread page faults: Linux only")
+def test_a_fetch_counts_the_page_faults_its_thread_takes(monkeypatch):
+    """The kernel's own count: a fetch that writes 8 MiB of freshly mapped memory takes a fault per 4 KiB page of
+    it, one that writes memory it had already touched next to none."""
+    import mmap
+
+    from stallscope.record import events, workers
+
+    emitted = []
+    monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))
+    monkeypatch.setattr(workers, "worker_context", (7, 0, 0))
+    monkeypatch.setattr(workers, "_fetch_seq", {})
+    monkeypatch.setattr(workers, "_next_timed_seq", {})
+    size, page = 8 << 20, 4096
+
+    def fresh_mapping() -> mmap.mmap:
+        mapped = mmap.mmap(-1, size)
+        if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+            mapped.madvise(mmap.MADV_NOHUGEPAGE)  # a page of 4 KiB each, whatever the kernel's huge-page setting
+        return mapped
+
+    kept = fresh_mapping()
+    kept[::page] = b"\x01" * (size // page)  # touched once, outside any fetch
+
+    class Fetcher:
+        _stallscope_ctx = None
+        collate_fn = staticmethod(list)
+
+        def fresh(self, indices):
+            mapped = fresh_mapping()
+            mapped[::page] = b"\x01" * (size // page)
+            mapped.close()
+            return list(indices)
+
+        def reused(self, indices):
+            kept[::page] = b"\x02" * (size // page)
+            return list(indices)
+
+    workers.timed_fetch(Fetcher.fresh)(Fetcher(), [0])
+    workers.timed_fetch(Fetcher.reused)(Fetcher(), [0])
+    (fresh, reused) = [record[14] for record in emitted]
+    assert fresh >= size // page
+    assert 0 <= reused < 64

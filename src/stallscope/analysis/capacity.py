@@ -71,7 +71,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from stallscope.analysis.findings import LoaderSummary, StepStats
+from stallscope.analysis.findings import LoaderSummary, StepStats, WorkerPipeline
 
 CPU_STAGES = ("decode", "transform", "loader")
 #: Above this many cores busy while it computes, the training process runs intra-op threads in parallel regions.
@@ -101,7 +101,23 @@ ALL_CORES_BUSY_COST = 0.04
 #: others. More threads do not switch more often (the scheduler's slice sets that), so the cost stops there.
 #: Estimated; measured on the 2-core VM in the same runs: a worker's CPU per sample with 3 workers on 2 cores +8% over
 #: 1 worker for JPEGs (+1% tokenizing), with 2 and 3 workers on 1 core +5% and +10%.
+#: This is the cost for work that streams through fresh memory (``FRESH_PAGES_FOR_FULL_SHARING_COST``).
 TIME_SHARING_COST = 0.08
+#: The time-sharing cost of work whose memory stays put: a pure-Python tokenizer's objects are reused from the
+#: interpreter's own pools and take almost no page faults. Measured on the 2-core VM (2026-12-04, plain DataLoader on
+#: one core, 2 rounds): the tokenize scenario's worker CPU per sample with 2 and 3 workers +1-3% and +4% over 1 worker
+#: (2 page faults per sample), where 500x400 JPEGs paid +6-9% and +14% (170 faults per sample, 60,000 per CPU second)
+#: and 2000x1500 JPEGs +1-9% and +6-10% (450-600 per sample, 30,000 per CPU second). A synthetic worker that reuses
+#: one 600 KB or 4 MB array paid nothing (145 us per item with 1, 2 or 3 processes on the core); the same work
+#: allocating its array afresh each time (261 faults per item) paid +6% and +7%. So the cost is the fresh memory, not
+#: the cache footprint, and the fault rate the recorder counts in each fetch (``FetchRecord.minflt``) says which.
+RESIDENT_TIME_SHARING_COST = 0.02
+#: Minor page faults per CPU second of the workers' work at which their time-sharing cost is ``TIME_SHARING_COST``
+#: (from ``RESIDENT_TIME_SHARING_COST`` at none, in proportion): both JPEG pipelines above paid it in full at 30,000
+#: and more; the tokenizer, at under 1,000, the resident figure. Where it is crossed between is not measured.
+FRESH_PAGES_FOR_FULL_SHARING_COST = 20_000.0
+#: A memory page: what a fresh shared-memory segment takes a fault for (x86-64 and most arm64 Linux kernels).
+PAGE_BYTES = 4096
 #: ``TIME_SHARING_COST`` for the training process's own CPU work where it computes on the CPU: its weights,
 #: activations and optimizer state are a working set the neighbour's work evicts at every switch, where a decode
 #: streams through its image. Measured on the 2-core VM in the same runs: the training step's own CPU per sample with
@@ -185,6 +201,9 @@ class ThroughputModel:
     compute_oversubscribed: bool = False
     # the kernel did not report run-queue waits: the workers' blocked time holds their waits for a core already
     blocked_holds_core_waits: bool = False
+    # minor page faults per CPU second of the workers' work (fresh memory they touch, with the shared-memory
+    # segments a 0-worker run's batches would be collated into); None: not counted (``worker_sharing_cost``)
+    fresh_pages_per_cpu_s: float | None = None
 
     @property
     def compute_priced_apart(self) -> bool:
@@ -386,8 +405,18 @@ class ThroughputModel:
         # over the cores: a core's hardware threads share more than caches, which SMT_YIELD prices already
         cores = min(self.physical_cores or cpus, cpus)
         shared = min(1.0, max(0.0, (busy - 1.0) / (cores - 1.0))) if cores > 1.0 else 0.0
-        sharing_cost = COMPUTE_TIME_SHARING_COST if compute else TIME_SHARING_COST
+        sharing_cost = COMPUTE_TIME_SHARING_COST if compute else self.worker_sharing_cost()
         return 1.0 + ALL_CORES_BUSY_COST * shared + sharing_cost * min(1.0, max(0.0, busy / cpus - 1.0))
+
+    def worker_sharing_cost(self) -> float:
+        """What a worker's CPU second costs more once threads outnumber the cores: ``TIME_SHARING_COST`` for work
+        that takes fresh memory at ``FRESH_PAGES_FOR_FULL_SHARING_COST`` page faults per CPU second or more,
+        ``RESIDENT_TIME_SHARING_COST`` for work that takes none, in proportion between; the full cost where the
+        faults were not counted."""
+        if self.fresh_pages_per_cpu_s is None:
+            return TIME_SHARING_COST
+        fresh = min(1.0, max(0.0, self.fresh_pages_per_cpu_s / FRESH_PAGES_FOR_FULL_SHARING_COST))
+        return RESIDENT_TIME_SHARING_COST + (TIME_SHARING_COST - RESIDENT_TIME_SHARING_COST) * fresh
 
     def one_thread_compute_s(self) -> float:
         """The compute's time per sample on one thread, for a compute recorded with more threads than usable CPUs:
@@ -587,6 +616,20 @@ def oversubscription_cost(threads: float, cpus: float) -> float:
     return 1.0 + OVERSUBSCRIBED_THREAD_COST * extra
 
 
+def _fresh_pages_per_cpu_s(pipeline: WorkerPipeline, shm_write_per_sample_s: float,
+                           bytes_per_sample: float | None) -> float | None:
+    """Minor page faults per CPU second of the fetches' work; for a 0-worker run with the shared-memory segments
+    workers would collate its batches into (a page each ``PAGE_BYTES`` of a batch, and their estimated CPU) added.
+    None where the fetches did not count their faults."""
+    if pipeline.fresh_pages is None or pipeline.cpu_s <= 0:
+        return None
+    pages, cpu = float(pipeline.fresh_pages), pipeline.cpu_s
+    if pipeline.num_workers == 0 and bytes_per_sample:
+        pages += pipeline.samples * bytes_per_sample / PAGE_BYTES
+        cpu += pipeline.samples * shm_write_per_sample_s
+    return pages / cpu
+
+
 def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: float,
                 main_cpu_s: float | None, startup_s: float = 0.0,
                 helper_cpu_s: float | None = None, compute_on_cpu: bool = True,
@@ -640,7 +683,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                             compute_threads=threads if isinstance(threads, int) and threads > 0 else None,
                             compute_oversubscribed=(compute_on_cpu and isinstance(threads, int)
                                                     and threads_outnumber_cpus(threads, usable_cpus)),
-                            blocked_holds_core_waits=pipeline.runqueue_s is None)
+                            blocked_holds_core_waits=pipeline.runqueue_s is None,
+                            fresh_pages_per_cpu_s=_fresh_pages_per_cpu_s(pipeline, write, bytes_per_sample))
     model = _at_full_core_speed(model)
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded
     # configuration predicts what the model says for it, and every other configuration is priced against it.

@@ -94,6 +94,8 @@ class WorkerPipeline:
     errors: int
     #: Batches whose library calls were timed (the rest had their split estimated from these); None: all.
     call_timed_batches: int | None = None
+    #: Minor page faults the fetches took (fresh memory touched); None where a fetch did not count them.
+    fresh_pages: int | None = None
 
 
 @dataclass(frozen=True)

@@ -217,6 +217,7 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
         empty_queue_fraction=empty,
         pin_s=pin,
         errors=errors,
+        fresh_pages=sum(f.minflt for f in fetches) if all(f.minflt >= 0 for f in fetches) else None,
     )
 
 

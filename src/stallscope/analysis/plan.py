@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
-                                          CPU_STAGES, RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY,
-                                          TIME_SHARING_COST, ThroughputModel, oversubscription_cost,
-                                          threads_outnumber_cpus)
+                                          CPU_STAGES, FRESH_PAGES_FOR_FULL_SHARING_COST, RECEIVED_BATCH_READS,
+                                          SMT_YIELD, THREADED_OCCUPANCY, TIME_SHARING_COST, ThroughputModel,
+                                          oversubscription_cost, threads_outnumber_cpus)
 from stallscope.settings import MAX_WORKERS
 
 if TYPE_CHECKING:
@@ -168,6 +168,16 @@ class Plan:
 
     def row(self, workers: int) -> WorkerRow | None:
         return next((r for r in self.rows if r.workers == workers), None)
+
+
+def _sharing_basis(model: ThroughputModel) -> str:
+    """Why the workers' time-sharing cost is what it is: the page faults their work took, where counted."""
+    if model.fresh_pages_per_cpu_s is None:
+        return ""
+    fresh = model.fresh_pages_per_cpu_s >= FRESH_PAGES_FOR_FULL_SHARING_COST
+    return (f", as the workers' work takes {model.fresh_pages_per_cpu_s:,.0f} page faults per CPU second ("
+            + ("fresh memory: the full cost)" if fresh else
+               f"its memory mostly stays put; work on fresh memory pays up to {100 * TIME_SHARING_COST:.0f}%)"))
 
 
 def _ceiling(model: ThroughputModel, cores: float) -> int:
@@ -333,8 +343,9 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
     if model.recorded_load_cost is not None:
         notes.append(f"each CPU second is priced at the load of each worker count against the recorded run's "
                      f"(cpu_second_cost in each row): up to {100 * ALL_CORES_BUSY_COST:.0f}% more with every core "
-                     f"busy than with one, up to {100 * TIME_SHARING_COST:.0f}% more again once threads outnumber "
-                     "the cores" + (f" ({100 * COMPUTE_TIME_SHARING_COST:.0f}% for the compute's own work, whose "
+                     f"busy than with one, up to {100 * moved.worker_sharing_cost():.0f}% more again once threads "
+                     f"outnumber the cores{_sharing_basis(moved)}"
+                     + (f" ({100 * COMPUTE_TIME_SHARING_COST:.0f}% for the compute's own work, whose "
                                     "working set the others evict: compute_cpu_second_cost; and the workers' up to "
                                     f"{100 * COMPUTE_NEIGHBOUR_COST:.0f}% more for the share of the time it computes "
                                     "on another core beside them)"

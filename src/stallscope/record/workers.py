@@ -3,8 +3,10 @@
 A worker learns its identity (loader id, iterator id, worker id) from ``WorkerInit``, which
 wraps the script's own ``worker_init_fn`` and is pickled to the worker under spawn and
 forkserver. Each fetch is then recorded with wall time, thread CPU time, run-queue wait (from
-``/proc/thread-self/schedstat``, to tell CPU starvation from blocking I/O) and the per-node
-split of the library calls made inside it.
+``/proc/thread-self/schedstat``, to tell CPU starvation from blocking I/O), the minor page faults
+the fetching thread took (fresh memory it touched: what makes its CPU second dearer when it shares
+a core, ``analysis/capacity.py``'s ``FRESH_PAGES_FOR_FULL_SHARING_COST``) and the per-node split of
+the library calls made inside it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,24 @@ _next_timed_seq: dict[tuple[int, int, int], int] = {}
 
 
 _schedstat_fds: dict[int, int] = {}
+try:
+    import resource
+
+    _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux only
+except ImportError:  # not a Unix
+    _RUSAGE_THREAD = None
+
+
+def read_minor_faults() -> int:
+    """Minor page faults this thread has taken (a page of fresh memory mapped, or one of the page cache), or -1
+    where the platform does not count them per thread. One ``getrusage`` call, about a microsecond."""
+    if _RUSAGE_THREAD is None:
+        return -1
+    try:
+        return resource.getrusage(_RUSAGE_THREAD).ru_minflt
+    except (OSError, ValueError):
+        return -1
+
 
 
 def read_runqueue_wait_ns() -> int:
@@ -128,7 +148,7 @@ def timed_fetch(original: Any) -> Any:
         seq = _fetch_seq.get(ctx, 0)
         _fetch_seq[ctx] = seq + 1
         timed = seq >= _next_timed_seq.get(ctx, 0)
-        rq0 = read_runqueue_wait_ns()
+        rq0, pf0 = read_runqueue_wait_ns(), read_minor_faults()
         account = calls.begin_fetch() if timed else None
         stacks.fetch_started(ctx[0])
         t0, c0 = _perf(), _cpu()
@@ -155,13 +175,14 @@ def timed_fetch(original: Any) -> Any:
                 _next_timed_seq[ctx] = seq + calls.timing_interval(account, t1 - t0)
             else:
                 by_node = by_name = {}
-            rq1 = read_runqueue_wait_ns()
+            rq1, pf1 = read_runqueue_wait_ns(), read_minor_faults()
             try:
                 items = len(possibly_batched_index)
             except TypeError:  # one index: an iterable dataset, or batch_size=None
                 items = 1
             events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
-                        rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, by_node, by_name, outcome, timed)
+                        rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, by_node, by_name, outcome, timed,
+                        pf1 - pf0 if pf0 >= 0 and pf1 >= 0 else -1)
             if ctx is worker_context and t1 - _last_written[0] > WORKER_WRITE_EVERY_NS:
                 # Written out as it goes, the sampled stacks too: a worker can end without running any Python
                 # (persistent workers are terminated by multiprocessing at the job's exit, and torch's own SIGTERM
