@@ -45,16 +45,18 @@ compute beside busy workers all count core capacity, not CPUs. Workers recorded 
 measured their CPU costs slowed the same way; ``build_model`` takes that out first.
 
 A CPU second does not cost the same at every load. With every core busy, the cores share caches, memory bandwidth
-and a lower all-core clock; with more runnable threads than cores, the kernel switches between them and each finds
-its caches refilled. A run measures its costs under its own load only: a 0-worker run under one busy thread. So
-every rate prices the CPU work (workers', the training process's, a CPU compute's) by ``load_cost`` of the threads
-that configuration keeps busy, over the load the run was recorded under (``recorded_load_cost``); both terms are
-estimates, stated where they are used. The training process's own work pays a little more for sharing its core
-than the workers' does (``COMPUTE_TIME_SHARING_COST``): its working set is evicted at every switch. And a worker's
-CPU second costs more again while the training computes on the CPU beside it, on another core
-(``COMPUTE_NEIGHBOUR_COST``, for the share of the time it does, ``computing_share``): a training step is a heavier
-neighbour for the shared caches and memory than another worker's decode, and a 0-worker run, whose loading and
-compute took turns, never shows it.
+and a lower all-core clock; with more runnable threads than cores, the kernel switches between them every few
+milliseconds. The switches cost work that takes fresh memory (a decode's new buffers, the shared-memory segments a
+batch is collated into) most and work whose memory stays put (a Python tokenizer's pooled objects) little, whatever
+its cache footprint: the page faults each fetch took say which (``worker_sharing_cost``). A run measures its costs
+under its own load only: a 0-worker run under one busy thread. So every rate prices the CPU work (workers', the
+training process's, a CPU compute's) by ``load_cost`` of the threads that configuration keeps busy, over the load
+the run was recorded under (``recorded_load_cost``); both terms are estimates, stated where they are used. The
+training process's own work pays a little more for sharing its core than the workers' does
+(``COMPUTE_TIME_SHARING_COST``): its working set is evicted at every switch. And a worker's CPU second costs more
+again while the training computes on the CPU beside it, on another core (``COMPUTE_NEIGHBOUR_COST``, for the share
+of the time it does, ``computing_share``): a training step is a heavier neighbour for the shared caches and memory
+than another worker's decode, and a 0-worker run, whose loading and compute took turns, never shows it.
 
 Some costs exist only with workers: a worker collates each batch into a fresh shared-memory segment and
 the training process maps it again, both paying page faults an in-process batch never does. A run with
@@ -97,8 +99,8 @@ TYPICAL_SHM_READ_S_PER_BYTE = 0.29e-9
 #: Vendors' all-core clocks run 10-25% below their one-core clocks, which a busier machine than this VM would show.
 ALL_CORES_BUSY_COST = 0.04
 #: How much more a CPU second costs once runnable threads outnumber the cores, reached at one thread more than
-#: cores: the kernel switches between them every few milliseconds and each finds its caches refilled by the
-#: others. More threads do not switch more often (the scheduler's slice sets that), so the cost stops there.
+#: cores: the kernel switches between them every few milliseconds, and the work pays for it in the memory it maps
+#: afresh (below). More threads do not switch more often (the scheduler's slice sets that), so the cost stops there.
 #: Estimated; measured on the 2-core VM in the same runs: a worker's CPU per sample with 3 workers on 2 cores +8% over
 #: 1 worker for JPEGs (+1% tokenizing), with 2 and 3 workers on 1 core +5% and +10%.
 #: This is the cost for work that streams through fresh memory (``FRESH_PAGES_FOR_FULL_SHARING_COST``).
