@@ -10,6 +10,12 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40] [--store DIR]
 Score saved runs again (nothing run): python benchmarks/predictions.py --rescore DIR [DIR ...]
 
+Measured 2026-12-04 (session 30, at 302aa89: a worker's time-sharing cost from its page faults, which reaches only
+pipelines that take few, such as tokenize's), ``--rounds 3 --store /tmp/s30/pstore``, 7 min, on a quiet machine:
+starved -5% (1.34x vs 1.40x), slow storage +1%, large JPEGs -8% (1.61x vs 1.75x), HTTP -0%, tokenize -4% (1.77x vs
+1.85x; rounds 1.85x, 2.00x, 1.84x), early exit +7% (1.14x vs 1.07x), 2-thread compute -4% (1.14x vs 1.19x), heavy
+model -2%, short epochs -4% (no advice: one worker more, 0.79x vs 0.82x): **median 4%, worst 8%: met**.
+
 Measured 2026-12-04 (session 29, at e0592f7: the model as of session 28, whose changes reach only a compute recorded
 with more threads than CPUs), ``--rounds 3 --store /tmp/s29/pstore``, 7 min: starved -6% (1.34x vs 1.42x), slow storage
 +2%, large JPEGs -13% (1.55x vs 1.77x; rounds 1.82x, 1.77x, 1.76x), HTTP +1%, tokenize +9% (1.74x vs 1.59x; rounds

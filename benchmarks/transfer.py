@@ -27,6 +27,19 @@ workers, pinned non-blocking copies) on 2 cores and checks the plan for all 16 (
 is the demo's with 600 JPEGs of about 500x400, repeated 8 times per epoch so that 14 persistent workers are not
 refilling their queues at every epoch's start. Without a GPU the scenario trains on the CPU.
 
+Measured 2026-12-04 (session 30, at 302aa89: a worker's time-sharing cost from the page faults its fetches took,
+``worker_sharing_cost``), both directions on a quiet machine (the probe read 1.89-2.03): ``--directions down --rounds 3
+--out /tmp/s30/tr``, 18 min: **2 -> 1 cores median 3%, worst 11%, all 18 within 20%** (starved +6/+4/+11% for 1/2/3
+workers on one core, slow storage +0/+4/+5%, large JPEGs +3/-4/+0%, tokenize +2/-3/+0%, the 2-thread compute
+-2/-7/-5%, heavy model +1/+2/+2%); ``--directions up --rounds 2 --out /tmp/s30/trup``, 10 min: **1 -> 2 cores median
+2%, worst 9%, all 18 within 10%** (large JPEGs' 2 workers -9%). The model before it, rescored on the same runs: down
+median 4%, worst 11%, tokenize 2 and 3 workers -8/-5% (the only rows that moved: the JPEG pipelines take 35-73
+thousand faults per CPU second and keep the full cost, the tokenizer about 1,100 and pays 2.3%); up the same but
+tokenize +5/-1/-2% (now +4/-2/+1%). So session 28's -25/-22% for tokenize down was mostly that day's slow 2-core
+recordings (271-364 samples/s; today's 415-425) and the rest the 8% the tokenizer was charged and does not pay: by
+hand, a plain DataLoader on one core, 2 rounds, its worker's CPU per sample with 2 and 3 workers was +1-3% and +4%
+over 1 worker, where 500x400 JPEGs paid +6-9% and +14% and 2000x1500 ones +1-9% and +6-10%.
+
 Measured 2026-12-04 (session 28, later: a compute recorded with more intra-op threads than CPUs is planned from its
 one-thread time, ``OVERSUBSCRIBED_THREAD_COST``). The up direction at d8b8444, ``--directions up --rounds 2 --out
 /tmp/s28/trup``, 10 min: **1 -> 2 cores median 4%, worst 21%**: every row within 10% but the 2-thread compute's
