@@ -16,6 +16,13 @@ prefetch_factor=1): confirmed 525.4 samples/s against the grid's 580.5 (0.905, t
 best of 25 noisy runs), and 0.988 head to head (medians of 3 alternating runs each). With --steps 40 the
 per-trial noise (+-10-15%) let tune settle on 2 workers alone (head to head 0.81-0.92).
 
+2026-12-04 (session 30, at 4dceb03: the time-sharing cost from the workers' page faults, unchanged for this JPEG
+pipeline), --steps 100, 7 min: **met**. tune used 8 runs (0.32 of the grid): original 174.9 (its first run; 466.0 in
+the confirmation, 434.4 in the grid), diagnosis 3 workers persistent prefetch 1 437.1, 2 workers 468.0, 4/1 workers
+432.4/393.6, 2 restarted 404.5; winner 2 workers persistent prefetch 1 (511.5 +- 18.9 in the grid), confirmed 476.5 +-
+16.3; the grid's best single run 3 workers persistent prefetch 1, 518.9 +- 16.8: 0.918, **1.136 head to head** (537.0
+vs 472.8); the reproduce line measured 523.4 and 472.5.
+
 2026-12-04 (session 29, at f7df250: a trial's standard error from its blocks' time per sample, not their rates),
 --steps 100, 10 min: **met**. tune used 8 runs (0.32 of the grid): original 435.0, diagnosis 2 workers persistent
 prefetch 1 593.1, 3/4/1 workers 513.8/517.9/398.7, 2 restarted 457.7; winner the diagnosis, which is the grid's best

@@ -398,9 +398,9 @@ class ThroughputModel:
 
     def load_cost(self, busy: float, compute: bool = False) -> float:
         """What a CPU second costs with ``busy`` threads wanting the usable CPUs, against one thread alone:
-        ``ALL_CORES_BUSY_COST`` reached as the busy threads go from one to a thread per core, and
-        ``TIME_SHARING_COST`` (``COMPUTE_TIME_SHARING_COST`` for the training process's own work, ``compute``) as they
-        go on to one thread more than CPUs."""
+        ``ALL_CORES_BUSY_COST`` reached as the busy threads go from one to a thread per core, and the workers'
+        ``worker_sharing_cost`` (``COMPUTE_TIME_SHARING_COST`` for the training process's own work, ``compute``) as
+        they go on to one thread more than CPUs."""
         cpus = self.usable_cpus
         if cpus <= 0:
             return 1.0
