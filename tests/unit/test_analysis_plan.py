@@ -396,3 +396,19 @@ def test_threads_recorded_on_fewer_cpus_are_planned_from_their_one_thread_time()
     assert wide.with_compute_threads(2).compute_per_sample_s == pytest.approx(0.0005)
     before, _ = target_model(replace(model, compute_oversubscribed=False), Target(cores=2), samples_per_step=16)
     assert before.compute_per_sample_s == pytest.approx(0.00155 / 2)
+
+
+def test_the_plan_says_what_the_workers_pay_for_sharing_a_core_and_why():
+    """The time-sharing cost stated in the assumptions is the run's own (from its page faults), with the figure."""
+    def sharing_note(**kw) -> str:
+        plan = project(recorded(recorded_load_cost=1.0, **kw), Target(cores=1), samples_per_step=16)
+        return next(n for n in plan.assumptions if "priced at the load of each worker count" in n)
+
+    resident = sharing_note(fresh_pages_per_cpu_s=1_000.0)
+    assert ("up to 2% more again once threads outnumber the cores, as the workers' work takes 1,000 page faults"
+            in resident)
+    assert "its memory mostly stays put; work on fresh memory pays up to 8%" in resident
+    fresh = sharing_note(fresh_pages_per_cpu_s=60_000.0)
+    assert "up to 8% more again" in fresh and "60,000 page faults per CPU second (fresh memory: the full cost)" in fresh
+    uncounted = sharing_note()  # a session recorded before faults were counted: the full cost, no figure
+    assert "up to 8% more again once threads outnumber the cores (" in uncounted and "page faults" not in uncounted

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
-                                          CPU_STAGES, FRESH_PAGES_FOR_FULL_SHARING_COST, RECEIVED_BATCH_READS,
-                                          SMT_YIELD, THREADED_OCCUPANCY, TIME_SHARING_COST, ThroughputModel,
-                                          oversubscription_cost, threads_outnumber_cpus)
+                                          CPU_STAGES, RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY,
+                                          TIME_SHARING_COST, ThroughputModel, oversubscription_cost,
+                                          threads_outnumber_cpus)
 from stallscope.settings import MAX_WORKERS
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ def _sharing_basis(model: ThroughputModel) -> str:
     """Why the workers' time-sharing cost is what it is: the page faults their work took, where counted."""
     if model.fresh_pages_per_cpu_s is None:
         return ""
-    fresh = model.fresh_pages_per_cpu_s >= FRESH_PAGES_FOR_FULL_SHARING_COST
+    fresh = model.worker_sharing_cost() >= TIME_SHARING_COST
     return (f", as the workers' work takes {model.fresh_pages_per_cpu_s:,.0f} page faults per CPU second ("
             + ("fresh memory: the full cost)" if fresh else
                f"its memory mostly stays put; work on fresh memory pays up to {100 * TIME_SHARING_COST:.0f}%)"))

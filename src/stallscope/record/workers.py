@@ -29,7 +29,6 @@ _fetch_seq: dict[tuple[int, int, int], int] = {}
 _next_timed_seq: dict[tuple[int, int, int], int] = {}
 
 
-_schedstat_fds: dict[int, int] = {}
 try:
     import resource
 
@@ -48,6 +47,8 @@ def read_minor_faults() -> int:
     except (OSError, ValueError):
         return -1
 
+
+_schedstat_fds: dict[int, int] = {}
 
 
 def read_runqueue_wait_ns() -> int:
