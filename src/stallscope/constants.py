@@ -15,6 +15,8 @@ SUMMARY_SCHEMA = "stallscope.summary/1"
 PLAN_SCHEMA = "stallscope.plan/1"
 
 DEFAULT_STORE_DIRNAME = ".stallscope"
+#: The store's run history (SQLite), beside its ``runs/`` folder.
+HISTORY_FILENAME = "history.sqlite3"
 
 #: The launcher's note when the run's folder disappeared while the job ran (a cleanup script, ``rm -rf``): it
 #: begins every such note, so the analysis tells "events lost" from "the recorder never started".

@@ -31,7 +31,7 @@ from typing import Any
 
 import stallscope
 from stallscope import environment, paths
-from stallscope.constants import EVENTS_LOST_NOTE
+from stallscope.constants import EVENTS_LOST_NOTE, HISTORY_FILENAME
 from stallscope.collect import build_session
 from stallscope.sample import SystemSampler
 from stallscope.session import Session
@@ -307,9 +307,10 @@ def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str
 def save_session(session: Session, run_dir: Path) -> tuple[Path | None, str | None]:
     """Save the session and fold the raw events into it: (path, None), or (None, why) when it cannot be
     written, in which case no partial file stays behind and the raw events are kept to rebuild it."""
-    target = run_dir / "session.json"
     try:
-        path = session.save(target)
+        path = session.save(paths.store_path(run_dir, "session.json"))  # never through a link out of the run
+    except paths.OutsideStoreError as exc:
+        return None, str(exc)
     except OSError as exc:  # Session.save leaves no partial file behind
         reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
         return None, f"the session could not be saved in {run_dir}: {reason}"
@@ -355,7 +356,11 @@ def new_run(store: str | os.PathLike[str] | None, command: list[str], overrides:
     :class:`LaunchError` when the store cannot be written, before anything runs."""
     store_dir = paths.store_dir(store)
     run_id = paths.new_run_id()
-    run_dir = paths.runs_dir(store_dir) / run_id
+    try:  # the store's own files only: a link planted in it that leads out is refused before anything runs
+        run_dir = paths.store_path(store_dir, "runs", run_id)
+        paths.store_path(store_dir, HISTORY_FILENAME)
+    except paths.OutsideStoreError as exc:
+        raise LaunchError(str(exc)) from None
     # The description first (its checks take a moment): a Ctrl-C meanwhile leaves no empty run folder behind.
     meta: dict[str, Any] = {
         "run_id": run_id,
@@ -370,7 +375,9 @@ def new_run(store: str | os.PathLike[str] | None, command: list[str], overrides:
         "start_ns": time.perf_counter_ns(),
     }
     try:
-        (run_dir / "events").mkdir(parents=True, exist_ok=True)
+        paths.store_folder(store_dir, "runs", run_id, "events")
+    except paths.OutsideStoreError as exc:  # a link made since the check above
+        raise LaunchError(str(exc)) from None
     except OSError as exc:  # nowhere to save what is measured: say so before the script runs, not after
         raise LaunchError(f"cannot save sessions in {store_dir}: {exc.strerror or exc}; choose another place "
                           "with --store DIR or $STALLSCOPE_HOME") from None

@@ -39,6 +39,47 @@ def runs_dir(store: Path) -> Path:
     return store / "runs"
 
 
+class OutsideStoreError(ValueError):
+    """A file or folder of the store would be reached through a symbolic link that leads out of it: writing there
+    would put stallscope's files (or SQLite's tables) into something that is not the store's, so it is refused."""
+
+
+def store_path(store: str | os.PathLike[str], *parts: str) -> Path:
+    """``store/parts``, checked to be the store's own: no link on the way from the store down to it may lead out
+    of the store (a planted ``history.sqlite3 -> ~/app.sqlite`` or ``runs -> /elsewhere``). The store itself may be
+    a link (a store moved to a bigger disk), and links that stay inside it are fine. Raises
+    :class:`OutsideStoreError`, in one line naming the link and where it leads."""
+    root = Path(os.path.realpath(store))
+    path = Path(store).joinpath(*parts)
+    here = Path(store)
+    for part in parts:
+        here = here / part
+        real = Path(os.path.realpath(here))
+        if real != root and root not in real.parents:
+            link = _first_link(Path(store), here)
+            raise OutsideStoreError(f"{link} is a symbolic link to {os.readlink(link) if link.is_symlink() else real}, "
+                                    f"outside the store {store}: stallscope writes only its own files; remove the "
+                                    f"link (rm {shlex.quote(str(link))}) or choose another store with --store DIR")
+    return path
+
+
+def _first_link(store: Path, path: Path) -> Path:
+    """The first symbolic link on the way from ``store`` down to ``path`` (``path`` itself where none is found)."""
+    here = store
+    for part in path.relative_to(store).parts:
+        here = here / part
+        if here.is_symlink():
+            return here
+    return path
+
+
+def store_folder(store: str | os.PathLike[str], *parts: str) -> Path:
+    """``store_path`` made as a folder (with its parents), checked again once made."""
+    folder = store_path(store, *parts)
+    folder.mkdir(parents=True, exist_ok=True)
+    return store_path(store, *parts)
+
+
 def report_command(session_file: str | os.PathLike[str], run_id: str) -> str:
     """``stallscope report RUN_ID`` for a run saved in the store a plain ``stallscope report`` finds from here
     (``./.stallscope`` or ``$STALLSCOPE_HOME``); with ``--store STORE`` for a run saved anywhere else, so that the

@@ -13,7 +13,7 @@ from rich.markup import escape
 from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
-from stallscope.paths import write_file
+from stallscope.paths import OutsideStoreError, write_file
 from stallscope.render.bench import render, render_race
 from stallscope.settings import MAX_WORKERS
 from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, bench
@@ -123,6 +123,8 @@ def handle(args: argparse.Namespace) -> int:
         return interrupted_exit_code(exc)
     except OSError as exc:  # the store cannot take the bench folders
         return fail("bench", store_write_error(exc, args.store))
+    except OutsideStoreError as exc:  # a link in the store leads out of it
+        return fail("bench", str(exc))
     if args.json and not _saved(args.json, result.to_dict()):
         return 2
     render(result, console)

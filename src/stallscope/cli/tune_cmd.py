@@ -13,7 +13,7 @@ from rich.markup import escape
 from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
-from stallscope.paths import write_file
+from stallscope.paths import OutsideStoreError, write_file
 from stallscope.render.tune import config_text, rate_text, render
 from stallscope.settings import overrides_text
 from stallscope.tuning.trials import (
@@ -147,6 +147,9 @@ def handle(args: argparse.Namespace) -> int:
     except OSError as exc:  # the store cannot take the trial folders
         status.stop()
         return fail("tune", store_write_error(exc, args.store))
+    except OutsideStoreError as exc:  # a link in the store leads out of it
+        status.stop()
+        return fail("tune", str(exc))
     finally:
         status.stop()
     if args.json:

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import paths
+from stallscope.constants import HISTORY_FILENAME
 from stallscope.history.runs import RunRow
 
-HISTORY_FILENAME = "history.sqlite3"
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
 
@@ -177,9 +177,38 @@ def _ensure_schema(conn: sqlite3.Connection) -> None:
                                f"this one reads {SCHEMA_VERSION})")
 
 
+def _refuse_foreign(path: Path) -> None:
+    """Never take another program's SQLite database for the history: switching it to WAL and adding our tables
+    would change a file that is not ours. An empty file, or a database with no tables yet, is one SQLite made for
+    us (then the disk filled up); a file that is not SQLite at all is left to the damaged-history path (rebuild
+    keeps it aside)."""
+    try:
+        if path.stat().st_size == 0:
+            return
+        conn = _open_read_only(path)
+    except (OSError, sqlite3.Error):
+        return
+    try:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        return
+    finally:
+        conn.close()
+    if tables and not {"schema_version", "runs"} <= tables:
+        shown = ", ".join(sorted(tables)[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+        raise HistoryError(f"{path} is an SQLite database of another program (tables {shown}), not a stallscope "
+                           "history: stallscope leaves it as it is; move it out of the store, or choose another "
+                           "store with --store DIR")
+
+
 @contextmanager
 def _connect(store_dir: str | os.PathLike[str], create: bool) -> Iterator[sqlite3.Connection]:
-    path = history_path(store_dir)
+    try:
+        path = paths.store_path(store_dir, HISTORY_FILENAME)
+    except paths.OutsideStoreError as exc:
+        raise HistoryError(str(exc)) from None
+    if path.exists():
+        _refuse_foreign(path)
     if not create and not path.is_file():
         if problem := paths.store_is_a_file(Path(store_dir)):
             raise HistoryError(problem)

@@ -94,8 +94,7 @@ def bench(command: list[str], *, workers: Sequence[int] | None = None, seconds: 
           normal: bool = True, timeout_s: float = 600.0, store: str | os.PathLike[str] | None = None,
           progress: Callable[[str], None] | None = None) -> BenchResult:
     store_dir = paths.store_dir(store)
-    folder = store_dir / "bench" / paths.new_run_id()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = paths.store_folder(store_dir, "bench", paths.new_run_id())
     say = progress or (lambda text: None)
     errors: list[str] = []
     normal_result = None

@@ -177,8 +177,7 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
     if trials is not None and trials < min_trials(confirm_rounds):
         raise ValueError(f"trials={trials} leaves no room for a candidate; at least {min_trials(confirm_rounds)}")
     store_dir = paths.store_dir(store)
-    folder = store_dir / "tune" / paths.new_run_id()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = paths.store_folder(store_dir, "tune", paths.new_run_id())
     reserve = reserved_runs(confirm_rounds)
     budget = Budget(trials=trials, seconds=budget_s, reserve=reserve)
     counter = iter(range(1, 10_000))
