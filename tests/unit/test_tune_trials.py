@@ -82,7 +82,7 @@ def test_a_winner_that_confirms_slower_is_not_handed_out():
     render(_tuned(343.6, 318.6, 3.0), console)  # as measured by tune_grid.py on 2026-12-01: 0.93x, beyond noise
     text = console.export_text()
     assert "0.93x" in text and "Keep the original configuration" in text
-    assert "The change:" not in text and "--set" not in text.split("Confirmed:")[1]
+    assert "The change:" not in text and "--set" not in text.split("On confirmation:")[1]
     console = Console(record=True, width=200)
     render(_tuned(340.0, 380.0, 3.0), console)  # a gain that held: the change is printed as before
     text = console.export_text()

@@ -52,15 +52,29 @@ def render(result: TuneResult, console: Console) -> None:
         return
     o, w = result.original_confirmed, result.winner_confirmed
     if o and w:
-        console.print(f"Confirmed: original {o.value:.1f} ± {o.se:.1f} {result.unit}, winner {w.value:.1f} ± "
-                      f"{w.se:.1f} {result.unit}: [bold]{result.speedup:.2f}x[/]"
-                      + ("  (within noise of each other on confirmation)" if result.confirmed_within_noise else ""))
-        if result.speedup is not None and result.speedup < 1.0 and not result.confirmed_within_noise:
-            # The search's best was a lucky run, or the machine drifted: do not hand out a change that measured slower.
-            console.print("[yellow]On confirmation the winner ran slower than the original: the trials' gain did not "
-                          "hold. Keep the original configuration, or tune again with more --steps (longer runs "
-                          f"average out the machine's drift).[/]  Trial folders: {escape(result.folder)}")
-            return
+        console.print(f"{'Confirmed' if result.confirmed else 'On confirmation'}: original {o.value:.1f} ± {o.se:.1f} "
+                      f"{result.unit}, winner {w.value:.1f} ± {w.se:.1f} {result.unit}: [bold]{result.speedup:.2f}x[/]"
+                      + ("  (within noise of each other)" if result.confirmed_within_noise else ""))
+    if not result.confirmed:
+        console.print(unconfirmed(result), markup=False)
+        console.print(f"Trial folders: {result.folder}", markup=False)
+        return
     console.print(f"The change:  [bold]{escape(result.in_code())}[/]")
     console.print(f"Without editing code:  {shlex.join(result.rerun_command())}", markup=False)
     console.print(f"Trial folders: {result.folder}", markup=False)
+
+
+def unconfirmed(result: TuneResult) -> str:
+    """Why the search's winner is not the change to make: run again beside the original, it tied or lost."""
+    tried = overrides_text(result.winner_overrides)
+    o, w = result.original_confirmed, result.winner_confirmed
+    if o is None or w is None:
+        return (f"No setting tried was confirmed better than the original: the winner's ({tried}) confirmation did "
+                "not measure.\nKeep the original configuration.")
+    if result.confirmed_within_noise:
+        how = "measured within the noise of the original"
+    else:  # the search's best was a lucky run, or the machine drifted: a change that measured slower is no change
+        how = "ran slower than the original: the trials' gain did not hold"
+    return (f"No setting tried was confirmed better than the original: run again beside it, the search's winner "
+            f"({tried}) {how}.\nKeep the original configuration, or tune again with more --steps (longer runs "
+            "average out the machine's noise and drift).")

@@ -14,7 +14,7 @@ from typing import Any
 
 from stallscope import paths
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
-from stallscope.tuning.noise import DEFAULT_Z, Rate, mean_rate, within_noise
+from stallscope.tuning.noise import DEFAULT_Z, Rate, better, mean_rate, within_noise
 from stallscope.tuning.search import Budget, SearchOutcome, Tuner, config_key, overrides_for
 from stallscope.tuning.trials import TrialResult, run_trial, set_arguments
 
@@ -74,15 +74,27 @@ class TuneResult:
             return within_noise(self.original_confirmed, self.winner_confirmed, self.z)
         return None
 
+    @property
+    def confirmed(self) -> bool:
+        """Whether the search's winner is the change to make: run again against the original, it measured faster
+        by more than the noise (``change_confirmed``)."""
+        return change_confirmed(self.winner_overrides, self.original_confirmed, self.winner_confirmed, self.z)
+
+    @property
+    def change(self) -> dict[str, Any]:
+        """The overrides to hand out: the winner's where its gain was confirmed, none otherwise (``winner_overrides``
+        keeps what was tried)."""
+        return self.winner_overrides if self.confirmed else {}
+
     def set_args(self) -> list[str]:
-        return set_arguments(self.winner_overrides)
+        return set_arguments(self.change)
 
     def dataloader_kwargs(self) -> str:
         """The change as DataLoader keyword arguments, ready to paste (settings of the training process, such as
         ``torch_threads``, are no DataLoader arguments: ``in_code`` says them as their torch calls)."""
         from stallscope.settings import PROCESS_SETTINGS
 
-        return ", ".join(f"{k}={_python_literal(v)}" for k, v in _ordered(self.winner_overrides)
+        return ", ".join(f"{k}={_python_literal(v)}" for k, v in _ordered(self.change)
                          if k not in PROCESS_SETTINGS)
 
     def in_code(self) -> str:
@@ -90,7 +102,9 @@ class TuneResult:
         line for the Hugging Face Trainer, the ``DataLoader(...)`` call otherwise)."""
         from stallscope.render.words import in_code
 
-        return in_code(dict(_ordered(self.winner_overrides)), self.original.code if self.original else None)
+        if not self.change:
+            return ""
+        return in_code(dict(_ordered(self.change)), self.original.code if self.original else None)
 
     def rerun_command(self) -> list[str]:
         """The whole training with the change, recorded, without editing code: no ``--steps``, which only
@@ -109,7 +123,9 @@ class TuneResult:
             "confirmation": [t.to_dict() for t in self.confirmation],
             "original_confirmed": rate(self.original_confirmed), "winner_confirmed": rate(self.winner_confirmed),
             "speedup": round(self.speedup, 3) if self.speedup else None,
-            "winner_overrides": self.winner_overrides, "set_args": self.set_args(),
+            # the search's winner; set_args, dataloader_kwargs, in_code and rerun are the change to make, empty
+            # unless "confirmed" (faster than the original beyond the noise when both ran again)
+            "winner_overrides": self.winner_overrides, "confirmed": self.confirmed, "set_args": self.set_args(),
             "dataloader_kwargs": self.dataloader_kwargs(), "in_code": self.in_code(), "rerun": self.rerun_command(),
             "folder": self.folder, "notes": self.notes,
         }
@@ -270,6 +286,13 @@ def _confirm(outcome: SearchOutcome, confirm_rounds: int,
     if confirmed.winner is None:
         return ["the winner's confirmation run failed; see its trial folder"]
     return _loaded_confirmation_note(confirmed.runs)
+
+
+def change_confirmed(winner_overrides: dict[str, Any], original: Rate | None, winner: Rate | None,
+                     z: float = DEFAULT_Z) -> bool:
+    """A winner other than the original whose confirmation runs measured it faster than the original's by more than
+    ``z`` combined standard errors: a tie or a loss on confirmation is no change to make."""
+    return bool(winner_overrides) and original is not None and winner is not None and better(winner, original, z)
 
 
 def _loaded_confirmation_note(runs: list[TrialResult]) -> list[str]:
