@@ -208,3 +208,18 @@ def test_another_processs_loader_of_the_same_id_lends_the_training_loader_none_o
     # the same error in the training process's own worker is its error, re-raised
     own = replace(mixed, errors=[replace(err, pid=501, worker=1)])
     assert "loader-stalled" not in ids(own) and analyze(own).train_loader.pipeline.errors == 1
+
+
+def test_the_worker_pitfall_and_the_worker_advice_name_one_count():
+    """Issue 43, case 6: with 200 workers the pitfall said "use at most 2" and the next step "Use 3 instead of 200".
+    The count is the recommendation's (the throughput model's); the pitfall cites it."""
+    from stallscope.render import words
+
+    analysis = analyze(replace(base(workers=200), fetches=_fetches([20, 20], runqueue_ms=10)))
+    [pitfall] = [p for p in analysis.pitfalls if p.id == "workers-above-cores"]
+    [advice] = [r for r in analysis.recommendations if "num_workers" in r.overrides]
+    count = advice.overrides["num_workers"]
+    assert count != analysis.usable_cpus  # the case where the two rules part
+    fix = words.pitfall(pitfall).fix
+    assert fix.startswith(f"use {count} worker{'s' if count != 1 else ''},"), fix
+    assert f"Use {count} worker{'s' if count != 1 else ''} instead of 200" == words.recommendation(advice).title

@@ -19,7 +19,7 @@ from stallscope.analysis.findings import Analysis, Failure, LoaderSummary, Recom
 from stallscope.analysis.frameworks import code_site
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
-from stallscope.analysis.pitfalls import find_pitfalls
+from stallscope.analysis.pitfalls import agreeing_with, find_pitfalls
 from stallscope.analysis.recommend import recommend
 from stallscope.analysis.steps import FEW_STEADY_STEPS, epochs_of, step_stats
 from stallscope.analysis.sync import merge_intervals, overlap_ns
@@ -169,8 +169,10 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
                         shm_calibration=next((c for c in session.calibrations if c.get("kind") == "shared_memory"
                                               and c.get("pid") == session.main_pid), None),
                         physical_cores=_physical_cores(session, usable), warmup_share=warmup_share)
-    pitfalls = find_pitfalls(session, loaders, system, cpus)
     spots = session_hotspots(session, stats.loader_ids, seconds)
+    recommendations = _with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
+                                                        _unpinned_fraction(session, stats), epochs), train), spots)
+    pitfalls = agreeing_with(find_pitfalls(session, loaders, system, cpus), recommendations)
     conditions = []
     if not session.processes:
         lost = any(note.startswith(EVENTS_LOST_NOTE) for note in session.notes)

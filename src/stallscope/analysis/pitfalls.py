@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stallscope.analysis.findings import LoaderSummary
@@ -34,6 +34,17 @@ def find_pitfalls(session: Session, loaders: list[LoaderSummary], system: System
                   _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits, _loader_stalled):
         found.extend(check(session, loaders, system, usable_cpus))
     return found
+
+
+def agreeing_with(pitfalls: list[Pitfall], recommendations: list[Any]) -> list[Pitfall]:
+    """A pitfall whose fix is a worker count takes it from the first recommendation that sets ``num_workers`` (the
+    throughput model's count for this job on these CPUs): one owner for the number, so the pitfall and the next
+    step never name two counts. Without such a recommendation the pitfall keeps its rule of thumb (the CPUs)."""
+    advised = next((r.overrides["num_workers"] for r in recommendations if "num_workers" in r.overrides), None)
+    if advised is None:
+        return pitfalls
+    return [replace(p, facts={**p.facts, "advised_workers": advised}) if p.id == "workers-above-cores" else p
+            for p in pitfalls]
 
 
 def _rss_growth(session, loaders, system, cpus):

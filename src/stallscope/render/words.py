@@ -151,7 +151,7 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 f"{f['oversubscribed_thread_cost']:g} of one thread's time, as measured on a 2-CPU machine)")
     if rid == "fewer-workers":
         n = o["num_workers"]
-        return (f"Use {n} workers instead of {f['workers']}", _set_change(o, f),
+        return (f"Use {n} worker{'s' if n != 1 else ''} instead of {f['workers']}", _set_change(o, f),
                 f"{f['workers']} workers compete for {f['usable_cpus']} CPUs: the extra ones only add memory and "
                 "contention")
     if rid == "persistent-workers":
@@ -289,8 +289,11 @@ def _pitfall_words(pid: str, f: dict[str, Any]) -> tuple[str, str, str]:
                 f"{f['shm_free_bytes'] / MIB:.0f} MiB free",
                 "enlarge /dev/shm (docker run --shm-size=8g), or lower prefetch_factor/num_workers, or send uint8")
     if pid == "workers-above-cores":
+        advised = f.get("advised_workers")  # the recommendation's count, where one sets it: one owner for the number
         return (f"{f['workers']} workers on {f['usable_cpus']} usable CPUs",
                 f"workers waited for a CPU {100 * f['runqueue_fraction']:.0f}% of their busy time",
+                f"use {advised} worker{'s' if advised != 1 else ''}, the count predicted fastest for this job on these "
+                "CPUs (see the recommendations)" if advised is not None else
                 f"use at most {f['usable_cpus']} workers for CPU-bound loading (more only when they block on I/O)")
     if pid == "thread-oversubscription":
         return ("Each worker runs several compute threads",
