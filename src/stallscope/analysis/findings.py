@@ -83,7 +83,7 @@ class WorkerPipeline:
     cpu_s: float
     blocked_s: float
     runqueue_s: float | None
-    by_call: dict[str, float]
+    by_call: dict[str, float]  # worker seconds per timed call: its share of its node's (``call_node``) node_s
     batch_wall_median_s: float | None
     batch_cpu_median_s: float | None
     startup_s: list[float]
@@ -96,6 +96,8 @@ class WorkerPipeline:
     call_timed_batches: int | None = None
     #: Minor page faults the fetches took (fresh memory touched); None where a fetch did not count them.
     fresh_pages: int | None = None
+    #: The node of each call of ``by_call`` (whose seconds are its share of that node's, so never more than it).
+    call_node: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,9 @@ class Recommendation:
 @dataclass(frozen=True)
 class Failure:
     """How the script failed: an exception (``where`` main or worker, with its type and message), or
-    ``type == "exit"``: it exited with a non-zero ``exit_code`` and no exception was seen."""
+    ``type == "exit"``: it exited with a non-zero ``exit_code`` and no exception was seen (``message``: what it
+    gave ``sys.exit``, if not a number). ``location``: the line of the user's code it happened at; ``pid``: the
+    process it happened in, where known; ``traceback``: as recorded, for the reports that show it whole."""
     where: str
     type: str
     message: str | None
@@ -144,6 +148,8 @@ class Failure:
     loader_id: int | None = None
     worker: int | None = None
     exit_code: int | None = None
+    pid: int | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from stallscope.analysis import ranks as ranks_mod
 from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_for
 from stallscope.analysis.capacity import build_model, capacity_report
 from stallscope.analysis.epochs import epoch_shape
+from stallscope.analysis.failures import failure
 from stallscope.analysis.gpu_timing import gpu_timing
-from stallscope.analysis.findings import Analysis, Failure, LoaderSummary, Recommendation, StepStats
+from stallscope.analysis.findings import Analysis, LoaderSummary, Recommendation, StepStats
 from stallscope.analysis.frameworks import code_site
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
@@ -101,21 +102,6 @@ def _startup_in_steady(session: Session, stats: StepStats, train: LoaderSummary 
     return total
 
 
-def _failure(session: Session) -> Failure | None:
-    # Ctrl-C reaches the workers too (one process group): their KeyboardInterrupt is not a failure of theirs.
-    worker_errors = [e for e in session.errors if e.where == "worker" and e.type != "KeyboardInterrupt"]
-    main_errors = [e for e in session.errors if e.where == "main"]
-    if worker_errors:
-        e = worker_errors[0]
-        return Failure("worker", e.type, e.message, e.location, e.loader_id, e.worker)
-    if main_errors:
-        e = main_errors[0]
-        return Failure("main", e.type, e.message, e.location)
-    if session.exit_code != 0:
-        return Failure("main", "exit", None, None, exit_code=session.exit_code)
-    return None
-
-
 def analyze(session: Session) -> Analysis:
     """The job's findings. A distributed job is analysed per rank (see ``ranks.py``); its top-level
     findings are the straggler's, or the lowest rank's when no rank holds the others back."""
@@ -134,7 +120,7 @@ def analyze(session: Session) -> Analysis:
     recs = list(primary.recommendations)
     recs = recs + extra if findings.straggler_rank is not None else extra + recs
     return dataclasses.replace(
-        primary, recommendations=recs, failure=_failure(session), notes=list(session.notes), conditions=[],
+        primary, recommendations=recs, failure=failure(session), notes=list(session.notes), conditions=[],
         ranks=summaries, distributed=findings, fetch_stages=fetch_stages(session.fetches))
 
 
@@ -193,10 +179,8 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         bottleneck_node=node,
         bottleneck_share=share,
         loaders=loaders,
-        recommendations=_with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
-                                                          _unpinned_fraction(session, stats),
-                                                          epochs), train), spots),
-        failure=_failure(session),
+        recommendations=recommendations,
+        failure=failure(session),
         usable_cpus=cpus,
         notes=list(session.notes),
         conditions=conditions,

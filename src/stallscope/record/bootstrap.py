@@ -132,6 +132,7 @@ def _install_exit_recording() -> None:
         previous_hook(exc_type, exc, tb)
 
     sys.excepthook = excepthook
+    _record_exit_messages()
 
     for ending in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         if signal.getsignal(ending) == signal.SIG_DFL:
@@ -151,6 +152,47 @@ def _install_exit_recording() -> None:
 
     atexit.register(at_exit)
     _flush_before_os_exit()
+
+
+def _record_exit_messages() -> None:
+    """``sys.exit("message")`` (and ``exit("message")``) ends the script with code 1 once Python has printed the
+    message, and no hook sees a ``SystemExit``: the call itself keeps a code that is not a number, as an
+    ``exception`` record of type ``SystemExit`` that the analysis reads only where the script did exit with 1."""
+    me = os.getpid()
+
+    def note(code: object) -> None:
+        if code is None or isinstance(code, int) or os.getpid() != me:
+            return
+        try:
+            caller = sys._getframe(2)
+            stack = "".join(traceback.format_stack(caller, limit=-16))
+            events.emit("exception", time.perf_counter_ns(), "SystemExit", str(code)[:2000],
+                        f"{caller.f_code.co_filename}:{caller.f_lineno}",
+                        f"Traceback (most recent call last):\n{stack}SystemExit: {code}"[-6000:])
+        except Exception:  # noqa: BLE001 - exiting must never fail because of the recorder
+            pass
+
+    real_exit = sys.exit
+
+    def exit(status: object = None, /) -> None:
+        note(status)
+        real_exit(status)
+
+    exit.__wrapped__ = real_exit  # type: ignore[attr-defined]
+    exit.__doc__ = real_exit.__doc__
+    sys.exit = exit
+    try:
+        import _sitebuiltins
+    except ImportError:
+        return
+    quitter_call = _sitebuiltins.Quitter.__call__
+
+    def __call__(self: Any, code: object = None) -> None:
+        note(code)
+        quitter_call(self, code)
+
+    __call__.__wrapped__ = quitter_call  # type: ignore[attr-defined]
+    _sitebuiltins.Quitter.__call__ = __call__  # type: ignore[method-assign]
 
 
 _ending = False

@@ -98,10 +98,27 @@ class WorkerInit:
         events.flush_at_process_exit()
         threads = _thread_settings()
         if self.user_fn is not None:
-            self.user_fn(worker_id)
+            try:
+                self.user_fn(worker_id)
+            except BaseException as exc:  # the worker's own failure, as in a fetch: torch re-raises it in the
+                # training process as a "Caught ... in DataLoader worker process N" from its own internals
+                emit_worker_error(self.loader_id, self.iter_id, worker_id, exc)
+                raise
         events.emit("worker_start", self.loader_id, self.iter_id, worker_id, os.getpid(), self.created_ns,
                     entered, _perf(), threads)
         events.flush()
+
+
+#: Frames kept of a worker's traceback, the innermost (where the user's code or a library raised) first to keep.
+WORKER_TRACEBACK_FRAMES = 16
+
+
+def emit_worker_error(loader_id: int, iter_id: int, worker_id: int, exc: BaseException) -> None:
+    """An exception in a worker (its ``worker_init_fn``, a fetch: ``__getitem__``, ``collate_fn``), with its
+    innermost frames, written out at once: the worker may be terminated as soon as the training process sees it."""
+    events.emit("fetch_error", loader_id, iter_id, worker_id, os.getpid(), _perf(), type(exc).__name__,
+                str(exc)[:2000], "".join(traceback.format_exception(exc, limit=-WORKER_TRACEBACK_FRAMES))[-4000:])
+    events.flush()
 
 
 def _thread_settings() -> dict[str, Any]:
@@ -163,9 +180,7 @@ def timed_fetch(original: Any) -> Any:
             raise
         except BaseException as exc:
             outcome = f"{type(exc).__name__}: {exc}"
-            events.emit("fetch_error", ctx[0], ctx[1], ctx[2], os.getpid(), _perf(), type(exc).__name__,
-                        str(exc)[:2000], traceback.format_exc(limit=12)[-4000:])
-            events.flush()  # the worker may be terminated as soon as the main process sees the error
+            emit_worker_error(ctx[0], ctx[1], ctx[2], exc)
             raise
         finally:
             t1, c1 = _perf(), _cpu()

@@ -21,6 +21,7 @@ from typing import Any
 
 import stallscope
 from stallscope.analysis import Analysis, shares
+from stallscope.analysis.pipeline import calls_in_step_time
 from stallscope.constants import NODE_IDS
 from stallscope.paths import write_file
 from stallscope.render import hotspots_html, words
@@ -327,7 +328,9 @@ def _findings_section(analysis: Analysis) -> str:
         location = f"<br>at <code>{_e(f.location)}</code>" if f.location else ""
         kind = "stopped" if words.failure_is_stop(f) else "failure"
         parts.append(f"<div class={kind}><p><b>{_e(words.failure_headline(f))}</b> in {_e(words.failure_place(f))}: "
-                     f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(words.failure_message(f))}</pre></div>")
+                     f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(words.failure_message(f))}</pre>"
+                     + (f"<details><summary>traceback</summary><pre>{_e(f.traceback)}</pre></details>"
+                        if f.traceback else "") + "</div>")
     parts.append(_ranks_table(analysis))
     if analysis.gpu_timing is not None:
         parts.append(f"<p>{_e(words.gpu_timing(analysis.gpu_timing))}</p>")
@@ -384,10 +387,11 @@ def _nodes_table(analysis: Analysis) -> str:
     train = analysis.train_loader
     p = train.pipeline if train else None
     if p is not None and p.by_call:
-        calls = "".join(f"<tr><td><code>{_e(name)}</code></td><td class=num>{seconds:.3f}</td></tr>"
-                        for name, seconds in list(p.by_call.items())[:12])
-        table += ("<p>costliest instrumented calls in the training loader's batches:</p>"
-                  f"<table><tr><th>call</th><th>seconds</th></tr>{calls}</table>")
+        # in the stages' seconds above: each call's share of its stage (never more than the stage)
+        calls = "".join(f"<tr><td><code>{_e(name)}</code></td><td>{node}</td><td class=num>{seconds:.3f}</td></tr>"
+                        for name, node, seconds in calls_in_step_time(p, analysis.node_seconds)[:12])
+        table += ("<p>costliest instrumented calls in the training loader's batches, in the stages' seconds:</p>"
+                  f"<table><tr><th>call</th><th>stage</th><th>seconds</th></tr>{calls}</table>")
     return table
 
 

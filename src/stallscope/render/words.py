@@ -209,8 +209,8 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 f"{start}, then precompute, vectorize or move the work "
                 "out of the loop (for example tokenize the corpus once, ahead of training)",
                 f"transform is {100 * f['share']:.0f}% of step time and "
-                f"{100 * (1 - f['in_known_calls_fraction']):.0f}% of the loader's time is in no library call "
-                "stallscope knows: it is the dataset's own code")
+                f"{100 * (1 - f['transform_in_calls_fraction']):.0f}% of it is in no library call stallscope times: "
+                "it is the dataset's own code")
     if rid == "cheaper-transforms":
         return ("Make the augmentations cheaper or batch them on the device",
                 "replace the costliest transforms (torchvision.transforms.v2 on uint8 tensors, or batched GPU "
@@ -479,7 +479,18 @@ def failure_message(failure: Failure) -> str:
             except ValueError:
                 pass
         return f"the script exited with code {code}"
+    if failure.type == "exit":  # sys.exit("message"): Python printed the message and exited with 1
+        return f"the script exited with code {failure.exit_code}: {failure.message}"
     return failure.message or ""
+
+
+def first_line(text: str) -> str:
+    """``text`` as one line: its first line that says something, marked where more follow (a message of many
+    lines, a traceback pasted into one, belongs in the reports that show it whole)."""
+    lines = [line.rstrip() for line in text.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} … ({len(lines) - 1} more line{'s' if len(lines) > 2 else ''})"
 
 
 #: Exit codes a shell gives a script ended by a signal that asks a program to stop (Ctrl-C, a termination request, a
@@ -510,7 +521,8 @@ def failure_detail(failure: Failure) -> str:
     """The failure's one line: an exit's code or signal, an exception's type and message, and where it was."""
     if _interrupted(failure):
         return "KeyboardInterrupt (Ctrl-C or SIGINT)" + (f" while at {failure.location}" if failure.location else "")
-    said = failure_message(failure) if failure.type == "exit" else f"{failure.type}: {failure_message(failure)}"
+    message = first_line(failure_message(failure))
+    said = message if failure.type == "exit" else f"{failure.type}: {message}"
     return said + (f"  at {failure.location}" if failure.location else "")
 
 
@@ -538,7 +550,12 @@ def missing_module_hint(failure: Failure, command: list[str]) -> str | None:
 
 
 def failure_place(failure: Failure) -> str:
-    return f"worker {failure.worker} of loader {failure.loader_id}" if failure.where == "worker" else "the main process"
+    """The process it failed in: a DataLoader worker by its number, pid and loader, or the training process."""
+    if failure.where != "worker":
+        return "the main process"
+    pid = f" (pid {failure.pid})" if failure.pid is not None else ""
+    loader = f"loader {failure.loader_id}" if failure.loader_id is not None else "a DataLoader"
+    return f"worker {failure.worker}{pid} of {loader}"
 
 
 def gpu_timing(g: Any) -> str:
