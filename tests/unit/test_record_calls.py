@@ -42,7 +42,7 @@ def test_exclusive_time_by_node_and_name(clock):
     transform()
     calls.end_fetch()
     assert account.by_node == {"decode": [300, 100, 1], "transform": [120, 120, 1]}
-    assert account.by_name == {"load": [300, 100, 1], "resize": [120, 120, 1]}
+    assert account.by_name == {"load": [300, 100, 1, "decode"], "resize": [120, 120, 1, "transform"]}
 
 
 def test_same_node_nesting_passes_through(clock):
@@ -57,7 +57,7 @@ def test_same_node_nesting_passes_through(clock):
     outer()
     outer()
     calls.end_fetch()
-    assert account.by_name == {"RandomResizedCrop": [30, 30, 2]}
+    assert account.by_name == {"RandomResizedCrop": [30, 30, 2, "transform"]}
     assert account.by_node == {"transform": [30, 30, 2]}
 
 
@@ -94,7 +94,7 @@ def test_timed_method_labels_by_instance_class(clock):
     assert not calls.timed_method(Base, "forward", "transform"), "never wrapped twice"
     account = calls.begin_fetch()
     assert Blur().forward(1) == 2
-    assert account.by_name == {"Blur": [7, 7, 1]}
+    assert account.by_name == {"Blur": [7, 7, 1, "transform"]}
 
 
 def test_wrapping_is_idempotent_and_keeps_metadata():
@@ -122,7 +122,7 @@ def test_a_call_right_after_another_reuses_its_cpu_reading(clock, monkeypatch):
     decode()
     calls.end_fetch()
     assert len(reads) == 2 + 1 + 2
-    assert account.by_name == {"load": [600, 200, 2], "resize": [80, 80, 1]}
+    assert account.by_name == {"load": [600, 200, 2, "decode"], "resize": [80, 80, 1, "transform"]}
     assert account.by_node == {"decode": [600, 200, 2], "transform": [80, 80, 1]}
 
 

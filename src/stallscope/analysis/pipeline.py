@@ -9,6 +9,7 @@ cores would remove it) and blocking (I/O, sleeps, network), charged to ``storage
 from __future__ import annotations
 
 import bisect
+import itertools
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -159,7 +160,6 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
     num_workers = int(loader.config.get("num_workers", 0)) if loader else 0
     node_ns: dict[str, int] = defaultdict(int)
     node_cpu_ns: dict[str, int] = defaultdict(int)
-    by_call: dict[str, int] = defaultdict(int)
     direct = cpu = blocked = runqueue = 0
     runqueue_known = True
     shares = cpu_shares(fetches)
@@ -169,8 +169,6 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
             node_ns[node] += value
         for node, value in parts[0].items():
             node_cpu_ns[node] += value
-        for name, (wall, _, _) in f.by_name.items():
-            by_call[name] += wall
         direct += sum(v[0] for v in f.by_node.values())
         wall = f.end_ns - f.start_ns
         cpu += min(f.cpu_ns, wall)
@@ -183,9 +181,10 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
     timed = [f for f in fetches if f.timed]
     timed_busy = sum(f.end_ns - f.start_ns for f in timed)
     if len(timed) < len(fetches) and timed_busy > 0:  # calls timed in some batches: scale to all of them
-        scale = busy / timed_busy
-        by_call = defaultdict(int, {name: int(value * scale) for name, value in by_call.items()})
-        direct = int(direct * scale)
+        direct = int(direct * busy / timed_busy)
+    nodes_of_calls = call_nodes(fetches)
+    by_call = {name: share * node_ns.get(nodes_of_calls[name], 0) for name, share in
+               call_shares(fetches, nodes_of_calls).items()}
 
     starts = [w for w in session.worker_starts if w.loader_id in ids and w.pid not in foreign.their_workers]
     startup = [(w.ready_ns - w.created_ns) / 1e9 for w in starts]
@@ -209,6 +208,7 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
         blocked_s=blocked / 1e9,
         runqueue_s=runqueue / 1e9 if runqueue_known else None,
         by_call={k: v / 1e9 for k, v in sorted(by_call.items(), key=lambda kv: -kv[1])},
+        call_node={k: nodes_of_calls[k] for k in by_call},
         batch_wall_median_s=statistics.median(f.end_ns - f.start_ns for f in fetches) / 1e9,
         batch_cpu_median_s=statistics.median(f.cpu_ns for f in fetches) / 1e9,
         startup_s=startup,
@@ -219,6 +219,86 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
         errors=errors,
         fresh_pages=sum(f.minflt for f in fetches) if all(f.minflt >= 0 for f in fetches) else None,
     )
+
+
+def call_nodes(fetches: list[FetchRecord]) -> dict[str, str]:
+    """The node of each timed call name (each name belongs to one). Recorded with its row (``[wall, cpu, calls,
+    node]``); in sessions recorded before rows carried it, read from the fetches' totals, which are exact sums of
+    their calls' (``_nodes_from_totals``)."""
+    found: dict[str, str] = {}
+    for f in fetches:
+        for name, row in f.by_name.items():
+            if len(row) > 3 and name not in found:
+                found[name] = row[3]
+    if any(name not in found for f in fetches for name in f.by_name):
+        for f in fetches:
+            if any(name not in found for name in f.by_name):
+                found.update(_nodes_from_totals(f, found))
+    return found
+
+
+#: A fetch's unplaced calls are matched to its nodes' totals by trying their subsets: at most this many of them.
+_MAX_UNPLACED = 14
+
+
+def _nodes_from_totals(fetch: FetchRecord, known: dict[str, str]) -> dict[str, str]:
+    """The nodes of ``fetch``'s calls not in ``known``: a node's total (wall ns and calls) is the sum of its calls'
+    rows, and the one subset of the unplaced calls that makes up what the placed ones leave of a node is that node's.
+    Nothing where the subset is not one (ambiguous or absent) or the calls are too many to try."""
+    unplaced = [name for name in fetch.by_name if name not in known]
+    if not unplaced or len(unplaced) > _MAX_UNPLACED:
+        return {}
+    placed: dict[str, str] = {}
+    for node, total in fetch.by_node.items():
+        wall = total[0] - sum(fetch.by_name[n][0] for n in fetch.by_name if known.get(n) == node)
+        count = total[2] - sum(fetch.by_name[n][2] for n in fetch.by_name if known.get(n) == node)
+        free = [n for n in unplaced if n not in placed]
+        matches = [subset for size in range(1, len(free) + 1) for subset in itertools.combinations(free, size)
+                   if sum(fetch.by_name[n][0] for n in subset) == wall
+                   and sum(fetch.by_name[n][2] for n in subset) == count]
+        if len(matches) == 1:
+            placed.update(dict.fromkeys(matches[0], node))
+    return placed
+
+
+def call_shares(fetches: list[FetchRecord], nodes: dict[str, str]) -> dict[str, float]:
+    """Each timed call's share of its node's time in the batches whose calls were timed, the call's time counted
+    as the node's is (``split_fetch``): its CPU (scaled as the node's CPU is where the calls' clocks overshoot the
+    fetch's), with the run-queue wait in proportion; its blocked time is storage's, not the call's. A node's calls
+    together are never more than the node: each share is at most 1, and so are their sums."""
+    call_ns: dict[str, float] = defaultdict(float)
+    node_ns: dict[str, int] = defaultdict(int)
+    for f in fetches:
+        if not f.timed or f.outcome == "StopIteration" or not f.by_name:
+            continue
+        parts = fetch_parts(f)
+        for node, value in _spread(f, parts).items():
+            node_ns[node] += value
+        cpu_by_node, runqueue, _ = parts
+        cpu = sum(cpu_by_node.values())
+        known = sum(max(0, v[1]) for v in f.by_node.values())
+        fit = min(1.0, min(max(0, f.cpu_ns), max(0, f.end_ns - f.start_ns)) / known) if known > 0 else 1.0
+        for name, row in f.by_name.items():
+            if name in nodes:
+                own = max(0, row[1]) * fit
+                call_ns[name] += own + (runqueue * own / cpu if cpu > 0 else 0.0)
+    return {name: min(1.0, value / node_ns[nodes[name]]) if node_ns.get(nodes[name]) else 0.0
+            for name, value in call_ns.items()}
+
+
+def calls_in_step_time(pipeline: WorkerPipeline, stage_seconds: dict[str, float]) -> list[tuple[str, str, float]]:
+    """(call, its node, seconds of step time) for the loader's calls, costliest first: each call's share of its
+    node's worker time applied to the node's seconds of step time (``stage_seconds``), so a call shown beside the
+    stages never costs more than its stage (with workers, worker time and step time differ)."""
+    found = []
+    for name, seconds in pipeline.by_call.items():
+        node = pipeline.call_node.get(name)
+        if node is None:
+            continue
+        worker_s = pipeline.node_s.get(node, 0.0)
+        share = min(1.0, seconds / worker_s) if worker_s > 0 else 0.0
+        found.append((name, node, share * stage_seconds.get(node, 0.0)))
+    return sorted(found, key=lambda c: -c[2])
 
 
 def _busy_fraction(fetches: list[FetchRecord], starts: list) -> float | None:

@@ -336,6 +336,12 @@ def normalize_fraction(pipeline: WorkerPipeline | None) -> float:
     return sum(v for k, v in pipeline.by_call.items() if k in NORMALIZE_CALLS) / transform_s
 
 
+def calls_of(pipeline: WorkerPipeline, node: str) -> list[str]:
+    """The timed calls of one stage, costliest first: what a stage's advice may cite (a decode call is no
+    augmentation to make cheaper, however costly)."""
+    return [name for name in pipeline.by_call if pipeline.call_node.get(name) == node]
+
+
 def _gain(model: ThroughputModel | None, workers: int, scale: dict[str, float], fallback: float) -> float:
     if model is None:
         return fallback
@@ -357,21 +363,24 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
             recs.append(Recommendation("reduced-size-decode", "decode",
                                        _gain(model, workers, {"decode": 0.5}, halved), facts={"share": share}))
         elif node == "transform":
-            calls = pipeline.by_call
             cut = min(0.9, normalize_fraction(pipeline))
             if cut > 0.1:
                 recs.append(Recommendation("uint8-device-normalize", "transform",
                                            _gain(model, workers, {"transform": 1 - cut, "loader": 0.5}, halved),
                                            facts={"normalize_fraction": cut}))
-            by_calls = pipeline.direct_s / pipeline.busy_s if pipeline.busy_s else 0.0
-            if by_calls < 0.5:
+            # transform's time is its timed calls' (torchvision's transforms, image operations) or, outside any, the
+            # dataset's own Python: the advice follows whichever holds most of it
+            transform_calls = calls_of(pipeline, node)
+            transform_s = pipeline.node_s.get(node, 0.0)
+            in_calls = min(1.0, sum(pipeline.by_call[c] for c in transform_calls) / transform_s) if transform_s else 0.0
+            if in_calls < 0.5:
                 recs.append(Recommendation("dataset-code", "transform",
                                            _gain(model, workers, {"transform": 0.5}, halved),
-                                           facts={"share": share, "in_known_calls_fraction": by_calls}))
+                                           facts={"share": share, "transform_in_calls_fraction": in_calls}))
             else:
                 recs.append(Recommendation("cheaper-transforms", "transform",
                                            _gain(model, workers, {"transform": 0.5}, halved),
-                                           facts={"share": share, "costliest_calls": list(calls)[:3]}))
+                                           facts={"share": share, "costliest_calls": transform_calls[:3]}))
         elif node == "storage":
             recs.append(Recommendation("pack-dataset", "storage", _gain(model, workers, {"storage": 0.3}, halved),
                                        facts={"share": share, "blocked_s": pipeline.blocked_s}))

@@ -44,12 +44,15 @@ CALL_TIMING_BUDGET = 0.005
 MAX_TIMING_INTERVAL = 16
 
 
-#: The node of every call name seen: each name belongs to one node (see ``record/libraries.py``).
-_node_of_name: dict[str, str] = {}
+#: The label of ``Image.convert`` on an image already decoded: a pixel conversion (transform), where a convert
+#: that decodes the image first (torchvision's loader converts right after ``open``) is ``Image.convert`` (decode).
+#: Each label belongs to one node.
+DECODED_CONVERT = "Image.convert (decoded image)"
 
 
 class FetchAccount:
-    """What one batch fetch spent, per call name (and so per node). Plain lists keep it cheap."""
+    """What one batch fetch spent, per call name (and so per node). Plain lists keep it cheap: each name's row is
+    ``[wall_ns, cpu_ns, calls, node]``."""
 
     __slots__ = ("stack", "by_name", "mark_wall", "mark_cpu")
 
@@ -65,8 +68,8 @@ class FetchAccount:
     def by_node(self) -> dict[str, list[int]]:
         """``[wall, cpu, calls]`` per node, summed from the names once per fetch rather than kept per call."""
         totals: dict[str, list[int]] = {}
-        for name, (wall, cpu, count) in self.by_name.items():
-            row = totals.setdefault(_node_of_name[name], [0, 0, 0])
+        for wall, cpu, count, node in self.by_name.values():
+            row = totals.setdefault(node, [0, 0, 0])
             row[0] += wall
             row[1] += cpu
             row[2] += count
@@ -155,6 +158,29 @@ def timed_method(cls: type, method_name: str, node: str, label_from_instance: bo
     return True
 
 
+def timed_method_by_state(cls: type, method_name: str, choose: Callable[[Any], tuple[str, str]]) -> bool:
+    """Wrap ``cls.method_name`` in place, its node and label chosen per call from the instance by ``choose`` (a
+    cheap attribute read): for a call whose stage is what it does to that object, not its name. The chosen node is
+    the wrapper's local ``node``, which the stack sampler reads (``record/stacks.py``)."""
+    original = cls.__dict__.get(method_name)
+    if original is None or not callable(original) or getattr(original, "__stallscope_wrapped__", False):
+        return False
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        account = _local.account
+        if account is None:
+            return original(self, *args, **kwargs)
+        node, label = choose(self)
+        if account.stack and account.stack[-1][0] == node:
+            return original(self, *args, **kwargs)
+        return _timed_invoke(account, node, label, original, (self, *args), kwargs)
+
+    method.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    setattr(cls, method_name, method)
+    return True
+
+
 def _timed_invoke(account: FetchAccount, node: str, label: str, fn: Callable[..., Any],
                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Call ``fn`` charging its exclusive time to ``label`` (of ``node``). Runs for every timed call
@@ -182,8 +208,7 @@ def _timed_invoke(account: FetchAccount, node: str, label: str, fn: Callable[...
         own_cpu = cpu - frame[2]
         row = account.by_name.get(label)
         if row is None:
-            account.by_name[label] = [own_wall, own_cpu, 1]
-            _node_of_name[label] = node
+            account.by_name[label] = [own_wall, own_cpu, 1, node]
         else:
             row[0] += own_wall
             row[1] += own_cpu

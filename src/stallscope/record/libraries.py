@@ -1,8 +1,8 @@
 """Which library calls count as which node, and the patches that time them.
 
-Decoders (Pillow's open/load/convert, OpenCV's imread/imdecode, torchvision.io, simplejpeg,
-numpy/torch deserialization) are ``decode``; image operations and every torchvision transform
-are ``transform``; ``collate`` is timed by the fetch wrapper as ``loader``. CPU time spent in
+Decoders (Pillow's open/load, its convert of an image still to decode, OpenCV's imread/imdecode,
+torchvision.io, simplejpeg, numpy/torch deserialization) are ``decode``; image operations (a convert of
+decoded pixels among them) and every torchvision transform are ``transform``; ``collate`` is timed by the fetch wrapper as ``loader``. CPU time spent in
 none of these (the dataset's own Python code, tokenizers) is charged to ``transform`` by the
 analysis, and off-CPU time to ``storage``.
 """
@@ -12,16 +12,24 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from stallscope.record.calls import patch_module_functions, timed_call, timed_method
+from stallscope.record.calls import (DECODED_CONVERT, patch_module_functions, timed_call, timed_method,
+                                    timed_method_by_state)
 
 #: Container transforms run their children; timing them would hide the children's names.
 _CONTAINERS = {"Compose", "RandomApply", "RandomChoice", "RandomOrder", "Transform"}
 
 
+def _convert_stage(image: Any) -> tuple[str, str]:
+    """``Image.convert`` decodes an image still to be decoded (an opened file's ``tile`` lists what is left to
+    decode: torchvision's loader converts right after ``open``), so it is decode; of pixels already decoded it is a
+    transform's pixel conversion."""
+    return ("decode", "Image.convert") if getattr(image, "tile", None) else ("transform", DECODED_CONVERT)
+
+
 def patch_pil_image(module: Any) -> None:
     module.open = timed_call(module.open, "decode", "PIL.Image.open")
     image_cls = module.Image
-    timed_method(image_cls, "convert", "decode", label_from_instance=False)
+    timed_method_by_state(image_cls, "convert", _convert_stage)
     for name in ("resize", "crop", "transpose", "rotate", "transform", "filter", "reduce", "thumbnail"):
         timed_method(image_cls, name, "transform", label_from_instance=False)
 

@@ -139,6 +139,7 @@ def _loader_dict(ld) -> dict[str, Any]:
             "blocked_s": round(p.blocked_s, 4),
             "runqueue_s": round(p.runqueue_s, 4) if p.runqueue_s is not None else None,
             "by_call_s": {k: round(v, 4) for k, v in list(p.by_call.items())[:12]},
+            "call_nodes": {k: p.call_node[k] for k in list(p.by_call)[:12] if k in p.call_node},  # each call's stage
             "batch_wall_median_s": p.batch_wall_median_s,
             "worker_startup_s": [round(v, 4) for v in p.startup_s],
             "worker_busy_fraction": round(p.busy_fraction, 4) if p.busy_fraction is not None else None,
