@@ -11,6 +11,7 @@ from rich.text import Text
 
 from stallscope.history.runs import RunRow
 from stallscope.render.markdown import short_commit
+from stallscope.render.safe_text import one_line
 from stallscope.settings import overrides_text
 
 
@@ -39,10 +40,10 @@ def history_table(rows: list[RunRow]) -> Table:
     for r in rows:
         started = time.strftime("%m-%d %H:%M", time.localtime(r.started_wall)) if r.started_wall else "–"
         command = short_command(r.command)
-        table.add_row(
-            Text(r.run_id), started, Text(command),
-            Text(overrides_text(r.overrides)), Text(short_commit(r.git_commit)),
-            f"{r.verdict or '–'}" + (f" ({r.bottleneck})" if r.bottleneck else ""),
+        table.add_row(  # one run, one line: a newline in an argument or a setting is shown, not followed
+            Text(one_line(r.run_id)), started, Text(one_line(command)),
+            Text(one_line(overrides_text(r.overrides))), Text(one_line(short_commit(r.git_commit))),
+            Text(one_line(f"{r.verdict or '–'}" + (f" ({r.bottleneck})" if r.bottleneck else ""))),
             str(r.steady_steps if r.steady_steps is not None else "–"),
             _fmt(r.step_median_s, 1000), _fmt(r.step_p90_s, 1000), _fmt(r.steps_per_s, digits=2),
             _fmt(r.samples_per_s), _fmt(r.data_wait_fraction, 100), _fmt(r.gpu_util_mean),
