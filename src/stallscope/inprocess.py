@@ -279,11 +279,11 @@ _HTML_FRAME = ('<pre style="font-family: Menlo, \'DejaVu Sans Mono\', Consolas, 
 
 def summary_html(result: RunResult, width: int = 110) -> str:
     """What ``stallscope run`` prints at the end of a run, as an HTML fragment for a notebook."""
-    from rich.console import Console
-
+    
     from stallscope.render import terminal
+    from stallscope.render.safe_text import safe_console
 
-    console = Console(record=True, file=io.StringIO(), width=width, color_system="truecolor", force_terminal=True)
+    console = safe_console(record=True, file=io.StringIO(), width=width, color_system="truecolor", force_terminal=True)
     terminal.render(result.session, result.analysis, console,
                     session_ref=str(result.session_path) if result.session_path else None)
     return console.export_html(inline_styles=True, code_format=_HTML_FRAME)

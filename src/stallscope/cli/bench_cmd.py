@@ -7,7 +7,6 @@ import json
 import math
 import sys
 
-from rich.console import Console
 from rich.markup import escape
 
 from stallscope.cli.args import folder, output_error
@@ -15,6 +14,7 @@ from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.paths import OutsideStoreError, write_file
 from stallscope.render.bench import render, render_race
+from stallscope.render.safe_text import printable, safe_console
 from stallscope.settings import MAX_WORKERS
 from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, bench
 from stallscope.tuning.decoders import race_decoders
@@ -89,7 +89,7 @@ def options_error(args: argparse.Namespace) -> str | None:
 def handle(args: argparse.Namespace) -> int:
     if (problem := options_error(args)) is not None:
         return fail("bench", problem)
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     if not console.is_terminal:
         console.width = 140  # logs and CI: keep the table readable
     if args.decoders:
@@ -97,7 +97,7 @@ def handle(args: argparse.Namespace) -> int:
             with console.status("decoder race (one core)"):
                 race = race_decoders(args.decoders, files=args.files)
         except (FileNotFoundError, RuntimeError) as exc:
-            print(f"stallscope bench: {exc}", file=sys.stderr)
+            print(printable(f"stallscope bench: {exc}"), file=sys.stderr)
             return 2
         if args.json and not _saved(args.json, race.to_dict()):
             return 2
@@ -136,6 +136,6 @@ def _saved(path: str, document: dict) -> bool:
     try:
         write_file(path, json.dumps(document, indent=1, default=str))
     except OSError as exc:
-        print(f"stallscope bench: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        print(printable(f"stallscope bench: cannot write {path}: {exc.strerror or exc}"), file=sys.stderr)
         return False
     return True

@@ -8,12 +8,11 @@ import math
 import os
 import sys
 
-from rich.console import Console
-
 from stallscope import api, paths
 from stallscope.api import LaunchError, RunResult
 from stallscope.cli.args import folder, output_error
 from stallscope.render import terminal
+from stallscope.render.safe_text import printable, safe_console
 from stallscope.render.summary import write_summary
 from stallscope.settings import OverrideError, parse_overrides
 from stallscope.trackers import TRACKERS, failure_line, log_run, missing_library
@@ -24,9 +23,14 @@ def after_dashes(items: list[str]) -> list[str]:
     return items[1:] if items and items[0] == "--" else list(items)
 
 
+def say(verb: str, message: str) -> None:
+    """One line of the verb's on stderr; its text (paths, arguments, exception messages) shown without control codes."""
+    print(printable(f"stallscope {verb}: {message}"), file=sys.stderr)
+
+
 def fail(verb: str, message: str) -> int:
     """Bad input: one line on stderr, exit code 2."""
-    print(f"stallscope {verb}: {message}", file=sys.stderr)
+    say(verb, message)
     return 2
 
 
@@ -111,7 +115,7 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
                          sample_interval_s=sample_interval_s,
                          live=not quiet if live is None else live)
     except LaunchError as exc:
-        print(f"stallscope {verb}: {exc}", file=sys.stderr)
+        say(verb, str(exc))
         return 2, None
     report_run(verb, result, json_path=json_path, quiet=quiet)
     for target in dict.fromkeys(log_to or []):
@@ -122,7 +126,7 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
 def log_to_tracker(verb: str, result: RunResult, target: str) -> None:
     """``--log-to``: one line saying where the run went, or why not. Never changes the exit code."""
     def note(line: str) -> None:
-        print(f"stallscope {verb}: {line}", file=sys.stderr)
+        say(verb, line)
 
     try:
         where = log_run(result.summary, result.session, target, analysis=result.analysis, warn=note)
@@ -147,8 +151,8 @@ def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bo
     find it), said last, under the summary, where it is seen."""
     try:
         if result.history_error:
-            print(f"stallscope {verb}: warning: the run was not added to the history: {result.history_error}"
-                  f"{HISTORY_REBUILD_HINT if result.session_path else ''}", file=sys.stderr)
+            say(verb, f"warning: the run was not added to the history: {result.history_error}"
+                      f"{HISTORY_REBUILD_HINT if result.session_path else ''}")
         json_error = None
         if json_path:
             try:
@@ -157,10 +161,10 @@ def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bo
                 json_error = (f"stallscope {verb}: error: the summary JSON was not written to {json_path}: "
                               f"{exc.strerror or exc} (the exit code is still the script's, {result.exit_code})")
         if not quiet:
-            terminal.render(result.session, result.analysis, Console(stderr=True),
+            terminal.render(result.session, result.analysis, safe_console(stderr=True),
                             session_ref=str(result.session_path) if result.session_path else None)
         if json_error:
-            print(json_error, file=sys.stderr)
+            print(printable(json_error), file=sys.stderr)
     except (OSError, SystemExit, KeyboardInterrupt):
         # stderr is gone (terminal hung up, a closed pipe: cli.main has rich raise BrokenPipeError), or a
         # Ctrl-C after the script ended: the session is saved all the same, and the exit code stays the

@@ -15,6 +15,7 @@ from stallscope.history.compare import MIN_RELATIVE_EFFECT, compare
 from stallscope.history.runs import RunRow, row_from_session
 from stallscope.history.store import HistoryError, get_run
 from stallscope.render.markdown import render_compare
+from stallscope.render.safe_text import printable
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -56,13 +57,13 @@ def handle(args: argparse.Namespace) -> int:
         print("stallscope compare: give at least two runs (the first is the baseline)", file=sys.stderr)
         return 2
     if problem := output_error([args.output], args.store):
-        print(f"stallscope compare: {problem}", file=sys.stderr)
+        print(printable(f"stallscope compare: {problem}"), file=sys.stderr)
         return 2
     store = paths.store_dir(args.store)
     try:
         runs = [resolve(ref, store) for ref in args.runs]
     except HistoryError as exc:
-        print(f"stallscope compare: {exc}", file=sys.stderr)
+        print(printable(f"stallscope compare: {exc}"), file=sys.stderr)
         return 2
     if not 0 <= args.min_effect < 10:
         print("stallscope compare: --min-effect is a fraction, e.g. 0.1 for 10%", file=sys.stderr)
@@ -72,7 +73,7 @@ def handle(args: argparse.Namespace) -> int:
         try:
             paths.write_file(args.output, text)
         except OSError as exc:
-            print(f"stallscope compare: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            print(printable(f"stallscope compare: cannot write {args.output}: {exc.strerror or exc}"), file=sys.stderr)
             return 2
     sys.stdout.write(text)
     return 0

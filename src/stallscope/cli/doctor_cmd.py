@@ -10,12 +10,11 @@ import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from stallscope.cli.args import at_least, output_error
 from stallscope.health import FAIL, PROBE_S, LoaderAssumptions, run_doctor
 from stallscope.paths import write_file
 from stallscope.render.doctor import render
+from stallscope.render.safe_text import printable, safe_console
 from stallscope.render.summary import print_json
 
 
@@ -43,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def handle(args: argparse.Namespace) -> int:
     if problem := output_error([args.json_path], None, dash_is_stdout=True):
-        print(f"stallscope doctor: {problem}", file=sys.stderr)
+        print(printable(f"stallscope doctor: {problem}"), file=sys.stderr)
         return 2
     loader = LoaderAssumptions(num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
                                batch_size=args.batch_size)
@@ -51,19 +50,19 @@ def handle(args: argparse.Namespace) -> int:
         report = run_doctor(args.data_dir, bench_seconds=0.0 if args.no_bench else args.bench_seconds, loader=loader,
                             cpu_probe_seconds=0.0 if args.no_bench else PROBE_S)
     except OSError as exc:
-        print(f"stallscope doctor: {exc}", file=sys.stderr)
+        print(printable(f"stallscope doctor: {exc}"), file=sys.stderr)
         return 2
     if args.json_path == "-":  # the checks alone on standard output, for a pipe
         print_json(report.to_dict())
         return 1 if report.count(FAIL) else 0
-    console = Console(width=None if sys.stdout.isatty() else 140)
+    console = safe_console(width=None if sys.stdout.isatty() else 140)
     render(report, console, verbose=args.verbose)
     if args.json_path:
         out = Path(args.json_path)
         try:
             write_file(out, json.dumps(report.to_dict(), indent=1) + "\n")
         except OSError as exc:
-            print(f"stallscope doctor: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+            print(printable(f"stallscope doctor: cannot write {out}: {exc.strerror or exc}"), file=sys.stderr)
             return 2
         console.print(f"wrote {out}", highlight=False)
     return 1 if report.count(FAIL) else 0

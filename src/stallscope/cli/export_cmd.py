@@ -13,6 +13,7 @@ from stallscope.analysis import analyze
 from stallscope.cli.args import folder
 from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
+from stallscope.render.safe_text import printable
 from stallscope.render.summary import summary_dict
 from stallscope.trackers import TRACKERS, TrackerUnavailable, failure_line, log_run
 
@@ -51,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    print(f"stallscope export: {message}", file=sys.stderr)
+    print(printable(f"stallscope export: {message}"), file=sys.stderr)
     return code
 
 
@@ -68,10 +69,11 @@ def handle(args: argparse.Namespace) -> int:
     summary = summary_dict(session, analysis, path)
     try:
         where = log_run(summary, session, args.to, analysis=analysis, uri=args.uri, log_dir=args.log_dir,
-                        project=args.project, warn=lambda line: print(f"stallscope export: {line}", file=sys.stderr))
+                        project=args.project, warn=lambda line: print(printable(f"stallscope export: {line}"),
+                                                         file=sys.stderr))
     except TrackerUnavailable as exc:
         return _fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - the tracker's own failure (server, store, credentials): one line
         return _fail(f"could not log to {args.to}: {failure_line(exc)}", code=1)
-    print(f"stallscope export: logged run {session.run_id} to {where}")
+    print(printable(f"stallscope export: logged run {session.run_id} to {where}"))
     return 0

@@ -9,18 +9,17 @@ import os
 import re
 import sys
 import time
-
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from stallscope import paths
-from stallscope.cli.args import at_least, folder
 from stallscope.analysis import analyze
+from stallscope.cli.args import at_least, folder
 from stallscope.history.runs import RunRow, row_from_session
 from stallscope.history.store import HistoryError, list_runs, rebuild_history
 from stallscope.render.history import history_table
+from stallscope.render.safe_text import printable, safe_console
 from stallscope.session import Session
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -57,7 +56,7 @@ def _rows_from_sessions(store: Path, skipped: list[str], unreadable: list[str]) 
     files = sorted(paths.runs_dir(store).glob("*/session.json"))
     rows: list[RunRow] = []
     with Progress(TextColumn("rebuilding the history"), BarColumn(), MofNCompleteColumn(),
-                  console=Console(stderr=True), disable=not sys.stderr.isatty() or len(files) < 5) as progress:
+                  console=safe_console(stderr=True), disable=not sys.stderr.isatty() or len(files) < 5) as progress:
         task = progress.add_task("sessions", total=len(files))
         for path in files:
             try:
@@ -90,7 +89,7 @@ def rebuild(store: Path) -> int:
     try:
         written, kept = rebuild_history(store, iter(rows))
     except (HistoryError, OSError) as exc:
-        print(f"stallscope history: cannot rebuild the history in {store}: {exc}", file=sys.stderr)
+        print(printable(f"stallscope history: cannot rebuild the history in {store}: {exc}"), file=sys.stderr)
         return 2
     print(f"rebuilt the history of {store} from {written} saved session(s)"
           + (f"; the old file is kept as {kept}" if kept else ""), file=sys.stderr)
@@ -127,7 +126,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since) if args.since else None
     except ValueError as exc:
-        print(f"stallscope history: {exc}", file=sys.stderr)
+        print(printable(f"stallscope history: {exc}"), file=sys.stderr)
         return 2
     store = paths.store_dir(args.store)
     if args.rebuild:
@@ -139,13 +138,13 @@ def handle(args: argparse.Namespace) -> int:
                          since=since, limit=args.limit or None)
         everything = rows or list_runs(store, limit=1)
     except HistoryError as exc:
-        print(f"stallscope history: {exc}", file=sys.stderr)
+        print(printable(f"stallscope history: {exc}"), file=sys.stderr)
         if exc.damaged and _offer_rebuild(store):
             return rebuild(store) or handle(args)
         return 2
     if not everything:
-        print(f"stallscope history: the history in {store} is empty (record a run with: stallscope run -- "
-              "python train.py)", file=sys.stderr)
+        print(printable(f"stallscope history: the history in {store} is empty (record a run with: stallscope "
+                        "run -- python train.py)"), file=sys.stderr)
         return 2
     if not rows:
         print("stallscope history: no run matches these filters", file=sys.stderr)
@@ -154,7 +153,7 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps([{k: v for k, v in dataclasses.asdict(r).items() if k != "step_detail"} for r in rows],
                          indent=1))
         return 0
-    console = Console() if Console().is_terminal else Console(width=240)
+    console = safe_console() if safe_console().is_terminal else safe_console(width=240)
     console.print(history_table(rows), highlight=False)
     pair = pair_to_compare(rows)
     hint = f"; compare two with: stallscope compare {pair[0].run_id} {pair[1].run_id}" if pair else ""

@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Sequence
 
 from stallscope import __version__
+from stallscope.render.safe_text import printable
 from stallscope.settings import ENV_DEBUG
 
 #: verb -> module defining ``add_parser(subparsers)``; each parser sets ``handler(args) -> int``.
@@ -240,7 +241,7 @@ def _output_failed(exc: OSError) -> int:
     where = exc.filename or "the output (standard output)"
     _stdout_to_devnull()
     try:
-        print(f"stallscope: cannot write {where}: {exc.strerror or exc}", file=sys.stderr)
+        print(printable(f"stallscope: cannot write {where}: {exc.strerror or exc}"), file=sys.stderr)
     except OSError:
         pass
     return 2
@@ -259,8 +260,8 @@ def _internal_error(exc: BaseException) -> int:
     first = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
     kept = f"the traceback is in {where}" if where else f"set {ENV_DEBUG}=1 to see the traceback"
     try:
-        print(f"stallscope: internal error: {first}\n  this is a bug in stallscope; {kept} "
-              "(please include it when reporting)", file=sys.stderr)
+        print(printable(f"stallscope: internal error: {first}\n  this is a bug in stallscope; {kept} "
+                        "(please include it when reporting)"), file=sys.stderr)
     except OSError:
         pass
     return 1

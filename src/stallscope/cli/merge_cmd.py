@@ -6,8 +6,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.cli.args import folder, output_error
@@ -15,6 +13,7 @@ from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.merge import merge_sessions
 from stallscope.render import terminal
+from stallscope.render.safe_text import printable, safe_console
 from stallscope.render.summary import summary_dict, write_summary
 
 
@@ -40,10 +39,10 @@ def handle(args: argparse.Namespace) -> int:
         sessions = [load_run(ref, str(store), "merge")[0] for ref in args.runs]  # a run folder never saved is rebuilt
         merged = merge_sessions(sessions)
     except (OSError, ValueError) as exc:  # MergeError is a ValueError
-        print(f"stallscope merge: {load_error(exc)}", file=sys.stderr)
+        print(printable(f"stallscope merge: {load_error(exc)}"), file=sys.stderr)
         return 2
     if problem := output_error([args.output, args.json], args.store):
-        print(f"stallscope merge: {problem}", file=sys.stderr)
+        print(printable(f"stallscope merge: {problem}"), file=sys.stderr)
         return 2
     analysis = analyze(merged)
     writing = args.output
@@ -53,9 +52,10 @@ def handle(args: argparse.Namespace) -> int:
             writing = args.json  # a failure writing it is said with its own name, not the session's
             write_summary(args.json, summary_dict(merged, analysis, out))
     except OSError as exc:
-        print(f"stallscope merge: cannot write {exc.filename or writing}: {exc.strerror or exc}", file=sys.stderr)
+        print(printable(f"stallscope merge: cannot write {exc.filename or writing}: {exc.strerror or exc}"),
+              file=sys.stderr)
         return 2
     if not args.quiet:
-        terminal.render(merged, analysis, Console(stderr=True), session_ref=str(out))
+        terminal.render(merged, analysis, safe_console(stderr=True), session_ref=str(out))
     print(f"merged {len(sessions)} sessions into {out}   re-render: stallscope report {out}", file=sys.stderr)
     return 0

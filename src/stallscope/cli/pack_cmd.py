@@ -16,6 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from stallscope.render.safe_text import printable
+
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -45,7 +47,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _err(message: str) -> int:
-    print(f"stallscope pack: {message}", file=sys.stderr)
+    print(printable(f"stallscope pack: {message}"), file=sys.stderr)
     return 2
 
 
@@ -131,23 +133,23 @@ def run(args: argparse.Namespace) -> int:
         else:
             result = pack(args.src, args.out, options, force=args.force)
     except KeyboardInterrupt:
-        print(f"stallscope pack: interrupted; run the same command again to go on from where it stopped (what is "
-              f"packed so far is kept in {args.out}.partial)", file=sys.stderr)
+        print(printable(f"stallscope pack: interrupted; run the same command again to go on from where it stopped "
+                        f"(what is packed so far is kept in {args.out}.partial)"), file=sys.stderr)
         return 130
     except SourceError as exc:
         return _err(str(exc))
     except PackWriteError as exc:
-        print(f"stallscope pack: {exc}", file=sys.stderr)
+        print(printable(f"stallscope pack: {exc}"), file=sys.stderr)
         if exc.work.exists():
-            print(f"stallscope pack: what was packed so far is kept in {exc.work}: make room (or mend the folder) "
-                  "and run the same command again to go on from it", file=sys.stderr)
+            print(printable(f"stallscope pack: what was packed so far is kept in {exc.work}: make room (or mend the "
+                            "folder) and run the same command again to go on from it"), file=sys.stderr)
         else:
             print("stallscope pack: nothing was written; choose an OUT where you can write, or make room",
                   file=sys.stderr)
         return 1
     except PackError as exc:
-        print(f"stallscope pack: {exc}", file=sys.stderr)
-        print(f"stallscope pack: nothing was written to {args.out}", file=sys.stderr)
+        print(printable(f"stallscope pack: {exc}"), file=sys.stderr)
+        print(printable(f"stallscope pack: nothing was written to {args.out}"), file=sys.stderr)
         return 1 if args.strict and "--strict" in str(exc) else 2
     except ImportError as exc:
         return _err(f"{exc} (pip install 'stallscope[data]')")
@@ -173,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_file(args.report, json.dumps(doc, indent=1))
         except OSError as exc:  # the pack itself is done, but what asked for the report will not find it
-            print(f"stallscope pack: error: the report was not written to {args.report}: {exc.strerror or exc} "
-                  f"(the pack itself is complete in {result.out})", file=sys.stderr)
+            print(printable(f"stallscope pack: error: the report was not written to {args.report}: "
+                            f"{exc.strerror or exc} (the pack itself is complete in {result.out})"), file=sys.stderr)
             return 1
     return 0

@@ -12,6 +12,7 @@ from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.constants import PLAN_SCHEMA
 from stallscope.render import plan as plan_view
+from stallscope.render.safe_text import printable
 from stallscope.render.summary import print_json, write_summary
 
 
@@ -52,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"stallscope plan: {message}", file=sys.stderr)
+    print(printable(f"stallscope plan: {message}"), file=sys.stderr)
     return 2
 
 

@@ -10,8 +10,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from stallscope import paths
 from stallscope.analysis import analyze
 from stallscope.api import record_history
@@ -20,6 +18,7 @@ from stallscope.cli.common import HISTORY_REBUILD_HINT, load_error
 from stallscope.collect import recover_session
 from stallscope.launcher import save_session
 from stallscope.render import speedscope, terminal
+from stallscope.render.safe_text import printable, safe_console
 from stallscope.render.summary import print_json, summary_dict, write_summary
 from stallscope.session import Session, SessionFormatError
 
@@ -49,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"stallscope report: {message}", file=sys.stderr)
+    print(printable(f"stallscope report: {message}"), file=sys.stderr)
     return 2
 
 
@@ -59,18 +58,18 @@ def _recover(run_dir: Path, verb: str = "report") -> tuple[Session, Path]:
     session = recover_session(run_dir)
     saved, error = save_session(session, run_dir)
     if error:  # a read-only store, a full disk: show it all the same, and keep the raw events for a later try
-        print(f"stallscope {verb}: {run_dir} had no saved session; rebuilt it from its raw events, but could not "
-              f"save it ({error}): shown without saving", file=sys.stderr)
+        print(printable(f"stallscope {verb}: {run_dir} had no saved session; rebuilt it from its raw events, but "
+                        f"could not save it ({error}): shown without saving"), file=sys.stderr)
         return session, run_dir
     assert saved is not None
-    print(f"stallscope {verb}: {run_dir} had no saved session; rebuilt it from its raw events into {saved}",
+    print(printable(f"stallscope {verb}: {run_dir} had no saved session; rebuilt it from its raw events into {saved}"),
           file=sys.stderr)
     if run_dir.parent.name != "runs":  # not in a store (a copied run folder): no history to add it to
         return session, saved
     history_error = record_history(run_dir.parent.parent, session, analyze(session), saved)
     if history_error:
-        print(f"stallscope {verb}: warning: the run was not added to the history: {history_error}"
-              f"{HISTORY_REBUILD_HINT}", file=sys.stderr)
+        print(printable(f"stallscope {verb}: warning: the run was not added to the history: {history_error}"
+                        f"{HISTORY_REBUILD_HINT}"), file=sys.stderr)
     return session, saved
 
 
@@ -147,7 +146,7 @@ def handle(args: argparse.Namespace) -> int:
         for line in written:
             print(f"wrote {line}", file=sys.stderr)
         return 0
-    terminal.render(session, analysis, Console(), session_ref=str(path), just_saved=False)
+    terminal.render(session, analysis, safe_console(), session_ref=str(path), just_saved=False)
     for line in written:
         print(f"wrote {line}")
     return 0

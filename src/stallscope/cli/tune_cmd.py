@@ -14,6 +14,7 @@ from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.paths import OutsideStoreError, write_file
+from stallscope.render.safe_text import printable, safe_console
 from stallscope.render.tune import config_text, rate_text, render
 from stallscope.settings import overrides_text
 from stallscope.tuning.trials import (
@@ -97,7 +98,7 @@ def write_json(path: str, result: TuneResult) -> None:
     try:
         write_file(path, json.dumps(result.to_dict(), indent=1))
     except OSError as exc:
-        print(f"stallscope tune: warning: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        print(printable(f"stallscope tune: warning: cannot write {path}: {exc.strerror or exc}"), file=sys.stderr)
 
 
 def report_interrupted(exc: TuneInterrupted, json_path: str | None, console: Console) -> int:
@@ -119,7 +120,7 @@ def handle(args: argparse.Namespace) -> int:
         return fail("tune", "no command given; usage: stallscope tune [options] -- python train.py ARGS")
     if (problem := options_error(args, command)) is not None:
         return fail("tune", problem)
-    console = Console(stderr=True)
+    console = safe_console(stderr=True)
     if not console.is_terminal:
         console.width = 140  # logs and CI: keep the table readable
     status = console.status("starting")

@@ -34,10 +34,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console
 from rich.text import Text
 
 from stallscope.background import start_thread
+from stallscope.render.safe_text import safe_console
 from stallscope.sample.progress import Progress
 
 UPDATE_EVERY_S = 0.5
@@ -71,7 +71,7 @@ def status_text(progress: Progress) -> Text:
 def render_status(progress: Progress, width: int) -> bytes:
     """The status line as terminal bytes, cut to ``width`` columns (never wraps onto a second line)."""
     buffer = io.StringIO()
-    console = Console(file=buffer, force_terminal=True, width=max(20, width), color_system="standard",
+    console = safe_console(file=buffer, force_terminal=True, width=max(20, width), color_system="standard",
                       highlight=False, legacy_windows=False)
     line = status_text(progress)
     line.truncate(max(19, width - 1), overflow="ellipsis")

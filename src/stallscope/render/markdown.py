@@ -16,13 +16,15 @@ from stallscope.history.compare import (
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.history.runs import RunRow
 from stallscope.render import words
+from stallscope.render.safe_text import one_line, printable
 
 GIB = 1024 ** 3
 
 
 def _cell(text: str) -> str:
-    """A table cell: pipes and newlines would break the row, backticks the code span."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'")
+    """A table cell: pipes and newlines would break the row, backticks the code span, control codes the terminal
+    it is printed on."""
+    return one_line(text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "'"))
 
 
 def _code(text: str) -> str:
@@ -172,4 +174,4 @@ def render_compare(comparison: Comparison) -> str:
                  f"excludes zero and the change is at least {100 * comparison.min_relative_effect:.0f}% "
                  f"({100 * MIN_SHARE_EFFECT:.0f} points for shares). Per-node, per-rank, GPU, memory and load rows "
                  "have no per-step distribution and are not tested.")
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines)) + "\n"
