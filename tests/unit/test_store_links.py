@@ -128,3 +128,15 @@ def test_a_session_is_never_saved_through_a_link_out_of_its_run_folder(tmp_path)
     saved, error = launcher.save_session(two_worker_session(), run_dir)
     assert saved is None and "outside the store" in error and str(run_dir / "session.json") in error
     assert victim.read_text() == "precious" and (run_dir / "events").is_dir()  # the raw events are kept
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_sqlites_side_files_linked_out_of_the_store_are_refused(tmp_path, suffix):
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"precious")
+    home = tmp_path / "store"
+    home.mkdir()
+    (home / f"history.sqlite3{suffix}").symlink_to(victim)
+    with pytest.raises(HistoryError, match="outside the store"):
+        store.record_run(home, _row())
+    assert victim.read_bytes() == b"precious"

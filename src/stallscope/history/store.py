@@ -25,6 +25,8 @@ from stallscope.history.runs import RunRow
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0
+#: The files SQLite keeps beside a database: its write-ahead log, the log's index, a rollback journal.
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("run_id", "TEXT PRIMARY KEY"),
@@ -205,6 +207,8 @@ def _refuse_foreign(path: Path) -> None:
 def _connect(store_dir: str | os.PathLike[str], create: bool) -> Iterator[sqlite3.Connection]:
     try:
         path = paths.store_path(store_dir, HISTORY_FILENAME)
+        for suffix in SQLITE_SIDE_FILES:  # SQLite writes these beside the database, through any link
+            paths.store_path(store_dir, HISTORY_FILENAME + suffix)
     except paths.OutsideStoreError as exc:
         raise HistoryError(str(exc)) from None
     if path.exists():
