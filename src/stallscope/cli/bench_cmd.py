@@ -14,7 +14,7 @@ from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.paths import OutsideStoreError, write_file
 from stallscope.render.bench import render, render_race
-from stallscope.render.safe_text import printable, safe_console
+from stallscope.render.safe_text import printable, terminal_console
 from stallscope.settings import MAX_WORKERS
 from stallscope.tuning.bench import DEFAULT_SECONDS, DEFAULT_STEPS, bench
 from stallscope.tuning.decoders import race_decoders
@@ -89,9 +89,7 @@ def options_error(args: argparse.Namespace) -> str | None:
 def handle(args: argparse.Namespace) -> int:
     if (problem := options_error(args)) is not None:
         return fail("bench", problem)
-    console = safe_console(stderr=True)
-    if not console.is_terminal:
-        console.width = 140  # logs and CI: keep the table readable
+    console = terminal_console(stderr=True)
     if args.decoders:
         try:
             with console.status("decoder race (one core)"):

@@ -12,7 +12,7 @@ from stallscope import api, paths
 from stallscope.api import LaunchError, RunResult
 from stallscope.cli.args import folder, output_error
 from stallscope.render import terminal
-from stallscope.render.safe_text import printable, safe_console
+from stallscope.render.safe_text import printable, terminal_console
 from stallscope.render.summary import write_summary
 from stallscope.settings import OverrideError, parse_overrides
 from stallscope.trackers import TRACKERS, failure_line, log_run, missing_library
@@ -161,7 +161,7 @@ def report_run(verb: str, result: RunResult, *, json_path: str | None, quiet: bo
                 json_error = (f"stallscope {verb}: error: the summary JSON was not written to {json_path}: "
                               f"{exc.strerror or exc} (the exit code is still the script's, {result.exit_code})")
         if not quiet:
-            terminal.render(result.session, result.analysis, safe_console(stderr=True),
+            terminal.render(result.session, result.analysis, terminal_console(stderr=True),
                             session_ref=str(result.session_path) if result.session_path else None)
         if json_error:
             print(printable(json_error), file=sys.stderr)

@@ -14,7 +14,7 @@ from stallscope.cli.common import add_run_options, after_dashes, fail, parse_set
 from stallscope.demo.dataset import default_cache_dir
 from stallscope.demo.scenarios import SCENARIOS, scenario_command
 from stallscope.render import words
-from stallscope.render.safe_text import safe_console
+from stallscope.render.safe_text import terminal_console
 
 DEFAULT_STEPS = 40
 #: Before/after pairs measured by default. One pair is one run each way, and on a shared or virtual machine two runs
@@ -60,7 +60,7 @@ def handle(args: argparse.Namespace) -> int:
         return fail("demo", problem)
     if args.pairs < 1:
         return fail("demo", f"--pairs must be at least 1, not {args.pairs}")
-    console = safe_console(stderr=True)
+    console = terminal_console(stderr=True)
     console.print(f"stallscope demo: preparing the dataset for scenario {args.scenario!r} "
                   "(generated once, then cached)")
     try:

@@ -14,7 +14,7 @@ from stallscope.cli.args import at_least, output_error
 from stallscope.health import FAIL, PROBE_S, LoaderAssumptions, run_doctor
 from stallscope.paths import write_file
 from stallscope.render.doctor import render
-from stallscope.render.safe_text import printable, safe_console
+from stallscope.render.safe_text import printable, terminal_console
 from stallscope.render.summary import print_json
 
 
@@ -55,7 +55,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json_path == "-":  # the checks alone on standard output, for a pipe
         print_json(report.to_dict())
         return 1 if report.count(FAIL) else 0
-    console = safe_console(width=None if sys.stdout.isatty() else 140)
+    console = terminal_console()
     render(report, console, verbose=args.verbose)
     if args.json_path:
         out = Path(args.json_path)

@@ -19,7 +19,7 @@ from stallscope.cli.args import at_least, folder
 from stallscope.history.runs import RunRow, row_from_session
 from stallscope.history.store import HistoryError, list_runs, rebuild_history
 from stallscope.render.history import history_table
-from stallscope.render.safe_text import printable, safe_console
+from stallscope.render.safe_text import printable, safe_console, terminal_console
 from stallscope.session import Session
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -153,7 +153,7 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps([{k: v for k, v in dataclasses.asdict(r).items() if k != "step_detail"} for r in rows],
                          indent=1))
         return 0
-    console = safe_console() if safe_console().is_terminal else safe_console(width=240)
+    console = terminal_console()
     console.print(history_table(rows), highlight=False)
     pair = pair_to_compare(rows)
     hint = f"; compare two with: stallscope compare {pair[0].run_id} {pair[1].run_id}" if pair else ""

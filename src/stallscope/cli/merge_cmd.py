@@ -13,7 +13,7 @@ from stallscope.cli.common import load_error
 from stallscope.cli.report_cmd import load_run
 from stallscope.merge import merge_sessions
 from stallscope.render import terminal
-from stallscope.render.safe_text import printable, safe_console
+from stallscope.render.safe_text import printable, terminal_console
 from stallscope.render.summary import summary_dict, write_summary
 
 
@@ -56,6 +56,6 @@ def handle(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if not args.quiet:
-        terminal.render(merged, analysis, safe_console(stderr=True), session_ref=str(out))
+        terminal.render(merged, analysis, terminal_console(stderr=True), session_ref=str(out))
     print(f"merged {len(sessions)} sessions into {out}   re-render: stallscope report {out}", file=sys.stderr)
     return 0

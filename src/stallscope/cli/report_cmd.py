@@ -18,7 +18,7 @@ from stallscope.cli.common import HISTORY_REBUILD_HINT, load_error
 from stallscope.collect import recover_session
 from stallscope.launcher import save_session
 from stallscope.render import speedscope, terminal
-from stallscope.render.safe_text import printable, safe_console
+from stallscope.render.safe_text import printable, terminal_console
 from stallscope.render.summary import print_json, summary_dict, write_summary
 from stallscope.session import Session, SessionFormatError
 
@@ -30,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                      "  stallscope report last~1   (the run before the last)\n"
                                      "  stallscope report last --html report.html   (open in any browser, offline)\n"
                                      "  stallscope report last --trace trace.json   (open in ui.perfetto.dev)\n"
+                                     "  stallscope report last --quiet --html report.html   (writes it, prints nothing)\n"
                                      "  stallscope report last --speedscope stacks.speedscope.json"
                                      "   (open in speedscope.app)",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="write the Python stacks sampled during the training loader's fetches as a speedscope file "
                         "here (one profile per stage, the limiting one first; open in https://www.speedscope.app)")
     p.add_argument("--store", metavar="DIR", type=folder, help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print neither the summary nor the names of the files written: only write the files asked "
+                        "for (--json, --html, --trace, --speedscope; --json - still prints the JSON) and say what "
+                        "went wrong, if anything (as run --quiet)")
     p.set_defaults(handler=handle)
 
 
@@ -143,10 +148,12 @@ def handle(args: argparse.Namespace) -> int:
         return _fail(f"cannot write {target}: {exc.strerror or exc}")
     if args.json == "-":  # the JSON alone on standard output, for a pipe; what was written is said on stderr
         print_json(summary_dict(session, analysis, path))
-        for line in written:
+        for line in [] if args.quiet else written:
             print(f"wrote {line}", file=sys.stderr)
         return 0
-    terminal.render(session, analysis, safe_console(), session_ref=str(path), just_saved=False)
+    if args.quiet:
+        return 0
+    terminal.render(session, analysis, terminal_console(), session_ref=str(path), just_saved=False)
     for line in written:
         print(f"wrote {line}")
     return 0

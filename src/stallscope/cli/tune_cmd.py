@@ -14,7 +14,7 @@ from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import after_dashes, fail, store_write_error
 from stallscope.launcher import LaunchError, resolve_command
 from stallscope.paths import OutsideStoreError, write_file
-from stallscope.render.safe_text import printable, safe_console
+from stallscope.render.safe_text import printable, terminal_console
 from stallscope.render.tune import config_text, rate_text, render
 from stallscope.settings import overrides_text
 from stallscope.tuning.trials import (
@@ -120,9 +120,7 @@ def handle(args: argparse.Namespace) -> int:
         return fail("tune", "no command given; usage: stallscope tune [options] -- python train.py ARGS")
     if (problem := options_error(args, command)) is not None:
         return fail("tune", problem)
-    console = safe_console(stderr=True)
-    if not console.is_terminal:
-        console.width = 140  # logs and CI: keep the table readable
+    console = terminal_console(stderr=True)
     status = console.status("starting")
     status.start()
 

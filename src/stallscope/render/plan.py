@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from stallscope.analysis.plan import FED_WAIT, Plan
-from stallscope.render.safe_text import safe_console
+from stallscope.render.safe_text import terminal_console
 
 FIX_WORDS = {
     "pack-dataset": "pack the dataset (stallscope pack SRC OUT): storage time to about 0.3x",
@@ -36,7 +36,7 @@ def _shown_rows(plan: Plan) -> list[int]:
 
 
 def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
-    console = console or safe_console()
+    console = console or terminal_console()
     t = plan.target
     gpus = f"{t.gpus} GPU(s), one training process each" if t.gpus else "no GPU (training on the CPU)"
     console.rule("[bold]stallscope plan")

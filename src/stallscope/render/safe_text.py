@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderHook, RenderResult
+from rich.constrain import Constrain
+from rich.rule import Rule
 from rich.segment import Segment
 
 #: C1 controls (0x9b is a one-byte CSI on some terminals) and the bidirectional overrides and isolates that can
@@ -64,4 +66,31 @@ def safe_console(**options: Any) -> Console:
     instead of sending them to the terminal: the net under every terminal renderer of session text."""
     console = Console(**options)
     console.push_render_hook(_PrintableHook())
+    return console
+
+
+#: Where the output is no terminal (a pipe, a file, a CI log), rich would fold every line at 80 columns, mid-phrase:
+#: there it is never folded, and tables get up to this many columns, so that none is squeezed.
+UNBOUNDED_WIDTH = 1000
+#: A rule (the line under a title) has no width of its own off a terminal: it keeps this one.
+RULE_WIDTH = 80
+
+
+class _NarrowRules(RenderHook):
+    """Off a terminal: a rule as wide as ``RULE_WIDTH``, not as the unbounded width lines and tables get."""
+
+    def process_renderables(self, renderables: list[Any]) -> list[Any]:
+        return [_Printable(Constrain(r.inner, RULE_WIDTH)) if isinstance(r, _Printable) and isinstance(r.inner, Rule)
+                else Constrain(r, RULE_WIDTH) if isinstance(r, Rule) else r for r in renderables]
+
+
+def terminal_console(stderr: bool = False, **options: Any) -> Console:
+    """The ``safe_console`` a verb prints with (on standard error where ``stderr``): on a terminal, lines wrap at
+    its width; on a pipe or a file, they are never wrapped (a sentence cut at column 80 is half a sentence to a
+    grep or a log reader) and tables take the width they need. A ``width`` in ``options`` is kept either way."""
+    console = safe_console(stderr=stderr, **options)
+    if not console.is_terminal and "width" not in options:
+        console.width = UNBOUNDED_WIDTH
+        console.soft_wrap = True
+        console.push_render_hook(_NarrowRules())
     return console

@@ -12,7 +12,7 @@ from stallscope.analysis import Analysis, shares
 from stallscope.analysis.hotspots import top_of_stage
 from stallscope.constants import NODE_IDS
 from stallscope.render import words
-from stallscope.render.safe_text import safe_console
+from stallscope.render.safe_text import terminal_console
 from stallscope.session import Session
 
 _VERDICT_STYLE = {"input-bound": "bold red", "compute-bound": "bold green", "balanced": "bold yellow",
@@ -28,7 +28,7 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
            session_ref: str | None = None, just_saved: bool = True) -> None:
     """The run's report. ``session_ref``: where its session file is, said at the end as ``saved:`` where it was
     written just now (``just_saved``), as ``session:`` where a saved one is rendered again."""
-    console = console or safe_console(stderr=True)
+    console = console or terminal_console(stderr=True)
     stats = analysis.steps
     console.rule("[bold]stallscope")
     head = Text("verdict: ")
