@@ -17,6 +17,7 @@ from stallscope.analysis import Analysis, analyze
 from stallscope.history import store as history_store
 from stallscope.history.runs import row_from_session
 from stallscope.launcher import LaunchError, RunOutcome, launch
+from stallscope.oserrors import os_error_words
 from stallscope.render.summary import summary_dict
 from stallscope.session import Session
 
@@ -45,6 +46,8 @@ def record_history(store: str | os.PathLike[str] | None, session: Session, analy
     try:
         history_store.record_run(paths.store_dir(store), row_from_session(session, analysis, session_path))
         return None
+    except OSError as exc:  # said with its file: Python's own words may name none ([Errno 2] ...)
+        return os_error_words(exc, store)
     except Exception as exc:  # noqa: BLE001 - the run itself succeeded; the history is secondary
         return str(exc) or repr(exc)
 

@@ -11,6 +11,7 @@ import sys
 from stallscope import api, paths
 from stallscope.api import LaunchError, RunResult
 from stallscope.cli.args import folder, output_error
+from stallscope.oserrors import os_error_words
 from stallscope.render import terminal
 from stallscope.render.safe_text import printable, terminal_console
 from stallscope.render.summary import write_summary
@@ -50,12 +51,15 @@ def store_write_error(exc: OSError, store: str | None) -> str:
     return f"cannot write {where}: {exc.strerror or exc}; {fix}"
 
 
-def load_error(exc: OSError | ValueError) -> str:
+def load_error(exc: OSError | ValueError, run: str | None = None) -> str:
     """Why a saved run (a RUN argument: its session file, run folder or raw events) could not be loaded, in one
     line: a file the system would not let us read is named with the reason in words, never as Python's
-    ``[Errno 13] Permission denied: '...'``; anything else (no such run, not a session) says it already."""
-    if not isinstance(exc, OSError) or not exc.filename or not exc.strerror:
-        return str(exc)
+    ``[Errno 13] Permission denied: '...'``, nor an error of the system that names no file as a bare
+    ``[Errno 2] No such file or directory``; anything else (no such run, not a session) says it already."""
+    if not isinstance(exc, OSError) or (not exc.filename and not exc.strerror):
+        return str(exc)  # stallscope's own message (paths.resolve_run's), which names the places it looked
+    if not exc.filename or not exc.strerror:
+        return f"cannot load {'the run' if run is None else f'run {run!r}'}: {os_error_words(exc)}"
     reason = exc.strerror[:1].lower() + exc.strerror[1:]
     if exc.errno in (errno.EACCES, errno.EPERM):
         return (f"cannot read {exc.filename}: {reason}; its owner can make it readable with: chmod a+r "

@@ -18,6 +18,7 @@ from stallscope.analysis import analyze
 from stallscope.cli.args import at_least, folder
 from stallscope.history.runs import RunRow, row_from_session
 from stallscope.history.store import HistoryError, list_runs, rebuild_history
+from stallscope.oserrors import os_error_words
 from stallscope.render.history import history_table
 from stallscope.render.safe_text import printable, safe_console, terminal_console
 from stallscope.session import Session
@@ -89,7 +90,8 @@ def rebuild(store: Path) -> int:
     try:
         written, kept = rebuild_history(store, iter(rows))
     except (HistoryError, OSError) as exc:
-        print(printable(f"stallscope history: cannot rebuild the history in {store}: {exc}"), file=sys.stderr)
+        said = os_error_words(exc) if isinstance(exc, OSError) else str(exc)
+        print(printable(f"stallscope history: cannot rebuild the history in {store}: {said}"), file=sys.stderr)
         return 2
     print(f"rebuilt the history of {store} from {written} saved session(s)"
           + (f"; the old file is kept as {kept}" if kept else ""), file=sys.stderr)

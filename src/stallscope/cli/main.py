@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Sequence
 
 from stallscope import __version__
+from stallscope.oserrors import deleted_cwd, os_error_words
 from stallscope.render.safe_text import printable
 from stallscope.settings import ENV_DEBUG
 
@@ -97,6 +98,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:
         return _reader_went_away()
     except OSError as exc:
+        if exc.filename is None and exc.errno == errno.ENOENT and deleted_cwd() is not None:
+            # not a bug: the folder stallscope was started in (where ./.stallscope is looked for) went away
+            print(printable(f"stallscope: {os_error_words(exc)}: run it from a folder that exists, or name the "
+                            "store with --store DIR"), file=sys.stderr)
+            return 2
         if exc.errno not in OUTPUT_ERRNOS:
             if os.environ.get(ENV_DEBUG):
                 raise

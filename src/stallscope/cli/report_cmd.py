@@ -106,7 +106,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         session, path = load_run(args.run, args.store)
     except (OSError, ValueError) as exc:
-        return _fail(load_error(exc))
+        return _fail(load_error(exc, args.run))
     if problem := (output_error([args.json], args.store, path, dash_is_stdout=True)
                    or output_error([args.trace, args.speedscope, args.html], args.store, path)):
         return _fail(problem)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.background import start_thread
+from stallscope.oserrors import os_error_words
 from stallscope.settings import ENV_RANK_PID
 
 #: Small on purpose: buffered records that outlive a young-generation collection make Python's
@@ -162,8 +163,9 @@ def _write_failed(exc: OSError) -> None:
         return
     _warned_write = True
     try:
+        where = _run_dir / "events" / f"{os.getpid()}.jsonl" if _run_dir is not None else None
         sys.stderr.write(f"stallscope: events of process {os.getpid()} could not be written "
-                         f"({exc.strerror or exc}); the session will miss them\n")
+                         f"({os_error_words(exc, where)}); the session will miss them\n")
     except (OSError, ValueError):
         pass
 
