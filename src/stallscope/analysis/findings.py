@@ -136,6 +136,17 @@ class Recommendation:
 
 
 @dataclass(frozen=True)
+class NotRecommended:
+    """A likely fix left out of the recommendations, and why: ``id`` and ``node`` as the recommendation would have
+    them, ``cause`` (``other-load``, ``compute-takes-the-cores``, ``below-min-gain``, ...) and the figures behind it
+    (``facts``), which ``render/words.py`` says in one line."""
+    id: str
+    node: str
+    cause: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Failure:
     """How the script failed: an exception (``where`` main or worker, with its type and message), or
     ``type == "exit"``: it exited with a non-zero ``exit_code`` and no exception was seen (``message``: what it
@@ -181,6 +192,8 @@ class Analysis:
     #: Cores other programs kept busy over the steady steps (on the job's CPUs): not this job's to use, so its
     #: figures and advice are for a machine that busy.
     other_cpus: float = 0.0
+    #: Likely fixes the recommendations leave out, each with why (``NotRecommended``).
+    not_recommended: list[Any] = field(default_factory=list)
 
     @property
     def train_loader(self) -> LoaderSummary | None:

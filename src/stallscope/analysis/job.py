@@ -21,7 +21,7 @@ from stallscope.analysis.frameworks import code_site
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import agreeing_with, find_pitfalls
-from stallscope.analysis.recommend import recommend
+from stallscope.analysis.recommend import not_recommended, recommend
 from stallscope.analysis.steps import FEW_STEADY_STEPS, epochs_of, step_stats
 from stallscope.analysis.sync import merge_intervals, overlap_ns
 from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
@@ -119,8 +119,11 @@ def analyze(session: Session) -> Analysis:
                                            train.config.get("dataset_len") if train else None)
     recs = list(primary.recommendations)
     recs = recs + extra if findings.straggler_rank is not None else extra + recs
+    workers_set = any("num_workers" in r.overrides for r in recs)  # a rank's advice may set them (workers-per-node)
     return dataclasses.replace(
-        primary, recommendations=recs, failure=failure(session), notes=list(session.notes), conditions=[],
+        primary, recommendations=recs,
+        not_recommended=[n for n in primary.not_recommended if not (workers_set and n.id == "num-workers")],
+        failure=failure(session), notes=list(session.notes), conditions=[],
         ranks=summaries, distributed=findings, fetch_stages=fetch_stages(session.fetches))
 
 
@@ -157,7 +160,9 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
                         physical_cores=_physical_cores(session, usable), warmup_share=warmup_share)
     spots = session_hotspots(session, stats.loader_ids, seconds)
     recommendations = _with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
-                                                        _unpinned_fraction(session, stats), epochs), train), spots)
+                                                        _unpinned_fraction(session, stats), epochs, other), train),
+                                     spots)
+    left_out = not_recommended(verdict, train, model, recommendations, seconds, cpus, other, epochs)
     pitfalls = agreeing_with(find_pitfalls(session, loaders, system, cpus), recommendations)
     conditions = []
     if not session.processes:
@@ -190,6 +195,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         gpu_timing=gpu_timing(session),
         hotspots=spots,
         other_cpus=other,
+        not_recommended=left_out,
     )
 
 

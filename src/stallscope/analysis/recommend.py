@@ -8,6 +8,7 @@ it; ``render/words.py`` says it in words.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from stallscope.analysis.capacity import (OVERSUBSCRIBED_THREAD_COST, RECEIVED_BATCH_READS, THREADED_OCCUPANCY,
@@ -21,10 +22,12 @@ from stallscope.analysis.epochs import (
 )
 from stallscope.analysis.findings import (
     LoaderSummary,
+    NotRecommended,
     Recommendation,
     StepStats,
     WorkerPipeline,
 )
+from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 
 MIN_GAIN = 1.05
 #: Code changes are predicted under an assumption (the stage gets twice as cheap); a configuration change
@@ -73,10 +76,12 @@ def best_worker_count(model: ThroughputModel, usable_cpus: float,
 
 def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, seconds: dict[str, float],
               usable_cpus: int, startup_s: float = 0.0, model: ThroughputModel | None = None,
-              transfer_unpinned_fraction: float | None = None, epochs: EpochShape | None = None
-              ) -> list[Recommendation]:
+              transfer_unpinned_fraction: float | None = None, epochs: EpochShape | None = None,
+              other_cpus: float = 0.0) -> list[Recommendation]:
     """``epochs``: how the training loader's epochs fall in the measured steps, where they start inside them
-    (``epochs.py``); worker counts are then predicted over those epoch starts, not at the steady rate alone."""
+    (``epochs.py``); worker counts are then predicted over those epoch starts, not at the steady rate alone.
+    ``other_cpus``: the CPUs other programs kept busy (``model`` has them taken off already), said where they are
+    why no change helps."""
     recs: list[Recommendation] = []
     if verdict == "compute-bound":
         recs.append(Recommendation("no-input-fix", "compute", None,
@@ -189,7 +194,7 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
         if (threads_cut := _threads_for_the_cpus(model, workers)) is not None:
             recs.append(threads_cut)
     if input_side and model is not None and not recs:
-        recs.append(_no_predicted_gain(model, workers, epochs))
+        recs.append(_no_predicted_gain(model, workers, epochs, other_cpus, usable_cpus))
     # what no change can do first; but a compute-bound job's own threads' waits before "no input fix"
     first = {"compute-threads": 0} if verdict == "compute-bound" else {}
     recs.sort(key=lambda r: (first.get(r.id, 1 if r.id in ("no-input-fix", "no-predicted-gain") else 2),
@@ -270,33 +275,81 @@ def _threads_for_the_cpus(model: ThroughputModel, workers: int) -> Recommendatio
         "oversubscribed_thread_cost": OVERSUBSCRIBED_THREAD_COST})
 
 
-def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape | None = None) -> Recommendation:
-    """Input-side time was found but no change is predicted to gain 5%: say why, so the user is not left
-    with a verdict and no next step. ``reason``: ``compute-takes-the-cores`` (the training process keeps
-    most cores busy itself: a worker would take its core from the compute), ``cpu-budget`` (every core is
-    busy with loading and training already), ``epoch-starts`` (workers would gain in the steady state, but the
-    measured steps start so many epochs that starting and filling them again costs more), or
-    ``no-better-setting``."""
+def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape | None = None,
+                       other_cpus: float = 0.0, cpus: int = 0) -> Recommendation:
+    """Input-side time was found but no change is predicted to gain 5%: say why (``workers_cause``), so the user is
+    not left with a verdict and no next step."""
+    return Recommendation("no-predicted-gain", "loader", None,
+                          facts=workers_cause(model, workers, epochs, other_cpus, cpus))
+
+
+def workers_cause(model: ThroughputModel, workers: int, epochs: EpochShape | None = None, other_cpus: float = 0.0,
+                  cpus: int = 0) -> dict[str, object]:
+    """Why no worker count is advised, as facts: ``reason`` ``epoch-starts`` (workers would gain in the steady
+    state, but the measured steps start so many epochs that starting and filling them again costs more),
+    ``other-load`` (other programs kept ``OTHER_LOAD_NOTABLE_CPUS`` or more of the ``cpus`` busy, and on the CPUs
+    they left no count gains, where on a quiet machine one would: ``quiet_workers``, ``quiet_speedup``),
+    ``compute-takes-the-cores`` (the training process keeps most cores busy itself: a worker would take its core
+    from the compute), ``cpu-budget`` (every core is busy with loading and training already), or
+    ``no-better-setting``; with the best count and its predicted speedup."""
     best, gain = best_worker_count(model, model.usable_cpus)
     extra: dict[str, object] = {}
     over_epochs = best_over_epochs(model, epochs, [best], workers) if epochs is not None else None
+    quiet = _on_a_quiet_machine(model, cpus) if other_cpus >= OTHER_LOAD_NOTABLE_CPUS else None
+    quiet_best = best_worker_count(quiet, quiet.usable_cpus) if quiet is not None else None
     if over_epochs is not None and gain >= MIN_GAIN and over_epochs[2] < MIN_GAIN:
         cost = epoch_cost(model, epochs, best, over_epochs[1])
         reason = "epoch-starts"
         extra = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s, "epoch_start_s": cost.start_s,
                  "epoch_fill_s": cost.fill_s, "epoch_dropped_s": cost.dropped_s, "epoch_stop_s": cost.stop_s,
                  "epoch_warmup_s": cost.warmup_s, "samples_per_epoch": epochs.samples / (epochs.restarts + 1)}
+    elif quiet_best is not None and quiet_best[1] >= MIN_GAIN:
+        reason = "other-load"
+        extra = {"other_cpus": round(other_cpus, 2), "cpus": cpus, "quiet_workers": quiet_best[0],
+                 "quiet_speedup": round(quiet_best[1], 2)}
     elif model.compute_on_cpu and model.main_occupancy >= 0.75 * model.usable_cpus:
         reason = "compute-takes-the-cores"
     elif workers > 0 and model.cpu_rate() <= 1.05 * model.rate():
         reason = "cpu-budget"
     else:
         reason = "no-better-setting"
-    return Recommendation("no-predicted-gain", "loader", None, facts={
-        "reason": reason, "workers": workers, "best_workers": best, "best_speedup": round(gain, 2),
-        "main_occupancy": round(model.main_occupancy, 2), "usable_cpus": round(model.usable_cpus, 2),
-        "loader_cpu_s_per_sample": sum(v for k, v in model.cost_s.items() if k != "storage"),
-        "compute_s_per_sample": model.compute_per_sample_s, **extra})
+    return {"reason": reason, "workers": workers, "best_workers": best, "best_speedup": round(gain, 2),
+            "main_occupancy": round(model.main_occupancy, 2), "usable_cpus": round(model.usable_cpus, 2),
+            "loader_cpu_s_per_sample": sum(v for k, v in model.cost_s.items() if k != "storage"),
+            "compute_s_per_sample": model.compute_per_sample_s, **extra}
+
+
+def _on_a_quiet_machine(model: ThroughputModel, cpus: int) -> ThroughputModel | None:
+    """The model with all ``cpus`` the job's, as if other programs kept none busy (an estimate: the costs stay as
+    measured under their load). None where it had them all already."""
+    if cpus <= model.usable_cpus:
+        return None
+    cores = model.physical_cores * cpus / model.usable_cpus if model.physical_cores else None
+    return dataclasses.replace(model, usable_cpus=float(cpus), physical_cores=cores)
+
+
+def not_recommended(verdict: str, train: LoaderSummary | None, model: ThroughputModel | None,
+                    recs: list[Recommendation], seconds: dict[str, float], cpus: int, other_cpus: float = 0.0,
+                    epochs: EpochShape | None = None) -> list[NotRecommended]:
+    """The likely fixes ``recs`` leave out, each with why: more DataLoader workers where the job loads in the
+    training process or leaves CPUs without one (``workers_cause``; not where ``no-predicted-gain`` says it
+    already), and the limiting input stages' own fixes predicted to gain under ``MIN_GAIN``."""
+    if train is None or verdict in ("compute-bound", "unknown"):
+        return []
+    found: list[NotRecommended] = []
+    workers = int(train.config.get("num_workers") or 0)
+    said = any("num_workers" in r.overrides or r.id == "no-predicted-gain" for r in recs)
+    if model is not None and workers < whole_cpus(cpus) and not said:
+        facts = workers_cause(model, workers, epochs, other_cpus, cpus)
+        found.append(NotRecommended("num-workers", "loader", str(facts.pop("reason")), facts))
+    if verdict == "input-bound" and train.pipeline is not None:
+        given = {r.id for r in recs}
+        for fix in _stage_fixes(seconds, train, model, workers):
+            gain = fix.predicted_speedup
+            if fix.id not in given and gain is not None and gain < MIN_GAIN:
+                found.append(NotRecommended(fix.id, fix.node, "below-min-gain",
+                                            {**fix.facts, "predicted_speedup": gain, "min_gain": MIN_GAIN}))
+    return found
 
 
 def _discarded_prefetch(train: LoaderSummary, model: ThroughputModel | None, workers: int) -> Recommendation | None:

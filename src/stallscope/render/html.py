@@ -372,7 +372,14 @@ def _recommendations_section(analysis: Analysis) -> str:
         f"<td class=num>{f'{r.predicted_speedup:.2f}x' if r.predicted_speedup else '–'}</td></tr>"
         for i, (r, said) in enumerate((r, words.recommendation(r)) for r in analysis.recommendations))
     return ("<h2 id=recommendations>Recommendations</h2><table><tr><th>#</th><th>what and why</th><th>stage</th>"
-            f"<th>change</th><th>predicted speedup</th></tr>{rows}</table>")
+            f"<th>change</th><th>predicted speedup</th></tr>{rows}</table>" + _not_recommended_list(analysis))
+
+
+def _not_recommended_list(analysis: Analysis) -> str:
+    """The likely fixes left out of the advice, each with why."""
+    items = "".join(f"<li><b>{_e(said.title)}</b> ({_e(n.node)}): {_e(said.reason)}</li>"
+                    for n, said in ((n, words.not_recommended(n)) for n in analysis.not_recommended))
+    return f"<p>not advised:</p><ul>{items}</ul>" if items else ""
 
 
 def _nodes_table(analysis: Analysis) -> str:

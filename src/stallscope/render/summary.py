@@ -43,6 +43,7 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         },
         "nodes": _nodes_dict(analysis.node_seconds),
         "recommendations": [_recommendation_dict(r) for r in analysis.recommendations],
+        "not_recommended": [_not_recommended_dict(n) for n in analysis.not_recommended],
         "hotspots": [h.to_dict() for h in analysis.hotspots],
         "loaders": [_loader_dict(ld) for ld in analysis.loaders],
         "capacity": _capacity_dict(analysis.capacity),
@@ -71,6 +72,13 @@ def _recommendation_dict(r: Any) -> dict[str, Any]:
     return {"id": r.id, "node": r.node, "title": said.title, "change": said.change,
             "predicted_speedup": r.predicted_speedup, "reason": said.reason, "overrides": dict(r.overrides),
             "facts": _plain(r.facts)}
+
+
+def _not_recommended_dict(n: Any) -> dict[str, Any]:
+    """A likely fix left out, and why: ``cause`` is the reason's id, ``reason`` its words."""
+    said = words.not_recommended(n)
+    return {"id": n.id, "node": n.node, "title": said.title, "cause": n.cause, "reason": said.reason,
+            "facts": _plain(n.facts)}
 
 
 def _pitfall_dict(p: Any) -> dict[str, Any]:

@@ -85,6 +85,9 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
             gain = f" ({rec.predicted_speedup:.2f}x)" if rec.predicted_speedup else ""
             said = words.recommendation(rec)
             console.print(f"  also: {said.title}{gain}: {said.change}", markup=False, highlight=False)
+    for left_out in analysis.not_recommended:  # a likely fix the advice leaves out: why, in one line
+        said = words.not_recommended(left_out)
+        console.print(f"not advised: {said.title}: {said.reason}", markup=False, highlight=False)
     if analysis.failure:
         f = analysis.failure
         stopped = words.failure_is_stop(f)

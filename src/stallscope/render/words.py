@@ -98,23 +98,8 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
                 "none: leave the DataLoader as it is; speed up the model (mixed precision, larger batch, "
                 "torch.compile)", f"data wait is {100 * f['data_wait_fraction']:.1f}% of step time")
     if rid == "no-predicted-gain":
-        why = {
-            "compute-takes-the-cores": f"the training process keeps {f['main_occupancy']:.1f} of {f['usable_cpus']:.1f} "
-                                       "usable cores busy while it computes: a worker would take its core from the "
-                                       "compute",
-            "epoch-starts": f"the measured steps start {f.get('epoch_starts')} new epochs of about "
-                            f"{f.get('samples_per_epoch', 0):.0f} samples each, and each would cost "
-                            f"{f['best_workers']} workers about {f.get('epoch_cost_s', 0):.2f} s "
-                            f"({_epoch_cost_parts(f)}): more than their {f['best_speedup']:.2f}x steady-state gain "
-                            "saves (longer epochs, or one loop over more batches, would let workers pay off)",
-            "cpu-budget": f"every core is busy already: {1000 * f['loader_cpu_s_per_sample']:.1f} ms of loader CPU and "
-                          f"{1000 * f['compute_s_per_sample']:.1f} ms of compute per sample on "
-                          f"{f['usable_cpus']:.1f} usable cores",
-        }.get(f["reason"], "no DataLoader setting the model knows is predicted to gain 5%")
-        best = (f"; the best worker count, {f['best_workers']}, is predicted at {f['best_speedup']:.2f}x"
-                if f["best_workers"] != f["workers"] and f["reason"] != "epoch-starts" else "")
         return ("No change is predicted to help", "none on this machine: more cores (or a GPU for the compute) "
-                "would; stallscope tune tries settings if you want to measure", why + best)
+                "would; stallscope tune tries settings if you want to measure", _no_workers_why(f["reason"], f))
     if rid == "num-workers":
         n = o["num_workers"]
         kept = ", kept alive between epochs" if o.get("persistent_workers") else ""
@@ -252,6 +237,52 @@ def _recommendation_words(rec: Recommendation) -> tuple[str, str, str]:
 
 def recommendation(rec: Recommendation) -> Said:
     return Said(*_recommendation_words(rec))
+
+
+def _no_workers_why(cause: str, f: dict[str, Any]) -> str:
+    """Why no worker count is advised (``recommend.workers_cause``), with the best count's prediction: the reason of
+    ``no-predicted-gain`` and of the workers' why-not alike."""
+    other = f.get("other_cpus", 0.0)
+    why = {
+        "other-load": f"other programs kept {other:.1f} of the {f.get('cpus')} CPUs busy, leaving this job about "
+                      f"{f['usable_cpus']:.1f}: on that, {f['best_workers']} worker{'s' if f['best_workers'] != 1 else ''}"
+                      f" {'are' if f['best_workers'] != 1 else 'is'} predicted at {f['best_speedup']:.2f}x; on a quiet "
+                      f"machine {f.get('quiet_workers')} workers are predicted at {f.get('quiet_speedup', 0):.2f}x "
+                      "(estimated from this run's costs): measure them there",
+        "compute-takes-the-cores": f"the training process keeps {f['main_occupancy']:.1f} of {f['usable_cpus']:.1f} "
+                                   "usable cores busy while it computes: a worker would take its core from the "
+                                   "compute",
+        "epoch-starts": f"the measured steps start {f.get('epoch_starts')} new epochs of about "
+                        f"{f.get('samples_per_epoch', 0):.0f} samples each, and each would cost "
+                        f"{f['best_workers']} workers about {f.get('epoch_cost_s', 0):.2f} s "
+                        f"({_epoch_cost_parts(f)}): more than their {f['best_speedup']:.2f}x steady-state gain "
+                        "saves (longer epochs, or one loop over more batches, would let workers pay off)",
+        "cpu-budget": f"every core is busy already: {1000 * f['loader_cpu_s_per_sample']:.1f} ms of loader CPU and "
+                      f"{1000 * f['compute_s_per_sample']:.1f} ms of compute per sample on "
+                      f"{f['usable_cpus']:.1f} usable cores",
+    }.get(cause, "no DataLoader setting the model knows is predicted to gain 5%")
+    best = (f"; the best worker count, {f['best_workers']}, is predicted at {f['best_speedup']:.2f}x"
+            if f["best_workers"] != f["workers"] and cause not in ("epoch-starts", "other-load") else "")
+    return why + best
+
+
+#: What each left-out fix is, as its why-not names it (the advice's own title where it has one).
+_LEFT_OUT = {"num-workers": "more DataLoader workers"}
+
+
+def not_recommended(item: Any) -> Said:
+    """A likely fix left out of the advice (``analysis.findings.NotRecommended``), in one line: ``title`` names it,
+    ``reason`` says why; ``change`` is empty (there is none to make)."""
+    f = item.facts
+    if item.id == "num-workers":
+        title = f"{_LEFT_OUT[item.id]} (now num_workers={f['workers']})"
+        return Said(title, "", _no_workers_why(item.cause, f))
+    if item.cause == "below-min-gain":
+        said = _recommendation_words(Recommendation(item.id, item.node, f.get("predicted_speedup"), facts=f))
+        return Said(f"{said[0]} ({item.node})", "",
+                    f"predicted at {f['predicted_speedup']:.2f}x, under the {f['min_gain']:.2f}x worth advising: "
+                    "the rest of the job would still hold it back")
+    return Said(item.id, "", f"{item.cause}: {_facts(f)}")
 
 
 def _hotspot_place(h: dict[str, Any], stage: str) -> str:
