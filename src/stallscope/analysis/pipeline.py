@@ -230,15 +230,17 @@ def call_nodes(fetches: list[FetchRecord]) -> dict[str, str]:
         for name, row in f.by_name.items():
             if len(row) > 3 and name not in found:
                 found[name] = row[3]
-    if any(name not in found for f in fetches for name in f.by_name):
-        for f in fetches:
-            if any(name not in found for name in f.by_name):
-                found.update(_nodes_from_totals(f, found))
+    unplaced = [f for f in fetches if f.timed and any(name not in found for name in f.by_name)]
+    for f in unplaced[:_MAX_FETCHES_TRIED]:
+        if any(name not in found for name in f.by_name):
+            found.update(_nodes_from_totals(f, found))
     return found
 
 
-#: A fetch's unplaced calls are matched to its nodes' totals by trying their subsets: at most this many of them.
-_MAX_UNPLACED = 14
+#: A fetch's unplaced calls are matched to its nodes' totals by trying their subsets: at most this many of them
+#: (a thousand subsets), in at most this many fetches (a call no fetch places is left out, not guessed).
+_MAX_UNPLACED = 10
+_MAX_FETCHES_TRIED = 16
 
 
 def _nodes_from_totals(fetch: FetchRecord, known: dict[str, str]) -> dict[str, str]:
