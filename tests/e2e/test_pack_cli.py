@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -135,15 +136,117 @@ def test_force_refuses_to_delete_the_folder_holding_the_source(source, tmp_path)
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == files
 
 
+#: The data segment a bounded pack may use (RLIMIT_DATA: heap and private mappings, not LMDB's shared map):
+#: a pack of a few small images needs a fraction of it; reading /dev/zero to its end would pass it in a second.
+PACK_MEMORY_CAP = 1 << 30
+
+
+def bounded_pack(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``stallscope pack`` with its memory capped, and a timeout: a regression (reading a device to its end, a
+    FIFO nobody writes to) fails the test instead of eating the machine or hanging it."""
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_DATA, ({0}, {0})); "
+            "from stallscope.cli.entry import main; raise SystemExit(main())").format(PACK_MEMORY_CAP)
+    proc = subprocess.Popen([sys.executable, "-c", code, "pack", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = "", f"stallscope pack {' '.join(args)}: still running after {timeout} s (hung)"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the pack, or a worker of it left blocked
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _skipped(report: Path) -> dict[str, tuple[str, str]]:
+    return {p["source"]: (p["kind"], p["detail"]) for p in json.loads(report.read_text())["skipped"]}
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_a_file_list_naming_a_device_skips_it_by_name(source, tmp_path, fmt):
+    """Issue 43, case 3: ``/dev/zero`` in a file list made ``pack --workers 1`` eat 8.4 GB in 7 s, silent."""
+    good = sorted((source / "class_00").glob("*.jpg"))[:3]
+    listing = tmp_path / "z.csv"
+    listing.write_text("path,label\n/dev/zero,0\n" + "".join(f"{p},1\n" for p in good))
+    report = tmp_path / "report.json"
+    done = bounded_pack(str(listing), str(tmp_path / "out"), "--workers", "1", "--format", fmt, "--report", str(report))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert _skipped(report) == {"/dev/zero": ("not-a-file", "not a regular file: character device")}
+    assert json.loads(report.read_text())["records"] == 3
+    assert "/dev/zero: not a regular file: character device" in done.stdout
+    assert "skipped 1 bad file(s)" in done.stdout
+
+
+def _hostile_entries(folder: Path) -> dict[str, str]:
+    """Paths named like images that are not images one can read to an end: each with the start of the reason
+    pack must give. Made for real: a FIFO nobody writes to, a listening socket, links to devices."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(folder / "pipe.jpg")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(folder / "socket.jpg"))
+    (folder / "folder.jpg").mkdir()
+    os.symlink("/dev/zero", folder / "zero.jpg")
+    os.symlink("/dev/urandom", folder / "random.jpg")
+    os.symlink(folder / "nothing-here.jpg", folder / "dangling.jpg")
+    os.symlink(folder / "loop.jpg", folder / "loop.jpg")
+    os.symlink("/proc/self/status", folder / "proc.jpg")
+    return {"pipe.jpg": "not-a-file: not a regular file: FIFO",
+            "socket.jpg": "not-a-file: not a regular file: socket",
+            "folder.jpg": "not-a-file: not a regular file: directory",
+            "zero.jpg": "not-a-file: not a regular file: character device (a link to /dev/zero)",
+            "random.jpg": "not-a-file: not a regular file: character device (a link to /dev/urandom)",
+            "dangling.jpg": "unreadable: FileNotFoundError",
+            "loop.jpg": "unreadable: OSError: Too many levels of symbolic links",
+            "proc.jpg": "changed: its size was 0 bytes when opened, and it held more"}
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
-def test_a_fifo_named_like_an_image_is_not_read(source, tmp_path):
-    """Reading a FIFO blocks forever: pack once hung on one named *.jpg."""
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_files_that_are_not_regular_are_named_in_a_file_list(source, tmp_path, fmt):
+    """Every kind of path a file list can name that is no regular file: skipped, named with its reason, never
+    read to its end, never waited on."""
+    expected = _hostile_entries(tmp_path / "odd")
+    good = sorted((source / "class_00").glob("*.jpg"))[:2]
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"odd/{name},0\n" for name in expected) + "".join(f"{p},1\n" for p in good))
+    report = tmp_path / "report.json"
+    done = bounded_pack(str(listing), str(tmp_path / "out"), "--workers", "1", "--format", fmt, "--report", str(report))
+    assert done.returncode == 0, done.stderr[-2000:]
+    skipped = _skipped(report)
+    assert set(skipped) == {f"odd/{name}" for name in expected}
+    for name, reason in expected.items():
+        kind, detail = skipped[f"odd/{name}"]
+        assert f"{kind}: {detail}".startswith(reason), (name, kind, detail)
+        assert f"odd/{name}: {detail}" in done.stdout
+    assert json.loads(report.read_text())["records"] == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_files_that_are_not_regular_are_named_in_an_image_folder(source, tmp_path, workers):
+    """The ImageFolder scan once dropped a FIFO or a link to a device named *.jpg without a word: the pack now
+    names each (a folder named *.jpg is a folder there, as torchvision has it); a link to a folder above
+    it (a loop) is not followed round and round."""
     src = tmp_path / "src"
     shutil.copytree(source / "class_00", src / "a")
-    os.mkfifo(src / "a" / "pipe.jpg")
-    done = stallscope(str(src), str(tmp_path / "out"), "--workers", "0")
-    assert done.returncode == 0, done.stderr
-    assert load_index(tmp_path / "out").records and "pipe.jpg" not in done.stdout
+    expected = _hostile_entries(src / "b")
+    del expected["folder.jpg"]
+    os.symlink("..", src / "b" / "up")  # a loop: src/b/up/b/up/...
+    report = tmp_path / "report.json"
+    done = bounded_pack(str(src), str(tmp_path / "out"), "--workers", workers, "--report", str(report))
+    assert done.returncode == 0, done.stderr[-2000:]
+    skipped = _skipped(report)
+    assert set(skipped) == {f"b/{name}" for name in expected}
+    for name, reason in expected.items():
+        kind, detail = skipped[f"b/{name}"]
+        assert f"{kind}: {detail}".startswith(reason), (name, kind, detail)
+        assert f"b/{name}: {detail}" in done.stdout
+    assert json.loads(report.read_text())["records"] == len(list((source / "class_00").glob("*.jpg")))
+    strict = bounded_pack(str(src), str(tmp_path / "strict"), "--strict", "--workers", workers)
+    assert strict.returncode == 1 and "b/" in strict.stderr and not (tmp_path / "strict").exists()
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@ import os
 import struct
 from pathlib import Path
 
+from stallscope.data.files import open_regular
+
 _ENVS: dict[tuple[int, str], tuple[int, object]] = {}
 
 _LMDB_MAGIC = 0xBEEFC0DE
@@ -17,9 +19,9 @@ _META = struct.Struct("<16xII8xQ I44x 48x QQ")
 def lmdb_structure_problem(data_mdb: Path) -> str | None:
     """What makes ``data_mdb`` unsafe to map, read with plain file reads: no valid meta page, or a file
     shorter than the pages its newest meta page says it holds (reading those pages would fault)."""
-    size = data_mdb.stat().st_size
     metas = []
-    with open(data_mdb, "rb") as f:
+    with open_regular(data_mdb) as f:  # a FIFO or a device in its place is refused, not waited on or mapped
+        size = os.fstat(f.fileno()).st_size
         head = f.read(_META.size)
         if len(head) < _META.size:
             return f"data.mdb is {size} bytes: too short for an LMDB file"

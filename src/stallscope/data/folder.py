@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 from torch.utils.data import Dataset
 
 from stallscope.data._decoding import MapDecodingMixin
 from stallscope.data.crops import CropSpec
 from stallscope.data.decoders import Decoder
-from stallscope.data.sources import IMAGE_EXTENSIONS, list_image_folder, read_file_list
+from stallscope.data.files import read_regular
+from stallscope.data.sources import IMAGE_EXTENSIONS, SourceList, list_image_folder, read_file_list, regular_only
+
+
+#: Files left out of a dataset named in its warning; the rest are counted.
+NAMED_LEFT_OUT = 5
+
+
+def _regular_files(source: SourceList) -> SourceList:
+    """The source less what is not a regular file (a device, a FIFO, ... named like an image), with a warning
+    naming those: reading one in a worker would never end or never return."""
+    kept, left_out = regular_only(source)
+    if left_out:
+        named = "; ".join(f"{path}: {reason}" for path, reason in left_out[:NAMED_LEFT_OUT])
+        more = f"; and {len(left_out) - NAMED_LEFT_OUT} more" if len(left_out) > NAMED_LEFT_OUT else ""
+        warnings.warn(f"FastImageFolder: left out {len(left_out)} path(s) that are not regular files: {named}{more}",
+                      stacklevel=3)
+    return kept
 
 
 class FastImageFolder(MapDecodingMixin, Dataset):
@@ -40,7 +58,7 @@ class FastImageFolder(MapDecodingMixin, Dataset):
     ) -> None:
         self._init_decoding(crop, decoder, dct_scaling)
         self.recycle_batches = recycle_batches
-        self.source = list_image_folder(root, extensions)
+        self.source = _regular_files(list_image_folder(root, extensions))
         self.root = self.source.root
 
     @classmethod
@@ -56,7 +74,7 @@ class FastImageFolder(MapDecodingMixin, Dataset):
         self = cls.__new__(cls)
         self._init_decoding(crop, decoder, dct_scaling)
         self.recycle_batches = recycle_batches
-        self.source = read_file_list(list_path)
+        self.source = _regular_files(read_file_list(list_path))
         self.root = self.source.root
         return self
 
@@ -81,8 +99,7 @@ class FastImageFolder(MapDecodingMixin, Dataset):
 
     def _read(self, index: int) -> tuple[bytes, int, str]:
         path, label = self.source.samples[index]
-        with open(path, "rb") as fh:
-            return fh.read(), label, str(path)
+        return read_regular(path), label, str(path)
 
     def __repr__(self) -> str:
         return f"FastImageFolder({str(self.root)!r}, {len(self)} images, {len(self.classes)} classes, crop={self.crop})"

@@ -7,10 +7,12 @@ deterministic order, so a packed dataset's record ``i`` is the folder dataset's 
 from __future__ import annotations
 
 import csv
+import io
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+from stallscope.data.files import not_regular, read_regular
 
 #: torchvision's IMG_EXTENSIONS, lower case.
 IMAGE_EXTENSIONS: tuple[str, ...] = (
@@ -60,23 +62,43 @@ def list_image_folder(root: str | os.PathLike[str], extensions: tuple[str, ...] 
                           f"fix its permissions, or move it out of {root}")
 
     for label, name in enumerate(classes):
+        # the folders each folder is inside: a link back to one of them (or to the root) is a loop, not followed
+        above: dict[str, frozenset[tuple[int, int] | None]] = {str(root / name): frozenset({_folder_id(root)})}
         for dirpath, dirnames, filenames in os.walk(root / name, onerror=unreadable, followlinks=True):
-            dirnames.sort()
-            for filename in sorted(filenames):
-                if filename.lower().endswith(exts) and not _special(Path(dirpath) / filename):
-                    samples.append((Path(dirpath) / filename, label))
+            here = above.pop(dirpath, frozenset()) | {_folder_id(dirpath)}
+            dirnames[:] = sorted(d for d in dirnames if (_folder_id(os.path.join(dirpath, d)) or ()) not in here)
+            above.update((os.path.join(dirpath, d), here) for d in dirnames)
+            # every file named like an image, regular or not: a device, FIFO or socket is named when it is read
+            samples.extend((Path(dirpath) / filename, label) for filename in sorted(filenames)
+                           if filename.lower().endswith(exts))
     if not samples:
         raise SourceError(f"{root}: class folders hold no images with extensions {', '.join(exts)}")
     return SourceList(root, tuple(samples), classes)
 
 
-def _special(path: Path) -> bool:
-    """A FIFO, socket or device named like an image: reading one would block or never end, so it is not
-    listed (a dangling link is listed, and reported as unreadable when read)."""
+def _folder_id(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """The folder's identity (device, inode); None where it cannot be looked at."""
     try:
-        return not stat.S_ISREG(os.stat(path).st_mode)
+        st = os.stat(path)
     except OSError:
-        return False
+        return None
+    return st.st_dev, st.st_ino
+
+
+def regular_only(source: SourceList) -> tuple[SourceList, list[tuple[Path, str]]]:
+    """``source`` less its devices, FIFOs, sockets and folders, and those left out with the reason for each:
+    for a dataset, which would block or never end on reading one hours into training."""
+    kept: list[tuple[Path, int]] = []
+    left_out: list[tuple[Path, str]] = []
+    for path, label in source.samples:
+        reason = not_regular(path)
+        if reason is None:
+            kept.append((path, label))
+        else:
+            left_out.append((path, reason))
+    if not left_out:
+        return source, []
+    return SourceList(source.root, tuple(kept), source.classes), left_out
 
 
 def read_file_list(list_path: str | os.PathLike[str]) -> SourceList:
@@ -87,11 +109,15 @@ def read_file_list(list_path: str | os.PathLike[str]) -> SourceList:
     a first line whose path is one word, no file of that name beside the list.
     """
     list_path = Path(list_path)
-    if not list_path.is_file():
-        raise SourceError(f"{list_path}: no such file list")
+    try:
+        raw = read_regular(list_path)
+    except FileNotFoundError:
+        raise SourceError(f"{list_path}: no such file list") from None
+    except OSError as exc:
+        raise SourceError(f"{list_path}: cannot read this file list ({exc.strerror or exc})") from exc
     base = list_path.parent
     rows: list[tuple[Path, str]] = []
-    with open(list_path, newline="") as fh:
+    with io.TextIOWrapper(io.BytesIO(raw), newline="") as fh:  # the encoding open() would have used
         for lineno, row in enumerate(csv.reader(fh), start=1):
             if not row or not row[0].strip() or row[0].lstrip().startswith("#"):
                 continue
@@ -124,4 +150,7 @@ def open_source(src: str | os.PathLike[str]) -> SourceList:
     path = Path(src)
     if path.is_file():
         return read_file_list(path)
+    reason = None if path.is_dir() else not_regular(path)
+    if reason:
+        raise SourceError(f"{path}: {reason}; give an ImageFolder tree (root/<class>/<image>) or a file list")
     return list_image_folder(path)

@@ -90,7 +90,14 @@ def check_files(facts: DatasetFacts) -> Check:
     if not facts.complete:
         value += f" (scan {facts.stop_reason})"
     data = {"files": n, "total_bytes": facts.total_bytes, "size_p10": p10, "size_p50": p50, "size_p90": p90,
-            "complete": facts.complete, "scan_s": round(facts.scan_s, 3), "unreadable_dirs": facts.unreadable_dirs}
+            "complete": facts.complete, "scan_s": round(facts.scan_s, 3), "unreadable_dirs": facts.unreadable_dirs,
+            "not_regular": [{"path": path, "why": reason} for path, reason in facts.not_regular]}
+    if facts.not_regular:
+        path, reason = facts.not_regular[0]
+        value += f"; {len(facts.not_regular)} not regular file(s) left out, e.g. {path}: {reason}"
+        return Check("dataset.files", title, WARN, value, "only regular files", why,
+                     "Move devices, FIFOs and sockets out of the dataset: a DataLoader reading one blocks or never "
+                     "ends (stallscope pack skips them and names each).", data)
     return Check("dataset.files", title, PASS, value, "", why, "", data)
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stallscope.data.files import describe, not_regular, open_regular, read_regular
 from stallscope.health import pagecache
 
 #: (format, offset, magic); checked in order, first match wins.
@@ -97,6 +98,7 @@ class DatasetFacts:
     image_errors: int = 0
     image_error: str | None = None
     image_sampled: list[str] = field(default_factory=list)  # sampled files whose bytes are an image
+    not_regular: list[tuple[str, str]] = field(default_factory=list)  # (path, why): devices, FIFOs, sockets: not read
     decoded: int = 0  # sampled images decoded in full
     decode_failures: list[tuple[str, str]] = field(default_factory=list)  # (path, why) of those that did not
 
@@ -113,7 +115,8 @@ class DatasetFacts:
 
 def walk(root: str, max_files: int = 2_000_000, seconds: float = 5.0,
          clock: Callable[[], float] = time.perf_counter) -> DatasetFacts:
-    """Every regular file under ``root`` (symlinks followed, directories once), within a file and time budget."""
+    """Every regular file under ``root`` (symlinks followed, directories once), within a file and time budget;
+    devices, FIFOs and sockets are named apart (a loader reading one would never end, or wait for ever)."""
     facts = DatasetFacts(root=root)
     start = clock()
     stack = [root]
@@ -139,6 +142,8 @@ def walk(root: str, max_files: int = 2_000_000, seconds: float = 5.0,
                 elif entry.is_file():
                     facts.files.append((entry.path, entry.stat().st_size))
                     count += 1
+                elif (reason := not_regular(entry.path)) is not None:
+                    facts.not_regular.append((entry.path, reason))
             except OSError:
                 continue
         if count:
@@ -183,8 +188,7 @@ def read_headers(facts: DatasetFacts, max_files: int = 256, max_images: int = 20
     images: list[str] = []
     for path, _ in files:
         try:
-            with open(path, "rb") as fh:
-                head = fh.read(HEADER_BYTES)
+            head = read_regular(path, HEADER_BYTES)
         except OSError:
             facts.formats["unreadable"] += 1
             continue
@@ -206,7 +210,7 @@ def read_headers(facts: DatasetFacts, max_files: int = 256, max_images: int = 20
         return
     for path in images:
         try:
-            with Image.open(path) as im:  # reads the header only; pixels are decoded lazily
+            with open_regular(path) as fh, Image.open(fh) as im:  # reads the header only; pixels are decoded lazily
                 facts.image_sizes.append(im.size)
         except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError):
             facts.image_errors += 1
@@ -227,11 +231,10 @@ def decode_sample(facts: DatasetFacts, max_images: int = 48, seconds: float = 2.
         if clock() - started > seconds:
             break
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            data = read_regular(path)
             problem = _decode_problem(data, read_header(data).is_jpeg, full_decode_check)
         except OSError as exc:
-            problem = f"{exc.__class__.__name__}: {exc.strerror or exc}"
+            problem = describe(exc)
         except HeaderError as exc:
             problem = str(exc)
         if problem:

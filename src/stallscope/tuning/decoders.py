@@ -75,8 +75,9 @@ def race_decoders(folder: str | os.PathLike[str], *, files: int = 64, repeats: i
                   timeout_s: float = 600.0) -> DecoderRace:
     """Race the installed decoders on up to ``files`` JPEGs of ``folder`` in a single-core child.
 
-    Files Pillow cannot decode whole (empty, truncated, not a JPEG inside) are left out of the race and listed in
-    ``skipped``: one bad file in a dataset is common, and it says nothing about the decoders."""
+    Files Pillow cannot decode whole (empty, truncated, not a JPEG inside), and paths that are no regular file (a
+    device, a FIFO), are left out of the race and listed in ``skipped``: one bad file in a dataset is common, and it
+    says nothing about the decoders."""
     root = Path(folder)
     if not root.exists():
         raise FileNotFoundError(f"no such folder: {folder}")
@@ -248,11 +249,17 @@ def _child() -> None:
             pass
     from PIL import Image, UnidentifiedImageError
 
+    from stallscope.data.files import describe, read_regular
+
     blobs = []
     skipped = []
     for path in request["files"]:
         try:
-            data = Path(path).read_bytes()
+            data = read_regular(path)  # a device or a FIFO named *.jpg is named, never read to its end or waited on
+        except OSError as exc:
+            skipped.append({"path": path, "error": describe(exc)})
+            continue
+        try:
             with Image.open(io.BytesIO(data)) as img:
                 img.load()  # a truncated file opens; it fails here, as it would in every decoder's row
                 blobs.append((data, img.width, img.height))

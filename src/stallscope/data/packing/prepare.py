@@ -7,13 +7,16 @@ time and named in the report instead of crashing a training run hours later.
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from stallscope.data.files import FileChangedError, NotRegularFileError, describe, read_regular
 from stallscope.data.headers import HeaderError, read_header
 
-#: Problems that make a file unusable: skipped by default, fatal with ``--strict``.
-FATAL_KINDS = ("unreadable", "empty", "not-an-image", "corrupt")
+#: Problems that make a file unusable: skipped by default, fatal with ``--strict``. ``not-a-file``: a device,
+#: FIFO, socket or folder (never opened); ``changed``: its size changed while it was read.
+FATAL_KINDS = ("unreadable", "not-a-file", "changed", "empty", "not-an-image", "corrupt")
 
 _EXT_FORMATS = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png", ".webp": "webp", ".bmp": "bmp",
                 ".tif": "tiff", ".tiff": "tiff", ".ppm": "ppm", ".pgm": "ppm"}
@@ -69,15 +72,25 @@ def _shrink(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
         return buf.getvalue(), rgb.size[0], rgb.size[1]
 
 
+def _size(path: str) -> str:
+    try:
+        return f"{os.stat(path).st_size:,} bytes"
+    except OSError:
+        return "size unknown"
+
+
 def prepare(task: tuple[int, str, str, int, int, int]) -> Prepared:
     """``task`` is (position, path, name in reports, label, max_side or 0, quality)."""
     position, path, name, label, max_side, quality = task
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = read_regular(path)
     except OSError as exc:
+        kind = ("not-a-file" if isinstance(exc, NotRegularFileError) else
+                "changed" if isinstance(exc, FileChangedError) else "unreadable")
+        return Prepared(position, name, label, None, problem_kind=kind, problem_detail=describe(exc))
+    except MemoryError:  # a regular file can be larger than memory (a sparse one, or not an image at all)
         return Prepared(position, name, label, None, problem_kind="unreadable",
-                        problem_detail=f"{exc.__class__.__name__}: {exc.strerror or exc}")
+                        problem_detail=f"too large to hold in memory ({_size(path)})")
     if not data:
         return Prepared(position, name, label, None, problem_kind="empty", problem_detail="zero-byte file")
     try:
