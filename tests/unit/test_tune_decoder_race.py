@@ -136,7 +136,7 @@ def test_race_leaves_out_files_pillow_cannot_decode_and_says_which(tmp_path: Pat
     assert json.loads(json.dumps(race.to_dict()))["skipped"] == race.skipped
     console = Console(file=io.StringIO(), width=300)
     render_race(race, console)
-    assert "left out 2 file(s) Pillow cannot decode" in console.file.getvalue()
+    assert "left out 2 file(s) that could not be decoded" in console.file.getvalue()
 
 
 def test_race_on_no_decodable_file_or_no_folder_is_a_clear_error(tmp_path: Path) -> None:

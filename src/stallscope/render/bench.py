@@ -54,4 +54,4 @@ def render_race(race: DecoderRace, console: Console) -> None:
     if race.skipped:
         shown = ", ".join(f"{escape(item['path'])} ({escape(item['error'])})" for item in race.skipped[:3])
         more = f" and {len(race.skipped) - 3} more" if len(race.skipped) > 3 else ""
-        console.print(f"[yellow]left out {len(race.skipped)} file(s) Pillow cannot decode:[/] {shown}{more}")
+        console.print(f"[yellow]left out {len(race.skipped)} file(s) that could not be decoded:[/] {shown}{more}")
