@@ -1,12 +1,13 @@
 """A failure is said where it happened, in one line: the DataLoader worker and the line of the user's code for an
-exception in worker_init_fn, __getitem__ or collate_fn (under fork and spawn), and the message of
-``sys.exit("message")``."""
+exception in worker_init_fn, __getitem__ or collate_fn (under fork and spawn), the message of
+``sys.exit("message")``, and a /dev/shm too small for the batches as the pitfall it is."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.session import Session
-from tests.conftest import SCRIPTS
+from tests.conftest import SCRIPTS, on_a_small_disk
 
 pytestmark = pytest.mark.e2e
 SCRIPT = SCRIPTS / "failing_parts.py"
@@ -81,3 +82,21 @@ def test_sys_exit_with_a_message_is_said_with_its_message(tmp_path):
     failed = [line for line in _said_from(proc.stderr) if line.startswith("the script failed")]
     assert failed == ["the script failed in the main process: the script exited with code 1: fatal: bad config"
                       f"  at {failure['location']}"]
+
+
+def test_a_dev_shm_too_small_for_the_batches_is_named_with_its_fix(tmp_path):
+    """A real /dev/shm of 2 MiB (a tmpfs mounted over it in a private mount namespace) under batches of 8 MiB:
+    the workers fail to allocate the shared memory a batch travels in, and the report names the cause and the fix,
+    not only the failure."""
+    out = tmp_path / "summary.json"
+    done = on_a_small_disk(tmp_path, Path("/dev/shm"), shlex.join(
+        [sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store", str(tmp_path / "store"), "--",
+         sys.executable, str(SCRIPTS / "shm_batches.py")]), size="2m", env={**os.environ, "COLUMNS": "1000"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["failure"]["where"] == "worker" and "No space left on device" in summary["failure"]["message"]
+    [shm] = [p for p in summary["pitfalls"] if p["id"] == "shm-exhausted"]
+    assert shm["facts"]["shm_size_bytes"] == 2 << 20 and shm["facts"]["workers"] == 2
+    assert "--shm-size" in shm["fix"] and "prefetch_factor" in shm["fix"]
+    said = _said_from(done.stderr)
+    assert f"pitfall (loader): {shm['title']}" in said and f"    fix: {shm['fix']}" in said, said

@@ -14,6 +14,7 @@ from typing import Any
 
 from stallscope.analysis.findings import LoaderSummary
 from stallscope.analysis.pipeline import foreign_records
+from stallscope.analysis.shm import shm_exhaustion
 from stallscope.analysis.system_metrics import SystemSummary
 from stallscope.session import Session
 
@@ -31,8 +32,10 @@ def find_pitfalls(session: Session, loaders: list[LoaderSummary], system: System
                   usable_cpus: int) -> list[Pitfall]:
     found: list[Pitfall] = []
     for check in (_rss_growth, _shm_headroom, _workers_above_cores, _thread_oversubscription, _unpinnable_batch,
-                  _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits, _loader_stalled):
+                  _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits, _loader_stalled, _shm_exhausted):
         found.extend(check(session, loaders, system, usable_cpus))
+    if any(p.id == "shm-exhausted" for p in found):  # the same cause, seen failing: said once
+        found = [p for p in found if p.id != "shm-headroom"]
     return found
 
 
@@ -85,6 +88,25 @@ def _shm_headroom(session, loaders, system, cpus):
                 "loader_id": loader.loader_id, "workers": workers, "prefetch_factor": loader.config.get("prefetch_factor"),
                 "batch_bytes": info["nbytes"], "in_flight_bytes": in_flight, "shm_free_bytes": free}))
     return out
+
+
+def _shm_exhausted(session, loaders, system, cpus):
+    """The run failed because /dev/shm had no room for a batch (``shm.shm_exhaustion``): the cause and its fix,
+    with the loader's batches in flight where they are known."""
+    found = shm_exhaustion(session)
+    if found is None:
+        return []
+    with_workers = [ld for ld in loaders if int(ld.config.get("num_workers") or 0) > 0]
+    loader = next((ld for ld in with_workers if found["loader_id"] in ld.ids), None) or next(iter(with_workers), None)
+    facts: dict[str, Any] = {**found, "loader_id": loader.loader_id if loader else found["loader_id"]}
+    if loader is not None:
+        workers = int(loader.config.get("num_workers") or 0)
+        prefetch = int(loader.config.get("prefetch_factor") or 2)
+        batch = max((int(i.get("nbytes") or 0) for i in session.batch_info if i["loader_id"] in loader.ids),
+                    default=0)
+        facts.update(workers=workers, prefetch_factor=prefetch, batch_bytes=batch or None,
+                     in_flight_bytes=workers * prefetch * batch or None)
+    return [Pitfall("shm-exhausted", "loader", facts)]
 
 
 def _workers_above_cores(session, loaders, system, cpus):

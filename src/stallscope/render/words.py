@@ -300,6 +300,22 @@ def hotspot(h: Any) -> str:
 
 # --- pitfalls ------------------------------------------------------------------------------------------------
 
+def _shm_evidence(f: dict[str, Any]) -> str:
+    """Where /dev/shm ran out, in torch's words, with its size and the batches in flight where known."""
+    where = (f"worker {f['worker']} of loader {f['loader_id']}" if f.get("worker") is not None
+             else "a DataLoader worker" if f.get("where") == "worker" else "the training process")
+    parts = [f"{where}: {f['said']}"]
+    if f.get("shm_size_bytes"):
+        free = f" ({f['shm_free_bytes'] / MIB:.3g} MiB free)" if f.get("shm_free_bytes") is not None else ""
+        parts.append(f"/dev/shm held {f['shm_size_bytes'] / MIB:.3g} MiB{free} when the run started")
+    if f.get("in_flight_bytes"):
+        parts.append(f"{f['workers']} workers x prefetch {f['prefetch_factor']} x {f['batch_bytes'] / MIB:.3g} MiB "
+                     f"batches = {f['in_flight_bytes'] / MIB:.3g} MiB in flight")
+    elif f.get("workers"):
+        parts.append(f"{f['workers']} workers x prefetch {f['prefetch_factor']} batches in flight")
+    return "; ".join(parts)
+
+
 def _pitfall_words(pid: str, f: dict[str, Any]) -> tuple[str, str, str]:
     if pid == "worker-memory-growth":
         if f["memory"] == "private":
@@ -319,6 +335,12 @@ def _pitfall_words(pid: str, f: dict[str, Any]) -> tuple[str, str, str]:
                 f"{f['batch_bytes'] / MIB:.1f} MiB batches = {f['in_flight_bytes'] / MIB:.0f} MiB vs "
                 f"{f['shm_free_bytes'] / MIB:.0f} MiB free",
                 "enlarge /dev/shm (docker run --shm-size=8g), or lower prefetch_factor/num_workers, or send uint8")
+    if pid == "shm-exhausted":
+        return ("/dev/shm ran out: the batches in flight did not fit", _shm_evidence(f),
+                "enlarge /dev/shm: docker run --shm-size=8g (or --ipc=host); Kubernetes: an emptyDir with medium: "
+                "Memory mounted at /dev/shm; or keep fewer batches in flight (--set prefetch_factor=1, fewer "
+                "workers with --set num_workers=N) or make them smaller (uint8 images instead of float32); "
+                "sharing_strategy=file_system does not help, it allocates in /dev/shm too")
     if pid == "workers-above-cores":
         advised = f.get("advised_workers")  # the recommendation's count, where one sets it: one owner for the number
         return (f"{f['workers']} workers on {f['usable_cpus']} usable CPUs",
