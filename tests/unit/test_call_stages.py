@@ -147,3 +147,19 @@ def test_a_sample_inside_a_convert_is_of_the_stage_that_convert_was_timed_in(pat
         sys.setprofile(None)
         calls.end_fetch()
     assert seen == ["decode", "transform"]
+
+
+@pytest.mark.parametrize("blocked_ms", [0, 40])
+def test_the_evidence_gives_each_costliest_call_no_more_than_its_stage(blocked_ms: int) -> None:
+    """The evidence's "costliest calls" shares are of step time, each with its stage, as the stage table's are: the
+    demo said "Image.convert 34%" (of the loading's busy time) beside "decode 29%" (of step time)."""
+    import re
+
+    analysis = analyze(_session(blocked_ms=blocked_ms))
+    [line] = [e for e in words.evidence(analysis) if "costliest calls" in e]
+    cited = re.findall(r"([\w.() ]+?) (\d+)% \((\w+)\)", line.split("costliest calls", 1)[1])
+    assert [name.strip(" ,:") for name, _, _ in cited][:1] == ["Image.convert"], line
+    total = sum(analysis.node_seconds.values())
+    for name, percent, stage in cited:
+        assert stage == CALLS[name.strip(" ,:")][1]
+        assert int(percent) <= round(100 * analysis.node_seconds[stage] / total), (line, analysis.node_seconds)

@@ -19,6 +19,7 @@ from typing import Any
 
 from stallscope.analysis import Analysis, Failure, Recommendation
 from stallscope.analysis.capacity import SMT_YIELD
+from stallscope.analysis.pipeline import calls_in_step_time
 from stallscope.analysis.steps import FEW_STEADY_STEPS
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.settings import format_value
@@ -457,9 +458,12 @@ def evidence(analysis: Analysis) -> list[str]:
                      f"this job had about {left:.1f} for itself, and its figures and advice are for a machine that "
                      "busy (compare it with runs made under the same load, or rerun on a quiet machine)")
     if pipeline is not None and pipeline.busy_s > 0:
-        top = ", ".join(f"{name} {100 * s / pipeline.busy_s:.0f}%" for name, s in list(pipeline.by_call.items())[:3])
+        # of step time, each with its stage, as the stages are: a call never shows more than its stage
+        top = ", ".join(f"{name} {100 * s / total:.0f}% ({stage})"
+                        for name, stage, s in calls_in_step_time(pipeline, seconds)[:3]) if total > 0 else ""
         lines.append(f"loader work per batch: {1000 * (pipeline.batch_wall_median_s or 0):.1f} ms wall, "
-                     f"{1000 * (pipeline.batch_cpu_median_s or 0):.1f} ms CPU; costliest calls: {top or 'none'}")
+                     f"{1000 * (pipeline.batch_cpu_median_s or 0):.1f} ms CPU; costliest calls"
+                     + (f" (share of step time): {top}" if top else ": none"))
         if pipeline.num_workers > 0:
             busy = f", busy {100 * pipeline.busy_fraction:.0f}% of their time" if pipeline.busy_fraction else ""
             plural = "s" if pipeline.num_workers != 1 else ""
