@@ -133,7 +133,9 @@ class FetchRecord:
     """One batch fetched by a worker (worker -1: by the main process, ``num_workers=0``).
 
     ``by_node`` and ``by_name`` map to ``[wall_ns, cpu_ns, calls]`` of instrumented calls,
-    exclusive of nested calls. ``runqueue_ns`` is -1 when the kernel does not report it.
+    exclusive of nested calls; a ``by_name`` row has the call's node fourth (absent in sessions recorded
+    before it was: ``analysis.pipeline.call_nodes`` reads it from the totals then). ``runqueue_ns`` is -1 when
+    the kernel does not report it.
     ``timed`` is False for a batch whose library calls were not timed (the recorder times one batch
     in every few where timing each call would cost more than its budget): its ``by_node`` and
     ``by_name`` are empty and its per-node split is estimated from the loader's timed batches.
@@ -150,7 +152,7 @@ class FetchRecord:
     runqueue_ns: int
     items: int
     by_node: dict[str, list[int]]
-    by_name: dict[str, list[int]]
+    by_name: dict[str, list[Any]]
     outcome: str | None
     pid: int
     timed: bool = True
