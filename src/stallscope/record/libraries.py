@@ -12,8 +12,13 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from stallscope.record.calls import (DECODED_CONVERT, patch_module_functions, timed_call, timed_method,
-                                    timed_method_by_state)
+from stallscope.record.calls import (
+    DECODED_CONVERT,
+    patch_module_functions,
+    timed_call,
+    timed_method,
+    timed_method_by_state,
+)
 
 #: Container transforms run their children; timing them would hide the children's names.
 _CONTAINERS = {"Compose", "RandomApply", "RandomChoice", "RandomOrder", "Transform"}
