@@ -2,9 +2,9 @@
 
 Decoders (Pillow's open/load, its convert of an image still to decode, OpenCV's imread/imdecode,
 torchvision.io, simplejpeg, numpy/torch deserialization) are ``decode``; image operations (a convert of
-decoded pixels among them) and every torchvision transform are ``transform``; ``collate`` is timed by the fetch wrapper as ``loader``. CPU time spent in
-none of these (the dataset's own Python code, tokenizers) is charged to ``transform`` by the
-analysis, and off-CPU time to ``storage``.
+decoded pixels among them) and every torchvision transform are ``transform``; ``collate`` is timed by the
+fetch wrapper as ``loader``. CPU time spent in none of these (the dataset's own Python code, tokenizers) is
+charged to ``transform`` by the analysis, and off-CPU time to ``storage``.
 """
 
 from __future__ import annotations

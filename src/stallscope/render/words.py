@@ -243,11 +243,11 @@ def recommendation(rec: Recommendation) -> Said:
 def _no_workers_why(cause: str, f: dict[str, Any]) -> str:
     """Why no worker count is advised (``recommend.workers_cause``), with the best count's prediction: the reason of
     ``no-predicted-gain`` and of the workers' why-not alike."""
-    other = f.get("other_cpus", 0.0)
+    other, n = f.get("other_cpus", 0.0), f["best_workers"]
     why = {
         "other-load": f"other programs kept {other:.1f} of the {f.get('cpus')} CPUs busy, leaving this job about "
-                      f"{f['usable_cpus']:.1f}: on that, {f['best_workers']} worker{'s' if f['best_workers'] != 1 else ''}"
-                      f" {'are' if f['best_workers'] != 1 else 'is'} predicted at {f['best_speedup']:.2f}x; on a quiet "
+                      f"{f['usable_cpus']:.1f}: on that, {n} worker{'s' if n != 1 else ''} "
+                      f"{'are' if n != 1 else 'is'} predicted at {f['best_speedup']:.2f}x; on a quiet "
                       f"machine {f.get('quiet_workers')} workers are predicted at {f.get('quiet_speedup', 0):.2f}x "
                       "(estimated from this run's costs): measure them there",
         "compute-takes-the-cores": f"the training process keeps {f['main_occupancy']:.1f} of {f['usable_cpus']:.1f} "
