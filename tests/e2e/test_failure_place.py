@@ -66,8 +66,8 @@ def test_a_worker_failure_is_placed_on_the_worker_at_the_users_line_in_one_line(
     assert "loader-stalled" not in [p["id"] for p in summary["pitfalls"]]
     said = _said_from(proc.stderr)
     failed = [line for line in said if line.startswith("the script failed")]
-    assert failed == [f"the script failed in worker {worker} (pid {failure['pid']}) of loader 0: {kind}: {message}"
-                      f"  at {location}"], said
+    assert failed == [(f"the script failed in worker {worker} (pid {failure['pid']}) of loader 0: {kind}: "
+                       f"{message}  at {location}")], said
     assert not any("Traceback" in line or line.lstrip().startswith('File "') for line in said), said
 
 
@@ -80,8 +80,8 @@ def test_sys_exit_with_a_message_is_said_with_its_message(tmp_path):
         "exit", 1, "the script exited with code 1: fatal: bad config"), failure
     assert failure["location"] == f"{SCRIPT}:{_line_of('# the exit message')}"
     failed = [line for line in _said_from(proc.stderr) if line.startswith("the script failed")]
-    assert failed == ["the script failed in the main process: the script exited with code 1: fatal: bad config"
-                      f"  at {failure['location']}"]
+    assert failed == [("the script failed in the main process: the script exited with code 1: fatal: bad config"
+                       f"  at {failure['location']}")]
 
 
 def test_a_dev_shm_too_small_for_the_batches_is_named_with_its_fix(tmp_path):

@@ -20,7 +20,7 @@ _HEADER = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^  File "(?P<file>.+)", line (?P<line>\d+)(?:, in .*)?$')
 #: torch's ExceptionWrapper: where the exception was caught, then the original traceback.
 _WRAPPED = re.compile(r"^Caught (?P<type>\S+) in (?P<place>[^\n]+?)\.\nOriginal (?P<traceback>"
-                      + re.escape(_HEADER) + r"\n.*)$", re.S)
+                      + re.escape(_HEADER) + r"\n.*)$", re.DOTALL)
 _WORKER_PLACE = re.compile(r"DataLoader worker process (\d+)")
 _OWN_CODE = os.path.dirname(os.path.abspath(stallscope.__file__)) + os.sep
 
@@ -63,7 +63,7 @@ def _unwrapped(message: str) -> tuple[str, str, str, int | None] | None:
     _, tail = frames_and_tail(found["traceback"])
     kind = found["type"]
     # "Type: message", the type qualified (module.Error) where it is not a builtin; "Type" alone for no message
-    said = re.sub(rf"^(?:[\w.]*\.)?{re.escape(kind)}(?:: |:?$)", "", tail.strip(), count=1, flags=re.M)
+    said = re.sub(rf"^(?:[\w.]*\.)?{re.escape(kind)}(?:: |:?$)", "", tail.strip(), count=1, flags=re.MULTILINE)
     worker = _WORKER_PLACE.fullmatch(found["place"])
     return kind, said.strip(), found["traceback"], int(worker.group(1)) if worker else None
 

@@ -21,7 +21,7 @@ from stallscope.session import Session
 #: torch's own words for a batch that found no room in /dev/shm (the segment it names is /dev/shm/torch_...).
 _SIGNS = re.compile(r"unable to allocate shared memory|unable to write to file </torch_[^>]*>: No space left"
                     r"|out of shared memory|insufficient shared memory"
-                    r"|</torch_[^>]*>[^\n]*No space left on device", re.I)
+                    r"|</torch_[^>]*>[^\n]*No space left on device", re.IGNORECASE)
 #: A shell's exit code for a process killed by SIGBUS: the training process itself reading a segment that had no
 #: room behind it.
 BUS_EXIT_CODES = (128 + signal.SIGBUS, -signal.SIGBUS)
