@@ -7,14 +7,21 @@ import errno
 import math
 import os
 from pathlib import Path
+from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
 
-from stallscope.cli.common import add_run_options, after_dashes, fail, parse_set, record, run_options_error
+from stallscope.analysis.findings import Recommendation
+from stallscope.api import RunResult
+from stallscope.cli.common import add_run_options, after_dashes, fail, parse_set, record, run_options_error, say
+from stallscope.demo.changes import (ALREADY_APPLIED, APPLY, LOADER_BUILT_ONCE, NO_DATASET_CODE, ONE_PROCESS,
+                                     PLANTED_LATENCY, NotApplied, ScriptFlags, ThroughSet, choose, how_to_apply)
 from stallscope.demo.dataset import default_cache_dir
-from stallscope.demo.scenarios import SCENARIOS, scenario_command
+from stallscope.demo.scenarios import REFERENCE_SCRIPT, SCENARIOS, scenario_command
 from stallscope.render import words
 from stallscope.render.safe_text import terminal_console
+from stallscope.render.summary import write_summary
 
 DEFAULT_STEPS = 40
 #: Before/after pairs measured by default. One pair is one run each way, and on a shared or virtual machine two runs
@@ -32,9 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo", help="run the reference training on a generated JPEG dataset",
         description="Generate (once, cached) a 2,000-image JPEG dataset from real photos, run the reference "
-                    "training script under `stallscope run`, then apply the top recommendation with --set and "
-                    "measure it: runs with and without the change, alternated (--pairs), give a measured "
-                    "before/after beside the prediction.",
+                    "training script under `stallscope run`, then apply the top recommendation and measure it: "
+                    "a --set change through its overrides, a code change through the reference script's own flag "
+                    "for it (--cheaper-transforms, --uint8-to-device, --reduced-size-decode). Runs with and without "
+                    "the change, alternated (--pairs), give a measured before/after beside the prediction; --json "
+                    "writes the first run's summary with what the verification found (\"verification\").",
         epilog=f"scenarios (plant a known bottleneck):\n{lines}\n\n"
                "Arguments after -- go to the reference script, e.g.  stallscope demo -- --batch-size 64",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,25 +82,50 @@ def handle(args: argparse.Namespace) -> int:
                          log_to=args.log_to)
     if code != 0 or first is None or args.no_verify:
         return code
+    code, found = verify(args, console, command, overrides, steps, first)
+    if args.json:
+        save_verification(args.json, first.summary, found)
+    return code
+
+
+def verify(args: argparse.Namespace, console: Console, command: list[str], overrides: dict, steps: int,
+           first: RunResult) -> tuple[int, dict[str, Any]]:
+    """Measure the first run's top recommendation in alternated before/after pairs (``--pairs``): a ``--set``
+    change through its overrides, a code change through the reference script's own flag for it (``demo/changes``).
+    The exit code, and what was found (the summary JSON's ``verification``)."""
     before = first.analysis
-    top = next((r for r in before.recommendations if r.overrides), None)
+    top, passed_over = choose(before.recommendations, command)
+    found: dict[str, Any] = {"recommendation": top.id if top is not None else None, "verified": False,
+                             "passed_over": [{"recommendation": r.id, "reason": why.reason} for r, why in passed_over]}
+    for rec, why in passed_over:
+        console.print(f"[bold]cannot verify[/bold] {escape(words.recommendation(rec).title)}: "
+                      f"{escape(not_applied(why, rec))}" + ("; measuring the next recommendation" if top else ""))
     if top is None:
-        console.print("[bold]no --set change to verify[/bold]: the top recommendation is a code change "
-                      "(see above)." if before.recommendations else "nothing to change.")
-        return code
+        if not passed_over:
+            console.print("[bold]nothing to verify[/bold]: the advice is to change nothing (see above)."
+                          if before.recommendations else "nothing to change.")
+        return first.exit_code, {**found, "reason": "not-applied" if passed_over else "nothing-to-change"}
+    how = how_to_apply(top)
+    change = dict(top.overrides) if isinstance(how, ThroughSet) else {}
+    flags = list(how.args) if isinstance(how, ScriptFlags) else []
+    shown = words.overrides(change) if change else f"{REFERENCE_SCRIPT.name} {' '.join(flags)}"
+    found.update(applied={"overrides": change, "script_args": flags}, predicted_speedup=top.predicted_speedup)
     if not before.samples_per_s:
         console.print("[bold]nothing to verify against[/bold]: the run measured no throughput (see above).")
-        return code
-    change = dict(top.overrides)
-    shown = words.overrides(change)
+        return first.exit_code, {**found, "reason": "no-throughput"}
     console.rule(f"[bold]verifying: {escape(shown)}")
+    if flags:
+        console.print(f"{escape(words.recommendation(top).title)}: a code change, which the reference script makes "
+                      f"itself behind {escape(' '.join(flags))}")
     rates: dict[str, list[float]] = {"before": [before.samples_per_s], "after": []}
     last_after = None
+    code = first.exit_code
     for side in verification_order(args.pairs):
         if len(rates["after"]) + len(rates["before"]) >= 2:
             console.print(f"run {sum(map(len, rates.values())) + 1} of {2 * args.pairs}: {side} again")
-        code, result = record("demo", command, module=None, store=args.store,
-                              overrides={**overrides, **change} if side == "after" else overrides,
+        after = side == "after"
+        code, result = record("demo", command + flags if after else command, module=None, store=args.store,
+                              overrides={**overrides, **change} if after else overrides,
                               max_steps=steps, json_path=None, quiet=True, sample_interval_s=args.sample_interval,
                               log_to=args.log_to, live=not args.quiet)
         analysis = result.analysis if result is not None else None
@@ -99,23 +133,26 @@ def handle(args: argparse.Namespace) -> int:
             done = sum(map(len, rates.values()))
             if code == 0:
                 console.print(f"the {side} run measured no throughput (see above): no speedup to report")
-            elif code in (130, 143):  # Ctrl-C or a kill: what ran is saved, the comparison is not made
+                return code, {**found, "reason": "no-throughput"}
+            if code in (130, 143):  # Ctrl-C or a kill: what ran is saved, the comparison is not made
                 console.print(f"stallscope demo: interrupted during the {side} run; the {done + 1} run(s) so far are "
                               "saved (stallscope history)")
-            else:
-                console.print(f"the {side} run failed (exit code {code}; stallscope report last says why): no "
-                              "speedup to report")
-            return code
+                return code, {**found, "reason": "interrupted"}
+            console.print(f"the {side} run failed (exit code {code}; stallscope report last says why): no "
+                          "speedup to report")
+            return code, {**found, "reason": "run-failed"}
         rates[side].append(analysis.samples_per_s)
-        if side == "after":
+        if after:
             last_after = analysis
     if last_after is None:
-        return code
+        return code, {**found, "reason": "no-throughput"}
     measured, low, high = paired_speedup(rates["before"], rates["after"])
+    found.update(verified=True, measured_speedup=measured, before_samples_per_s=rates["before"],
+                 after_samples_per_s=rates["after"], pairs=[a / b for b, a in zip(rates["before"], rates["after"])])
     console.print(f"before: {_rates(rates['before'])} samples/s ({before.verdict}, data wait "
                   f"{100 * before.data_wait_fraction:.0f}%)")
     console.print(f"after:  {_rates(rates['after'])} samples/s ({last_after.verdict}, data wait "
-                  f"{100 * last_after.data_wait_fraction:.0f}%)  with {shown}")
+                  f"{100 * last_after.data_wait_fraction:.0f}%)  with {escape(shown)}")
     predicted = f"{top.predicted_speedup:.2f}x" if top.predicted_speedup else "no prediction"
     spread = f", pairs {low:.2f}x-{high:.2f}x" if args.pairs > 1 else ""
     console.print(f"[bold]measured speedup {measured:.2f}x[/bold] (predicted {predicted}{spread}); compare two "
@@ -123,7 +160,36 @@ def handle(args: argparse.Namespace) -> int:
     if high > low * UNSTEADY_PAIRS:
         console.print(f"the pairs differ by {100 * (high / low - 1):.0f}%: this machine's speed changed between "
                       f"runs of the same configuration; --pairs {2 * args.pairs} gives a firmer figure")
-    return code
+    return code, found
+
+
+#: Why the demo cannot apply a change (``demo.changes.NotApplied`` reasons).
+NOT_APPLIED = {
+    ONE_PROCESS: "it is advice for the ranks of a distributed job, and the reference training runs in one process",
+    LOADER_BUILT_ONCE: "the reference script builds its DataLoader once already",
+    NO_DATASET_CODE: "the reference script's dataset is torchvision's ImageFolder, with no Python code of its own to "
+                     "speed up",
+    PLANTED_LATENCY: "the reference script's storage latency is planted on every file it reads: a packed dataset "
+                     "would skip the plant, not the latency of a real file system, so measuring it would prove nothing",
+}
+
+
+def not_applied(why: NotApplied, rec: Recommendation) -> str:
+    """Why the demo cannot apply ``rec``, in words."""
+    if why.reason == ALREADY_APPLIED:
+        flags = APPLY[rec.id]
+        return (f"the reference script runs with it already ({' '.join(flags.args)})" if isinstance(flags, ScriptFlags)
+                else "the reference script runs with it already")
+    return NOT_APPLIED.get(why.reason, "the demo has no way to apply it to its script")
+
+
+def save_verification(path: str, summary: dict[str, Any], found: dict[str, Any]) -> None:
+    """The first run's summary JSON again, with what the verification found (``verification``). A file that cannot
+    be written is said, as an unwritten --json is, and leaves the exit code as it is."""
+    try:
+        write_summary(path, {**summary, "verification": found})
+    except OSError as exc:
+        say("demo", f"error: the verification was not added to the summary JSON at {path}: {exc.strerror or exc}")
 
 
 def cache_error(exc: OSError) -> str:

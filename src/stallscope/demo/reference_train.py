@@ -10,6 +10,12 @@ answer:
   --heavy-transform              expensive augmentations (blur, rotation, colour jitter): transform-bound
   --model big --in-memory        a big model on pre-decoded tensors held in RAM: compute-bound
 
+and, behind flags of their own, the code changes stallscope recommends for it (``stallscope demo`` measures them):
+
+  --cheaper-transforms           the same augmentations by cheaper means
+  --uint8-to-device              uint8 batches, normalized on the device (stallscope.data)
+  --reduced-size-decode          each JPEG decoded at the size its crop needs (stallscope.data.FastImageFolder)
+
 Run it alone (``python reference_train.py --data DIR``) or under ``stallscope run``.
 """
 
@@ -26,6 +32,7 @@ from torch import nn
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 from torchvision import datasets, transforms
 from torchvision.datasets.folder import default_loader
+from torchvision.transforms import v2
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -61,6 +68,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "non-blocking, from pinned memory with --pin-memory")
     p.add_argument("--report-throughput", action="store_true",
                    help="print images/s measured by the script itself, after the first 3 steps")
+    p.add_argument("--cheaper-transforms", action="store_true",
+                   help="the same augmentations by cheaper means: crop and flip on uint8 tensors "
+                   "(torchvision.transforms.v2), Pillow's own Gaussian blur")
+    p.add_argument("--uint8-to-device", action="store_true",
+                   help="images stay uint8 through the loader (stallscope.data.collate_uint8) and each batch is "
+                   "normalized where the model runs (stallscope.data.DeviceNormalizer)")
+    p.add_argument("--reduced-size-decode", action="store_true",
+                   help="stallscope.data.FastImageFolder: each JPEG decoded at the size its random crop needs (DCT "
+                   "scaling), cropped and flipped as it is decoded")
     return p.parse_args(argv)
 
 
@@ -93,19 +109,53 @@ class CrashingFolder(datasets.ImageFolder):
 
 
 class InMemory(Dataset):
-    """Decoded, resized images held as uint8 tensors: loading costs nothing but a copy."""
-    def __init__(self, folder: datasets.ImageFolder, n: int, size: int):
+    """Decoded, resized images held as uint8 tensors: loading costs nothing but a copy (and the normalization, unless
+    ``uint8``: then the device normalizes)."""
+    def __init__(self, folder: datasets.ImageFolder, n: int, size: int, uint8: bool = False):
         prep = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size), transforms.PILToTensor()])
         picks = list(range(min(n, len(folder))))
         self.items = [(prep(folder.loader(folder.samples[i][0])), folder.samples[i][1]) for i in picks]
         self.norm = transforms.Normalize(MEAN, STD)
+        self.uint8 = uint8
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, i: int):
         img, label = self.items[i]
-        return self.norm(img.float() / 255.0), label
+        return (img if self.uint8 else self.norm(img.float() / 255.0)), label
+
+
+class ReducedSizeDecode(Dataset):
+    """The fast data path's folder (``--reduced-size-decode``): ``stallscope.data.FastImageFolder`` decodes each JPEG
+    at the size its random crop needs and crops and flips it as it decodes; ``rest`` is the recipe after that, on its
+    uint8 image. A read waits ``latency_s`` first, as ``SlowLoader``'s do."""
+    def __init__(self, root: str, size: int, rest, latency_s: float):
+        from stallscope.data import FastImageFolder, RandomResizedCrop
+
+        self.folder = FastImageFolder(root, crop=RandomResizedCrop(size))
+        self.rest, self.latency_s = rest, latency_s
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int):
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        image, label = self.folder[i]
+        return self.rest(image), label
+
+
+class PillowBlur:
+    """A Gaussian blur of random sigma by Pillow's own filter: torchvision's, on a PIL image, turns it into a float
+    tensor and back around a convolution."""
+    def __init__(self, sigma: tuple[float, float]):
+        self.sigma = sigma
+
+    def __call__(self, image):
+        from PIL import ImageFilter
+
+        return image.filter(ImageFilter.GaussianBlur(random.uniform(*self.sigma)))
 
 
 class Streamed(IterableDataset):
@@ -136,12 +186,29 @@ def build_model(kind: str, classes: int) -> nn.Module:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(ch, classes))
 
 
-def build_transform(size: int, heavy: bool):
-    steps = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
+def build_transform(size: int, heavy: bool, cheaper: bool = False, uint8: bool = False, cropped: bool = False):
+    """The augmentation recipe. ``cheaper``: the same augmentations by cheaper means (the crop and flip on a uint8
+    tensor rather than a PIL image, Pillow's own blur). ``uint8``: the image stays uint8, normalized on the device
+    after collate. ``cropped``: the images come cropped and flipped already, as uint8 tensors (ReducedSizeDecode)."""
+    if cropped:
+        steps, tensor = [], True
+    elif cheaper:
+        steps, tensor = [v2.PILToTensor(), v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()], True
+    else:
+        steps, tensor = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()], False
     if heavy:
+        if tensor:
+            steps.append(v2.ToPILImage())
+            tensor = False
         steps += [transforms.ColorJitter(0.4, 0.4, 0.4, 0.1), transforms.RandomRotation(15),
-                  transforms.GaussianBlur(9, sigma=(1.0, 3.0)), transforms.RandomGrayscale(0.1)]
-    steps += [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
+                  PillowBlur((1.0, 3.0)) if cheaper else transforms.GaussianBlur(9, sigma=(1.0, 3.0)),
+                  transforms.RandomGrayscale(0.1)]
+    if uint8:
+        steps += [] if tensor else [transforms.PILToTensor()]
+    elif tensor:
+        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    else:
+        steps += [transforms.ToTensor(), transforms.Normalize(MEAN, STD)]
     return transforms.Compose(steps)
 
 
@@ -163,23 +230,34 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
-    transform = build_transform(args.image_size, args.heavy_transform)
+    transform = build_transform(args.image_size, args.heavy_transform, args.cheaper_transforms, args.uint8_to_device,
+                                cropped=args.reduced_size_decode)
     loader_fn = SlowLoader(args.storage_latency_ms / 1000.0)
     if args.crash == "worker":
         dataset: Dataset = CrashingFolder(args.data, transform=transform, loader=loader_fn, crash_at=args.crash_at)
+    elif args.reduced_size_decode:
+        dataset = ReducedSizeDecode(args.data, args.image_size, transform, loader_fn.latency_s)
     else:
         dataset = datasets.ImageFolder(args.data, transform=transform, loader=loader_fn)
     classes = len(datasets.ImageFolder(args.data).classes)
     if args.in_memory:
-        dataset = InMemory(datasets.ImageFolder(args.data), args.in_memory, args.image_size)
+        dataset = InMemory(datasets.ImageFolder(args.data), args.in_memory, args.image_size, args.uint8_to_device)
     if args.repeat_dataset > 1:
         dataset = ConcatDataset([dataset] * args.repeat_dataset)
     if args.iterable:
         dataset = Streamed(dataset, args.seed)
 
+    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
     workers = args.workers
     kwargs = {"batch_size": args.batch_size, "num_workers": workers, "pin_memory": args.pin_memory,
               "worker_init_fn": seed_worker, "generator": torch.Generator().manual_seed(args.seed)}
+    normalize = None
+    if args.uint8_to_device:
+        from stallscope.data import DeviceNormalizer, collate_uint8
+
+        kwargs["collate_fn"] = collate_uint8
+        normalize = DeviceNormalizer(device, MEAN, STD)
     if not args.iterable:
         kwargs["shuffle"] = True
     if workers > 0:
@@ -193,8 +271,6 @@ def main(argv: list[str] | None = None) -> int:
             transforms.Normalize(MEAN, STD)]))
         val_loader = DataLoader(val_set, batch_size=args.batch_size, num_workers=min(workers, 1))
 
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
     model = build_model(args.model, classes).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -205,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         for batch_index, (images, labels) in enumerate(train_loader):
             if args.crash == "main" and step == args.crash_at:
                 raise RuntimeError(f"planted failure in the training loop at step {step}")
-            if device.type != "cpu":
+            if normalize is not None:
+                images, labels = normalize(images, labels)
+            elif device.type != "cpu":
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             loss = loss_fn(model(images), labels)
             optimizer.zero_grad()
