@@ -109,12 +109,15 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     sampler_off: dict[str, list[int]] = {}
     thread_sampled: dict[str, list[int]] = {}  # why the thread sampler ran -> processes
     step_limit_hit = False
-    for _, header, records, damaged in _read_events(run_dir / "events"):
+    cut_short: set[int] = set()
+    files = _read_events(run_dir / "events")
+    recorded = {int(f.header["pid"]) for f in files}
+    for _, header, records, damaged in files:
         pid = int(header["pid"])
         if damaged:
             notes.append(f"{damaged} line(s) of process {pid}'s events were cut short (killed mid-write, or the "
                          "disk was full): its last events may be missing")
-        role = header.get("role", "child")
+        role = _header_role(header, recorded)
         life: dict[str, Any] = {}
         for rec in records:
             kind = rec[0] if isinstance(rec[0], str) else repr(rec[0])
@@ -193,9 +196,12 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     notes.append(f"process {pid} received {f['signal']}")
             except (TypeError, KeyError):
                 notes.append(f"malformed {kind!r} event from process {pid} skipped")
-        if role == "main" and "exit_ns" not in life and not any(r[0] == "signal" for r in records):
+        ended_unrecorded = "exit_ns" not in life and not any(r[0] == "signal" for r in records)
+        if role == "main" and ended_unrecorded:
             notes.append(f"the script's process {pid} ended without writing out its last events (killed "
                          "outright, like SIGKILL or the OOM killer): up to its last 0.5 s may be missing")
+        elif role == "child" and ended_unrecorded and (header.get("role") == "main" or "start_ns" in life):
+            cut_short.add(pid)  # a child that records its own exit did not: said below if it is the training one
         lists["processes"].append(ProcessRecord(pid, int(header.get("ppid", -1)), role,
                                                 list(header.get("argv", [])), int(header["wall_ns"]),
                                                 int(header["mono_ns"]), _owner(header, pid), **life))
@@ -208,7 +214,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     ended_by = meta["ended_by"]
     if step_limit_hit and ended_by == "exit":
         ended_by = "steps"
-    return Session(
+    session = Session(
         schema=SESSION_SCHEMA,
         run_id=meta["run_id"],
         command=meta["command"],
@@ -236,6 +242,10 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),
         **lists,
     )
+    if session.main_pid in cut_short:
+        session.notes.append(f"the training process {session.main_pid} ended without writing out its last events "
+                             "(killed outright, like SIGKILL or the OOM killer): up to its last 0.5 s may be missing")
+    return session
 
 
 def thread_sampler_note(reasons: dict[str, list[int]]) -> str:
@@ -248,6 +258,16 @@ def thread_sampler_note(reasons: dict[str, list[int]]) -> str:
             f"thread sampler ({why}): it is biased toward points where the fetching thread releases the GIL (a "
             "library call, a read), so a pure-Python line's share of its stage can be understated and the call "
             "after it overstated")
+
+
+def _header_role(header: dict[str, Any], recorded: set[int]) -> str:
+    """The role a process's header names, except that a ``main`` whose parent recorded events is a child the
+    script forked (``os.fork``, a ``multiprocessing`` fork): it inherited the role, but only the process stallscope
+    started is the script's own."""
+    role = str(header.get("role", "child"))
+    if role == "main" and int(header.get("ppid", -1)) in recorded:
+        return "child"
+    return role
 
 
 def _record(kind: type, values: dict[str, Any], **extra: Any) -> Any:
@@ -300,7 +320,8 @@ def recover_session(run_dir: Path) -> Session:
         raise RecoveryError(f"{run_dir} is a run still in progress (stallscope process {launcher}); "
                             "report it once it has ended")
     processes = _read_events(run_dir / "events") if (run_dir / "events").is_dir() else []
-    main = next((f for f in processes if f.header.get("role") == "main"), None)
+    recorded = {int(f.header["pid"]) for f in processes}
+    main = next((f for f in processes if _header_role(f.header, recorded) == "main"), None)
     ends = [f.last_write_ns for f in processes]
     start_ns = meta.get("start_ns")
     if not isinstance(start_ns, int):

@@ -444,12 +444,35 @@ def _live_view(run_dir: Path) -> Any:
         return None
 
 
+#: An empty file the launcher leaves in the events folder while the job runs: a folder without it at the end was
+#: made anew after the run's own was removed (a process that wrote events after, such as a later epoch's workers).
+EVENTS_MARK = ".launched"
+
+
+def _mark(events: Path) -> bool:
+    try:
+        (events / EVENTS_MARK).touch()
+    except OSError:
+        return False
+    return True
+
+
+def _events_vanished(events: Path, marked: bool) -> bool | None:
+    """Whether the run's events folder was removed while the job ran (a script that deletes the folder it started
+    in, with the store in it): False if it is there as it was; None if it is gone; True if it was made again since
+    (then it holds only what was written after)."""
+    if not events.is_dir():
+        return None
+    return marked and not (events / EVENTS_MARK).exists()
+
+
 def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: dict[str, Any],
                max_steps: int | None, stdout: Any, stderr: Any, sample_interval_s: float,
                live: bool = False) -> RunOutcome:
     view = _live_view(run_dir) if live and stdout is None and stderr is None else None
     if view is not None:
         stdout = stderr = view.child_fd
+    marked = _mark(run_dir / "events")
     try:
         child = subprocess.Popen(argv, env=_child_env(run_dir, overrides, max_steps), start_new_session=True,
                                  stdout=stdout, stderr=stderr, preexec_fn=_die_with_parent())  # noqa: PLW1509
@@ -479,9 +502,12 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
     meta["exit_code"] = _exit_code(forwarder, returncode)
     meta["ended_by"], meta["notes"] = _ending(forwarder, returncode)
     meta["pauses"] = forwarder.pause_spans
-    if not (run_dir / "events").is_dir():
+    vanished = _events_vanished(run_dir / "events", marked)
+    if vanished is not False:
+        what = ("so nothing was measured" if vanished is None else
+                "so what was measured is lost but for events written after, in a folder made anew")
         meta["notes"] = [*meta["notes"], f"{EVENTS_LOST_NOTE} ({run_dir}): the events recorded in it went with it, "
-                         "so nothing was measured; the script's exit code is kept"]
+                         f"{what}; the script's exit code is kept"]
     session = build_session(run_dir, meta)
     session_path, save_error = save_session(session, run_dir)
     if save_error:

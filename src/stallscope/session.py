@@ -319,12 +319,52 @@ class Session:
         return max(0.0, (self.end_ns - self.start_ns) / 1e9)
 
     @property
+    def launched_pid(self) -> int | None:
+        """The process stallscope started (the script itself): the ``main`` process whose parent recorded nothing.
+        A child it forks inherits that role in sessions recorded before ``collect`` told them apart."""
+        pids = {proc.pid for proc in self.processes}
+        mains = [proc for proc in self.processes if proc.role == "main"]
+        return next((proc.pid for proc in mains if proc.ppid not in pids), mains[0].pid if mains else None)
+
+    @functools.cached_property
+    def training_counts(self) -> dict[int, tuple[int, int]]:
+        """Per process that took batches from a DataLoader, DataLoader workers left out: (training steps, batches).
+        A training step is an optimizer step after at least one batch since the last one (``record/steps.py``'s
+        rule: a GAN's two optimizers on one batch make one step)."""
+        workers = {proc.pid for proc in self.processes if proc.role == "worker"} | {w.pid for w in self.worker_starts}
+        batch_ends: dict[int, list[int]] = {}
+        for n in self.nexts:
+            if n.pid not in workers:
+                batch_ends.setdefault(n.pid, []).append(n.end_ns)
+        counts: dict[int, tuple[int, int]] = {}
+        for pid, ends in batch_ends.items():
+            ends.sort()
+            steps = taken = 0
+            for opt in (o for o in self.optimizer_steps if o.pid == pid):
+                if taken < len(ends) and ends[taken] <= opt.start_ns:
+                    steps += 1
+                    while taken < len(ends) and ends[taken] <= opt.start_ns:
+                        taken += 1
+            counts[pid] = (steps, len(ends))
+        return counts
+
+    @functools.cached_property
     def main_pid(self) -> int | None:
-        """The training process; in a distributed job whose launched process is not a rank (torchrun's
-        agent, a script that spawns its ranks), the lowest rank."""
-        main = next((proc.pid for proc in self.processes if proc.role == "main"), None)
+        """The training process: the one that made the most training steps or, where none made any, took the most
+        batches (``training_counts``; DataLoader workers never are). Most often the launched script itself, but it
+        may be a process the script started (a launcher script running ``python train.py``, an ``os.fork`` or a
+        ``multiprocessing`` child); on a tie, the launched process. Where no process trained, the launched one.
+        In a distributed job whose launched process is not a rank (torchrun's agent, a script that spawns its
+        ranks), the lowest rank."""
+        main = self.launched_pid
         if self.ranks and main not in {r.pid for r in self.ranks}:
             return min(self.ranks, key=lambda r: r.rank).pid
+        if self.ranks:
+            return main
+        counts = self.training_counts
+        if counts:
+            order = {proc.pid: i for i, proc in enumerate(self.processes)}
+            return max(counts, key=lambda pid: (counts[pid], pid == main, -order.get(pid, len(order))))
         if main is not None:
             return main
         return self.loaders[0].pid if self.loaders else None

@@ -192,6 +192,9 @@ class Analysis:
     #: Cores other programs kept busy over the steady steps (on the job's CPUs): not this job's to use, so its
     #: figures and advice are for a machine that busy.
     other_cpus: float = 0.0
+    #: training_process.TrainingProcess: which process the findings are of (the script, or a process it started)
+    #: and the others that trained; None in distributed jobs (the ranks are said) and where nothing took a batch
+    training_process: Any = None
     #: Likely fixes the recommendations leave out, each with why (``NotRecommended``).
     not_recommended: list[Any] = field(default_factory=list)
 

@@ -25,6 +25,7 @@ from stallscope.analysis.recommend import not_recommended, recommend
 from stallscope.analysis.steps import FEW_STEADY_STEPS, epochs_of, step_stats
 from stallscope.analysis.sync import merge_intervals, overlap_ns
 from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
+from stallscope.analysis.training_process import training_process
 from stallscope.constants import EVENTS_LOST_NOTE, SIGNAL_NOTE_WORDS, STARTING_S
 from stallscope.environment import recorded_physical_cores, recorded_usable_cpus
 from stallscope.session import LoaderRecord, Session
@@ -107,7 +108,8 @@ def analyze(session: Session) -> Analysis:
     findings are the straggler's, or the lowest rank's when no rank holds the others back."""
     rank_records = ranks_mod.rank_processes(session)
     if len(rank_records) < 2:
-        return dataclasses.replace(_analyze_process(session), fetch_stages=fetch_stages(session.fetches))
+        return dataclasses.replace(_analyze_process(session), fetch_stages=fetch_stages(session.fetches),
+                                   training_process=training_process(session))
     cpus = usable_cpus(session)
     per_rank = ranks_mod.analyze_ranks(session, _analyze_process, cpus)
     summaries = [ranks_mod.summarize_rank(record, analysis, session) for record, analysis in per_rank.values()]
@@ -165,11 +167,13 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     left_out = not_recommended(verdict, train, model, recommendations, seconds, cpus, other, epochs)
     pitfalls = agreeing_with(find_pitfalls(session, loaders, system, cpus), recommendations)
     conditions = []
-    if not session.processes:
-        lost = any(note.startswith(EVENTS_LOST_NOTE) for note in session.notes)
+    lost = any(note.startswith(EVENTS_LOST_NOTE) for note in session.notes)
+    if lost and not stats.steps:  # what processes wrote after the run's folder was removed: not what the job did
+        conditions.append("events-lost")
+    elif not session.processes:
         signalled = (any(words in note for note in session.notes for words in SIGNAL_NOTE_WORDS)
                      and session.end_ns - session.start_ns < STARTING_S * 1e9)
-        conditions.append("events-lost" if lost else "stopped-while-starting" if signalled else "recorder-not-started")
+        conditions.append("stopped-while-starting" if signalled else "recorder-not-started")
     elif not session.loaders:
         conditions.append("no-dataloader")
     elif not stats.steps:

@@ -67,9 +67,10 @@ def install() -> None:
 
     if is_main:
         _die_with_launcher()
-    if is_main or rank:
+    _flush_before_os_exit()  # every process: a forked or forkserver child that trains leaves through os._exit too
+    if is_main or rank or _a_program_the_script_started():
         _start_process_recording()
-    else:
+    if not (is_main or rank):
         distributed._became_rank_hook = _start_rank_recording
     if rank:
         distributed.mark_rank(rank["rank"], rank["local_rank"], rank["world_size"], rank["node_rank"])
@@ -102,7 +103,23 @@ def _die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _a_program_the_script_started() -> bool:
+    """A Python program the script runs as a process of its own (``subprocess.run([sys.executable, "train.py"])``
+    from a launcher script or a job wrapper, ``python -m pkg``): training may run there, so it is recorded like the
+    script. Not ``python -c`` helpers nor multiprocessing's own children (spawned DataLoader workers, the
+    forkserver, the resource tracker), which become what they are later (a worker, a rank) or never train."""
+    argv = sys.argv
+    return bool(argv) and argv[0] not in ("", "-c") and "--multiprocessing-fork" not in argv
+
+
+_recording_pid: int | None = None  # the process whose start, exit and signals are recorded (a fork inherits it)
+
+
 def _start_process_recording() -> None:
+    global _recording_pid
+    if _recording_pid == os.getpid():  # a recorded program that becomes a rank later (init_process_group)
+        return
+    _recording_pid = os.getpid()
     events.emit("process_start", time.perf_counter_ns(), sys.argv[:32])
     events.start_background_flusher()
     _install_exit_recording()
@@ -151,7 +168,6 @@ def _install_exit_recording() -> None:
         events.emit("process_exit", time.perf_counter_ns(), None)
 
     atexit.register(at_exit)
-    _flush_before_os_exit()
 
 
 def _record_exit_messages() -> None:
@@ -214,19 +230,21 @@ def _flush_then_default(signum: int, frame: Any) -> None:
 
 
 def _flush_before_os_exit() -> None:
-    """``os._exit`` skips ``atexit``: write out the last events first (only the recorded process's own
-    call; a child it forks clears the buffer and records nothing of its parent's)."""
+    """``os._exit`` skips ``atexit``: write out the last events first, in this process and in every child it
+    forks (a child that trains and ends by ``os._exit``, a ``multiprocessing`` fork child): a fork clears the
+    child's buffer, so each writes only its own. A ``__next__`` left open is this process's only: a fork child
+    would find one its parent's other thread had open."""
     real_exit = os._exit
     me = os.getpid()
 
     def _exit(status: int) -> None:
-        if os.getpid() == me:
-            try:
+        try:
+            if os.getpid() == me:
                 loader.record_open_next("os._exit")
-                events.emit("process_exit", time.perf_counter_ns(), status)
-                events.flush(wait_s=events.ENDING_FLUSH_WAIT_S)
-            except Exception:  # noqa: BLE001 - exiting must never fail because of the recorder
-                pass
+            events.emit("process_exit", time.perf_counter_ns(), status)
+            events.flush(wait_s=events.ENDING_FLUSH_WAIT_S)
+        except Exception:  # noqa: BLE001 - exiting must never fail because of the recorder
+            pass
         real_exit(status)
 
     _exit.__wrapped__ = real_exit  # type: ignore[attr-defined]

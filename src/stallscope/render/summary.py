@@ -58,6 +58,8 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         "ranks": [_rank_dict(r) for r in analysis.ranks],
         "distributed": _distributed_dict(analysis.distributed),
         "gpu_timing": dataclasses.asdict(analysis.gpu_timing) if analysis.gpu_timing else None,
+        # which process the figures are of: the script itself (launched) or one it started, and others that trained
+        "training_process": dataclasses.asdict(analysis.training_process) if analysis.training_process else None,
     }
 
 

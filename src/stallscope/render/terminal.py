@@ -40,6 +40,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         console.print(f"throughput: {words.rate(analysis)}   ({len(stats.steady)} steps measured after {stats.warmup_steps} warm-up; "
                       f"median step {1000 * (stats.median_step_s or 0):.1f} ms; steps end at each "
                       f"{'optimizer step' if stats.boundary == 'optimizer' else 'batch'})")
+    for line in words.training_process(analysis.training_process):
+        console.print(f"  • {line}", markup=False, highlight=False)
     total = sum(analysis.node_seconds.values())
     shares = analysis.node_shares
     if total > 0:

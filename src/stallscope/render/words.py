@@ -522,6 +522,36 @@ CONDITIONS = {
 }
 
 
+#: How much of a process's command line is said (a launcher's child can carry a long list of options).
+COMMAND_CHARS = 80
+
+
+def _process_command(argv: list[str]) -> str:
+    said = "python " + shlex.join(argv) if argv else "command not recorded"
+    return said if len(said) <= COMMAND_CHARS else said[:COMMAND_CHARS - 3] + "..."
+
+
+def training_process(tp: Any) -> list[str]:
+    """Which process trained, where it is not the launched script itself, and the other processes that trained
+    (``analysis.training_process.TrainingProcess``); nothing where the script trained alone."""
+    if tp is None:
+        return []
+    lines = []
+    if not tp.launched:
+        started = ("which the script started" if tp.depth == 1 else
+                   f"started by the script through {tp.depth - 1} process{'es' if tp.depth > 2 else ''} between"
+                   if tp.depth else "started by the script")
+        lines.append(f"training ran in process {tp.pid} ({_process_command(tp.argv)}), {started}: these figures "
+                     "are that process's")
+    for other in tp.others:
+        done = f"{other.steps} steps" if other.steps else f"{other.batches} batches"
+        who = "the script's own process" if other.pid == tp.launched_pid else "process"
+        lines.append(f"{who} {other.pid} ({_process_command(other.argv)}) also trained ({done}): not in these "
+                     f"figures, which are of process {tp.pid} ({tp.steps or tp.batches} "
+                     f"{'steps' if tp.steps else 'batches'})")
+    return lines
+
+
 def notes(analysis: Analysis) -> list[str]:
     """The session's own notes, then what limited the analysis."""
     return list(analysis.notes) + [CONDITIONS.get(c, c) for c in analysis.conditions]

@@ -98,9 +98,10 @@ class ProgressTally:
         for path in paths:
             tail = self._tails.setdefault(path, _Tail(path))
             records = tail.new_records()
-            if self._counted is None and tail.role in ("main", "rank") \
+            if self._counted is None and tail.role in ("main", "rank", "child") \
                     and any(r[0] == "next" for r in records):
-                # the script itself, or under torchrun / mp.spawn the first rank seen taking batches
+                # the script itself, a program it started (a launcher script's python train.py), or under
+                # torchrun / mp.spawn the first rank seen taking batches; never a DataLoader worker
                 self._counted = path
             for record in records:
                 self._add(record, is_main=path == self._counted)
