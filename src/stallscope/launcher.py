@@ -306,7 +306,11 @@ def _ending(forwarder: _SignalForwarder, returncode: int) -> tuple[str, list[str
 
 def save_session(session: Session, run_dir: Path) -> tuple[Path | None, str | None]:
     """Save the session and fold the raw events into it: (path, None), or (None, why) when it cannot be
-    written, in which case no partial file stays behind and the raw events are kept to rebuild it."""
+    written, in which case no partial file stays behind and the raw events are kept to rebuild it. A run folder
+    removed while the job ran (the script deleted the folder holding the store) is not made again for it."""
+    if not run_dir.is_dir():
+        return None, (f"the session was not saved: its folder {run_dir} was removed while the job ran, and making it "
+                      "again would undo that; what was measured is in this summary")
     try:
         path = session.save(paths.store_path(run_dir, "session.json"))  # never through a link out of the run
     except paths.OutsideStoreError as exc:
@@ -510,7 +514,7 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
                          f"{what}; the script's exit code is kept"]
     session = build_session(run_dir, meta)
     session_path, save_error = save_session(session, run_dir)
-    if save_error:
+    if save_error and run_dir.is_dir():
         write_ending(run_dir, meta)
         session.notes.append(f"{save_error}; its raw events stay in {run_dir / 'events'} "
                              f"(stallscope report {run_dir} rebuilds it once there is room)")

@@ -136,3 +136,5 @@ def test_a_script_that_deletes_its_starting_folder_is_said_to_have_lost_its_even
     summary = json.loads(out.read_text())
     assert any(note.startswith("the run's folder was removed while the job ran") for note in summary["notes"])
     assert not any("no torch DataLoader" in note for note in summary["notes"]), summary["notes"]
+    assert not start.exists()  # the folder the script deleted stays deleted: neither workers nor the save make it again
+    assert "the session was not saved" in said

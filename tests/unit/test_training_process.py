@@ -179,3 +179,27 @@ def test_an_events_folder_made_anew_after_the_runs_was_removed_is_said_to_have_v
     assert launcher._events_vanished(events, marked) is None  # gone
     events.mkdir()  # a worker that started later wrote its events again
     assert launcher._events_vanished(events, marked) is True
+
+
+def _error(pid: int, message: str) -> "ErrorRecord":
+    from stallscope.session import ErrorRecord
+
+    return ErrorRecord("main", pid, 5 * MS, "RuntimeError", message, "x.py:1", f"Traceback\nRuntimeError: {message}")
+
+
+def test_a_side_program_that_failed_is_not_the_jobs_failure():
+    """A helper program the script starts (a probe, a converter) failing while the job ends well is not the script
+    failing; where the job failed, the training process's own error is its cause (a wrapper's CalledProcessError
+    only passes it on)."""
+    from dataclasses import replace
+
+    from stallscope.analysis.failures import failure
+
+    side = ProcessRecord(12, 10, "child", ["probe.py"], 0, 0)
+    s = _session([LAUNCHED, CHILD, side], _training(11, 30), errors=[_error(12, "probe failed")])
+    assert failure(s) is None
+    failed = replace(s, exit_code=1, errors=[_error(10, "CalledProcessError: train.py returned 1"),
+                                             _error(11, "CUDA out of memory"), _error(12, "probe failed")])
+    assert (failure(failed).message, failure(failed).pid) == ("CUDA out of memory", 11)
+    only_side = replace(s, exit_code=1, errors=[_error(12, "probe failed")])
+    assert failure(only_side).message == "probe failed"  # nothing better known: said as it is

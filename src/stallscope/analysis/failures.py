@@ -78,11 +78,21 @@ def _the_worker_error(worker_errors: list[ErrorRecord], named: int | None) -> Er
     return min(chosen or worker_errors, key=lambda e: e.t_ns)
 
 
+def _job_errors(session: Session, errors: list[ErrorRecord]) -> list[ErrorRecord]:
+    """The uncaught exceptions that say how the job failed, the training process's first: a wrapper's own error
+    (``CalledProcessError``) only passes on its child's. An exception in another program the script started (a
+    probe, a converter) is the job's failure only where the job failed and nothing closer is known."""
+    own = [e for e in errors if e.pid in (session.main_pid, session.launched_pid)]
+    if own:
+        return sorted(own, key=lambda e: (e.pid != session.main_pid, e.t_ns))
+    return errors if session.exit_code != 0 else []
+
+
 def failure(session: Session) -> Failure | None:
     """How the script failed, or None where it did not (exit code 0 and no exception)."""
     # Ctrl-C reaches the workers too (one process group): their KeyboardInterrupt is not a failure of theirs.
     worker_errors = [e for e in session.errors if e.where == "worker" and e.type != "KeyboardInterrupt"]
-    main_errors = [e for e in session.errors if e.where == "main" and e.type != "SystemExit"]
+    main_errors = _job_errors(session, [e for e in session.errors if e.where == "main" and e.type != "SystemExit"])
     wrapped = _unwrapped(main_errors[0].message) if main_errors else None
     if worker_errors:
         e = _the_worker_error(worker_errors, wrapped[3] if wrapped else None)

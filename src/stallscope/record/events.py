@@ -106,7 +106,7 @@ def _open_file():
     assert _run_dir is not None
     _pid = os.getpid()
     events_dir = _run_dir / "events"
-    events_dir.mkdir(parents=True, exist_ok=True)
+    events_dir.mkdir(exist_ok=True)  # never the run's folder above it: a script that deleted it keeps it deleted
     _file = open(events_dir / f"{_pid}.jsonl", "a", encoding="utf-8")
     header = {
         "pid": _pid,
