@@ -17,6 +17,7 @@ import pytest
 from stallscope.data import PackedImageDataset, load_index
 from stallscope.demo.dataset import DatasetSpec, make_dataset
 from stallscope.settings import ENV_PACK_THROTTLE
+from tests.capped import capped_python
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("lmdb")
@@ -136,29 +137,10 @@ def test_force_refuses_to_delete_the_folder_holding_the_source(source, tmp_path)
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == files
 
 
-#: The data segment a bounded pack may use (RLIMIT_DATA: heap and private mappings, not LMDB's shared map):
-#: a pack of a few small images needs a fraction of it; reading /dev/zero to its end would pass it in a second.
-PACK_MEMORY_CAP = 1 << 30
-
-
 def bounded_pack(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``stallscope pack`` with its memory capped, and a timeout: a regression (reading a device to its end, a
-    FIFO nobody writes to) fails the test instead of eating the machine or hanging it."""
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_DATA, ({0}, {0})); "
-            "from stallscope.cli.entry import main; raise SystemExit(main())").format(PACK_MEMORY_CAP)
-    proc = subprocess.Popen([sys.executable, "-c", code, "pack", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out, err = "", f"stallscope pack {' '.join(args)}: still running after {timeout} s (hung)"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the pack, or a worker of it left blocked
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """``stallscope pack`` with its memory capped and a deadline (``tests/capped.py``)."""
+    return capped_python("from stallscope.cli.entry import main; raise SystemExit(main())", "pack", *args,
+                         timeout=timeout)
 
 
 def _skipped(report: Path) -> dict[str, tuple[str, str]]:
@@ -203,6 +185,18 @@ def _hostile_entries(folder: Path) -> dict[str, str]:
             "proc.jpg": "changed: its size was 0 bytes when opened, and it held more"}
 
 
+def assert_each_named(done: subprocess.CompletedProcess, report: Path, folder: str, expected: dict[str, str]) -> None:
+    """The pack ended well and skipped exactly ``expected`` (name -> reason) of ``folder``, each named in its
+    output and in its report."""
+    assert done.returncode == 0, done.stderr[-2000:]
+    skipped = _skipped(report)
+    assert set(skipped) == {f"{folder}/{name}" for name in expected}
+    for name, reason in expected.items():
+        kind, detail = skipped[f"{folder}/{name}"]
+        assert f"{kind}: {detail}".startswith(reason), (name, kind, detail)
+        assert f"{folder}/{name}: {detail}" in done.stdout
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
 def test_files_that_are_not_regular_are_named_in_a_file_list(source, tmp_path, fmt):
@@ -214,13 +208,7 @@ def test_files_that_are_not_regular_are_named_in_a_file_list(source, tmp_path, f
     listing.write_text("".join(f"odd/{name},0\n" for name in expected) + "".join(f"{p},1\n" for p in good))
     report = tmp_path / "report.json"
     done = bounded_pack(str(listing), str(tmp_path / "out"), "--workers", "1", "--format", fmt, "--report", str(report))
-    assert done.returncode == 0, done.stderr[-2000:]
-    skipped = _skipped(report)
-    assert set(skipped) == {f"odd/{name}" for name in expected}
-    for name, reason in expected.items():
-        kind, detail = skipped[f"odd/{name}"]
-        assert f"{kind}: {detail}".startswith(reason), (name, kind, detail)
-        assert f"odd/{name}: {detail}" in done.stdout
+    assert_each_named(done, report, "odd", expected)
     assert json.loads(report.read_text())["records"] == 2
 
 
@@ -237,13 +225,7 @@ def test_files_that_are_not_regular_are_named_in_an_image_folder(source, tmp_pat
     os.symlink("..", src / "b" / "up")  # a loop: src/b/up/b/up/...
     report = tmp_path / "report.json"
     done = bounded_pack(str(src), str(tmp_path / "out"), "--workers", workers, "--report", str(report))
-    assert done.returncode == 0, done.stderr[-2000:]
-    skipped = _skipped(report)
-    assert set(skipped) == {f"b/{name}" for name in expected}
-    for name, reason in expected.items():
-        kind, detail = skipped[f"b/{name}"]
-        assert f"{kind}: {detail}".startswith(reason), (name, kind, detail)
-        assert f"b/{name}: {detail}" in done.stdout
+    assert_each_named(done, report, "b", expected)
     assert json.loads(report.read_text())["records"] == len(list((source / "class_00").glob("*.jpg")))
     strict = bounded_pack(str(src), str(tmp_path / "strict"), "--strict", "--workers", workers)
     assert strict.returncode == 1 and "b/" in strict.stderr and not (tmp_path / "strict").exists()

@@ -11,38 +11,23 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+from tests.capped import capped_python
 
-#: The data segment a capped child may use: far more than the code needs, far less than a device read to its end.
-MEMORY_CAP = 1 << 30
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 
 
 def run_capped(code: str, timeout: float = 120) -> dict:
-    """Run ``code`` in a Python child with its memory capped and a timeout; the JSON it prints last."""
-    prologue = f"import resource; resource.setrlimit(resource.RLIMIT_DATA, ({MEMORY_CAP}, {MEMORY_CAP}))\n"
-    proc = subprocess.Popen([sys.executable, "-c", prologue + code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out, err = "", f"still running after {timeout} s (hung)"
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the child, and any child of its left waiting
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    assert proc.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+    """Run ``code`` in a Python child with its memory capped and a deadline (``tests/capped.py``); the JSON it
+    prints last."""
+    done = capped_python(code, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _jpeg(width: int = 64, height: int = 48) -> bytes:
