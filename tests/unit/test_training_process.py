@@ -12,6 +12,7 @@ from stallscope.analysis.training_process import training_process
 from stallscope.collect import build_session
 from stallscope.render import words
 from stallscope.session import (
+    ErrorRecord,
     LoaderRecord,
     NextRecord,
     OptimizerStepRecord,
@@ -181,9 +182,7 @@ def test_an_events_folder_made_anew_after_the_runs_was_removed_is_said_to_have_v
     assert launcher._events_vanished(events, marked) is True
 
 
-def _error(pid: int, message: str) -> "ErrorRecord":
-    from stallscope.session import ErrorRecord
-
+def _error(pid: int, message: str) -> ErrorRecord:
     return ErrorRecord("main", pid, 5 * MS, "RuntimeError", message, "x.py:1", f"Traceback\nRuntimeError: {message}")
 
 
