@@ -72,7 +72,7 @@ def main() -> None:
     from stallscope.settings import ENV_RUN_DIR
 
     os.environ.setdefault(ENV_RUN_DIR, tempfile.mkdtemp(prefix="stallscope-fetch-bench-"))
-    from stallscope.record import bootstrap, calls, stacks
+    from stallscope.recorder import bootstrap, calls, stacks
 
     bootstrap.install()
     recorded_fetch = fetch_module._MapDatasetFetcher.fetch

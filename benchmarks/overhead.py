@@ -66,7 +66,7 @@ def sampler_core_fraction(summary_path: str) -> float | None:
 
 def hot_path_cost(calls: int = 200_000) -> tuple[float, float]:
     """Nanoseconds per wrapped call inside a fetch, and outside one (plain passthrough)."""
-    from stallscope.record import calls as calls_mod
+    from stallscope.recorder import calls as calls_mod
 
     def work(x: int) -> int:
         return x + 1

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallscope.record import bootstrap, events
+from stallscope.recorder import bootstrap, events
 
 RECORD_DIR = str(Path(bootstrap.__file__).resolve().parent)
 

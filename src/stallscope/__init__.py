@@ -2,19 +2,13 @@
 
 The library twins of the CLI verbs are importable from here; they load their modules on first
 use, so ``import stallscope`` stays cheap (the recorder imports it in every process of a job).
-No public name is also a subpackage's name, so ``stallscope.analyze`` is the function whatever
-was imported before (importing ``stallscope.X`` sets the attribute ``X`` of this package), but one:
-``record``, the in-process recorder, whose name the recorder's own subpackage had first. This package
-declines that attribute (``_Package``), so ``stallscope.record`` stays the function; the subpackage is
-reached as ``from stallscope.record import events``, as everywhere in stallscope (``import
-stallscope.record.events as events`` would read the attribute, and fail).
+No public name is also a subpackage's name (the recorder's hot path is ``stallscope.recorder``), so
+``stallscope.record`` is the in-process recording function whatever was imported before.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 __version__ = "0.1.0"
@@ -38,19 +32,6 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
-
-
-class _Package(types.ModuleType):
-    """This package, declining to have a public function replaced by the subpackage of the same name when
-    that subpackage is imported (importlib sets it as an attribute; it stays in ``sys.modules``)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

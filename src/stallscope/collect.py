@@ -1,7 +1,7 @@
 """Turn the per-process event files of a run directory into a Session.
 
-The event kinds and their fields are written by ``stallscope.record`` and named in
-``record/schema.py``; this is the only place that reads them, by those names. Unknown kinds are ignored (a newer recorder may add some) and a truncated last
+The event kinds and their fields are written by ``stallscope.recorder`` and named in
+``recorder/schema.py``; this is the only place that reads them, by those names. Unknown kinds are ignored (a newer recorder may add some) and a truncated last
 line (a process killed mid-write) is skipped.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from stallscope.constants import SESSION_SCHEMA
-from stallscope.record.schema import fields_of
+from stallscope.recorder.schema import fields_of
 from stallscope.session import (
     RECORD_LISTS,
     CollectiveRecord,

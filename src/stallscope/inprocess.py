@@ -32,7 +32,7 @@ from stallscope import launcher
 from stallscope.api import RunResult, conclude
 from stallscope.collect import build_session
 from stallscope.launcher import RunOutcome
-from stallscope.record import bootstrap, cuda_timing, events, loader, steps, transfer
+from stallscope.recorder import bootstrap, cuda_timing, events, loader, steps, transfer
 from stallscope.sample import SystemSampler
 from stallscope.session import Session
 from stallscope.settings import ENV_LAUNCHER_PID

@@ -45,7 +45,7 @@ from stallscope.settings import (
     encode_overrides,
 )
 
-INJECT_DIR = Path(__file__).resolve().parent / "record" / "_inject"
+INJECT_DIR = Path(__file__).resolve().parent / "recorder" / "_inject"
 
 
 class LaunchError(RuntimeError):
@@ -245,7 +245,7 @@ def _die_with_parent() -> Any:
     (Linux's parent-death signal); None where that does not exist. libc is loaded before the fork.
 
     Only in a single-threaded launcher (the CLI): between fork and exec another thread's locks could be
-    held. Elsewhere the recorder arms the same signal in the script's process (``record/bootstrap``)."""
+    held. Elsewhere the recorder arms the same signal in the script's process (``recorder/bootstrap``)."""
     if not sys.platform.startswith("linux") or threading.active_count() > 1:
         return None
     try:

@@ -295,13 +295,13 @@ class Session:
     lmdb_opens: list[dict[str, Any]] = field(default_factory=list)
     framework_args: list[dict[str, Any]] = field(default_factory=list)  # e.g. where TrainingArguments was built
     tracker_runs: list[dict[str, Any]] = field(default_factory=list)  # MLflow/W&B/TensorBoard runs the script started
-    #: measured at exit: {pid, kind ('shared_memory'), nbytes, write_extra_ns, read_extra_ns} (record/shm_cost.py)
+    #: measured at exit: {pid, kind ('shared_memory'), nbytes, write_extra_ns, read_extra_ns} (recorder/shm_cost.py)
     calibrations: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankRecord] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds
     gpu_spans: list[GpuSpanRecord] = field(default_factory=list)
-    #: Python stacks sampled during batch fetches (record/stacks.py), counted: each {pid, loader_id, stage,
+    #: Python stacks sampled during batch fetches (recorder/stacks.py), counted: each {pid, loader_id, stage,
     #: frames (file:line:function, innermost first), count, sampler ("signal" or "thread"; absent in sessions
     #: recorded before it was)}; ``analysis/hotspots.py`` and ``analysis/sampled_stacks.py`` read them.
     stack_samples: list[dict[str, Any]] = field(default_factory=list)
@@ -329,7 +329,7 @@ class Session:
     @functools.cached_property
     def training_counts(self) -> dict[int, tuple[int, int]]:
         """Per process that took batches from a DataLoader, DataLoader workers left out: (training steps, batches).
-        A training step is an optimizer step after at least one batch since the last one (``record/steps.py``'s
+        A training step is an optimizer step after at least one batch since the last one (``recorder/steps.py``'s
         rule: a GAN's two optimizers on one batch make one step)."""
         workers = {proc.pid for proc in self.processes if proc.role == "worker"} | {w.pid for w in self.worker_starts}
         batch_ends: dict[int, list[int]] = {}

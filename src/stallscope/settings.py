@@ -35,7 +35,7 @@ ENV_PYTHON_VERSION = "STALLSCOPE_PYTHON_VERSION"
 ENV_RANK_PID = "STALLSCOPE_RANK_PID"
 #: ``stallscope bench``: the bench-mode configuration (JSON) for the job's main process.
 ENV_BENCH = "STALLSCOPE_BENCH"
-#: Stack samples per second inside batch fetches (``record/stacks.py``); 0 turns the sampler off.
+#: Stack samples per second inside batch fetches (``recorder/stacks.py``); 0 turns the sampler off.
 ENV_STACK_SAMPLE_HZ = "STALLSCOPE_STACK_SAMPLE_HZ"
 #: Tests only: seconds ``pack`` sleeps per record, so a test can kill it mid-way.
 ENV_PACK_THROTTLE = "STALLSCOPE_PACK_THROTTLE_S"

@@ -10,7 +10,7 @@ import sys
 import tempfile
 
 from stallscope.collect import read_event_files
-from stallscope.record import distributed, events
+from stallscope.recorder import distributed, events
 
 run_dir = tempfile.mkdtemp()
 events.configure(run_dir)

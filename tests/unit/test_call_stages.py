@@ -14,8 +14,8 @@ from PIL import Image
 
 from stallscope.analysis import analyze
 from stallscope.analysis.pipeline import call_nodes, calls_in_step_time
-from stallscope.record import calls, stacks
-from stallscope.record.libraries import patch_pil_image, patch_pil_imagefile
+from stallscope.recorder import calls, stacks
+from stallscope.recorder.libraries import patch_pil_image, patch_pil_imagefile
 from stallscope.render import words
 from stallscope.session import FetchRecord
 from tests.unit.test_analysis_steps import MS, PID, make_session, nxt, opt

@@ -9,7 +9,7 @@ import types
 import pytest
 
 from stallscope.analysis.gpu_timing import gpu_timing
-from stallscope.record import cuda_timing, events
+from stallscope.recorder import cuda_timing, events
 from stallscope.session import GpuSpanRecord
 from tests.unit.report_fixtures import two_worker_session
 
@@ -154,7 +154,7 @@ def test_analysis_reports_busy_idle_and_bandwidth():
 def test_only_copies_to_a_cuda_device_are_timed(args, kwargs, expected):
     import torch
 
-    from stallscope.record.transfer import _targets_cuda
+    from stallscope.recorder.transfer import _targets_cuda
 
     assert _targets_cuda(args, kwargs) is expected
     assert _targets_cuda((torch.float16,), {}) is False
@@ -175,6 +175,6 @@ _DTYPE = object()  # where torch.float32 goes (only the bool after it is the fla
     ("cuda", (), {"non_blocking": True}, True),
 ])
 def test_non_blocking_is_read_by_keyword_or_position(name, args, kwargs, expected):
-    from stallscope.record.transfer import _non_blocking
+    from stallscope.recorder.transfer import _non_blocking
 
     assert _non_blocking(name, args, kwargs) is expected

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from stallscope.record import schema
+from stallscope.recorder import schema
 
 RECORD = Path(schema.__file__).parent
 

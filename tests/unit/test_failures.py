@@ -14,7 +14,7 @@ from stallscope.session import ErrorRecord
 from tests.unit.report_fixtures import PID, two_worker_session
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
-OWN = f"{TORCH}/../stallscope/record/workers.py"  # not the user's either: stallscope's own frames
+OWN = f"{TORCH}/../stallscope/recorder/workers.py"  # not the user's either: stallscope's own frames
 #: What torch raises in the training process for a worker_init_fn that raised, as a recorder without the worker's
 #: own record kept it (``str(exc)`` and the formatted traceback), from a real run.
 WRAPPED_MESSAGE = (

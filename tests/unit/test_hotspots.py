@@ -19,7 +19,7 @@ from stallscope.analysis.hotspots import (
     site_of,
     top_of_stage,
 )
-from stallscope.record import calls, stacks
+from stallscope.recorder import calls, stacks
 from stallscope.session import ProcessRecord, Session
 
 STDLIB = sysconfig.get_paths()["stdlib"]
@@ -134,7 +134,7 @@ def test_the_sampler_walk_reads_the_stage_of_the_call_in_progress():
 
 @pytest.mark.parametrize("value", ["0", "off"])
 def test_a_sampler_that_cannot_start_says_why_once(monkeypatch, value):
-    from stallscope.record import events
+    from stallscope.recorder import events
 
     emitted: list[tuple] = []
     monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))
@@ -152,7 +152,7 @@ def test_a_sampler_that_cannot_start_says_why_once(monkeypatch, value):
 def fresh_sampler(monkeypatch):
     """This process's sampler as before its first fetch, at 400 Hz, events caught; put back as it was after.
     SIGALRM and the ITIMER_REAL timer are pytest-timeout's: set aside meanwhile."""
-    from stallscope.record import events
+    from stallscope.recorder import events
 
     handler = signal.signal(signal.SIGALRM, signal.SIG_DFL)
     timer = signal.setitimer(signal.ITIMER_REAL, 0)

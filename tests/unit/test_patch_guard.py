@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallscope.record import events, steps
+from stallscope.recorder import events, steps
 from tests import patch_guard
 
 pytest.importorskip("torch")
@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 def test_the_recorders_dataloader_patch_is_seen_until_it_is_undone() -> None:
     from torch.utils.data import dataloader
 
-    from stallscope.record import loader
+    from stallscope.recorder import loader
 
     saved = {cls: dict(vars(cls)) for cls in (dataloader.DataLoader, dataloader._BaseDataLoaderIter,
                                               dataloader._MultiProcessingDataLoaderIter,

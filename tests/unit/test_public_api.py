@@ -16,9 +16,11 @@ for name in stallscope.__all__:
     assert not isinstance(value, types.ModuleType), (name, value)
 assert stallscope.analyze.__module__ == "stallscope.analysis.job"
 assert stallscope.doctor.__name__ == "run_doctor" and stallscope.run.__module__ == "stallscope.api"
-assert stallscope.record.__module__ == "stallscope.inprocess" and callable(stallscope.record)  # not the subpackage
-from stallscope.record import events  # the recorder subpackage is still there for its own imports
-assert events.__name__ == "stallscope.record.events"
+assert stallscope.record.__module__ == "stallscope.inprocess" and callable(stallscope.record)
+import stallscope.recorder.events as events  # the hot-path subpackage has a name of its own
+assert events.__name__ == "stallscope.recorder.events"
+clashes = set(stallscope.__all__).intersection(info.name for info in pkgutil.iter_modules(stallscope.__path__))
+assert not clashes, clashes
 print("ok")
 """
 

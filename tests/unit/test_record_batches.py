@@ -7,8 +7,8 @@ from collections import namedtuple
 import pytest
 
 torch = pytest.importorskip("torch")
-from stallscope.record.batches import describe_batch  # noqa: E402
-from stallscope.record.loader import batch_size_of  # noqa: E402
+from stallscope.recorder.batches import describe_batch  # noqa: E402
+from stallscope.recorder.loader import batch_size_of  # noqa: E402
 
 
 def test_nested_containers_are_pinnable_and_counted():

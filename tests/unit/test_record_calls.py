@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallscope.record import calls
+from stallscope.recorder import calls
 
 
 class FakeClock:
@@ -144,7 +144,7 @@ def test_timing_interval_spaces_timed_batches_by_what_their_calls_cost():
 
 
 def test_fetches_time_their_calls_in_one_batch_of_every_few_when_calls_are_cheap(clock, monkeypatch):
-    from stallscope.record import events, workers
+    from stallscope.recorder import events, workers
 
     emitted = []
     monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))
@@ -196,7 +196,7 @@ def test_a_fetch_counts_the_page_faults_its_thread_takes(monkeypatch):
     it, one that writes memory it had already touched next to none."""
     import mmap
 
-    from stallscope.record import events, workers
+    from stallscope.recorder import events, workers
 
     emitted = []
     monkeypatch.setattr(events, "emit", lambda *record: emitted.append(record))

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from stallscope.collect import read_event_files
-from stallscope.record import events
+from stallscope.recorder import events
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from stallscope.record import importhook
+from stallscope.recorder import importhook
 
 
 def test_hook_runs_after_import_and_restores_loader(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from stallscope.record.overrides import apply_overrides  # noqa: E402
+from stallscope.recorder.overrides import apply_overrides  # noqa: E402
 from stallscope.settings import OverrideError, parse_overrides  # noqa: E402
 
 

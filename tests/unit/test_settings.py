@@ -15,7 +15,7 @@ NAMES = {value for key, value in vars(settings).items() if key.startswith("ENV_"
 
 
 def test_no_module_but_settings_spells_an_environment_variable() -> None:
-    inject = SRC / "record" / "_inject" / "sitecustomize.py"
+    inject = SRC / "recorder" / "_inject" / "sitecustomize.py"
     for path in SRC.rglob("*.py"):
         if path in (SRC / "settings.py", inject):
             continue

@@ -6,7 +6,7 @@ import sys
 
 import torch  # noqa: F401  (loaded, as in the training process the recorder measures in)
 
-from stallscope.record import shm_cost
+from stallscope.recorder import shm_cost
 
 
 def test_measures_writing_and_mapping_a_segment_of_the_given_size():
@@ -41,7 +41,7 @@ def test_a_small_or_full_dev_shm_is_measured_smaller_or_not_at_all():
 
 
 def test_the_training_loaders_batch_sets_the_size():
-    from stallscope.record import loader
+    from stallscope.recorder import loader
 
     loader._batches_by_loader.clear()
     loader._batch_bytes_by_loader.clear()

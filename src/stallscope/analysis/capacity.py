@@ -62,7 +62,7 @@ Some costs exist only with workers: a worker collates each batch into a fresh sh
 the training process maps it again, both paying page faults an in-process batch never does. A run with
 workers measures them (in the workers' collate and the receive); from a 0-worker run they are estimated
 from the batch's bytes per sample and a per-byte cost the recorder measured at exit on the same machine
-(``record/shm_cost.py``), or this machine's typical figure when it could not (``worker_only_basis``). A training
+(``recorder/shm_cost.py``), or this machine's typical figure when it could not (``worker_only_basis``). A training
 step on the CPU reads its batch more than once, so its side is that one pass's cost times ``RECEIVED_BATCH_READS``:
 without it, "add workers" from a 0-worker run was over-predicted by 10-19% on average, which a dearer CPU second at
 every load had hidden while it under-predicted adding workers to a run that had them.
@@ -139,7 +139,7 @@ COMPUTE_TIME_SHARING_COST = 0.1
 #: rose likewise: 1.14-2.4x its calibration at exit. Estimated.
 COMPUTE_NEIGHBOUR_COST = 0.3
 #: How many times a training step that computes on the CPU pays the calibrated cost of reading a batch that a worker
-#: wrote into shared memory (``record/shm_cost.py`` times one pass), estimated for a run recorded without workers.
+#: wrote into shared memory (``recorder/shm_cost.py`` times one pass), estimated for a run recorded without workers.
 #: Measured on the 2-core VM: the step's own CPU per sample with workers over the same step loading in-process, against
 #: the calibrated one pass (saved ``benchmarks/transfer.py`` runs, sessions 17-20): 2.7-6.9x (median 4.1x, 22 pairs)
 #: for the reference training with one intra-op thread, 0.6-3.8x (median 2.4x) with two. A step passes over its input

@@ -2,7 +2,7 @@
 
 The recorder counts Python stacks sampled during batch fetches (``Session.stack_samples``: each with its stage,
 read from the timed library call in progress or, outside one, from whether the thread was on the CPU; see
-``record/stacks.py``). Here each sample is put at a site: the innermost frame in the user's own code (outside
+``recorder/stacks.py``). Here each sample is put at a site: the innermost frame in the user's own code (outside
 the standard library and site-packages: ``frameworks.is_user_file``), with the library frame it called (the
 next frame in), or the innermost frame when the stack never enters the user's code (collate, a library's
 dataset). A site's ``share_of_stage`` is its samples over the stage's samples; its ``share_of_step`` scales

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stallscope.record.schema import fields_of
+from stallscope.recorder.schema import fields_of
 
 #: Below this data-wait fraction the training step itself leads (the verdict's compute-bound line).
 COMPUTE_LEADS_BELOW = 0.10

@@ -1,7 +1,7 @@
 """``stallscope.tuning.bench``: how fast the input pipeline can go alone, and how fast the model could go.
 
 Two runs of the user's script: a normal one (its measured throughput), and one in bench mode
-(``record/bench_mode.py``) that drains the script's first DataLoader with no model at a few
+(``recorder/bench_mode.py``) that drains the script's first DataLoader with no model at a few
 worker counts (*input capacity*) and then replays loaded batches to the script's own loop
 (*ceiling*: the compute-only rate, the speed if data were free). The ceiling over the current
 throughput is the most any input-side fix can gain (the DS-Analyzer idea, on the user's script).

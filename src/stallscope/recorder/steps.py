@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stallscope.record import cuda_timing, distributed, events
+from stallscope.recorder import cuda_timing, distributed, events
 
 _perf = time.perf_counter_ns
 max_steps: int | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from stallscope.record.calls import (
+from stallscope.recorder.calls import (
     DECODED_CONVERT,
     patch_module_functions,
     timed_call,
@@ -130,7 +130,7 @@ def patch_lmdb(module: Any) -> None:
     import os
     import time
 
-    from stallscope.record import events
+    from stallscope.recorder import events
 
     original = module.open
 

@@ -26,7 +26,7 @@ _perf = time.perf_counter
 
 
 def install(config_text: str) -> None:
-    from stallscope.record import importhook
+    from stallscope.recorder import importhook
 
     _config.update(json.loads(config_text))
     _config.setdefault("pid", os.getpid())
@@ -54,7 +54,7 @@ def _in_worker() -> bool:
 
 
 def _samples(batch: Any) -> int | None:
-    from stallscope.record.loader import batch_size_of
+    from stallscope.recorder.loader import batch_size_of
 
     return batch_size_of(batch)
 
@@ -74,7 +74,7 @@ def _clone(loader: Any, DataLoader: Any, workers: int) -> Any:
         kw["batch_sampler"] = loader.batch_sampler
     else:
         kw.update(batch_size=None, sampler=loader.sampler)
-    from stallscope.record import loader as recorder_loader
+    from stallscope.recorder import loader as recorder_loader
 
     saved = dict(recorder_loader.overrides)
     recorder_loader.overrides.clear()  # the drain sets its own worker count; --set must not undo it

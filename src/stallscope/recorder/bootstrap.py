@@ -13,8 +13,8 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.record import distributed, events, frameworks, importhook, loader, steps, trackers, transfer
-from stallscope.record.libraries import LIBRARY_PATCHES, patch_torch
+from stallscope.recorder import distributed, events, frameworks, importhook, loader, steps, trackers, transfer
+from stallscope.recorder.libraries import LIBRARY_PATCHES, patch_torch
 from stallscope.settings import (
     ENV_BENCH,
     ENV_LAUNCHER_PID,
@@ -61,8 +61,8 @@ def install() -> None:
     steps.max_steps = int(limit) if limit else None
 
     register_patches()
-    if is_main and os.environ.get(ENV_BENCH):  # stallscope bench: see record/bench_mode.py
-        from stallscope.record import bench_mode
+    if is_main and os.environ.get(ENV_BENCH):  # stallscope bench: see recorder/bench_mode.py
+        from stallscope.recorder import bench_mode
         bench_mode.install(os.environ[ENV_BENCH])
 
     if is_main:
@@ -160,7 +160,7 @@ def _install_exit_recording() -> None:
     def at_exit() -> None:
         loader.record_open_next("exit")  # a daemon thread still blocked in next() when the script ended
         if loader.loaded_in_process and not loader.loaded_by_workers:  # what workers would pay to pass batches
-            from stallscope.record import shm_cost
+            from stallscope.recorder import shm_cost
 
             measured = shm_cost.measure(shm_cost.calibration_bytes(loader.main_batch_nbytes()))
             if measured:

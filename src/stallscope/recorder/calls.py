@@ -161,7 +161,7 @@ def timed_method(cls: type, method_name: str, node: str, label_from_instance: bo
 def timed_method_by_state(cls: type, method_name: str, choose: Callable[[Any], tuple[str, str]]) -> bool:
     """Wrap ``cls.method_name`` in place, its node and label chosen per call from the instance by ``choose`` (a
     cheap attribute read): for a call whose stage is what it does to that object, not its name. The chosen node is
-    the wrapper's local ``node``, which the stack sampler reads (``record/stacks.py``)."""
+    the wrapper's local ``node``, which the stack sampler reads (``recorder/stacks.py``)."""
     original = cls.__dict__.get(method_name)
     if original is None or not callable(original) or getattr(original, "__stallscope_wrapped__", False):
         return False

@@ -26,7 +26,7 @@ import collections
 import time
 from typing import Any
 
-from stallscope.record import events
+from stallscope.recorder import events
 
 _perf = time.perf_counter_ns
 MAX_PENDING = 4096  # event pairs awaiting completion; beyond this the oldest are dropped

@@ -43,10 +43,10 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "stack_samples": ("t_ns", "samples", "sampler", "fallback_reason"),
     "stack_sampler_off": ("t_ns", "reason"),
     # training frameworks, in the training process
-    # what the machine charges for something the run did not do, measured at exit (record/shm_cost.py)
+    # what the machine charges for something the run did not do, measured at exit (recorder/shm_cost.py)
     "calibration": ("t_ns", "kind", "values"),
     "framework_args": ("framework", "t_ns", "site", "values"),
-    "tracker_run": ("tracker", "t_ns", "run"),  # run: its id and where it lives (record/trackers.py)
+    "tracker_run": ("tracker", "t_ns", "run"),  # run: its id and where it lives (recorder/trackers.py)
     # training steps and devices
     "opt": ("optimizer", "kind", "start_ns", "end_ns"),
     "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.record import calls, events, stacks
+from stallscope.recorder import calls, events, stacks
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns

@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Any
 
-from stallscope.record import batches, events, importhook, steps, workers
-from stallscope.record.overrides import apply_overrides
+from stallscope.recorder import batches, events, importhook, steps, workers
+from stallscope.recorder.overrides import apply_overrides
 
 _perf = time.perf_counter_ns
 _thread_cpu = time.thread_time_ns
@@ -413,7 +413,7 @@ def patch_dataloader(module: Any) -> None:
 #: The iterator whose ``__next__`` is blocked right now and since when: written at process end if set.
 _waiting: tuple[Any, int] | None = None
 #: This process iterated a DataLoader with num_workers=0 / with workers: where it only loaded batches itself,
-#: its exit measures what shared memory would cost them (record/shm_cost.py).
+#: its exit measures what shared memory would cost them (recorder/shm_cost.py).
 loaded_in_process = False
 loaded_by_workers = False
 #: Per DataLoader of this process: its batches taken so far and the bytes of its first batch's tensors. The

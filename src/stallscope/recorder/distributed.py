@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from stallscope.record import events
+from stallscope.recorder import events
 from stallscope.settings import ENV_RANK_PID
 
 _perf = time.perf_counter_ns

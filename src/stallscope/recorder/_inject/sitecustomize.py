@@ -39,7 +39,7 @@ def _stallscope_supported():
 
 def _stallscope_start():
     try:
-        from stallscope.record import bootstrap
+        from stallscope.recorder import bootstrap
 
         bootstrap.install()
     except Exception as exc:  # never stop the user's job because the recorder failed

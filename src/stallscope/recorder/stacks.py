@@ -56,7 +56,7 @@ import time
 from typing import Any
 
 from stallscope.background import start_thread
-from stallscope.record import events
+from stallscope.recorder import events
 from stallscope.settings import ENV_STACK_SAMPLE_HZ
 
 try:  # the C functions: signal.getsignal's enum conversion costs ~5 us a call

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stallscope.record import events
+from stallscope.recorder import events
 
 
 def _record(tracker: str, describe: Callable[[], dict[str, Any]]) -> None:

@@ -10,7 +10,7 @@ import functools
 import time
 from typing import Any
 
-from stallscope.record import cuda_timing, events
+from stallscope.recorder import cuda_timing, events
 
 _perf = time.perf_counter_ns
 _installed = False

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from stallscope.record import events
+from stallscope.recorder import events
 
 #: TrainingArguments fields that become DataLoader arguments.
 TRAINER_LOADER_FIELDS = ("dataloader_num_workers", "dataloader_persistent_workers", "dataloader_prefetch_factor",
