@@ -18,6 +18,7 @@ finalizers are cancelled: the buffer is then never reused, which is safe, only n
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -60,10 +61,53 @@ def alias(buffer: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=buffer.dtype).set_(buffer.untyped_storage(), 0, buffer.shape, buffer.stride())
 
 
-def _only_pool_refers_to(buffer: torch.Tensor) -> bool:
-    from stallscope.data.device import _unreferenced
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
-    return _unreferenced(buffer)
+
+def _reference_counts(buffer: torch.Tensor) -> tuple[int, int]:
+    """(C++ references to the memory, Python references to its storage object), seen from here."""
+    storage = buffer.untyped_storage()
+    return _storage_use_count(storage._cdata), sys.getrefcount(storage)
+
+
+def _calibrate() -> tuple[int, int] | None:
+    """The counts of a buffer nobody else holds, if holding an alias or the storage shows up in them.
+
+    Measured rather than assumed, because both counts depend on how this torch build keeps
+    Python objects alive; the batch recycling also relies on a storage's finalizer firing only
+    when its memory dies, checked here too. If anything is off, reuse stays off.
+    """
+    if _storage_use_count is None:
+        return None
+    try:
+        probe = torch.empty(1)
+        alone = _reference_counts(probe)
+        view = probe.view(1)
+        with_alias = _reference_counts(probe)
+        del view
+        storage = probe.untyped_storage()
+        with_storage = _reference_counts(probe)
+        died: list[bool] = []
+        weakref.finalize(storage, died.append, True)
+        del storage
+        if with_alias[0] <= alone[0] or with_storage[1] <= alone[1] or _reference_counts(probe) != alone or died:
+            return None
+        del probe
+        return alone if died == [True] else None
+    except Exception:  # noqa: BLE001 - a private torch API changed: no reuse, no failure
+        return None
+
+
+_UNREFERENCED_COUNTS = _calibrate()
+
+
+def unreferenced(buffer: torch.Tensor) -> bool:
+    """True when nothing but ``buffer`` refers to its memory (False when that cannot be told)."""
+    return _UNREFERENCED_COUNTS is not None and _reference_counts(buffer) == _UNREFERENCED_COUNTS
+
+
+def _only_pool_refers_to(buffer: torch.Tensor) -> bool:
+    return unreferenced(buffer)
 
 
 class SharedBatchPool:

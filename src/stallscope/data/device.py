@@ -8,15 +8,13 @@ PCIe transfer. On the device the same normalization is one fused elementwise ker
 
 from __future__ import annotations
 
-import sys
-import weakref
 from collections.abc import Sequence
 
 import torch
 from torch.utils.data import get_worker_info
 
 from stallscope.data._memory import populate_for_reading
-from stallscope.data._shared_batches import alias, is_batch_buffer
+from stallscope.data._shared_batches import alias, is_batch_buffer, unreferenced
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -179,7 +177,7 @@ class ReusedHostBuffers:
         inference = torch.is_inference_mode_enabled()  # an inference tensor cannot serve training, nor back
         for buffer in self._buffers:
             if (buffer.shape == shape and buffer.is_contiguous(memory_format=memory_format)
-                    and buffer.is_inference() == inference and _unreferenced(buffer)):
+                    and buffer.is_inference() == inference and unreferenced(buffer)):
                 self.reused += 1
                 return alias(buffer)
         buffer = torch.empty(shape, dtype=torch.float32, memory_format=memory_format)
@@ -189,51 +187,6 @@ class ReusedHostBuffers:
         self.allocated += 1
         return alias(buffer)
 
-
-
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _reference_counts(buffer: torch.Tensor) -> tuple[int, int]:
-    """(C++ references to the memory, Python references to its storage object), seen from here."""
-    storage = buffer.untyped_storage()
-    return _storage_use_count(storage._cdata), sys.getrefcount(storage)
-
-
-def _calibrate() -> tuple[int, int] | None:
-    """The counts of a buffer nobody else holds, if holding an alias or the storage shows up in them.
-
-    Measured rather than assumed, because both counts depend on how this torch build keeps
-    Python objects alive; the batch recycling also relies on a storage's finalizer firing only
-    when its memory dies, checked here too. If anything is off, reuse stays off.
-    """
-    if _storage_use_count is None:
-        return None
-    try:
-        probe = torch.empty(1)
-        alone = _reference_counts(probe)
-        alias = probe.view(1)
-        with_alias = _reference_counts(probe)
-        del alias
-        storage = probe.untyped_storage()
-        with_storage = _reference_counts(probe)
-        died: list[bool] = []
-        weakref.finalize(storage, died.append, True)
-        del storage
-        if with_alias[0] <= alone[0] or with_storage[1] <= alone[1] or _reference_counts(probe) != alone or died:
-            return None
-        del probe
-        return alone if died == [True] else None
-    except Exception:  # noqa: BLE001 - a private torch API changed: no reuse, no failure
-        return None
-
-
-_UNREFERENCED_COUNTS = _calibrate()
-
-
-def _unreferenced(buffer: torch.Tensor) -> bool:
-    """True when nothing but ``buffer`` refers to its memory (False when that cannot be told)."""
-    return _UNREFERENCED_COUNTS is not None and _reference_counts(buffer) == _UNREFERENCED_COUNTS
 
 
 def to_device(batch: tuple[torch.Tensor, torch.Tensor], device: str | torch.device = "cuda",
