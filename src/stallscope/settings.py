@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 # --- environment variables --------------------------------------------------------------------------------
@@ -42,6 +43,24 @@ ENV_PACK_THROTTLE = "STALLSCOPE_PACK_THROTTLE_S"
 
 # --- the --set vocabulary -------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class ProcessSetting:
+    """A ``--set`` name that is no DataLoader argument but a setting of the training process, which the
+    recorder applies itself when the script makes its first DataLoader."""
+    kind: str  #: the value's type, as ``SETTABLE`` spells it
+    call: str  #: the torch call that makes the setting in the user's code, ``{}`` standing for the value
+    help: str  #: what it is, for ``--set``'s help
+
+
+#: The training process's settings one may override: the ONE list (the recorder applies them in
+#: ``recorder/loader.py``; the CLI help, the advice's words and the tuner read them from here).
+PROCESS_SETTINGS: dict[str, ProcessSetting] = {
+    "sharing_strategy": ProcessSetting("str", "torch.multiprocessing.set_sharing_strategy({!r})",
+                                       "how workers pass tensors"),
+    "torch_threads": ProcessSetting("int", "torch.set_num_threads({})",
+                                    "the training process's intra-op threads, torch.set_num_threads"),
+}
+
 #: Arguments one may override, with the type of their value. Object-valued ones (dataset, sampler,
 #: collate_fn...) are not values one can type on a command line, so they are refused with a clear message.
 SETTABLE: dict[str, str] = {
@@ -56,15 +75,40 @@ SETTABLE: dict[str, str] = {
     "multiprocessing_context": "str",
     "shuffle": "bool",
     "pin_memory_device": "str",
-    # Not a DataLoader argument: how tensors travel from workers (torch.multiprocessing sharing strategy).
-    "sharing_strategy": "str",
-    # Not a DataLoader argument: the training process's intra-op threads (torch.set_num_threads), applied when it
-    # makes its DataLoader and held there (the script's own later calls are kept at this value).
-    "torch_threads": "int",
+    **{name: setting.kind for name, setting in PROCESS_SETTINGS.items()},
 }
 
-#: Overrides that the recorder applies itself instead of passing them to ``DataLoader.__init__``.
-PROCESS_SETTINGS = ("sharing_strategy", "torch_threads")
+
+def set_help() -> str:
+    """``--set``'s help, naming the process settings from their one list."""
+    process = " and ".join(f"{name} ({setting.help})" for name, setting in PROCESS_SETTINGS.items())
+    return f"override a DataLoader argument at construction, e.g. --set num_workers=4 (repeatable); also {process}"
+
+
+#: DataLoader arguments as the Hugging Face Trainer's TrainingArguments spell them.
+TRAINER_ARGUMENTS = {"num_workers": "dataloader_num_workers", "persistent_workers": "dataloader_persistent_workers",
+                     "prefetch_factor": "dataloader_prefetch_factor", "pin_memory": "dataloader_pin_memory"}
+
+
+def in_code(values: Mapping[str, Any], where: Mapping[str, Any] | None) -> str:
+    """A change of settings as the user writes it in their framework, and where: ``TrainingArguments(...)``
+    for the Hugging Face Trainer, the ``DataLoader(...)`` of the ``train_dataloader`` hook for Lightning,
+    the ``DataLoader(...)`` call otherwise; process settings as their torch calls."""
+    process = "".join(f"{PROCESS_SETTINGS[k].call.format(v)} at the start of training, and "
+                      for k, v in values.items() if k in PROCESS_SETTINGS)
+    values = {k: v for k, v in values.items() if k not in PROCESS_SETTINGS}
+    if not values:
+        return process.removesuffix(", and ")
+    where = where or {}
+    site, function = where.get("site"), where.get("function")
+    if where.get("framework") == "transformers" and all(k in TRAINER_ARGUMENTS for k in values):
+        args = ", ".join(f"{TRAINER_ARGUMENTS[k]}={v!r}" for k, v in values.items())
+        return process + f"TrainingArguments(..., {args})" + (f" at {site}" if site else "")
+    text = process + f"DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in values.items())})"
+    if site and function and function != "<module>":
+        return f"{text} in {function}() at {site}"
+    return f"{text} at {site}" if site else text
+
 
 #: More worker processes (DataLoader workers, pack's readers) or intra-op threads than any machine runs. A bigger
 #: number is a typo: ``--set num_workers=100000`` forked about 850 workers and 11 GB before it was killed.

@@ -6,7 +6,7 @@ import os
 import sysconfig
 
 from stallscope.analysis.frameworks import code_site, framework_of, user_frame
-from stallscope.render.words import in_code
+from stallscope.settings import in_code
 
 SITE = os.path.join(sysconfig.get_paths()["purelib"])
 STDLIB = sysconfig.get_paths()["stdlib"]

@@ -48,3 +48,16 @@ def test_values_torch_would_crash_on_are_refused_here(item, reason):
         parse_overrides([item])
     assert parse_overrides(["batch_size=none", "timeout=0", "multiprocessing_context=spawn"]) == {
         "batch_size": None, "timeout": 0.0, "multiprocessing_context": "spawn"}
+
+
+def test_process_settings_come_from_their_one_list() -> None:
+    """A process setting is declared once: --set accepts it, its help names it, advice writes its torch call."""
+    from stallscope.cli.main import build_parser
+
+    run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()  # type: ignore[union-attr]
+    for name, setting in settings.PROCESS_SETTINGS.items():
+        assert settings.SETTABLE[name] == setting.kind
+        assert name in " ".join(run_help.split())
+        value = 2 if setting.kind == "int" else "file_system"
+        assert settings.in_code({name: value}, None) == f"{setting.call.format(value)} at the start of training"
+        assert settings.in_code({name: value, "num_workers": 3}, None).startswith(setting.call.format(value))

@@ -4,7 +4,7 @@ The recorder keeps the stack at each DataLoader's creation (``LoaderRecord.stack
 first frame outside torch) and, for the Hugging Face Trainer, where the script built its ``TrainingArguments``
 (``Session.framework_args``). From those: the user's own frame (the innermost outside site-packages and the
 standard library), the framework (the Trainer, Lightning, accelerate, or plain PyTorch), and the place a change
-goes, in that framework's words (``render/words.in_code``).
+goes, in that framework's words (``settings.in_code``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from stallscope.oserrors import os_error_words
 from stallscope.render import terminal
 from stallscope.render.safe_text import printable, terminal_console
 from stallscope.render.summary import write_summary
-from stallscope.settings import OverrideError, parse_overrides
+from stallscope.settings import OverrideError, parse_overrides, set_help
 from stallscope.trackers import TRACKERS, failure_line, log_run, missing_library
 
 
@@ -70,9 +70,7 @@ def load_error(exc: OSError | ValueError, run: str | None = None) -> str:
 def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the summary JSON (schema stallscope.summary/1) here")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a DataLoader argument at construction, e.g. --set num_workers=4 (repeatable); "
-                        "also sharing_strategy (how workers pass tensors) and torch_threads (the training "
-                        "process's intra-op threads, torch.set_num_threads)")
+                   help=set_help())
     p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
     p.add_argument("--store", metavar="DIR", type=folder, help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
     p.add_argument("-q", "--quiet", action="store_true",

@@ -17,7 +17,7 @@ from stallscope.analysis.capacity import SMT_YIELD
 from stallscope.analysis.pipeline import calls_in_step_time
 from stallscope.analysis.steps import FEW_STEADY_STEPS
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
-from stallscope.settings import format_value
+from stallscope.settings import format_value, in_code
 
 MIB = 1 << 20
 
@@ -39,36 +39,6 @@ class PitfallSaid:
 
 
 # --- recommendations -----------------------------------------------------------------------------------------
-
-#: DataLoader arguments as the Hugging Face Trainer's TrainingArguments spell them.
-TRAINER_ARGUMENTS = {"num_workers": "dataloader_num_workers", "persistent_workers": "dataloader_persistent_workers",
-                     "prefetch_factor": "dataloader_prefetch_factor", "pin_memory": "dataloader_pin_memory"}
-
-
-def in_code(values: dict[str, Any], where: dict[str, Any] | None) -> str:
-    """The change as the user writes it in their framework, and where: ``TrainingArguments(...)`` for the
-    Hugging Face Trainer, the ``DataLoader(...)`` of the ``train_dataloader`` hook for Lightning, the
-    ``DataLoader(...)`` call otherwise."""
-    process = "".join(f"{PROCESS_CALLS[k].format(v)} at the start of training, and " for k, v in values.items()
-                      if k in PROCESS_CALLS)
-    values = {k: v for k, v in values.items() if k not in PROCESS_CALLS}
-    if not values:
-        return process.removesuffix(", and ")
-    where = where or {}
-    site, function = where.get("site"), where.get("function")
-    if where.get("framework") == "transformers" and all(k in TRAINER_ARGUMENTS for k in values):
-        args = ", ".join(f"{TRAINER_ARGUMENTS[k]}={v!r}" for k, v in values.items())
-        return process + f"TrainingArguments(..., {args})" + (f" at {site}" if site else "")
-    text = process + f"DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in values.items())})"
-    if site and function and function != "<module>":
-        return f"{text} in {function}() at {site}"
-    return f"{text} at {site}" if site else text
-
-
-#: ``--set`` settings of the training process rather than of its DataLoader, as the user's code makes them.
-PROCESS_CALLS = {"torch_threads": "torch.set_num_threads({})",
-                 "sharing_strategy": "torch.multiprocessing.set_sharing_strategy({!r})"}
-
 
 def created_at(loader: Any) -> str:
     """Where a loader was built: the user's frame, with the library's beside it when a framework built it."""

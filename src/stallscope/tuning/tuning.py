@@ -16,6 +16,7 @@ from stallscope import paths
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.tuning.noise import DEFAULT_Z, Rate, better, mean_rate, within_noise
 from stallscope.tuning.search import Budget, SearchOutcome, Tuner, config_key, overrides_for
+from stallscope.settings import PROCESS_SETTINGS, in_code
 from stallscope.tuning.trials import TrialResult, run_trial, set_arguments
 
 DEFAULT_STEPS = 50
@@ -92,16 +93,12 @@ class TuneResult:
     def dataloader_kwargs(self) -> str:
         """The change as DataLoader keyword arguments, ready to paste (settings of the training process, such as
         ``torch_threads``, are no DataLoader arguments: ``in_code`` says them as their torch calls)."""
-        from stallscope.settings import PROCESS_SETTINGS
-
         return ", ".join(f"{k}={_python_literal(v)}" for k, v in _ordered(self.change)
                          if k not in PROCESS_SETTINGS)
 
     def in_code(self) -> str:
         """The change in the user's framework and where it goes (``TrainingArguments(...)`` at the script's
         line for the Hugging Face Trainer, the ``DataLoader(...)`` call otherwise)."""
-        from stallscope.render.words import in_code
-
         if not self.change:
             return ""
         return in_code(dict(_ordered(self.change)), self.original.code if self.original else None)
