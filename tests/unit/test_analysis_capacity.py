@@ -151,7 +151,7 @@ def test_blocked_time_wants_no_core():
 
 
 def test_occupancy_is_the_training_process_cpu_over_its_compute():
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
 
     # 10 steps of 8 samples, each 40 ms: 30 ms waiting for data (loaded in process), 10 ms compute
     stats, train = _ten_steps_of_eight()
@@ -167,7 +167,7 @@ def test_occupancy_is_the_training_process_cpu_over_its_compute():
 def test_restarted_workers_warm_up_is_taken_out_of_their_steady_cost():
     """A tenth of 2 restarted workers' CPU went into warming up new workers: the steady cost per sample is the
     rest (the epochs' own cost prices the warm-up at every restart); a run without workers has none to take out."""
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
 
     stats, train = _ten_steps_of_eight(workers=2)
     assert build_model(stats, train, 4.0, 0.1).cost_s["transform"] == pytest.approx(0.24 / 80)
@@ -212,7 +212,8 @@ def test_shared_memory_costs_count_only_with_workers():
 
 
 def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibration():
-    from stallscope.analysis.capacity import TYPICAL_SHM_WRITE_S_PER_BYTE, build_model
+    from stallscope.analysis.model_from_run import build_model
+    from stallscope.analysis.sample_costs import TYPICAL_SHM_WRITE_S_PER_BYTE
 
     stats, train = _ten_steps_of_eight()
     # 600 kB per sample; the recorder measured 2 ms extra to write 4 MB and 0.25 ms to map and read it
@@ -238,7 +239,7 @@ def test_a_zero_worker_run_prices_shared_memory_from_its_bytes_and_the_calibrati
 
 
 def test_waiting_for_a_workers_descriptors_is_the_training_processs_serial_time():
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
 
     # 10 steps of 8 samples, 40 ms each: 30 ms in next(), of which 2 ms rebuilding the batch (0.4 ms of CPU,
     # the rest waiting for the worker to hand over its tensors' descriptors), 10 ms compute
@@ -324,7 +325,7 @@ def test_a_compute_beside_workers_on_shared_cores_slows_by_their_hardware_thread
 
 
 def test_costs_recorded_with_hardware_threads_busy_are_taken_at_a_cores_speed():
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
 
     # 4 CPUs on 2 cores, one worker: 2 threads busy on 2 cores (a core each), costs as measured
     stats, train = _ten_steps_of_eight(workers=1)
@@ -391,7 +392,7 @@ def _recorded_alone(**kw) -> ThroughputModel:
 
 
 def test_a_cpu_second_costs_more_as_the_cores_fill_and_more_again_once_threads_outnumber_them():
-    from stallscope.analysis.capacity import ALL_CORES_BUSY_COST, TIME_SHARING_COST
+    from stallscope.analysis.cpu_load import ALL_CORES_BUSY_COST, TIME_SHARING_COST
 
     assert (ALL_CORES_BUSY_COST, TIME_SHARING_COST) == (0.04, 0.08)
     m = model(usable_cpus=4.0)
@@ -458,7 +459,7 @@ def test_the_rate_prices_cpu_work_at_the_load_of_the_configuration_against_the_r
 def test_the_training_process_pays_more_for_sharing_its_core_than_the_workers():
     """A training step's working set (weights, activations) is evicted at every switch on a shared core; a
     decode streams through its image: one thread more than the CPUs costs the compute 10%, a worker 8%."""
-    from stallscope.analysis.capacity import COMPUTE_TIME_SHARING_COST
+    from stallscope.analysis.cpu_load import COMPUTE_TIME_SHARING_COST
 
     assert COMPUTE_TIME_SHARING_COST == 0.1
     m = model(usable_cpus=4.0)
@@ -478,7 +479,7 @@ def test_the_training_process_pays_more_for_sharing_its_core_than_the_workers():
 def test_workers_pay_more_for_a_cpu_second_while_the_training_computes_beside_them():
     """A training step on the CPU is a heavier neighbour than another worker: the share of the time it computes
     beside the workers, on another core, makes their CPU second dearer by up to COMPUTE_NEIGHBOUR_COST."""
-    from stallscope.analysis.capacity import COMPUTE_NEIGHBOUR_COST
+    from stallscope.analysis.cpu_load import COMPUTE_NEIGHBOUR_COST
 
     assert COMPUTE_NEIGHBOUR_COST == 0.3
     m = _recorded_alone()
@@ -542,7 +543,7 @@ def test_a_slowed_model_stretches_cpu_work_but_not_blocked_time_nor_a_gpus_compu
 
 
 def test_a_built_model_records_the_load_its_costs_were_measured_under():
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
 
     stats, train = _ten_steps_of_eight(workers=0)
     m = build_model(stats, train, 2.0, main_cpu_s=0.34)
@@ -744,7 +745,7 @@ def test_intra_op_threads_spinning_while_the_process_loads_are_not_a_load_on_the
 def test_the_two_load_costs_are_a_fixed_point_of_the_load_they_price(cpus, compute):
     """``load_costs`` stops after ``LOAD_PASSES``: what it returns must price a load that gives the same costs
     back, for the workers' work and the compute's, from an idle configuration to one that time-shares."""
-    from stallscope.analysis.capacity import COMPUTE_NEIGHBOUR_COST
+    from stallscope.analysis.cpu_load import COMPUTE_NEIGHBOUR_COST
 
     m = _recorded_alone(usable_cpus=cpus, compute_per_sample_s=compute, main_cpu_per_sample_s=compute,
                         recorded_compute_load_cost=1.0)
@@ -760,7 +761,8 @@ def test_the_two_load_costs_are_a_fixed_point_of_the_load_they_price(cpus, compu
 def test_a_compute_recorded_with_more_threads_than_cpus_is_credited_their_waits_when_cut_to_the_cpus():
     """2 threads on 1 CPU computed for 1.55 ms per sample: 1 ms of one thread's time and 0.55 of waiting at each
     parallel region for the thread without a CPU (OVERSUBSCRIBED_THREAD_COST). Cut to 1 thread: 1 ms."""
-    from stallscope.analysis.capacity import OVERSUBSCRIBED_THREAD_COST, build_model
+    from stallscope.analysis.model_from_run import build_model
+    from stallscope.analysis.sample_costs import OVERSUBSCRIBED_THREAD_COST
 
     assert OVERSUBSCRIBED_THREAD_COST == pytest.approx(0.55)
     m = model(cost_s={"transform": 0.004}, compute_per_sample_s=0.00155, main_cpu_per_sample_s=0.00155, workers=0,
@@ -794,7 +796,7 @@ def test_work_that_takes_no_fresh_memory_pays_little_for_sharing_a_core():
     """A worker's time-sharing cost follows the page faults its work takes per CPU second: the full
     TIME_SHARING_COST at FRESH_PAGES_FOR_FULL_SHARING_COST and over, RESIDENT_TIME_SHARING_COST at none, in
     proportion between; the full cost where the faults were not counted (an older session)."""
-    from stallscope.analysis.capacity import (FRESH_PAGES_FOR_FULL_SHARING_COST, RESIDENT_TIME_SHARING_COST,
+    from stallscope.analysis.cpu_load import (FRESH_PAGES_FOR_FULL_SHARING_COST, RESIDENT_TIME_SHARING_COST,
                                               TIME_SHARING_COST)
 
     assert (RESIDENT_TIME_SHARING_COST, FRESH_PAGES_FOR_FULL_SHARING_COST) == (0.02, 20_000.0)
@@ -812,7 +814,7 @@ def test_work_that_takes_no_fresh_memory_pays_little_for_sharing_a_core():
 def test_a_built_model_counts_the_fetches_faults_and_a_zero_worker_runs_shared_memory_pages():
     """The pipeline's faults per CPU second of its fetches; a 0-worker run's batches would be collated into fresh
     shared memory by workers: a page per 4096 bytes of each sample, with that collate's estimated CPU."""
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
 
     stats, train = _ten_steps_of_eight(workers=2)
     counted = replace(train, pipeline=replace(train.pipeline, fresh_pages=480))  # 80 samples, 0.24 s of CPU

@@ -56,7 +56,7 @@ def test_batches_dropped_at_every_early_epoch_end_recommend_less_prefetch():
 def test_the_worker_advice_says_how_hyper_threads_were_counted():
     from dataclasses import replace
 
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
     from stallscope.analysis.recommend import recommend
     from tests.unit.test_analysis_capacity import _ten_steps_of_eight
 
@@ -76,7 +76,7 @@ def test_the_worker_advice_says_how_hyper_threads_were_counted():
 
 
 def test_the_worker_advice_says_what_a_cpu_second_is_estimated_to_cost_at_its_load():
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
     from stallscope.analysis.recommend import recommend
     from tests.unit.test_analysis_capacity import _ten_steps_of_eight
 
@@ -119,8 +119,9 @@ def test_the_worker_advice_says_what_a_cpu_second_is_estimated_to_cost_at_its_lo
 
 
 def test_the_worker_advice_from_a_zero_worker_run_says_how_its_shared_memory_cost_was_estimated():
-    from stallscope.analysis.capacity import RECEIVED_BATCH_READS, build_model
+    from stallscope.analysis.model_from_run import build_model
     from stallscope.analysis.recommend import recommend
+    from stallscope.analysis.sample_costs import RECEIVED_BATCH_READS
     from tests.unit.test_analysis_capacity import _ten_steps_of_eight
 
     stats, train = _ten_steps_of_eight(workers=0)
@@ -143,7 +144,7 @@ def test_the_worker_advice_from_a_zero_worker_run_says_how_its_shared_memory_cos
 
 
 def test_more_compute_threads_than_cpus_are_cut_to_the_cpus_first_even_where_no_input_fix_is_the_finding():
-    from stallscope.analysis.capacity import build_model
+    from stallscope.analysis.model_from_run import build_model
     from stallscope.analysis.recommend import recommend
     from tests.unit.test_analysis_capacity import _ten_steps_of_eight
 

@@ -12,13 +12,14 @@ from collections import defaultdict
 
 from stallscope.analysis import ranks as ranks_mod
 from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_for
-from stallscope.analysis.capacity import build_model, capacity_report
+from stallscope.analysis.capacity import capacity_report
 from stallscope.analysis.epochs import epoch_shape
 from stallscope.analysis.failures import failure
 from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.findings import Analysis, LoaderSummary, Recommendation, StepStats
 from stallscope.analysis.frameworks import code_site
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
+from stallscope.analysis.model_from_run import build_model
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import agreeing_with, find_pitfalls
 from stallscope.analysis.recommend import not_recommended, recommend

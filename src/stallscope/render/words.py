@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallscope.analysis import Analysis, Recommendation
-from stallscope.analysis.capacity import SMT_YIELD
+from stallscope.analysis.cpu_load import SMT_YIELD
 from stallscope.analysis.pipeline import calls_in_step_time
 from stallscope.analysis.steps import FEW_STEADY_STEPS
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
