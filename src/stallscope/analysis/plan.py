@@ -20,10 +20,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stallscope.analysis.capacity import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
-                                          CPU_STAGES, RECEIVED_BATCH_READS, SMT_YIELD, THREADED_OCCUPANCY,
-                                          TIME_SHARING_COST, ThroughputModel, oversubscription_cost,
-                                          threads_outnumber_cpus)
+from stallscope.analysis.capacity import ThroughputModel
+from stallscope.analysis.cpu_load import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
+                                          SMT_YIELD, TIME_SHARING_COST)
+from stallscope.analysis.fixes import planned
+from stallscope.analysis.sample_costs import (CPU_STAGES, RECEIVED_BATCH_READS, oversubscription_cost,
+                                              threads_outnumber_cpus)
+from stallscope.analysis.throughput_rates import THREADED_OCCUPANCY
 from stallscope.settings import MAX_WORKERS
 
 if TYPE_CHECKING:
@@ -34,14 +37,6 @@ if TYPE_CHECKING:
 FED_WAIT = 0.05
 #: A fix is listed only for a stage that costs at least this share of a sample's input time.
 MIN_STAGE_SHARE = 0.10
-#: The changes the plan can price, as the cost scale each puts on its stages (the same assumptions
-#: as the run's own recommendations in ``recommend.py``).
-FIX_SCALES: dict[str, dict[str, float]] = {
-    "pack-dataset": {"storage": 0.3},
-    "reduced-size-decode": {"decode": 0.5},
-    "uint8-device-normalize": {},  # filled from the run's share of normalization in transform
-}
-FIX_STAGE = {"pack-dataset": "storage", "reduced-size-decode": "decode", "uint8-device-normalize": "transform"}
 MAX_THREADS_PER_CORE = 8  # the most any CPU has had (IBM POWER); x86 has 1 or 2
 #: Bounds past any real machine or job: beyond them a figure is a typo, and the arithmetic loses its meaning
 #: (``--step-ms 1e308`` planned 0.0 samples/s and wrote NaN, which JSON parsers refuse).
@@ -424,17 +419,16 @@ def _fixes(model: ThroughputModel, target: Target, ceiling: int, best: WorkerRow
            normalize_fraction: float | None) -> list[PlanFix]:
     total = sum(model.cost_s.values()) or 1.0
     fixes = []
-    for fix_id, scale in FIX_SCALES.items():
-        stage = FIX_STAGE[fix_id]
-        if model.cost_s.get(stage, 0.0) / total < MIN_STAGE_SHARE:
+    for fix in planned():  # the run's own recommendations price them the same way (``fixes.py``)
+        if model.cost_s.get(fix.stage, 0.0) / total < MIN_STAGE_SHARE:
             continue
-        if fix_id == "uint8-device-normalize":
-            if target.gpus == 0 or not normalize_fraction or normalize_fraction <= 0.1:
-                continue  # normalization moves to the GPU: only where there is one and normalization costs
-            scale = {"transform": 1.0 - min(0.9, normalize_fraction), "loader": 0.5}
+        if fix.id == "uint8-device-normalize" and (target.gpus == 0 or not normalize_fraction
+                                                   or normalize_fraction <= 0.1):
+            continue  # normalization moves to the GPU: only where there is one and normalization costs
+        scale = fix.scaled(normalize_fraction or 0.0)
         rows = _rows(model, target.processes, ceiling, scale)
         chosen = _best(rows)
-        fixes.append(PlanFix(fix_id, stage, scale, chosen.workers, chosen.samples_per_s,
+        fixes.append(PlanFix(fix.id, fix.stage, scale, chosen.workers, chosen.samples_per_s,
                              chosen.samples_per_s / best.samples_per_s, chosen.data_wait_fraction, _fed(rows)))
     return sorted(fixes, key=lambda f: -f.gain)
 

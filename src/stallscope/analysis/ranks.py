@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope.analysis.findings import Analysis, Recommendation
+from stallscope.analysis.fixes import advise
 from stallscope.session import PER_PROCESS, RankRecord, Session
 
 STRAGGLER_AT = 0.15  # own-time gap between the slowest and the fastest rank, as a share of the median step
@@ -181,15 +182,15 @@ def rank_recommendations(summaries: list[RankSummary], findings: DistributedFind
     world = max(findings.world_size, len(summaries))
     samplers = {s.sampler for s in summaries if s.sampler}
     if world > 1 and samplers and "DistributedSampler" not in samplers:
-        recs.append(Recommendation("distributed-sampler", "loader", None,
-                                   facts={"samplers": sorted(samplers), "world_size": world}))
+        recs.append(advise("distributed-sampler", None,
+                           facts={"samplers": sorted(samplers), "world_size": world}))
     per_epoch = {s.rank: s.batches_per_epoch for s in summaries if s.batches_per_epoch is not None}
     if len(set(per_epoch.values())) > 1:
-        recs.append(Recommendation("uneven-shards", "sync", None,
-                                   facts={"batches_per_epoch": {r: v for r, v in sorted(per_epoch.items())}}))
+        recs.append(advise("uneven-shards", None,
+                           facts={"batches_per_epoch": {r: v for r, v in sorted(per_epoch.items())}}))
     elif "DistributedSampler" in samplers and dataset_len and dataset_len % world:
-        recs.append(Recommendation("sampler-drop-last", "loader", None,
-                                   facts={"dataset_len": dataset_len, "world_size": world}))
+        recs.append(advise("sampler-drop-last", None,
+                           facts={"dataset_len": dataset_len, "world_size": world}))
     by_host: dict[str, list[RankSummary]] = {}
     for s in summaries:
         by_host.setdefault(s.host, []).append(s)
@@ -197,7 +198,7 @@ def rank_recommendations(summaries: list[RankSummary], findings: DistributedFind
         workers = sum(s.num_workers or 0 for s in ranks)
         if workers + len(ranks) > usable_cpus and workers > 0:
             fit = max(0, (usable_cpus - len(ranks)) // len(ranks))
-            recs.append(Recommendation("workers-per-node", "loader", None, {"num_workers": fit},
-                                       {"host": host, "ranks": len(ranks), "workers": workers,
-                                        "usable_cpus": usable_cpus}))
+            recs.append(advise("workers-per-node", None, {"num_workers": fit},
+                               {"host": host, "ranks": len(ranks), "workers": workers,
+                                "usable_cpus": usable_cpus}))
     return recs

@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from stallscope.analysis.capacity import (OVERSUBSCRIBED_THREAD_COST, RECEIVED_BATCH_READS, THREADED_OCCUPANCY,
-                                          ThroughputModel)
+from stallscope.analysis.capacity import ThroughputModel
 from stallscope.analysis.epochs import (
     EpochShape,
     best_over_epochs,
@@ -27,7 +26,10 @@ from stallscope.analysis.findings import (
     StepStats,
     WorkerPipeline,
 )
+from stallscope.analysis.fixes import FIXES, MAX_NORMALIZE_CUT, advise
+from stallscope.analysis.sample_costs import OVERSUBSCRIBED_THREAD_COST, RECEIVED_BATCH_READS
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
+from stallscope.analysis.throughput_rates import THREADED_OCCUPANCY
 
 MIN_GAIN = 1.05
 #: Code changes are predicted under an assumption (the stage gets twice as cheap); a configuration change
@@ -84,8 +86,8 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     why no change helps."""
     recs: list[Recommendation] = []
     if verdict == "compute-bound":
-        recs.append(Recommendation("no-input-fix", "compute", None,
-                                   facts={"data_wait_fraction": stats.data_wait_fraction}))
+        recs.append(advise("no-input-fix", None,
+                           facts={"data_wait_fraction": stats.data_wait_fraction}))
     if train is None or verdict == "unknown":
         return recs
     config = train.config
@@ -120,8 +122,8 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                            "prefetch_factor_now": epochs.prefetch_factor,
                            "steady_speedup": round(model.speedup(best_workers), 2)}
         if best_workers != workers and gain >= MIN_GAIN:
-            recs.append(Recommendation(
-                "num-workers", "loader", round(gain, 2), change,
+            recs.append(advise(
+                "num-workers", round(gain, 2), change,
                 {**over_epochs,
                  "workers": workers, "usable_cpus": usable_cpus, "loader_s_per_sample": sum(model.cost_s.values()),
                  "blocked_s_per_sample": model.cost_s.get("storage", 0.0),
@@ -133,9 +135,8 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                  **({"threads_per_core": round(model.threads_per_core, 2)} if model.physical_cores else {}),
                  **_load_facts(model, best_workers)}))
         elif workers > usable_cpus + 1 and best_workers < workers:
-            recs.append(Recommendation(
-                "fewer-workers", "loader", round(max(gain, 1.0), 2), {"num_workers": best_workers},
-                {"workers": workers, "usable_cpus": usable_cpus}))
+            recs.append(advise("fewer-workers", round(max(gain, 1.0), 2), {"num_workers": best_workers},
+                               {"workers": workers, "usable_cpus": usable_cpus}))
         split = _split_the_cores(model, workers, epochs, max(gain, 1.0) if best_workers != workers else 1.0)
         if split is not None:
             recs.append(split)
@@ -157,18 +158,18 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
             per_start = sum(pipeline.startup_s) / max(1, len(pipeline.startup_s))
             facts = {"startup_s_per_worker": per_start, "epochs": train.epochs, "restart_wait_s": startup_s}
             if rebuilt:
-                recs.append(Recommendation("build-loader-once", "loader", round(gain, 2),
-                                           facts={**facts, "loaders": len(train.ids), "site": train.site}))
+                recs.append(advise("build-loader-once", round(gain, 2),
+                                   facts={**facts, "loaders": len(train.ids), "site": train.site}))
             else:
-                recs.append(Recommendation("persistent-workers", "loader", round(gain, 2),
-                                           {"persistent_workers": True}, facts))
+                recs.append(advise("persistent-workers", round(gain, 2),
+                                   {"persistent_workers": True}, facts))
         if model is not None and (pipeline.empty_queue_fraction or 0) > 0.25 \
                 and model.pipeline_rate() > 1.15 * model.compute_rate() and model.measured_samples_per_s:
             depth = 2 * int(config.get("prefetch_factor") or 2)
             gain = model.rate() / model.measured_samples_per_s
             if gain >= MIN_GAIN:
-                recs.append(Recommendation(
-                    "prefetch", "loader", round(gain, 2), {"prefetch_factor": depth},
+                recs.append(advise(
+                    "prefetch", round(gain, 2), {"prefetch_factor": depth},
                     {"empty_queue_fraction": pipeline.empty_queue_fraction,
                      "pipeline_samples_per_s": model.pipeline_rate(), "compute_samples_per_s": model.compute_rate()}))
         discarded = _discarded_prefetch(train, model, workers)
@@ -177,16 +178,15 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     waiting_for_fds = stats.unpickle_s - stats.unpickle_cpu_s
     if input_side and workers > 0 and stats.steady and waiting_for_fds > 0.15 * stats.wall_s \
             and config.get("sharing_strategy", "file_descriptor") != "file_system":
-        recs.append(Recommendation(
-            "sharing-strategy", "loader", None, {"sharing_strategy": "file_system"},
-            {"fd_wait_s": waiting_for_fds, "batches": sum(s.batches for s in stats.steady),
-             "step_time_s": stats.wall_s}))
+        recs.append(advise("sharing-strategy", None, {"sharing_strategy": "file_system"},
+                           {"fd_wait_s": waiting_for_fds, "batches": sum(s.batches for s in stats.steady),
+                            "step_time_s": stats.wall_s}))
     if transfer_unpinned_fraction is not None and transfer_unpinned_fraction > 0.5 and seconds.get("transfer", 0) > 0:
         step = sum(seconds.values())
         gain = step / max(step - seconds["transfer"] / 2, 1e-9)
         if gain >= MIN_GAIN:
-            recs.append(Recommendation("pin-memory", "transfer", round(gain, 2), {"pin_memory": True},
-                                       {"unpinned_fraction": transfer_unpinned_fraction}))
+            recs.append(advise("pin-memory", round(gain, 2), {"pin_memory": True},
+                               {"unpinned_fraction": transfer_unpinned_fraction}))
     if verdict == "input-bound" and pipeline is not None:
         recs.extend(r for r in _stage_fixes(seconds, train, model, workers)
                     if r.predicted_speedup is None or r.predicted_speedup >= MIN_GAIN)
@@ -246,7 +246,7 @@ def _split_the_cores(model: ThroughputModel, workers: int, epochs: EpochShape | 
     change: dict[str, object] = {"torch_threads": fewer, "num_workers": count}
     if keep and epochs is not None and not epochs.persistent:
         change["persistent_workers"] = True
-    return Recommendation("split-the-cores", "compute", round(gain, 2), change, {
+    return advise("split-the-cores", round(gain, 2), change, {
         "torch_threads": threads, "main_occupancy": round(model.main_occupancy, 2),
         "usable_cpus": round(model.usable_cpus, 2), "workers": workers,
         "compute_s_per_sample": model.compute_per_sample_s, "split_compute_s_per_sample": split.compute_per_sample_s,
@@ -269,7 +269,7 @@ def _threads_for_the_cpus(model: ThroughputModel, workers: int) -> Recommendatio
     gain = cut.rate() / now
     if gain < MIN_GAIN:
         return None
-    return Recommendation("compute-threads", "compute", round(gain, 2), {"torch_threads": fewer}, {
+    return advise("compute-threads", round(gain, 2), {"torch_threads": fewer}, {
         "torch_threads": threads, "usable_cpus": round(model.usable_cpus, 2), "workers": workers,
         "compute_s_per_sample": model.compute_per_sample_s, "cut_compute_s_per_sample": cut.compute_per_sample_s,
         "oversubscribed_thread_cost": OVERSUBSCRIBED_THREAD_COST})
@@ -279,8 +279,8 @@ def _no_predicted_gain(model: ThroughputModel, workers: int, epochs: EpochShape 
                        other_cpus: float = 0.0, cpus: int = 0) -> Recommendation:
     """Input-side time was found but no change is predicted to gain 5%: say why (``workers_cause``), so the user is
     not left with a verdict and no next step."""
-    return Recommendation("no-predicted-gain", "loader", None,
-                          facts=workers_cause(model, workers, epochs, other_cpus, cpus))
+    return advise("no-predicted-gain", None,
+                  facts=workers_cause(model, workers, epochs, other_cpus, cpus))
 
 
 def workers_cause(model: ThroughputModel, workers: int, epochs: EpochShape | None = None, other_cpus: float = 0.0,
@@ -341,7 +341,7 @@ def not_recommended(verdict: str, train: LoaderSummary | None, model: Throughput
     said = any("num_workers" in r.overrides or r.id == "no-predicted-gain" for r in recs)
     if model is not None and workers < whole_cpus(cpus) and not said:
         facts = workers_cause(model, workers, epochs, other_cpus, cpus)
-        found.append(NotRecommended("num-workers", "loader", str(facts.pop("reason")), facts))
+        found.append(NotRecommended("num-workers", FIXES["num-workers"].stage, str(facts.pop("reason")), facts))
     if verdict == "input-bound" and train.pipeline is not None:
         given = {r.id for r in recs}
         for fix in _stage_fixes(seconds, train, model, workers):
@@ -370,8 +370,8 @@ def _discarded_prefetch(train: LoaderSummary, model: ThroughputModel | None, wor
     gain = model.rate(scale=dict.fromkeys(stages, new)) / model.rate(scale=dict.fromkeys(stages, old))
     if gain < MIN_GAIN:
         return None
-    return Recommendation(
-        "discarded-prefetch", "loader", round(gain, 2), {"prefetch_factor": 1},
+    return advise(
+        "discarded-prefetch", round(gain, 2), {"prefetch_factor": 1},
         {"loaded_batches": pipeline.batches, "used_batches": train.batches, "dropped_batches": wasted,
          "restarts": train.epochs - 1, "in_flight": in_flight, "workers": workers, "prefetch_factor": prefetch})
 
@@ -403,41 +403,39 @@ def _gain(model: ThroughputModel | None, workers: int, scale: dict[str, float], 
 
 def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: ThroughputModel | None,
                  workers: int) -> list[Recommendation]:
+    """The fixes of the two costliest input stages, each priced by the catalogue's scale of its stage."""
     pipeline = train.pipeline
     total = sum(seconds.values()) or 1.0
     ranked = sorted(("storage", "decode", "transform", "loader"), key=lambda n: -seconds.get(n, 0.0))
     recs: list[Recommendation] = []
+
+    def priced(fix_id: str, halved: float, facts: dict[str, object], normalize: float = 0.0) -> Recommendation:
+        fix = FIXES[fix_id]
+        return fix.advise(_gain(model, workers, fix.scaled(normalize), halved), facts=facts)
+
     for node in ranked[:2]:
         share = seconds.get(node, 0.0) / total
         if share < 0.15:
             continue
         halved = round(1.0 / (1.0 - share / 2), 2)
         if node == "decode":
-            recs.append(Recommendation("reduced-size-decode", "decode",
-                                       _gain(model, workers, {"decode": 0.5}, halved), facts={"share": share}))
+            recs.append(priced("reduced-size-decode", halved, {"share": share}))
         elif node == "transform":
-            cut = min(0.9, normalize_fraction(pipeline))
+            cut = min(MAX_NORMALIZE_CUT, normalize_fraction(pipeline))
             if cut > 0.1:
-                recs.append(Recommendation("uint8-device-normalize", "transform",
-                                           _gain(model, workers, {"transform": 1 - cut, "loader": 0.5}, halved),
-                                           facts={"normalize_fraction": cut}))
+                recs.append(priced("uint8-device-normalize", halved, {"normalize_fraction": cut}, cut))
             # transform's time is its timed calls' (torchvision's transforms, image operations) or, outside any, the
             # dataset's own Python: the advice follows whichever holds most of it
             transform_calls = calls_of(pipeline, node)
             transform_s = pipeline.node_s.get(node, 0.0)
             in_calls = min(1.0, sum(pipeline.by_call[c] for c in transform_calls) / transform_s) if transform_s else 0.0
             if in_calls < 0.5:
-                recs.append(Recommendation("dataset-code", "transform",
-                                           _gain(model, workers, {"transform": 0.5}, halved),
-                                           facts={"share": share, "transform_in_calls_fraction": in_calls}))
+                recs.append(priced("dataset-code", halved, {"share": share, "transform_in_calls_fraction": in_calls}))
             else:
-                recs.append(Recommendation("cheaper-transforms", "transform",
-                                           _gain(model, workers, {"transform": 0.5}, halved),
-                                           facts={"share": share, "costliest_calls": transform_calls[:3]}))
+                recs.append(priced("cheaper-transforms", halved,
+                                   {"share": share, "costliest_calls": transform_calls[:3]}))
         elif node == "storage":
-            recs.append(Recommendation("pack-dataset", "storage", _gain(model, workers, {"storage": 0.3}, halved),
-                                       facts={"share": share, "blocked_s": pipeline.blocked_s}))
+            recs.append(priced("pack-dataset", halved, {"share": share, "blocked_s": pipeline.blocked_s}))
         else:
-            recs.append(Recommendation("cheaper-collate", "loader", _gain(model, workers, {"loader": 0.5}, halved),
-                                       facts={"share": share}))
+            recs.append(priced("cheaper-collate", halved, {"share": share}))
     return recs
