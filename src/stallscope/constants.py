@@ -26,5 +26,5 @@ EVENTS_LOST_NOTE = "the run's folder was removed while the job ran"
 #: ``STARTING_S`` was stopped while Python started, before the recorder could, which is not the recorder failing.
 SIGNAL_NOTE_WORDS = ("sent to stallscope", "forwarded to the script")
 #: Seconds within which a Python job may still be starting (the interpreter, site, stallscope's recorder: well
-#: under a second on the development VM, more on a slow network file system).
+#: under a second on a local disk, more on a slow network file system; calibration: job-starting-s).
 STARTING_S = 10.0

@@ -39,27 +39,24 @@ from stallscope.analysis.pipeline import foreign_records
 from stallscope.analysis.steps import epochs_of
 from stallscope.session import Session
 
-#: Seconds to fork one worker and have it ready, where no worker of the run was measured: 20-35 ms per worker
-#: for a training process of 0.7 GiB on the 2-core development VM (2026-12-01). Forking copies the page tables,
-#: so a bigger process takes longer: 10 ms plus 30 ms per GiB resident, where its size was sampled.
+#: Seconds to fork one worker and have it ready, where no worker of the run was measured. Forking copies the page
+#: tables, so a bigger process takes longer: 10 ms plus 30 ms per GiB resident, where its size was sampled
+#: (calibration: epoch-fork-start).
 TYPICAL_FORK_START_S = 0.03
 FORK_BASE_S = 0.01
 FORK_S_PER_GIB = 0.03
 #: Seconds for a spawned or forkserver worker to start Python and import torch, where neither a worker nor the
-#: training process's own import of torch was measured (a recording started after torch was imported).
+#: training process's own import of torch was measured (a recording started after torch was imported; calibration:
+#: epoch-spawn-start).
 TYPICAL_SPAWN_START_S = 2.0
 #: Seconds for a stopped worker to exit once its batch is done, where no stop of the run was measured. A worker
 #: made by fork or forkserver leaves through ``os._exit``: milliseconds. A spawned worker runs the interpreter's
-#: full teardown, measured at 0.28-0.30 of its import time on the development VM (2026-12-02: 0.5 s after 1.7 s
-#: importing torch, 0.9 s after 3.1 s importing torch and torchvision).
+#: full teardown, a share of its import time (calibration: epoch-spawn-teardown).
 TYPICAL_FORKED_STOP_S = 0.005
 SPAWN_TEARDOWN_SHARE = 0.3
 #: Batches' worth of CPU a new worker spends on its first two batches beyond its steady cost per sample, where
-#: no worker of the run made enough batches to measure it (``_worker_warmup``). Measured on the 2-core development
-#: VM (2026-12-03, saved ``benchmarks/predictions.py`` and ``transfer.py`` runs, forked workers): the median over
-#: each run's worker lives 0.3-0.9 for 500x400 and 2000x1500 JPEGs (most 0.4-0.6, a worker's first batch 40-50%
-#: dearer than its later ones, the second 2-10%), 1-2 for loaders of a millisecond or less per sample (HTTP, a
-#: heavy model's small inputs), where a fixed cost weighs more; median of all runs 0.5.
+#: no worker of the run made enough batches to measure it (``_worker_warmup``): more where a fixed cost weighs
+#: against cheap samples (calibration: epoch-warmup-batches).
 TYPICAL_WARMUP_BATCHES = 0.5
 #: A worker life is measured for its warm-up only with at least this many batches: two warming up, three or more
 #: for its steady cost.

@@ -169,7 +169,8 @@ def _ticks_around_process_changes(samples: SystemSamples) -> set[int]:
 
 
 #: Other programs' load worth saying (report's evidence) and acting on (tune runs a loaded original again): a quarter
-#: of a CPU is beyond what the sampler's rounding and the system's own daemons show on a quiet machine (0-0.1).
+#: of a CPU is beyond what the sampler's rounding and the system's own daemons show on a quiet machine (calibration:
+#: system-other-load-notable).
 OTHER_LOAD_NOTABLE_CPUS = 0.25
 
 

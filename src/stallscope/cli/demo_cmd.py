@@ -25,10 +25,9 @@ from stallscope.render.summary import write_summary
 
 DEFAULT_STEPS = 40
 #: Before/after pairs measured by default. One pair is one run each way, and on a shared or virtual machine two runs
-#: of the same configuration differ by more than the predictions' error (2-core VM, 2026-12-01: the demo's baseline
-#: measured 178-250 samples/s in five consecutive fresh runs). Two pairs in the order before, after, after, before
-#: cancel a drift by a steady ratio per run (an even number of pairs does; an odd one leaves one pair's drift) and
-#: halve the variance of the ratio.
+#: of the same configuration differ by more than the predictions' error (calibration: demo-default-pairs). Two pairs
+#: in the order before, after, after, before cancel a drift by a steady ratio per run (an even number of pairs does; an
+#: odd one leaves one pair's drift) and halve the variance of the ratio.
 DEFAULT_PAIRS = 2
 #: Pairs whose ratios differ by more than this factor say more about the machine than about the change.
 UNSTEADY_PAIRS = 1.25

@@ -3,9 +3,8 @@
 ``cli.main`` catches a Ctrl-C once its handler runs, but importing it (argparse, tempfile, traceback and stallscope's
 settings) and setting up its output (rich) take tens of milliseconds before that, and a Ctrl-C pressed then (a user who
 changed their mind at once, ``timeout -s INT`` with a short limit) printed a ``KeyboardInterrupt`` traceback from inside
-an import (2026-12-04: at 20, 40, 60, 80 ms, the ones at 20 and 60 did). With this entry, 4 of 20 Ctrl-Cs at random
-moments from 10 to 90 ms still did, all within 20 ms: the interpreter's start and the script pip writes, which
-imports this module.
+an import. With this entry only the first few tens of milliseconds still can: the interpreter's start and the script pip
+writes, which imports this module (calibration: cli-interrupt-window).
 """
 
 from __future__ import annotations

@@ -1,36 +1,23 @@
 """JPEG decoders, found at import time and ranked, with DCT-scaled and region decoding.
 
-All three backends wrap libjpeg-turbo, yet their per-image overheads differ: on ~500x400
-photos one core decoded about 1,230 img/s with simplejpeg, 990 with OpenCV and 600 with
-Pillow (whose ``convert`` and array export add copies). The order below is that ranking;
-:func:`measure_decode_rate` re-measures it on the user's own files.
+All three backends wrap libjpeg-turbo, yet their per-image overheads differ: simplejpeg decodes
+the most images per core, then OpenCV, then Pillow (whose ``convert`` and array export add copies).
+The order below is that ranking (calibration: data-decoder-order); :func:`measure_decode_rate`
+re-measures it on the user's own files.
 
 ``"auto"`` picks the first installed of :data:`DECODER_ORDER`: turbojpeg with the fast integer
 IDCT ("turbojpeg-fast"), else simplejpeg with the fast IDCT and fast chroma upsampling
-("simplejpeg-fast"), as FFCV does: about 20% more images per core, for pixel differences of
+("simplejpeg-fast"), as FFCV does: more images per core, for pixel differences of
 about one grey level that random crops and resizes drown anyway. Ask for ``"turbojpeg"`` or
 ``"simplejpeg"`` for the exact decode.
 
 Every backend can decode at 1/2, 1/4 or 1/8 scale inside the IDCT, which skips most of the
 work when the crop is much larger than the output. ``"turbojpeg"`` (libjpeg-turbo 3 through
 ctypes, see :mod:`stallscope.data.turbo`; extra ``turbo``) also decodes only the crop's region,
-and ranks first where installed. Single-core CPU per RandomResizedCrop(224) crop decoded (DCT
-scale included, resize excluded) and per full-size decode, on 40 files per band generated like the bands of
-``benchmarks/fastpath.py --sizes`` (2026-12-01, median of 5 interleaved rounds of process CPU
-time, a busy 2-core x86-64 machine; ``benchmarks/fastpath.py --sizes --race`` repeats it for the installed
-decoders, pyvips was measured the same way by hand):
-
-    decodes/s per core    small 250x190   imagenet 500x400   large 800x600   photo 2000x1500
-                           crop   full     crop   full        crop   full     crop   full
-    turbojpeg-fast        3,406  2,442      809    628         385    276       78     52
-    simplejpeg-fast       3,396  3,034      742    714         324    312       68     56
-    opencv                2,988  2,540      666    605         287    241       68     46
-    pillow (draft)        1,721  1,334      423    397         130    144       38     25
-    pyvips (shrink, crop)   651    519      284    243         171    127       60     38
-
-The region saves 0-19% over simplejpeg's scaled whole decode (more on larger images, where
-crops leave more rows unread); turbojpeg's full decode is slower than simplejpeg-fast's because
-it keeps libjpeg-turbo's accurate chroma upsampling (see :mod:`stallscope.data.turbo`).
+and ranks first where installed: the region saves most on larger images, where crops leave more
+rows unread. turbojpeg's full decode is slower than simplejpeg-fast's because it keeps
+libjpeg-turbo's accurate chroma upsampling (see :mod:`stallscope.data.turbo`). The figures per
+size band are in the calibration table; ``benchmarks/fastpath.py --sizes --race`` re-measures them.
 
 Non-JPEG input always goes through Pillow.
 """
@@ -44,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: Preference order, fastest first (measured, see the module docstring).
+#: Preference order, fastest first (calibration: data-decoder-order).
 DECODER_ORDER: tuple[str, ...] = ("turbojpeg-fast", "turbojpeg", "simplejpeg-fast", "simplejpeg", "opencv", "pillow")
 
 

@@ -3,11 +3,10 @@
 Every prediction stallscope makes scales whole cores: 2 workers on 2 usable cores get two cores' work done (a
 core's further hardware threads are priced apart, ``SMT_YIELD``). A virtual machine whose host lends its vCPUs'
 cores to other guests, or cores held to a lower clock when all of them run, do less, and nothing the job measures
-of itself shows it: the guest's CPU clocks do not count the time the host took (the same fixed loop took 0.69 to
-1.14 CPU seconds a minute apart on the 2-core development VM, where 2 busy vCPUs did 1.48 to 2.34 times the work
-of one alone). So the probe runs a busy Python loop on one core alone, then on every usable core at once (one
-hardware thread each, as many as the CPU quota allows), each pinned to its CPU and started together, alternately
-for a few rounds (one round's figure moves by 10-20% there), and compares the work done.
+of itself shows it: the guest's CPU clocks do not count the time the host took. So the probe runs a busy Python loop
+on one core alone, then on every usable core at once (one hardware thread each, as many as the CPU quota allows), each
+pinned to its CPU and started together, alternately for a few rounds (one round's figure moves by a tenth or more on
+such a machine; calibration: doctor-cpu-probe-rounds), and compares the work done.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from stallscope.health.host import Host
 from stallscope.health.system import allowed_cpus, core_groups, usable_cpu_count
 
 #: Seconds of each busy loop, and rounds of one-alone then all-together (alternated, so a drift of the host
-#: between the two does not read as one of them).
+#: between the two does not read as one of them; calibration: doctor-cpu-probe-rounds).
 PROBE_S = 0.5
 PROBE_ROUNDS = 3
 #: At most this many cores are probed at once (a probe of a 192-core host forks no more than this).

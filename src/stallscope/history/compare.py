@@ -19,8 +19,8 @@ from stallscope.history.runs import RunRow
 
 CONFIDENCE = 0.99
 RESAMPLES = 1000
-#: Two runs of one configuration on a busy machine differ by several percent (we measured 5-10% between
-#: back-to-back runs on a shared 2-core VM) however many steps they have: below this, a change is noise.
+#: Two runs of one configuration on a busy machine differ by several percent however many steps they have: below
+#: this, a change is noise (calibration: history-min-relative-effect).
 MIN_RELATIVE_EFFECT = 0.10
 MIN_SHARE_EFFECT = 0.02
 MIN_STEPS = 5

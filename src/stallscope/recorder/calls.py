@@ -31,10 +31,8 @@ _cpu = time.thread_time_ns
 CPU_CLOCK_REUSE_NS = 50_000
 
 
-#: What timing one library call costs in a busy worker (two clock reads, a frame, a table update):
-#: ~10 us on the 2-core development VM (benchmarks/fetch_overhead.py, 1,500 paired batches of 16 demo
-#: images at 96 px, ~97 timed calls each: calls timed in every batch cost 955 us more than in none);
-#: less on a machine without nested virtualization and cache-hungry neighbours.
+#: What timing one library call costs in a busy worker (two clock reads, a frame, a table update); less on a machine
+#: without nested virtualization and cache-hungry neighbours (calibration: rec-timed-call-cost).
 TIMED_CALL_COST_NS = 10_000
 #: The share of a worker's fetch time that call timing may cost on average. Where timing every call
 #: would cost more (many cheap calls per batch), only every n-th batch is call-timed: see

@@ -4,11 +4,10 @@ With ``num_workers=0`` a batch is collated into ordinary memory and used where i
 workers it is collated into a fresh shared-memory segment (torch's collate in a worker allocates one
 per batch) and mapped again in the training process. Both cost page faults that a 0-worker run never
 pays and cannot show, so a prediction of "add workers" from such a run would miss them. They scale
-with the batch's bytes; the per-byte cost depends on the kernel, the machine and the batch's size (about
-0.75 ms per MiB to write and 0.3 ms per MiB to map, read and free, for batches of 2-18 MiB on the 2-core
-development VM). So the recorder measures it once, after the script is done (nothing of the training is
-slowed), in the training process where torch is already imported, and the throughput model scales it by the
-run's bytes per sample.
+with the batch's bytes; the per-byte cost depends on the kernel, the machine and the batch's size (fractions of a
+millisecond per MiB; calibration: rec-shm-calibration-bytes). So the recorder measures it once, after the script is
+done (nothing of the training is slowed), in the training process where torch is already imported, and the
+throughput model scales it by the run's bytes per sample.
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ from typing import Any
 CALIBRATION_BYTES = 2 << 20
 #: The run's own batch size is measured where known, within these bounds: the cost per byte is not flat. A
 #: batch the allocator keeps reusing in process costs nothing to fill again, one it maps fresh each time (glibc
-#: maps fresh every allocation of 32 MiB or more) pays faults there too. Measured on the 2-core VM, extra ms
-#: per MiB to write: 0.3-0.7 at 2 MiB, 0.73 at 18 MiB, 0.09 at 32 MiB. The upper bound keeps the exit short and
-#: the memory it takes small.
+#: maps fresh every allocation of 32 MiB or more) pays faults there too (calibration: rec-shm-calibration-bytes).
+#: The upper bound keeps the exit short and the memory it takes small.
 MIN_BYTES = 1 << 20
 MAX_BYTES = 32 << 20
 SHM = "/dev/shm"

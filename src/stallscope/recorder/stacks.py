@@ -66,12 +66,9 @@ try:  # the C functions: signal.getsignal's enum conversion costs ~5 us a call
 except ImportError:  # not on this platform: the thread sampler only
     _getsignal = _setitimer = _SIG_DFL = None  # type: ignore[assignment]
 
-#: Mean samples per second while a fetch is in progress, chosen by benchmarks/fetch_overhead.py (``default``
-#: against ``nostacks``, 2-core VM). With the thread sampler (2026-12-01) a sample at 67 Hz cost ~240 us of the
-#: worker's wall time (+1.6% of a 44 ms batch). With the signal sampler at 19 Hz (2026-12-01, 600 rounds, host busy) the
-#: handler's own CPU was 0.20% of the fetches but the paired thread-CPU difference +0.98% +- 0.42% (~400 us a
-#: sample, the rest in the interrupted fetch), so the rate is halved to keep the sampler near a third of the
-#: 0.5% budget it must stay under. A minute of fetching still gives ~540 samples per worker.
+#: Mean samples per second while a fetch is in progress: low enough to keep the sampler near a third of the 0.5% of
+#: fetch time it must stay under, and a minute of fetching still gives ~540 samples per worker (calibration:
+#: rec-stack-sample-hz).
 DEFAULT_HZ = 9.0
 #: Counts are written out at least this often (at the end of a fetch), so a worker killed outright loses at most
 #: this much.

@@ -41,11 +41,13 @@ Evaluate = Callable[[dict[str, Any], str], TrialResult]
 WORKER_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 PREFETCH_LADDER = (1, 2, 4, 8)
 DIAGNOSIS_Z = 1.0
-PRACTICAL_GAIN = 1.03  # a final pick must be measured this much faster than the incumbent
-PICK_REL_SE = 0.25  # nor may its standard error be this share of its rate or more (a trial's is a few percent)
+#: A final pick must be measured this much faster than the incumbent (calibration: tune-practical-gain).
+PRACTICAL_GAIN = 1.03
+#: Nor may its standard error be this share of its rate or more: a trial's is a few percent, a wild one's is no
+#: evidence (calibration: tune-pick-rel-se).
+PICK_REL_SE = 0.25
 #: A diagnosis predicting at least this speedup over the incumbent it came from, that measured within the noise of it,
-#: runs once more (session 23: 2 persistent workers predicted 1.24x over 0 workers and measured 315.0 against 316.1;
-#: with nothing taken the search climbed the 0-worker side and kept the original, 0.91x of the grid's best).
+#: runs once more: one run on a shared machine moves by as much (calibration: tune-second-look-gain).
 SECOND_LOOK_GAIN = 1.10
 
 
@@ -247,12 +249,10 @@ class Tuner:
         between configurations the climb could not tell apart is better made on the measured
         rates than on the order they were tried in; the confirmation run then measures it again.
         A trial whose rate is no evidence (steps so uneven, or so few, that its standard error is a
-        quarter of it or more) does not take the pick: 8 workers measured 892 +- 710 samples/s took
-        it from 4 workers' 810 +- 54, its confirmation measured 165, and the tuner proposed nothing.
+        quarter of it or more) does not take the pick (calibration: tune-pick-rel-se).
         Where the incumbent is what a diagnosis predicted, the prediction is evidence too: a configuration the
         climb tried blind displaces it only past ``z`` combined standard errors, as it would have in the climb
-        (session 24: 3 workers measured 430 +- 15 against the diagnosis' 2 workers' 399 +- 18, took the pick, and
-        ran 0.84x of them head to head).
+        (``PRACTICAL_GAIN`` alone let one take a pick it then lost head to head; calibration: tune-practical-gain).
         """
         incumbent = self.best
         if incumbent is None or incumbent.rate is None:
