@@ -31,7 +31,7 @@ RECEIVED_BATCH_READS = 4.0
 #: region waits for the threads that lost their CPU (calibration: cap-oversubscribed-thread).
 OVERSUBSCRIBED_THREAD_COST = 0.55
 #: Threads beyond the CPUs priced at most, as far as measured: a compute recorded with more is credited no more
-#: (calibration: cap-oversubscribed-thread).
+#: (calibration: cap-oversubscribed-threads-priced).
 OVERSUBSCRIBED_THREADS_PRICED = 3.0
 
 
