@@ -73,10 +73,9 @@ def smt_speed(model: ThroughputModel, busy: float) -> float:
 
 
 def busy_threads(model: ThroughputModel, workers: int, scale: dict[str, float] | None, rate: float) -> float:
-    """Threads that want a core, on average, at ``rate`` samples/s, each counted while it runs or waits for one: the
-    training process while it computes (without workers, its loading too), the workers for their CPU work, both
-    stretched where they want more cores than there are, and the helpers. Continuous in the rate, so a worker count
-    near where the compute takes over the pace is not priced all-busy on one side and idle on the other."""
+    """Threads that want a core at ``rate`` samples/s, on average: the training process while it computes (without
+    workers, its loading too), the workers for their CPU work, both stretched where cores are short, and the helpers.
+    Continuous in the rate, so no worker count is priced all-busy on one side of a threshold and idle on the other."""
     cpu, blocked = model.costs(scale, workers)
     helper = rate * model.helper_cpu_per_sample_s
     if workers <= 0:

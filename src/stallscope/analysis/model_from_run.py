@@ -85,9 +85,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
 
 def _at_full_core_speed(model: ThroughputModel) -> ThroughputModel:
     """The model with its CPU costs as a core of its own would run them: workers that kept more threads busy than
-    cores measured every CPU second slowed by shared hardware threads (``smt_speed`` of the CPU the job used per
-    second), which the model applies again wherever it counts CPU. The compute's wall time stays as measured, and
-    a run without workers is taken as measured: its loading and its compute took turns on one thread."""
+    cores measured them slowed by shared hardware threads, which the model applies again wherever it counts CPU. The
+    compute's wall time stays, and a run without workers is taken as measured (loading and compute took turns)."""
     if model.physical_cores is None or not model.measured_samples_per_s or model.workers <= 0:
         return model
     worker_cpu, _ = model.costs(None)

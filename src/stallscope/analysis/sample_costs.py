@@ -119,10 +119,9 @@ def one_thread_compute_s(model: ThroughputModel) -> float:
 
 
 def with_compute_threads(model: ThroughputModel, threads: int) -> ThroughputModel:
-    """The model with a CPU compute on ``threads`` intra-op threads (``--set torch_threads``): fewer threads leave
-    cores to workers; the compute keeps its CPU work, so it grows by the occupancy it loses (no parallel overhead is
-    credited back), except that one recorded with more threads than CPUs, cut to the CPUs, loses its waits for a
-    CPU. Unchanged on a GPU, where threads were not recorded, or for no fewer threads than it kept busy."""
+    """The model with a CPU compute on ``threads`` intra-op threads (``--set torch_threads``): its CPU work stays, so
+    fewer threads take longer by the occupancy they lose, except that one recorded with more threads than CPUs and
+    cut to them loses its waits for a CPU. Unchanged on a GPU, unrecorded, or for no fewer threads than it used."""
     occupancy = model.main_occupancy
     if not model.compute_on_cpu or model.compute_threads is None or threads <= 0:
         return model
@@ -145,7 +144,8 @@ def with_compute_threads(model: ThroughputModel, threads: int) -> ThroughputMode
 def worker_only_costs(bytes_per_sample: float, calibration: dict | None) -> tuple[float, float, str]:
     """Seconds per sample to write a batch into shared memory and to map it again, and their basis: the recorder's
     figures measured at the run's exit (``Session.calibrations``), or the typical ones."""
-    nbytes = (calibration or {}).get("nbytes") or 0
+    calibration = calibration or {}
+    nbytes = calibration.get("nbytes") or 0
     if nbytes > 0:
         write = calibration.get("write_extra_ns", 0) / 1e9 / nbytes
         read = calibration.get("read_extra_ns", 0) / 1e9 / nbytes

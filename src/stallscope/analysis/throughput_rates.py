@@ -153,11 +153,9 @@ def queued_rate(model: ThroughputModel, workers: int, scale: dict[str, float] | 
 
 
 def queued_cpu_s(model: ThroughputModel, workers: int, cpu: float, rate: float) -> float:
-    """A worker's CPU work per sample stretched by the threads it finds wanting a core when it wakes (the other
-    workers, the training process, the helpers), by mean-value iteration to its fixed point. The arrival sees the
-    others, not itself, so one worker beside a training process on two cores never waits. Hardware threads are not
-    priced here: the workers' rate and the budget price them, and counting them twice made a 2-thread core's advice
-    vanish."""
+    """A worker's CPU work per sample stretched by the threads it finds wanting a core when it wakes, by mean-value
+    iteration: the arrival sees the others, not itself (one worker beside a training process on two cores never
+    waits). Hardware threads are priced by the workers' rate and the budget; counted here too, SMT advice vanished."""
     main = rate * model.main_cpu_per_sample_s
     helper = rate * model.helper_cpu_per_sample_s
     per_worker = rate / workers
