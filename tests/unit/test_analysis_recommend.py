@@ -7,6 +7,7 @@ import pytest
 from stallscope.analysis.recommend import SPECULATIVE_DISCOUNT, _rank_value
 from stallscope.analysis.findings import Recommendation
 from stallscope.render import words
+from stallscope.render.words import recommendations
 
 
 def rec(id_, overrides, gain):
@@ -99,23 +100,23 @@ def test_the_worker_advice_says_what_a_cpu_second_is_estimated_to_cost_at_its_lo
     assert ("(caches and memory shared between busy cores, switching between more threads than cores, the training "
             f"step computing on another core {100 * share:.0f}% of the time)") in reason
     alone = dict(advice.facts, computing_beside_workers=0.0)
-    assert "computing on another core" not in words._cpu_second_cost(alone, 2)
+    assert "computing on another core" not in recommendations._cpu_second_cost(alone, 2)
     # the training step's own work is priced apart: its own figure
     workers, compute = m.load_costs(2)
     assert advice.facts["compute_cpu_second_cost"] == pytest.approx(compute, abs=1e-3)
     dearer = dict(advice.facts, compute_cpu_second_cost=advice.facts["cpu_second_cost"] + 0.05)
     assert (f", the training step's own {round(100 * (dearer['compute_cpu_second_cost'] - 1))}% more (its "
-            "working set evicted by the others), counted in the prediction") in words._cpu_second_cost(dearer, 2)
+            "working set evicted by the others), counted in the prediction") in recommendations._cpu_second_cost(dearer, 2)
     # within a point of the workers' price, it is not said apart
-    assert "training step's own" not in words._cpu_second_cost(dict(advice.facts, compute_cpu_second_cost=(
+    assert "training step's own" not in recommendations._cpu_second_cost(dict(advice.facts, compute_cpu_second_cost=(
         advice.facts["cpu_second_cost"] + 0.005)), 2)
     calmer = dict(advice.facts, busy_threads_per_cpu=0.9, compute_cpu_second_cost=None, computing_beside_workers=0.0)
-    assert words._cpu_second_cost(calmer, 2).endswith(
+    assert recommendations._cpu_second_cost(calmer, 2).endswith(
         "(caches and memory shared between busy cores), counted in the prediction")
-    assert words._cpu_second_cost(dict(advice.facts, cpu_second_cost=0.9), 2) == (
+    assert recommendations._cpu_second_cost(dict(advice.facts, cpu_second_cost=0.9), 2) == (
         "; with 2 workers the cores are less busy than in this run: each CPU second is estimated to cost 10% less, "
         "counted in the prediction")
-    assert words._cpu_second_cost(dict(advice.facts, cpu_second_cost=1.004), 2) == ""  # not worth saying
+    assert recommendations._cpu_second_cost(dict(advice.facts, cpu_second_cost=1.004), 2) == ""  # not worth saying
 
 
 def test_the_worker_advice_from_a_zero_worker_run_says_how_its_shared_memory_cost_was_estimated():

@@ -10,7 +10,8 @@ from stallscope.analysis import analyze
 from stallscope.analysis.attribution import verdict_for
 from stallscope.analysis.steps import step_stats
 from stallscope.constants import SESSION_SCHEMA
-from stallscope.render import failure_words, words
+from stallscope.render import words
+from stallscope.render.words import failures
 from stallscope.session import (
     FetchRecord,
     LoaderRecord,
@@ -313,7 +314,7 @@ def test_a_dataloader_built_every_epoch_is_one_training_loader(helper_eval):
 def test_an_exit_code_from_a_signal_names_the_signal(code, said):
     from stallscope.analysis.findings import Failure
 
-    assert failure_words.failure_message(Failure("main", "exit", None, None, exit_code=code)) == said
+    assert failures.failure_message(Failure("main", "exit", None, None, exit_code=code)) == said
 
 
 def test_only_copies_during_the_steps_count_toward_pinning_advice():
@@ -350,7 +351,7 @@ def test_a_ctrl_c_or_a_termination_is_said_as_a_stop_not_a_failure(failure, head
     from stallscope.analysis.findings import Failure
 
     f = Failure(*failure)
-    assert (failure_words.failure_headline(f), failure_words.failure_detail(f)) == (headline, detail)
+    assert (failures.failure_headline(f), failures.failure_detail(f)) == (headline, detail)
 
 
 def test_a_module_the_scripts_python_lacks_and_stallscopes_has_is_said_with_the_command_to_use(tmp_path):
@@ -363,7 +364,7 @@ def test_a_module_the_scripts_python_lacks_and_stallscopes_has_is_said_with_the_
 
     missing = Failure("main", "ModuleNotFoundError", "No module named 'json.decoder'", "train.py:1")
     other = str(tmp_path / "python3")  # an interpreter that is not this one
-    assert failure_words.missing_module_hint(missing, [other, "train.py", "--lr", "0.1 x"]) == (
+    assert failures.missing_module_hint(missing, [other, "train.py", "--lr", "0.1 x"]) == (
         f"the script's Python ({other}) cannot import json; stallscope's own Python has it: "
         f"stallscope run -- {shlex.join([sys.executable, 'train.py', '--lr', '0.1 x'])}")
     # a virtual environment's python links to the interpreter it was made from: the environment's is not the
@@ -371,14 +372,14 @@ def test_a_module_the_scripts_python_lacks_and_stallscopes_has_is_said_with_the_
     venv_python = tmp_path / "venv" / "bin" / "python"
     venv_python.parent.mkdir(parents=True)
     venv_python.symlink_to(sys.executable)
-    assert failure_words.missing_module_hint(missing, [str(venv_python), "train.py"]) is not None
+    assert failures.missing_module_hint(missing, [str(venv_python), "train.py"]) is not None
     # nothing to say: the script ran on this very Python, the module is nowhere, the failure is another, or the
     # command is not a Python (its arguments are not a script's)
-    assert failure_words.missing_module_hint(missing, [sys.executable, "train.py"]) is None
-    assert failure_words.missing_module_hint(missing, [str(tmp_path / "torchrun"), "--nproc_per_node", "2", "t.py"]) is None
+    assert failures.missing_module_hint(missing, [sys.executable, "train.py"]) is None
+    assert failures.missing_module_hint(missing, [str(tmp_path / "torchrun"), "--nproc_per_node", "2", "t.py"]) is None
     nowhere = Failure("main", "ModuleNotFoundError", "No module named 'no_such_module_anywhere'", None)
-    assert failure_words.missing_module_hint(nowhere, [other, "train.py"]) is None
-    assert failure_words.missing_module_hint(Failure("main", "RuntimeError", "No module named 'json'", None),
+    assert failures.missing_module_hint(nowhere, [other, "train.py"]) is None
+    assert failures.missing_module_hint(Failure("main", "RuntimeError", "No module named 'json'", None),
                                      [other, "train.py"]) is None
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from stallscope.analysis.failures import failure, frames_and_tail, user_location
 from stallscope.analysis.findings import Failure
-from stallscope.render import failure_words
+from stallscope.render.words import failures
 from stallscope.session import ErrorRecord
 from tests.unit.report_fixtures import PID, two_worker_session
 
@@ -49,8 +49,8 @@ def test_a_worker_failure_known_only_from_torchs_message_is_the_workers_at_the_u
     found = failure(_session([main]))
     assert (found.where, found.worker, found.loader_id, found.type, found.message, found.location) == (
         "worker", 1, 0, "RuntimeError", "cannot open the shard list", "/home/me/job/train.py:27")
-    assert failure_words.failure_place(found) == "worker 1 of loader 0"
-    assert failure_words.failure_detail(found) == "RuntimeError: cannot open the shard list  at /home/me/job/train.py:27"
+    assert failures.failure_place(found) == "worker 1 of loader 0"
+    assert failures.failure_detail(found) == "RuntimeError: cannot open the shard list  at /home/me/job/train.py:27"
 
 
 def test_the_worker_torch_named_is_the_failure_where_several_workers_failed():
@@ -63,7 +63,7 @@ def test_the_worker_torch_named_is_the_failure_where_several_workers_failed():
                for pid, t, w in ((200, 3, 0), (201, 4, 1))]
     found = failure(_session([*workers, main]))
     assert (found.where, found.worker, found.pid, found.location) == ("worker", 1, 201, "/home/me/job/train.py:27")
-    assert failure_words.failure_place(found) == "worker 1 (pid 201) of loader 0"
+    assert failures.failure_place(found) == "worker 1 (pid 201) of loader 0"
     assert found.traceback == tb  # kept whole for the HTML report and the summary JSON, not said in the line
 
 
@@ -99,7 +99,7 @@ def test_a_traceback_cut_at_its_start_and_a_chained_one_are_read_from_their_fram
 ])
 def test_a_failure_is_said_in_one_line(message, said):
     f = Failure("main", "ValueError", message, "train.py:3")
-    assert failure_words.failure_detail(f) == f"ValueError: {said}  at train.py:3"
+    assert failures.failure_detail(f) == f"ValueError: {said}  at train.py:3"
 
 
 @pytest.mark.parametrize("exit_code, expected", [
@@ -114,6 +114,6 @@ def test_sys_exit_with_a_message_is_the_failure_only_where_it_ended_the_script(e
     found = failure(_session([exit_record], exit_code=exit_code))
     assert (found and (found.type, found.message, found.location)) == expected
     if exit_code == 1:
-        assert failure_words.failure_detail(found) == (
+        assert failures.failure_detail(found) == (
             "the script exited with code 1: fatal: bad config  at /home/me/job/train.py:37")
-        assert not failure_words.failure_is_stop(found)
+        assert not failures.failure_is_stop(found)

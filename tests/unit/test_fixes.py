@@ -52,3 +52,9 @@ def test_plan_prices_the_stage_fixes_with_the_runs_own_scales() -> None:
     rec = normalize.advise(1.3, facts={"normalize_fraction": 0.4})
     assert (rec.id, rec.node, rec.predicted_speedup, rec.overrides) == ("uint8-device-normalize", "transform", 1.3, {})
     assert MIN_GAIN > 1
+
+
+def test_every_fix_has_its_words_and_no_words_are_left_without_a_fix() -> None:
+    from stallscope.render.words import recommendations
+
+    assert set(recommendations._SAYS) == set(FIXES)

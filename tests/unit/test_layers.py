@@ -1,4 +1,5 @@
-"""The layers of PRODUCT.md hold in the imports (lazy ones included), and no two modules import each other."""
+"""The layers of PRODUCT.md hold in the imports (lazy ones included, those for type annotations only left out),
+and no two modules import each other."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def _imports() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         found: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for block in ast.walk(tree):  # imports for type annotations only are no dependency at run time
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test):
+                block.body = []
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("stallscope"):
                 module = node.module or ""
                 found |= {f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names}

@@ -1,5 +1,5 @@
 """What the analysis concludes, as data: numbers, ids and the changes to make. Words are produced by the
-renderers (``render/words.py``), from the ``facts`` each finding carries."""
+renderers (``render/words/``), from the ``facts`` each finding carries."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class Recommendation:
 class NotRecommended:
     """A likely fix left out of the recommendations, and why: ``id`` and ``node`` as the recommendation would have
     them, ``cause`` (``other-load``, ``compute-takes-the-cores``, ``below-min-gain``, ...) and the figures behind it
-    (``facts``), which ``render/words.py`` says in one line."""
+    (``facts``), which ``render/words/recommendations.py`` says in one line."""
     id: str
     node: str
     cause: str

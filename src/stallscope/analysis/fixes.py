@@ -4,7 +4,7 @@ Each fix names the stage it acts on, how it scales that stage's cost in the thro
 predicted gain is priced from, where a scale can price it), the ``--set`` settings that make it (none for
 a change to the code), and whether ``stallscope plan`` prices it on another machine. ``run``'s
 recommendations (``recommend.py``, ``ranks.py``) and ``plan``'s fixes are both built from it, so the two
-can never price one change two ways. The words for each id are in ``render/recommendation_words.py``;
+can never price one change two ways. The words for each id are in ``render/words/recommendations.py``;
 the docs' findings page has a section per id.
 """
 

@@ -1,6 +1,6 @@
 """Known DataLoader pitfalls, each raised only on evidence from this run.
 
-Every pitfall carries the numbers that triggered it (``facts``; ``render/words.py`` says it in words).
+Every pitfall carries the numbers that triggered it (``facts``; ``render/words/pitfalls.py`` says it in words).
 None fires on configuration alone when the measurement says it did no harm, except those that break
 jobs outright (CUDA in forked workers).
 """

@@ -3,7 +3,7 @@
 Predictions are ratios of the model's rates (new configuration over current), so a constant bias
 of the model cancels. The model is in ``capacity.py``. A recommendation is data: its id, stage,
 predicted speedup, the ``--set`` overrides when it is a configuration change, and the figures behind
-it; ``render/words.py`` says it in words.
+it; ``render/words/recommendations.py`` says it in words.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from stallscope.analysis import Analysis, shares
 from stallscope.analysis.pipeline import calls_in_step_time
 from stallscope.constants import NODE_IDS
 from stallscope.paths import write_file
-from stallscope.render import failure_words, hotspots_html, words
+from stallscope.render import hotspots_html, words
+from stallscope.render.words import failures
 from stallscope.session import Session
 from stallscope.system_samples import SystemSamples
 
@@ -326,9 +327,9 @@ def _findings_section(analysis: Analysis) -> str:
     if analysis.failure:
         f = analysis.failure
         location = f"<br>at <code>{_e(f.location)}</code>" if f.location else ""
-        kind = "stopped" if failure_words.failure_is_stop(f) else "failure"
-        parts.append(f"<div class={kind}><p><b>{_e(failure_words.failure_headline(f))}</b> in {_e(failure_words.failure_place(f))}: "
-                     f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(failure_words.failure_message(f))}</pre>"
+        kind = "stopped" if failures.failure_is_stop(f) else "failure"
+        parts.append(f"<div class={kind}><p><b>{_e(failures.failure_headline(f))}</b> in {_e(failures.failure_place(f))}: "
+                     f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(failures.failure_message(f))}</pre>"
                      + (f"<details><summary>traceback</summary><pre>{_e(f.traceback)}</pre></details>"
                         if f.traceback else "") + "</div>")
     parts.append(_ranks_table(analysis))

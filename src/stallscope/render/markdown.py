@@ -15,7 +15,8 @@ from stallscope.history.compare import (
 )
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.history.runs import RunRow
-from stallscope.render import failure_words, words
+from stallscope.render import words
+from stallscope.render.words import failures
 from stallscope.render.safe_text import one_line, printable
 
 GIB = 1024 ** 3
@@ -115,7 +116,7 @@ def _run_notes(runs: list[RunRow], labels: list[str]) -> list[str]:
             lines += [f"> Note: {labels[i]} measured no steady step: its rates are unknown (–), and what it shows "
                       "is of its start only.", ""]
         elif run.exit_code:
-            how = "was stopped" if run.exit_code in failure_words.STOPPED_EXIT_CODES else "failed"
+            how = "was stopped" if run.exit_code in failures.STOPPED_EXIT_CODES else "failed"
             lines += [f"> Note: {labels[i]} {how} (exit code {run.exit_code}): its figures are of the "
                       f"{run.steady_steps} steady steps before that.", ""]
     return lines

@@ -12,7 +12,8 @@ from typing import Any
 from stallscope.analysis import Analysis, shares
 from stallscope.constants import NODE_IDS, SUMMARY_SCHEMA
 from stallscope.paths import write_file
-from stallscope.render import failure_words, words
+from stallscope.render import words
+from stallscope.render.words import failures
 from stallscope.session import Session
 
 
@@ -92,7 +93,7 @@ def _pitfall_dict(p: Any) -> dict[str, Any]:
 def _failure_dict(f: Any) -> dict[str, Any] | None:
     if f is None:
         return None
-    return {**dataclasses.asdict(f), "message": failure_words.failure_message(f)}
+    return {**dataclasses.asdict(f), "message": failures.failure_message(f)}
 
 
 def _plain(value: Any) -> Any:

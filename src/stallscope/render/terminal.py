@@ -11,7 +11,8 @@ from stallscope import paths
 from stallscope.analysis import Analysis, shares
 from stallscope.analysis.hotspots import top_of_stage
 from stallscope.constants import NODE_IDS
-from stallscope.render import failure_words, words
+from stallscope.render import words
+from stallscope.render.words import failures
 from stallscope.render.safe_text import terminal_console
 from stallscope.session import Session
 
@@ -92,11 +93,11 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         console.print(f"not advised: {said.title}: {said.reason}", markup=False, highlight=False)
     if analysis.failure:
         f = analysis.failure
-        stopped = failure_words.failure_is_stop(f)
+        stopped = failures.failure_is_stop(f)
         colour = "yellow" if stopped else "red"
-        console.print(f"[bold {colour}]{failure_words.failure_headline(f)}[/bold {colour}] in {failure_words.failure_place(f)}: "
-                      f"{escape(failure_words.failure_detail(f))}", highlight=False)
-        if hint := failure_words.missing_module_hint(f, session.command):
+        console.print(f"[bold {colour}]{failures.failure_headline(f)}[/bold {colour}] in {failures.failure_place(f)}: "
+                      f"{escape(failures.failure_detail(f))}", highlight=False)
+        if hint := failures.missing_module_hint(f, session.command):
             console.print(f"  hint: {escape(hint)}", highlight=False)
         if session.overrides and not stopped:
             console.print(f"  it ran with {escape(words.overrides(session.overrides))}, a change stallscope made to its "

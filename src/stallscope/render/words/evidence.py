@@ -1,0 +1,168 @@
+"""The diagnosis in words: the evidence behind the verdict, the conditions that limited it, the notes, which
+process trained, the GPU's timings and the rate."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from stallscope.analysis import Analysis
+from stallscope.analysis.pipeline import calls_in_step_time
+from stallscope.analysis.steps import FEW_STEADY_STEPS
+from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
+
+
+def beside_compute(analysis: Analysis) -> str:
+    """Where an input stage limits a run whose compute takes more of the step: why a smaller share is named
+    (the training waits for that stage; the compute is not what a change to the input would shorten)."""
+    total = sum(analysis.node_seconds.values())
+    compute = analysis.node_seconds.get("compute", 0.0) / total if total > 0 else 0.0
+    if analysis.bottleneck_node in (None, "compute") or compute <= analysis.bottleneck_share:
+        return ""
+    return (f"; the input stage the training waits for most, beside {100 * compute:.0f}% of computing, "
+            "which no input change shortens")
+
+
+def evidence(analysis: Analysis) -> list[str]:
+    """The numbers behind the verdict and the limiting stage, one line each."""
+    lines = _rank_evidence(analysis)
+    stats = analysis.steps
+    if stats.steady:
+        lines.append(
+            f"data wait is {100 * stats.data_wait_fraction:.1f}% of step time over {len(stats.steady)} steps "
+            f"(median step {1000 * (stats.median_step_s or 0):.1f} ms, median wait "
+            f"{1000 * (stats.median_wait_s or 0):.1f} ms)"
+            + (f", including {stats.stalled_s:.1f} s blocked in a next() that never returned a batch"
+               if stats.stalled_s > 0 else ""))
+    seconds = analysis.node_seconds
+    node = analysis.bottleneck_node
+    total = sum(seconds.values())
+    if node and total > 0:
+        lines.append(f"{node} accounts for {100 * seconds[node] / total:.0f}% of step time "
+                     f"({seconds[node]:.2f} s of {total:.2f} s)")
+    train = analysis.train_loader
+    pipeline = train.pipeline if train else None
+    cpus = analysis.usable_cpus
+    if analysis.other_cpus >= OTHER_LOAD_NOTABLE_CPUS:
+        left = max(1.0, cpus - analysis.other_cpus)
+        lines.append(f"other programs kept {analysis.other_cpus:.1f} of the {cpus} CPUs busy during these steps: "
+                     f"this job had about {left:.1f} for itself, and its figures and advice are for a machine that "
+                     "busy (compare it with runs made under the same load, or rerun on a quiet machine)")
+    if pipeline is not None and pipeline.busy_s > 0:
+        # of step time, each with its stage, as the stages are: a call never shows more than its stage
+        top = ", ".join(f"{name} {100 * s / total:.0f}% ({stage})"
+                        for name, stage, s in calls_in_step_time(pipeline, seconds)[:3]) if total > 0 else ""
+        lines.append(f"loader work per batch: {1000 * (pipeline.batch_wall_median_s or 0):.1f} ms wall, "
+                     f"{1000 * (pipeline.batch_cpu_median_s or 0):.1f} ms CPU; costliest calls"
+                     + (f" (share of step time): {top}" if top else ": none"))
+        if pipeline.num_workers > 0:
+            busy = f", busy {100 * pipeline.busy_fraction:.0f}% of their time" if pipeline.busy_fraction else ""
+            plural = "s" if pipeline.num_workers != 1 else ""
+            lines.append(f"{pipeline.num_workers} worker{plural} on {cpus} usable CPUs{busy}")
+            if pipeline.empty_queue_fraction is not None:
+                lines.append(f"no batch was ready on {100 * pipeline.empty_queue_fraction:.0f}% of requests "
+                             f"(mean {pipeline.queue_depth_mean:.1f} batches queued)")
+        else:
+            lines.append(f"num_workers=0: batches are loaded in the training process, nothing overlaps "
+                         f"({cpus} usable CPUs)")
+        if pipeline.blocked_s > 0.2 * pipeline.busy_s:
+            lines.append(f"workers were blocked (I/O, sleeps, network) "
+                         f"{100 * pipeline.blocked_s / pipeline.busy_s:.0f}% of their busy time")
+    return lines
+
+
+def _rank_evidence(analysis: Analysis) -> list[str]:
+    findings = analysis.distributed
+    summaries = analysis.ranks
+    if findings is None:
+        return []
+    lines: list[str] = []
+    by_rank = {s.rank: s for s in summaries}
+    if findings.straggler_rank is not None:
+        s = by_rank[findings.straggler_rank]
+        others = [o for o in summaries if o.rank != s.rank]
+        waits = ", ".join(f"rank {o.rank} {100 * o.sync_fraction:.0f}%" for o in others[:6])
+        lines.append(f"rank {s.rank} is the straggler: {1000 * findings.straggler_extra_s:.1f} ms more of its own "
+                     f"work per step than the fastest rank; its limiting stage is {findings.straggler_stage} "
+                     f"(data wait {100 * s.data_wait_fraction:.0f}% of its step time)")
+        collective = "all-reduce" if findings.straggler_stage else "collectives"
+        lines.append(f"rank {s.rank}'s {findings.straggler_stage} stalls all ranks in {collective}: "
+                     f"time waiting for the others is {waits} of step time")
+    elif len(summaries) > 1:
+        lines.append(f"no straggler across {len(summaries)} ranks: per-step skew median "
+                     f"{1000 * (findings.skew_median_s or 0):.1f} ms")
+    return lines
+
+
+NO_SAMPLES = "no system samples in this session"
+
+CONDITIONS = {
+    "recorder-not-started": "the recorder started in no process of the command: it starts through the "
+                            "sitecustomize that stallscope puts on PYTHONPATH, which python -I, -E and -S ignore, "
+                            "as do Pythons older than 3.10 and those of another version without stallscope installed",
+    "stopped-while-starting": "nothing was measured: the signal (see the note) reached the script while Python was "
+                              "starting, before the recorder started in it",
+    "events-lost": "nothing was measured: the run's folder, and the events recorded in it, were removed while "
+                   "the job ran (see the note)",
+    "no-dataloader": "no torch DataLoader was created: stallscope measures DataLoader-fed training",
+    "no-training-step": "no training step was recorded: none completed, or the script was killed before the "
+                        "recorder wrote its last records (it writes them every second or so)",
+    "few-steps": f"fewer than {FEW_STEADY_STEPS} steady steps were measured (after the warm-up and the workers' first "
+                 "round): too few for the figures and the predictions to act on; record a run of more steps (more "
+                 "data or epochs, or a larger --steps where one was given)",
+}
+
+
+#: How much of a process's command line is said (a launcher's child can carry a long list of options).
+COMMAND_CHARS = 80
+
+
+def _process_command(argv: list[str]) -> str:
+    said = "python " + shlex.join(argv) if argv else "command not recorded"
+    return said if len(said) <= COMMAND_CHARS else said[:COMMAND_CHARS - 3] + "..."
+
+
+def training_process(tp: Any) -> list[str]:
+    """Which process trained, where it is not the launched script itself, and the other processes that trained
+    (``analysis.training_process.TrainingProcess``); nothing where the script trained alone."""
+    if tp is None:
+        return []
+    lines = []
+    if not tp.launched:
+        started = ("which the script started" if tp.depth == 1 else
+                   f"started by the script through {tp.depth - 1} process{'es' if tp.depth > 2 else ''} between"
+                   if tp.depth else "started by the script")
+        lines.append(f"training ran in process {tp.pid} ({_process_command(tp.argv)}), {started}: these figures "
+                     "are that process's")
+    for other in tp.others:
+        done = f"{other.steps} steps" if other.steps else f"{other.batches} batches"
+        who = "the script's own process" if other.pid == tp.launched_pid else "process"
+        lines.append(f"{who} {other.pid} ({_process_command(other.argv)}) also trained ({done}): not in these "
+                     f"figures, which are of process {tp.pid} ({tp.steps or tp.batches} "
+                     f"{'steps' if tp.steps else 'batches'})")
+    return lines
+
+
+def notes(analysis: Analysis) -> list[str]:
+    """The session's own notes, then what limited the analysis."""
+    return list(analysis.notes) + [CONDITIONS.get(c, c) for c in analysis.conditions]
+
+
+def gpu_timing(g: Any) -> str:
+    """The CUDA-event timings in one sentence."""
+    parts = []
+    if g.steps:
+        parts.append(f"GPU (CUDA events, {g.steps} steps): busy {g.busy_ms_median:.1f} ms per step, idle "
+                     f"{g.idle_ms_median:.1f} ms between steps ({100 * g.idle_fraction:.0f}% of its timeline idle)")
+    if g.h2d_copies:
+        rate = f" at {g.h2d_gb_per_s:.1f} GB/s" if g.h2d_gb_per_s else ""
+        parts.append(f"host-to-device: {g.h2d_copies} copies, {g.h2d_bytes / 1e6:.1f} MB in {g.h2d_ms:.1f} ms{rate}")
+    return "; ".join(parts)
+
+
+def rate(analysis: Analysis) -> str:
+    """The steady throughput: steps/s, and samples/s where batches have a size."""
+    text = f"{analysis.steps_per_s:.2f} steps/s"
+    if analysis.samples_per_s is not None:
+        text += f", {analysis.samples_per_s:.1f} samples/s"
+    return text

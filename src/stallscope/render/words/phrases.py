@@ -1,0 +1,19 @@
+"""The small phrases every kind of finding's words share: settings as ``--set`` says them, facts by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stallscope.settings import format_value
+
+MIB = 1 << 20
+
+
+def overrides(values: dict[str, Any]) -> str:
+    """Overrides as the ``--set`` arguments that give them."""
+    return " ".join(f"--set {k}={format_value(v)}" for k, v in values.items())
+
+
+def facts_text(facts: dict[str, Any]) -> str:
+    """A finding this version has no words for, said by its facts."""
+    return ", ".join(f"{k}={v}" for k, v in facts.items())
