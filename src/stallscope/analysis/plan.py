@@ -185,12 +185,9 @@ def _ceiling(model: ThroughputModel, cores: float) -> int:
 def split_threads(model: ThroughputModel, workers: int, scale: dict[str, float] | None = None) -> int | None:
     """The intra-op threads a CPU compute should keep beside ``workers`` busy workers, where its threads and the
     workers would want more cores than there are: as many as the cores the workers leave, at least one. A compute
-    whose threads lose their cores to workers waits at every parallel region for the one that lost it; on the
-    2-core development machine such a compute ran 3-6x slower per sample than on one thread alone, far past the
-    model's one-core bound, so a row with workers is planned with the threads cut (``--set torch_threads``). That
-    holds too where the target has fewer cores than the recorded threads (its occupancy there is its cores): 2
-    threads recorded on 2 cores and run on 1 beside 1-3 workers measured 0.2-0.6 ms more of the training process's
-    CPU per sample than 1 thread did in the same rounds (2026-12-04, 1.8-2.4 ms against 1.4-1.9). None where nothing
+    whose threads lose their cores to workers waits at every parallel region for the one that lost it, far past the
+    model's one-core bound, so a row with workers is planned with the threads cut (``--set torch_threads``), also
+    where the target has fewer cores than the recorded threads (calibration: plan-split-threads). None where nothing
     needs cutting: a compute on the GPU, one thread, threads not recorded, cores enough for all."""
     if workers <= 0 or not model.compute_on_cpu or not model.compute_threads:
         return None
