@@ -5,7 +5,7 @@ wraps the script's own ``worker_init_fn`` and is pickled to the worker under spa
 forkserver. Each fetch is then recorded with wall time, thread CPU time, run-queue wait (from
 ``/proc/thread-self/schedstat``, to tell CPU starvation from blocking I/O), the minor page faults
 the fetching thread took (fresh memory it touched: what makes its CPU second dearer when it shares
-a core, ``analysis/capacity.py``'s ``FRESH_PAGES_FOR_FULL_SHARING_COST``) and the per-node split of
+a core, ``analysis/cpu_load.py``'s ``FRESH_PAGES_FOR_FULL_SHARING_COST``) and the per-node split of
 the library calls made inside it.
 """
 
