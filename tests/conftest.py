@@ -1,11 +1,16 @@
-"""Shared helpers: run the real CLI in a subprocess and read its summary JSON."""
+"""Shared helpers: run the real CLI in a subprocess and read its summary JSON; the suite's rerun policy; data
+sets made once per run."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,45 @@ import pytest
 from tests import patch_guard
 
 SCRIPTS = Path(__file__).parent / "scripts"
+
+#: How many times a failed ``speed`` test runs again (pytest-rerunfailures, each rerun reported as R in the
+#: summary); every other test runs once.
+SPEED_RERUNS = 2
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: `-m serial` must see the markers added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The flakiness policy, in one place. A ``speed`` test asserts on what this machine measured (a speedup, a
+    ranking, shares of time), so other programs on a shared machine can fail it: it reruns up to SPEED_RERUNS
+    times and is ``serial`` (no test of this suite beside it). No other test reruns: a flake there is a bug."""
+    if config.pluginmanager.hasplugin("rerunfailures"):
+        if config.getoption("reruns", None) or config.getoption("force_reruns", None) or config.getini("reruns"):
+            raise pytest.UsageError("--reruns/--force-reruns would rerun every test: only `speed` tests rerun "
+                                    "(tests/conftest.py)")
+    for item in items:
+        if item.get_closest_marker("speed"):
+            item.add_marker(pytest.mark.flaky(reruns=SPEED_RERUNS))
+            item.add_marker(pytest.mark.serial)
+        elif item.get_closest_marker("flaky"):
+            raise pytest.UsageError(f"{item.nodeid}: only a test marked `speed` may rerun; mark it so if its "
+                                    "outcome rests on the machine's speed, or fix what makes it flaky")
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Path]) -> Path:
+    """``make(folder)``'s result, made once for the whole run: under pytest-xdist the workers share their base
+    folder's parent, and the first to ask makes it there under a lock while the others wait (a data set generated
+    in each worker would cost each the same minutes)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder, made = base / f"once-{name}", base / f"once-{name}.made"
+    with open(base / f"once-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            made.write_text(str(make(folder)))
+    return Path(made.read_text())
 
 
 def wait_for(condition, timeout_s: float = 30) -> bool:
@@ -97,7 +141,7 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """400 real-photo JPEGs of about 500x400 in 10 class folders."""
     from stallscope.demo.dataset import DatasetSpec, make_dataset
 
-    return make_dataset(tmp_path_factory.mktemp("images"), DatasetSpec(n_files=400, seed=1))
+    return made_once(tmp_path_factory, "images", lambda where: make_dataset(where, DatasetSpec(n_files=400, seed=1)))
 
 
 @pytest.fixture(scope="session")
@@ -105,5 +149,21 @@ def large_image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """60 JPEGs of about 2000x1500: decoding dominates."""
     from stallscope.demo.dataset import DatasetSpec, make_dataset
 
-    return make_dataset(tmp_path_factory.mktemp("large"),
-                        DatasetSpec(n_files=60, width=2000, height=1500, quality_min=90, quality_max=95))
+    spec = DatasetSpec(n_files=60, width=2000, height=1500, quality_min=90, quality_max=95)
+    return made_once(tmp_path_factory, "large", lambda where: make_dataset(where, spec))
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An XDG_CACHE_HOME that holds the demo's dataset (2,000 JPEGs, about 80 MB), made once for the run rather than
+    by each test's first ``stallscope demo``."""
+    from unittest import mock
+
+    from stallscope.demo.dataset import demo_dataset
+
+    def make(where: Path) -> Path:
+        with mock.patch.dict(os.environ, {"XDG_CACHE_HOME": str(where)}):
+            demo_dataset()
+        return where
+
+    return made_once(tmp_path_factory, "demo-cache", make)

@@ -10,6 +10,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -75,15 +76,16 @@ def test_recorder_does_not_change_training(tmp_path, late_hook):
     plain = tmp_path / "plain"
     env = {k: v for k, v in os.environ.items() if not k.startswith("STALLSCOPE")}
     args = ("--samples", "128", "--hidden", "96", "--late-hook", str(late_hook))
-    # The baseline is torch alone, without stallscope. Once in CI (loaded machine) a rank of it died at exit with
-    # "terminate called without an active exception" (SIGABRT in gloo's threads; 0 of 12 runs here); a second try
-    # of the baseline says nothing about the tool, so it gets up to three.
-    for _ in range(3):
-        proc = subprocess.run(torchrun(2, DDP, *args, "--losses", str(plain)),
-                              env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
-        if proc.returncode == 0:
-            break
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The baseline is torch alone, without stallscope: what it is for is its losses, which each rank writes before
+    # its closing barrier. Its exit is torch's, not the tool's (once in CI a rank died after writing them, with
+    # "terminate called without an active exception": SIGABRT in gloo's threads at exit), so the losses are checked
+    # and an odd exit is only said.
+    proc = subprocess.run(torchrun(2, DDP, *args, "--losses", str(plain)),
+                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert all(Path(f"{plain}.{rank}").is_file() for rank in (0, 1)), (proc.returncode, proc.stderr[-3000:])
+    if proc.returncode != 0:
+        warnings.warn(f"torch alone (no stallscope) exited {proc.returncode} after writing its losses: "
+                      f"{proc.stderr[-500:]}", stacklevel=1)
     recorded = tmp_path / "recorded"
     result = run_cli(tmp_path, ["--", *torchrun(2, DDP, *args, "--losses", str(recorded))])
     assert result.returncode == 0, result.stderr[-3000:]

@@ -13,11 +13,11 @@ import pytest
 
 from tests.cpu_load import CpuLoad
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # it loads a CPU on purpose: nothing of the suite beside it
 
 
-def test_a_busy_machine_says_why_no_workers_are_advised(tmp_path: Path) -> None:
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # the demo's dataset is made here
+def test_a_busy_machine_says_why_no_workers_are_advised(tmp_path: Path, demo_cache: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(demo_cache)}  # the demo's dataset, made once for the run
     with CpuLoad(processes=1) as load:  # as in the issue: another program on about one of the two CPUs
         done = subprocess.run([sys.executable, "-m", "stallscope", "demo", "--no-verify", "--steps", "30",
                                "--store", str(tmp_path / "store"), "--json", str(tmp_path / "summary.json")],
