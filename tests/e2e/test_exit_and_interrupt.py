@@ -137,7 +137,7 @@ def test_killed_script_reports_signal(tmp_path):
 
 @pytest.mark.parametrize("where", ["a-file", "under-a-file"])
 def test_a_store_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, where):
-    """Chosen behaviour: nothing would be saved, so the script is not started (documented in the README)."""
+    """Chosen behaviour: nothing would be saved, so the script is not started (documented in docs/reliability.md)."""
     blocker = tmp_path / "blocker"
     blocker.write_text("a file, not a folder")
     store = blocker if where == "a-file" else blocker / "store"
