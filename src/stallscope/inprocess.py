@@ -279,7 +279,7 @@ _HTML_FRAME = ('<pre style="font-family: Menlo, \'DejaVu Sans Mono\', Consolas, 
 
 def summary_html(result: RunResult, width: int = 110) -> str:
     """What ``stallscope run`` prints at the end of a run, as an HTML fragment for a notebook."""
-    
+
     from stallscope.render import terminal
     from stallscope.render.safe_text import safe_console
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import stallscope
 from stallscope import environment, paths
-from stallscope.constants import EVENTS_LOST_NOTE, HISTORY_FILENAME
 from stallscope.collect import build_session
+from stallscope.constants import EVENTS_LOST_NOTE, HISTORY_FILENAME
 from stallscope.sample import SystemSampler
 from stallscope.session import Session
 from stallscope.settings import (

@@ -448,7 +448,7 @@ class SessionFormatError(ValueError):
         self.unparsable = unparsable
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shape(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     """(field, expected JSON type(s) or a record type or ``list`` of one, required) per field of ``cls``."""
     hints = typing.get_type_hints(cls)

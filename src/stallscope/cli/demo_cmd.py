@@ -15,8 +15,19 @@ from rich.markup import escape
 from stallscope.analysis.findings import Recommendation
 from stallscope.api import RunResult
 from stallscope.cli.common import add_run_options, after_dashes, fail, parse_set, record, run_options_error, say
-from stallscope.demo.changes import (ALREADY_APPLIED, APPLY, LOADER_BUILT_ONCE, NO_DATASET_CODE, ONE_PROCESS,
-                                     PLANTED_LATENCY, NotApplied, ScriptFlags, ThroughSet, choose, how_to_apply)
+from stallscope.demo.changes import (
+    ALREADY_APPLIED,
+    APPLY,
+    LOADER_BUILT_ONCE,
+    NO_DATASET_CODE,
+    ONE_PROCESS,
+    PLANTED_LATENCY,
+    NotApplied,
+    ScriptFlags,
+    ThroughSet,
+    choose,
+    how_to_apply,
+)
 from stallscope.demo.dataset import default_cache_dir
 from stallscope.demo.scenarios import REFERENCE_SCRIPT, SCENARIOS, scenario_command
 from stallscope.render import words

@@ -60,8 +60,8 @@ if TYPE_CHECKING:
     )
     from stallscope.data.folder import FastImageFolder
     from stallscope.data.index import PackFormatError, load_index
-    from stallscope.data.packing import PackError, PackOptions, PackResult, VerifyResult, pack, verify
     from stallscope.data.packed import PackedImageDataset, PackedImageIterable
+    from stallscope.data.packing import PackError, PackOptions, PackResult, VerifyResult, pack, verify
     from stallscope.data.sources import SourceError
 
 

@@ -13,7 +13,6 @@ from stallscope.data.decoders import Decoder
 from stallscope.data.files import read_regular
 from stallscope.data.sources import IMAGE_EXTENSIONS, SourceList, list_image_folder, read_file_list, regular_only
 
-
 #: Files left out of a dataset named in its warning; the rest are counted.
 NAMED_LEFT_OUT = 5
 

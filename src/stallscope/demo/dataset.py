@@ -61,7 +61,7 @@ def _source_photo_paths() -> list[Path]:
     return found
 
 
-def _load_photos() -> list["object"]:
+def _load_photos() -> list[object]:
     from PIL import Image
 
     photos = []
@@ -71,7 +71,7 @@ def _load_photos() -> list["object"]:
     return photos
 
 
-def _variants(spec: DatasetSpec, photos: list) -> Iterator[tuple[int, "object", int]]:
+def _variants(spec: DatasetSpec, photos: list) -> Iterator[tuple[int, object, int]]:
     """Yield (class index, image, JPEG quality): a random crop of a random photo, resized near spec size."""
     from PIL import Image, ImageEnhance
 

@@ -56,7 +56,7 @@ class Check:
         }
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "Check":
+    def from_dict(cls, raw: dict[str, Any]) -> Check:
         return cls(
             id=str(raw["id"]),
             title=str(raw.get("title", raw["id"])),
@@ -108,7 +108,7 @@ class DoctorReport:
         }
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "DoctorReport":
+    def from_dict(cls, raw: dict[str, Any]) -> DoctorReport:
         if raw.get("schema") != DOCTOR_SCHEMA:
             raise ValueError(f"not a doctor report: schema {raw.get('schema')!r}, expected {DOCTOR_SCHEMA!r}")
         return cls(

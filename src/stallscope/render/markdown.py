@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 
+from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.history.compare import (
     CONFIDENCE,
     MIN_SHARE_EFFECT,
@@ -13,11 +14,10 @@ from stallscope.history.compare import (
     Delta,
     Metric,
 )
-from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.history.runs import RunRow
 from stallscope.render import words
-from stallscope.render.words import failures
 from stallscope.render.safe_text import one_line, printable
+from stallscope.render.words import failures
 
 GIB = 1024 ** 3
 

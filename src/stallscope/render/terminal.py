@@ -12,8 +12,8 @@ from stallscope.analysis import Analysis, shares
 from stallscope.analysis.hotspots import top_of_stage
 from stallscope.constants import NODE_IDS
 from stallscope.render import words
-from stallscope.render.words import failures
 from stallscope.render.safe_text import terminal_console
+from stallscope.render.words import failures
 from stallscope.session import Session
 
 _VERDICT_STYLE = {"input-bound": "bold red", "compute-bound": "bold green", "balanced": "bold yellow",
