@@ -26,6 +26,8 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--print-loss", action="store_true", help="print every step's loss (for reproducibility checks)")
     p.add_argument("--crash", choices=["main", "worker"], default=None, help="raise on purpose (tests)")
-    p.add_argument("--crash-at", type=int, default=3, help="step (main) or sample count (worker) at which --crash raises")
+    p.add_argument("--crash-at", type=int, default=3,
+                   help="step (main) or sample count (worker) at which --crash raises")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads in the training process")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default="cpu",
                    help="where the model trains (auto: cuda when a GPU is present); batches are copied there "
@@ -88,7 +91,7 @@ class SlowLoader:
     def __init__(self, latency_s: float) -> None:
         self.latency_s = latency_s
 
-    def __call__(self, path: str):
+    def __call__(self, path: str) -> Any:
         if self.latency_s:
             time.sleep(self.latency_s)
         return default_loader(path)
@@ -96,12 +99,12 @@ class SlowLoader:
 
 class CrashingFolder(datasets.ImageFolder):
     """Fails on the N-th sample this process loads (whatever the shuffle order)."""
-    def __init__(self, *args, crash_at: int, **kwargs):
+    def __init__(self, *args: Any, crash_at: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.crash_at = crash_at
         self.served = 0
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
         self.served += 1
         if self.served > self.crash_at:
             raise RuntimeError(f"planted failure while loading sample {index}")
@@ -111,7 +114,7 @@ class CrashingFolder(datasets.ImageFolder):
 class InMemory(Dataset):
     """Decoded, resized images held as uint8 tensors: loading costs nothing but a copy (and the normalization, unless
     ``uint8``: then the device normalizes)."""
-    def __init__(self, folder: datasets.ImageFolder, n: int, size: int, uint8: bool = False):
+    def __init__(self, folder: datasets.ImageFolder, n: int, size: int, uint8: bool = False) -> None:
         prep = transforms.Compose([transforms.Resize(size), transforms.CenterCrop(size), transforms.PILToTensor()])
         picks = list(range(min(n, len(folder))))
         self.items = [(prep(folder.loader(folder.samples[i][0])), folder.samples[i][1]) for i in picks]
@@ -121,7 +124,7 @@ class InMemory(Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         img, label = self.items[i]
         return (img if self.uint8 else self.norm(img.float() / 255.0)), label
 
@@ -130,7 +133,7 @@ class ReducedSizeDecode(Dataset):
     """The fast data path's folder (``--reduced-size-decode``): ``stallscope.data.FastImageFolder`` decodes each JPEG
     at the size its random crop needs and crops and flips it as it decodes; ``rest`` is the recipe after that, on its
     uint8 image. A read waits ``latency_s`` first, as ``SlowLoader``'s do."""
-    def __init__(self, root: str, size: int, rest, latency_s: float):
+    def __init__(self, root: str, size: int, rest: Callable[[Any], Any], latency_s: float) -> None:
         from stallscope.data import FastImageFolder, RandomResizedCrop
 
         self.folder = FastImageFolder(root, crop=RandomResizedCrop(size))
@@ -139,7 +142,7 @@ class ReducedSizeDecode(Dataset):
     def __len__(self) -> int:
         return len(self.folder)
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> tuple[Any, int]:
         if self.latency_s:
             time.sleep(self.latency_s)
         image, label = self.folder[i]
@@ -149,10 +152,10 @@ class ReducedSizeDecode(Dataset):
 class PillowBlur:
     """A Gaussian blur of random sigma by Pillow's own filter: torchvision's, on a PIL image, turns it into a float
     tensor and back around a convolution."""
-    def __init__(self, sigma: tuple[float, float]):
+    def __init__(self, sigma: tuple[float, float]) -> None:
         self.sigma = sigma
 
-    def __call__(self, image):
+    def __call__(self, image: Any) -> Any:
         from PIL import ImageFilter
 
         return image.filter(ImageFilter.GaussianBlur(random.uniform(*self.sigma)))
@@ -160,12 +163,12 @@ class PillowBlur:
 
 class Streamed(IterableDataset):
     """The same samples as an iterable stream, sharded over workers."""
-    def __init__(self, base: Dataset, seed: int):
+    def __init__(self, base: Dataset, seed: int) -> None:
         self.base, self.seed = base, seed
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
-        order = list(range(len(self.base)))
+        order = list(range(len(self.base)))  # type: ignore[arg-type]  # map-style: every dataset here has a length
         random.Random(self.seed).shuffle(order)
         if info is not None:
             order = order[info.id::info.num_workers]
@@ -186,7 +189,8 @@ def build_model(kind: str, classes: int) -> nn.Module:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(ch, classes))
 
 
-def build_transform(size: int, heavy: bool, cheaper: bool = False, uint8: bool = False, cropped: bool = False):
+def build_transform(size: int, heavy: bool, cheaper: bool = False, uint8: bool = False,
+                    cropped: bool = False) -> Callable[[Any], Any]:
     """The augmentation recipe. ``cheaper``: the same augmentations by cheaper means (the crop and flip on a uint8
     tensor rather than a PIL image, Pillow's own blur). ``uint8``: the image stays uint8, normalized on the device
     after collate. ``cropped``: the images come cropped and flipped already, as uint8 tensors (ReducedSizeDecode)."""
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = nn.CrossEntropyLoss()
     step = 0
     timed_from, timed_images = None, 0
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         model.train()
         for batch_index, (images, labels) in enumerate(train_loader):
             if args.crash == "main" and step == args.crash_at:
@@ -301,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         if val_loader is not None:
             model.eval()
             with torch.no_grad():
-                for i, (images, labels) in enumerate(val_loader):
+                for i, (images, _labels) in enumerate(val_loader):
                     model(images.to(device, non_blocking=True))
                     if i + 1 >= args.val_batches:
                         break

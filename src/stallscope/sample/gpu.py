@@ -12,7 +12,7 @@ class GpuProbe:
     """Per-tick readings of every visible GPU; ``absent`` says why there are none."""
 
     def __init__(self, nvml: Any | None = None) -> None:
-        self.nvml = nvml
+        self.nvml: Any = nvml  # the pynvml module (or a stand-in); None only until found or when absent
         self.handles: list[Any] = []
         self.absent: str | None = None
         self.names: list[str] = []
@@ -44,16 +44,20 @@ class GpuProbe:
         for it only every few ticks (``with_pcie``); the other ticks hold None there (not measured)."""
         out: dict[str, list[float | None]] = {"util_percent": [], "mem_used_bytes": [], "pcie_rx_bytes_per_s": [],
                                               "pcie_tx_bytes_per_s": [], "sm_clock_mhz": []}
-        nvml = self.nvml
         for handle in self.handles:
-            out["util_percent"].append(_try(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
-            out["mem_used_bytes"].append(_try(lambda: float(nvml.nvmlDeviceGetMemoryInfo(handle).used)))
-            out["pcie_rx_bytes_per_s"].append(_try(lambda: 1024.0 * nvml.nvmlDeviceGetPcieThroughput(
-                handle, nvml.NVML_PCIE_UTIL_RX_BYTES)) if with_pcie else None)
-            out["pcie_tx_bytes_per_s"].append(_try(lambda: 1024.0 * nvml.nvmlDeviceGetPcieThroughput(
-                handle, nvml.NVML_PCIE_UTIL_TX_BYTES)) if with_pcie else None)
-            out["sm_clock_mhz"].append(_try(lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))))
+            self._read_one(handle, with_pcie, out)
         return out
+
+    def _read_one(self, handle: Any, with_pcie: bool, out: dict[str, list[float | None]]) -> None:
+        """Appends one GPU's readings to ``out`` (its own function, so each reading's lambda has its own handle)."""
+        nvml = self.nvml
+        out["util_percent"].append(_try(lambda: float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
+        out["mem_used_bytes"].append(_try(lambda: float(nvml.nvmlDeviceGetMemoryInfo(handle).used)))
+        out["pcie_rx_bytes_per_s"].append(_try(lambda: 1024.0 * nvml.nvmlDeviceGetPcieThroughput(
+            handle, nvml.NVML_PCIE_UTIL_RX_BYTES)) if with_pcie else None)
+        out["pcie_tx_bytes_per_s"].append(_try(lambda: 1024.0 * nvml.nvmlDeviceGetPcieThroughput(
+            handle, nvml.NVML_PCIE_UTIL_TX_BYTES)) if with_pcie else None)
+        out["sm_clock_mhz"].append(_try(lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))))
 
     def close(self) -> None:
         if self.handles:
