@@ -61,7 +61,8 @@ def run(command: list[str], *, module: str | None = None, store: str | os.PathLi
     ``overrides``: DataLoader arguments changed at construction (``{"num_workers": 4}``, as ``--set``);
     ``max_steps``: stop the job cleanly after that many training steps; ``sample_interval_s``: period of
     the system sampler (0 turns it off); ``live``: a status line under the script's output while it runs,
-    where stdout and stderr are one terminal (the CLI's default). Raises :class:`LaunchError` when the command cannot start.
+    where stdout and stderr are one terminal (the CLI's default). Raises :class:`LaunchError` when the command
+    cannot start.
     """
     outcome = launch(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
                      stdout=stdout, stderr=stderr, sample_interval_s=sample_interval_s, live=live)

@@ -1,8 +1,8 @@
 """Turn the per-process event files of a run directory into a Session.
 
 The event kinds and their fields are written by ``stallscope.recorder`` and named in
-``recorder/schema.py``; this is the only place that reads them, by those names. Unknown kinds are ignored (a newer recorder may add some) and a truncated last
-line (a process killed mid-write) is skipped.
+``recorder/schema.py``; this is the only place that reads them, by those names. Unknown kinds are ignored (a newer
+recorder may add some) and a truncated last line (a process killed mid-write) is skipped.
 """
 
 from __future__ import annotations

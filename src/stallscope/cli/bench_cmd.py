@@ -38,8 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--decoders", metavar="DIR", help="race JPEG decoders on the files under DIR (no script needed)")
     p.add_argument("--files", type=int, default=64, help="decoder race: files to use (default 64)")
-    p.add_argument("--workers", metavar="N,N,...", help="worker counts to drain the loader with "
-                                                        "(default 0, 1, half and all usable CPUs, and the script's own)")
+    p.add_argument("--workers", metavar="N,N,...",
+                   help="worker counts to drain the loader with (default 0, 1, half and all usable CPUs, and the "
+                        "script's own)")
     p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="drain time per worker count")
     p.add_argument("--ceiling-steps", type=int, default=30, help="replayed steps measured for the ceiling")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps of the normal run")

@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "doctor",
         help="check the machine, GPU and dataset around the input pipeline",
-        description="Environment and storage checks, each pass / warn / fail / n/a / unknown with the number behind it.",
+        description="Environment and storage checks, each pass / warn / fail / n/a / unknown with the number behind "
+                    "it.",
     )
     parser.add_argument("data_dir", nargs="?", metavar="DATA_DIR", help="the dataset folder the DataLoader reads")
     parser.add_argument("--json", metavar="PATH", dest="json_path", help="also write the checks as JSON to PATH")
@@ -33,8 +34,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="time budget of the storage micro-benchmark (default 3)")
     parser.add_argument("--num-workers", type=at_least(0), default=None, metavar="N",
                         help="DataLoader num_workers to size /dev/shm against (default: usable CPUs)")
-    parser.add_argument("--batch-size", type=at_least(1), default=256, metavar="N", help="samples per batch (default 256)")
-    parser.add_argument("--prefetch-factor", type=at_least(1), default=2, metavar="N", help="batches per worker (default 2)")
+    parser.add_argument("--batch-size", type=at_least(1), default=256, metavar="N",
+                        help="samples per batch (default 256)")
+    parser.add_argument("--prefetch-factor", type=at_least(1), default=2, metavar="N",
+                        help="batches per worker (default 2)")
     parser.add_argument("-v", "--verbose", action="store_true", help="explain every check, not only the problems")
     parser.set_defaults(handler=handle)
     return parser

@@ -30,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                      "  stallscope report last~1   (the run before the last)\n"
                                      "  stallscope report last --html report.html   (open in any browser, offline)\n"
                                      "  stallscope report last --trace trace.json   (open in ui.perfetto.dev)\n"
-                                     "  stallscope report last --quiet --html report.html   (writes it, prints nothing)\n"
+                                     "  stallscope report last --quiet --html report.html"
+                                     "   (writes it, prints nothing)\n"
                                      "  stallscope report last --speedscope stacks.speedscope.json"
                                      "   (open in speedscope.app)",
                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -139,7 +139,8 @@ def load_index(path: str | os.PathLike[str]) -> PackIndex:
     path = Path(path)
     if not path.exists():
         partial = path.with_name(path.name + ".partial")
-        hint = f" (an unfinished pack is in {partial}: rerun the same pack command to finish it)" if partial.exists() else ""
+        hint = (f" (an unfinished pack is in {partial}: rerun the same pack command to finish it)" if partial.exists()
+                else "")
         raise PackFormatError(f"{path}: no such pack{hint}")
     if not (path / INDEX_NAME).is_file():
         raise PackFormatError(f"{path}: not a stallscope pack (no {INDEX_NAME}; an interrupted pack never has one)")

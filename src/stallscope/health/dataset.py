@@ -175,11 +175,12 @@ def check_filesystem(host: Host, facts: DatasetFacts) -> Check:
     small = bool(facts.files) and percentile(sorted(s for _, s in facts.files), 50) < SMALL_FILE
     if kind == "network" or (kind == "parallel" and small):
         return Check("dataset.filesystem", title, WARN, value, "local disk or packed shards on shared storage", why,
-                     "Copy the dataset to local NVMe before training, or pack it (stallscope pack SRC OUT --format wds) "
-                     "so each read is a large sequential one.", data)
+                     "Copy the dataset to local NVMe before training, or pack it "
+                     "(stallscope pack SRC OUT --format wds) so each read is a large sequential one.", data)
     if kind == "overlay":
         value += "; reads pass through to the lower layer (dataset baked into the container image)"
-    return Check("dataset.filesystem", title, PASS, value, "local disk or packed shards on shared storage", why, "", data)
+    return Check("dataset.filesystem", title, PASS, value, "local disk or packed shards on shared storage", why, "",
+                 data)
 
 
 def check_page_cache(facts: DatasetFacts) -> Check:
@@ -191,7 +192,8 @@ def check_page_cache(facts: DatasetFacts) -> Check:
     frac = facts.resident_fraction or 0.0
     sampled = facts.residency_sampled_files
     scope = "all files" if sampled >= len(facts.files) else f"{sampled:,} sampled files"
-    value = f"{frac:.0%} of the bytes cached ({fmt_bytes(facts.resident_bytes)} of {fmt_bytes(facts.residency_sampled_bytes)}, {scope})"
+    value = (f"{frac:.0%} of the bytes cached ({fmt_bytes(facts.resident_bytes)} of "
+             f"{fmt_bytes(facts.residency_sampled_bytes)}, {scope})")
     return Check("dataset.page_cache", title, PASS, value, "", why, "",
                  {"resident_fraction": frac, "resident_bytes": facts.resident_bytes,
                   "sampled_bytes": facts.residency_sampled_bytes, "sampled_files": sampled})
@@ -199,7 +201,8 @@ def check_page_cache(facts: DatasetFacts) -> Check:
 
 def check_vs_ram(facts: DatasetFacts, memory_bytes: int | None) -> Check:
     title = "dataset size vs RAM"
-    why = "A dataset that fits in half the memory stays in the page cache after the first epoch; a larger one never does."
+    why = ("A dataset that fits in half the memory stays in the page cache after the first epoch; a larger one never "
+           "does.")
     if memory_bytes is None:
         return unknown("dataset.vs_ram", title, "memory size unknown (see the memory check)", why=why)
     total = facts.total_bytes
@@ -237,10 +240,12 @@ def check_storage(bench: BenchResult | None, reason: str = "") -> Check:
                        why=why, **data)
     if not bench.cold_is_cold:
         return Check("storage.bench", title, NA, value + "; cold rate not measurable: files already cached "
-                     "(drop caches to measure storage: sync; echo 1 > /proc/sys/vm/drop_caches)", threshold, why, "", data)
+                     "(drop caches to measure storage: sync; echo 1 > /proc/sys/vm/drop_caches)", threshold, why, "",
+                     data)
     if (r.files_per_s or 0) < MIN_COLD_FILES_PER_S:
         return Check("storage.bench", title, WARN, value, threshold, why,
-                     "Pack the dataset (stallscope pack SRC OUT --format lmdb|wds), or warm the page cache / use local NVMe.",
+                     "Pack the dataset (stallscope pack SRC OUT --format lmdb|wds), or warm the page cache / use "
+                     "local NVMe.",
                      data)
     return Check("storage.bench", title, PASS, value, threshold, why, "", data)
 
@@ -256,14 +261,15 @@ def check_layout(facts: DatasetFacts, fs_kind: str | None, bench: BenchResult | 
     value = (f"{n:,} files in {len(per_dir):,} directories (median {percentile(per_dir, 50):,.0f}, max "
              f"{per_dir[-1]:,} per directory); median file {fmt_bytes(median)}")
     gain = bench.packing_gain if bench else None
-    if gain is not None:
+    if gain is not None and bench is not None:
         value += f"; sequential reads measured {gain:.1f}x the random-read rate ({bench.sequential_kind})"
     elif bench is not None:
         value += "; packing gain not measured (benchmark files were already cached)"
     data = {"files": n, "directories": len(per_dir), "max_files_per_dir": per_dir[-1], "median_file_bytes": median,
             "packing_gain": gain}
     small, many = median < SMALL_FILE, n >= MANY_FILES
-    threshold = f"not (>= {MANY_FILES:,} files under {fmt_bytes(SMALL_FILE)}, or on network storage); <= {HUGE_DIR:,} per dir"
+    threshold = (f"not (>= {MANY_FILES:,} files under {fmt_bytes(SMALL_FILE)}, or on network storage); "
+                 f"<= {HUGE_DIR:,} per dir")
     reasons = []
     if small and (many or fs_kind in ("network", "parallel")):
         reasons.append("many small files")
@@ -295,7 +301,7 @@ def dataset_checks(host: Host, data_dir: str, memory_bytes: int | None,
         cap = default_cap(facts.total_bytes, bench.fraction, bench.max_bytes)
         result = run_bench(facts.files, cap, bench.seconds, avoid=set(facts.header_sampled))
     fs_check = check_filesystem(host, facts)
-    checks = [check_files(facts), check_formats(facts), check_image_sizes(facts), check_decode(facts), fs_check, check_page_cache(facts),
-              check_vs_ram(facts, memory_bytes), check_storage(result, reason),
+    checks = [check_files(facts), check_formats(facts), check_image_sizes(facts), check_decode(facts), fs_check,
+              check_page_cache(facts), check_vs_ram(facts, memory_bytes), check_storage(result, reason),
               check_layout(facts, fs_check.data.get("kind"), result)]
     return checks, facts, result

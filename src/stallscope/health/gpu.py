@@ -134,7 +134,8 @@ def _read_one(host: Host, nvml: Any, index: int) -> GpuInfo:
         info.pcie[key] = int(value) if value is not None else None
     mode = _ask(nvml, info, "persistence", "nvmlDeviceGetPersistenceMode", handle)
     info.persistence = bool(int(mode)) if mode is not None else None
-    node = _ask(nvml, info, "numa", "nvmlDeviceGetNumaNodeId", handle) if hasattr(nvml, "nvmlDeviceGetNumaNodeId") else None
+    node = (_ask(nvml, info, "numa", "nvmlDeviceGetNumaNodeId", handle) if hasattr(nvml, "nvmlDeviceGetNumaNodeId")
+            else None)
     if node is not None:
         info.numa_node = int(node)
     elif info.bus_id:
@@ -160,15 +161,17 @@ def _bandwidth(gen: int | None, width: int | None) -> float | None:
 
 def _pcie_status(gpu: GpuInfo) -> tuple[str, str]:
     p = gpu.pcie
-    if p.get("max_gen") is None or p.get("max_width") is None or p.get("curr_width") is None:
+    max_gen, max_width, gpu_max_gen = p.get("max_gen"), p.get("max_width"), p.get("gpu_max_gen")
+    curr_gen, curr_width = p.get("curr_gen"), p.get("curr_width")
+    if max_gen is None or max_width is None or curr_width is None:
         return UNKNOWN, f"GPU{gpu.index}: PCIe link not readable ({'; '.join(gpu.errors.values()) or 'no answer'})"
-    text = (f"GPU{gpu.index}: {_link(p.get('curr_gen'), p['curr_width'])} now, max {_link(p['max_gen'], p['max_width'])}"
-            f" ({_bandwidth(p['max_gen'], p['max_width']) or 0:.0f} GB/s per direction)")
-    if p["curr_width"] < p["max_width"]:
-        return WARN, text + f": link trained at x{p['curr_width']} of x{p['max_width']}"
-    if p.get("gpu_max_gen") is not None and p["max_gen"] < p["gpu_max_gen"]:
-        return WARN, text + f": slot limits a Gen{p['gpu_max_gen']} GPU to Gen{p['max_gen']}"
-    if p.get("curr_gen") is not None and p["curr_gen"] < p["max_gen"]:
+    text = (f"GPU{gpu.index}: {_link(curr_gen, curr_width)} now, max {_link(max_gen, max_width)}"
+            f" ({_bandwidth(max_gen, max_width) or 0:.0f} GB/s per direction)")
+    if curr_width < max_width:
+        return WARN, text + f": link trained at x{curr_width} of x{max_width}"
+    if gpu_max_gen is not None and max_gen < gpu_max_gen:
+        return WARN, text + f": slot limits a Gen{gpu_max_gen} GPU to Gen{max_gen}"
+    if curr_gen is not None and curr_gen < max_gen:
         text += " (an idle GPU lowers its link generation; it rises under load)"
     return PASS, text
 
@@ -238,7 +241,7 @@ def check_persistence(facts: GpuFacts) -> Check:
     states = [g.persistence for g in facts.gpus]
     value = ", ".join(f"GPU{g.index} {'on' if g.persistence else 'off' if g.persistence is not None else 'unknown'}"
                       for g in facts.gpus)
-    data = {"gpus": [{"index": g.index, "persistence": g.persistence} for g in facts.gpus]}
+    data: dict[str, Any] = {"gpus": [{"index": g.index, "persistence": g.persistence} for g in facts.gpus]}
     if all(s is None for s in states):
         return unknown("gpu.persistence", title, "; ".join(g.errors.get("persistence", "?") for g in facts.gpus),
                        why=why, **data)
@@ -255,7 +258,8 @@ def check_allocator(host: Host) -> Check:
     conf = {var: host.environ[var] for var in ALLOC_VARS if var in host.environ}
     value = ", ".join(f"{k}={v}" for k, v in conf.items()) or "unset (PyTorch defaults)"
     return Check("gpu.allocator", title, PASS, value, "", why,
-                 "" if conf else "If batch shapes vary: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", {"env": conf})
+                 "" if conf else "If batch shapes vary: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                 {"env": conf})
 
 
 def gpu_checks(host: Host, facts: GpuFacts) -> list[Check]:
@@ -264,7 +268,8 @@ def gpu_checks(host: Host, facts: GpuFacts) -> list[Check]:
     if facts.absent or not facts.gpus:
         return [not_applicable("gpu", "NVIDIA GPUs", facts.absent or "no GPUs")]
     names = ", ".join(f"GPU{g.index} {g.name or '?'}" for g in facts.gpus)
-    summary = Check("gpu", "NVIDIA GPUs", PASS, f"{names}; driver {facts.driver or '?'} (CUDA {facts.cuda_driver or '?'})",
+    summary = Check("gpu", "NVIDIA GPUs", PASS,
+                    f"{names}; driver {facts.driver or '?'} (CUDA {facts.cuda_driver or '?'})",
                     data={"count": len(facts.gpus), "driver": facts.driver, "cuda_driver": facts.cuda_driver,
                           "names": [g.name for g in facts.gpus]})
     return [summary, check_pcie(facts), check_numa(host, facts), check_persistence(facts), check_allocator(host)]

@@ -12,6 +12,7 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from stallscope.health.checks import FAIL, PASS, WARN, Check, not_applicable, unknown
 from stallscope.health.host import Host, SourceError
@@ -98,10 +99,11 @@ def check_pillow_jpeg() -> Check:
     version = features.version("jpg")
     simd = ".post" in PIL.__version__
     value = f"Pillow{'-SIMD' if simd else ''} {PIL.__version__}, libjpeg {version or 'missing'}"
-    data = {"pillow": PIL.__version__, "libjpeg": version, "libjpeg_turbo": turbo, "pillow_simd": simd}
+    data: dict[str, Any] = {"pillow": PIL.__version__, "libjpeg": version, "libjpeg_turbo": turbo, "pillow_simd": simd}
     if version is None:
         return Check("decode.pillow_jpeg", title, FAIL, value, "JPEG support with libjpeg-turbo", why,
-                     "Reinstall Pillow from a wheel (pip install --force-reinstall pillow): this build cannot read JPEG.",
+                     "Reinstall Pillow from a wheel (pip install --force-reinstall pillow): this build cannot read "
+                     "JPEG.",
                      data)
     if turbo is None:
         return unknown("decode.pillow_jpeg", title, "this Pillow cannot tell whether it uses libjpeg-turbo", why=why,
@@ -124,12 +126,14 @@ def check_decoders() -> Check:
     if cpu_fast:
         return Check("decode.fast_decoders", title, PASS, value, "one beyond Pillow", why, "", data)
     return Check("decode.fast_decoders", title, WARN, value, "one beyond Pillow", why,
-                 "pip install 'stallscope[data]' (simplejpeg, OpenCV) and let `stallscope bench` race them on your files.",
+                 "pip install 'stallscope[data]' (simplejpeg, OpenCV) and let `stallscope bench` race them on your "
+                 "files.",
                  data)
 
 
 def torch_cuda_build() -> tuple[str | None, str | None, str | None]:
-    """(torch version, CUDA version it was built for or None for CPU/ROCm builds, HIP version) without importing torch."""
+    """(torch version, CUDA version it was built for or None for CPU/ROCm builds, HIP version), without importing
+    torch."""
     torch_mod = sys.modules.get("torch")
     if torch_mod is not None and hasattr(torch_mod, "version"):
         v = torch_mod.version
@@ -190,15 +194,15 @@ def check_versions(host: Host, driver: str | None = None, driver_cuda: str | Non
     build = f"CUDA {cuda}" if cuda else f"ROCm {hip}" if hip else "CPU-only"
     value = f"torch {torch_version} ({build}), torchvision {tv or 'not installed'}, "
     value += f"driver {driver}" + (f" (CUDA {driver_cuda})" if driver_cuda else "") if driver else "no NVIDIA driver"
-    data = {"torch": torch_version, "torch_cuda": cuda, "torch_hip": hip, "torchvision": tv, "driver": driver,
-            "driver_cuda": driver_cuda}
+    data: dict[str, Any] = {"torch": torch_version, "torch_cuda": cuda, "torch_hip": hip, "torchvision": tv,
+                            "driver": driver, "driver_cuda": driver_cuda}
     threshold = "driver supports torch's CUDA major version"
     if driver is None:
         return Check("versions", title, PASS, value, threshold, why, "", data)
     if cuda is None and hip is None:
         return Check("versions", title, FAIL, value, threshold, why,
-                     "Install a CUDA build of torch (pip install torch --index-url https://download.pytorch.org/whl/cu126 "
-                     "or the one matching your driver).", data)
+                     "Install a CUDA build of torch (pip install torch --index-url "
+                     "https://download.pytorch.org/whl/cu126 or the one matching your driver).", data)
     if cuda is None:
         return Check("versions", title, PASS, value, threshold, why, "", data)
     need = _major_minor(cuda)

@@ -221,7 +221,8 @@ def _shm_size(host: Host) -> tuple[int | None, int | None, str]:
 def check_shm(host: Host, loader: LoaderAssumptions, usable_cpus: int | None) -> Check:
     title = "/dev/shm vs batches in flight"
     why = ("Worker processes hand batches to the main process through shared memory; when /dev/shm is smaller than "
-           "the batches in flight, workers die with 'Bus error' or 'No space left on device' (Docker's default is 64 MiB).")
+           "the batches in flight, workers die with 'Bus error' or 'No space left on device' (Docker's default is "
+           "64 MiB).")
     size, free, source = _shm_size(host)
     if size is None:
         return unknown("shm", title, source, why=why)
@@ -260,7 +261,8 @@ def check_nofile(host: Host) -> Check:
                 hard = None if fields[1] == "unlimited" else int(fields[1])
             except (IndexError, ValueError):
                 return unknown("nofile", title, f"unparsable line {line.strip()!r}", why=why)
-            value = f"soft {soft if soft is not None else 'unlimited'}, hard {hard if hard is not None else 'unlimited'}"
+            value = (f"soft {soft if soft is not None else 'unlimited'}, "
+                     f"hard {hard if hard is not None else 'unlimited'}")
             data = {"soft": soft, "hard": hard}
             if soft is not None and soft < MIN_NOFILE:
                 fix = (f"ulimit -n {min(hard, 65536) if hard else 65536} before training, or "
