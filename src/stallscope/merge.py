@@ -6,8 +6,8 @@ entered it (``init_process_group``'s rendezvous, a ``barrier``, a blocking ``all
 model's ``backward``, which hands its gradient buckets over and returns once all are reduced: entered
 at its start) bounds the offset ``d`` of node B's clock against node A's: B left after A entered and
 A left after B entered, so ``start_B - end_A <= d <= end_B - start_A``. The bounds of every matched operation are
-intersected and the middle of what is left is the offset; its half-width is the stated uncertainty. Operations are matched by their order in each
-process (ranks of one group call collectives in the same order).
+intersected and the middle of what is left is the offset; its half-width is the stated uncertainty. Operations are
+matched by their order in each process (ranks of one group call collectives in the same order).
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                      "example: stallscope compare last~1 last --output compare.md",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="two or more runs; the first is the baseline")
-    p.add_argument("--store", metavar="DIR", type=folder, help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder,
+                   help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.add_argument("--min-effect", type=float, default=MIN_RELATIVE_EFFECT, metavar="FRACTION",
                    help="smallest relative change reported as real: the run-to-run noise floor "
                         f"(default {MIN_RELATIVE_EFFECT})")

@@ -47,7 +47,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", "--log-dir", dest="log_dir", metavar="DIR",
                    help="TensorBoard log folder (default: the script's SummaryWriter folder, else "
                         "./runs/stallscope/RUN_ID)")
-    p.add_argument("--store", metavar="DIR", type=folder, help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder,
+                   help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.set_defaults(handler=handle)
 
 

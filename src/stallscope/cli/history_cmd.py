@@ -35,7 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                      "  stallscope history --command train.py --since 2d\n"
                                      "  stallscope compare last~1 last",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--store", metavar="DIR", type=folder, help="the store to read (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder,
+                   help="the store to read (default ./.stallscope or $STALLSCOPE_HOME)")
     p.add_argument("--command", metavar="TEXT", help="only runs whose command line contains TEXT")
     p.add_argument("--verdict", choices=["input-bound", "compute-bound", "balanced", "unknown"],
                    help="only runs with this verdict")

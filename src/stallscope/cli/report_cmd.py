@@ -45,7 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--speedscope", metavar="PATH",
                    help="write the Python stacks sampled during the training loader's fetches as a speedscope file "
                         "here (one profile per stage, the limiting one first; open in https://www.speedscope.app)")
-    p.add_argument("--store", metavar="DIR", type=folder, help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder,
+                   help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print neither the summary nor the names of the files written: only write the files asked "
                         "for (--json, --html, --trace, --speedscope; --json - still prints the JSON) and say what "

@@ -106,4 +106,5 @@ def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> byte
     return data
 
 
-__all__ = ["FileChangedError", "NotRegularFileError", "describe", "kind_of", "not_regular", "open_regular", "read_regular"]
+__all__ = ["FileChangedError", "NotRegularFileError", "describe", "kind_of", "not_regular", "open_regular",
+           "read_regular"]

@@ -384,7 +384,8 @@ def _set_aside(path: Path) -> Path:
 
 def rebuild_history(store_dir: str | os.PathLike[str], rows: Iterator[RunRow]) -> tuple[int, Path | None]:
     """Make the history again from ``rows`` (read from the saved sessions by the caller): the old file, if
-    any, is kept beside it as ``history.sqlite3.before-rebuild-STAMP`` (damaged or not). Returns (rows written, where the old went)."""
+    any, is kept beside it as ``history.sqlite3.before-rebuild-STAMP`` (damaged or not). Returns (rows written,
+    where the old went)."""
     path = history_path(store_dir)
     kept = _set_aside(path) if path.exists() else None
     if kept is not None:

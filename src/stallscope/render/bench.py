@@ -22,7 +22,8 @@ def render(result: BenchResult, console: Console) -> None:
     for c in result.capacity:
         rate = c.get("samples_per_s") if unit == "samples/s" else c.get("batches_per_s")
         mark = " (script's own)" if c.get("num_workers") == result.script_num_workers else ""
-        table.add_row(f"{c.get('num_workers')}{mark}", _fmt(rate) if not c.get("error") else f"[red]{escape(str(c['error']))}[/]",
+        table.add_row(f"{c.get('num_workers')}{mark}",
+                      _fmt(rate) if not c.get("error") else f"[red]{escape(str(c['error']))}[/]",
                       _fmt(c.get("first_batch_s")), str(c.get("batches", "-")))
     console.print(table)
     best = result.best_capacity

@@ -267,7 +267,8 @@ def system_figure(session: Session) -> dict[str, Any] | None:
         data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": values[:len(x)], "yaxis": "y2",
                      "line": {"dash": "dot"}})
     return {"data": data, "layout": _layout(
-        "system metrics over time", margin={"l": 70, "r": 80, "t": 80, "b": 50}, xaxis={"title": {"text": "seconds since the start of the run"}},
+        "system metrics over time", margin={"l": 70, "r": 80, "t": 80, "b": 50},
+        xaxis={"title": {"text": "seconds since the start of the run"}},
         yaxis={"title": {"text": "%"}, "rangemode": "tozero"},
         yaxis2={"title": {"text": "GiB (dotted lines)"}, "overlaying": "y", "side": "right", "rangemode": "tozero"})}
 
@@ -328,7 +329,8 @@ def _findings_section(analysis: Analysis) -> str:
         f = analysis.failure
         location = f"<br>at <code>{_e(f.location)}</code>" if f.location else ""
         kind = "stopped" if failures.failure_is_stop(f) else "failure"
-        parts.append(f"<div class={kind}><p><b>{_e(failures.failure_headline(f))}</b> in {_e(failures.failure_place(f))}: "
+        parts.append(f"<div class={kind}><p><b>{_e(failures.failure_headline(f))}</b> in "
+                     f"{_e(failures.failure_place(f))}: "
                      f"<code>{_e(f.type)}</code>{location}</p><pre>{_e(failures.failure_message(f))}</pre>"
                      + (f"<details><summary>traceback</summary><pre>{_e(f.traceback)}</pre></details>"
                         if f.traceback else "") + "</div>")

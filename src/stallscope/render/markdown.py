@@ -126,7 +126,8 @@ def render_compare(comparison: Comparison) -> str:
     runs = comparison.runs
     labels = [_label(i) for i in range(len(runs))]
     lines = ["### stallscope compare", ""]
-    lines.append("| | " + " | ".join(f"{label}{' (baseline)' if i == 0 else ''}" for i, label in enumerate(labels)) + " |")
+    lines.append("| | " + " | ".join(f"{label}{' (baseline)' if i == 0 else ''}" for i, label in enumerate(labels))
+                 + " |")
     lines.append("|---|" + "---|" * len(runs))
     lines.append("| run | " + " | ".join(_code(r.run_id) for r in runs) + " |")
     lines.append("| started | " + " | ".join(_when(r) for r in runs) + " |")

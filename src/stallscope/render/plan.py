@@ -73,8 +73,8 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
         table.add_row(label, f"{row.samples_per_s:,.1f}", f"{row.total_samples_per_s:,.1f}",
                       f"{100 * row.data_wait_fraction:.1f}%", f"{row.cores_wanted:.2f}", *threads, style=style)
     console.print(table)
-    console.print(f"[dim]best: the fewest workers within 2% of the highest rate; fed: the fewest that also wait at most "
-                  f"{100 * FED_WAIT:.0f}% of the step for data[/]")
+    console.print("[dim]best: the fewest workers within 2% of the highest rate; fed: the fewest that also wait at "
+                  f"most {100 * FED_WAIT:.0f}% of the step for data[/]")
     if cut:
         console.print("[dim]compute threads: where the compute's intra-op threads and the workers would want more "
                       "cores than there are, the row keeps only the threads the workers leave a core for "

@@ -38,7 +38,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         head.append(f"   data wait {100 * analysis.data_wait_fraction:.1f}% of step time")
     console.print(head)
     if stats.steady:
-        console.print(f"throughput: {words.rate(analysis)}   ({len(stats.steady)} steps measured after {stats.warmup_steps} warm-up; "
+        console.print(f"throughput: {words.rate(analysis)}   ({len(stats.steady)} steps measured after "
+                      f"{stats.warmup_steps} warm-up; "
                       f"median step {1000 * (stats.median_step_s or 0):.1f} ms; steps end at each "
                       f"{'optimizer step' if stats.boundary == 'optimizer' else 'batch'})")
     for line in words.training_process(analysis.training_process):
@@ -70,7 +71,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         console.print(f"  • {words.gpu_timing(analysis.gpu_timing)}", markup=False, highlight=False)
     for ld in analysis.loaders:
         if ld.role != "train" and ld.batches:
-            console.print(f"  • loader {ld.loader_id} ({ld.role}, {escape(words.created_at(ld))}): {ld.batches} batches, "
+            console.print(f"  • loader {ld.loader_id} ({ld.role}, {escape(words.created_at(ld))}): {ld.batches} "
+                          "batches, "
                           f"waited {ld.wait_s:.2f} s", highlight=False)
     for pitfall in analysis.pitfalls:
         said = words.pitfall(pitfall)
@@ -100,8 +102,8 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         if hint := failures.missing_module_hint(f, session.command):
             console.print(f"  hint: {escape(hint)}", highlight=False)
         if session.overrides and not stopped:
-            console.print(f"  it ran with {escape(words.overrides(session.overrides))}, a change stallscope made to its "
-                          "DataLoader: run it without that to see whether the change caused this", highlight=False)
+            console.print(f"  it ran with {escape(words.overrides(session.overrides))}, a change stallscope made to "
+                          "its DataLoader: run it without that to see whether the change caused this", highlight=False)
     for note in words.notes(analysis):
         console.print(f"[dim]note: {escape(note)}[/dim]", highlight=False)
     if session.overrides:

@@ -38,7 +38,8 @@ def render(result: TuneResult, console: Console) -> None:
         best = " [bold green]<- winner[/]" if trial.index == winner else ""
         table.add_row(str(trial.index), trial.label, Text(config_text(trial)), rate_text(trial), trial.verdict or "-",
                       f"{100 * trial.data_wait_fraction:.0f}%" if trial.data_wait_fraction is not None else "-",
-                      f"{trial.wall_s:.0f}", ("ok" if trial.ok else f"[red]failed: {escape(str(trial.reason))}[/]") + best)
+                      f"{trial.wall_s:.0f}",
+                      ("ok" if trial.ok else f"[red]failed: {escape(str(trial.reason))}[/]") + best)
     console.print(table)
     if result.original is None or not result.original.ok:
         reason = result.original.reason if result.original else "not run"
