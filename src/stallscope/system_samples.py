@@ -51,7 +51,8 @@ class ProcessSeries:
             ticks = list(range(first, first + len(rss)))  # before per-value ticks: one value per tick from first
         cpu = _numbers_or_none(entry.get("cpu_s"))
         reads = _numbers_or_none(entry.get("read_bytes"))
-        uss_ticks = entry.get("uss_ticks") if isinstance(entry.get("uss_ticks"), list) else []
+        raw_uss_ticks = entry.get("uss_ticks")
+        uss_ticks = raw_uss_ticks if isinstance(raw_uss_ticks, list) else []
         ppid = entry.get("ppid")
         return cls(pid, ppid if isinstance(ppid, int) else None, entry.get("name"), list(ticks), cpu, rss, reads,
                    [t for t in uss_ticks if isinstance(t, int)], _numbers_or_none(entry.get("uss_bytes")))
@@ -94,7 +95,8 @@ class SystemSamples:
             if isinstance(entry, Mapping):
                 processes[pid] = ProcessSeries.read(pid, entry)
         gpu_block = block.get("gpu") if isinstance(block.get("gpu"), Mapping) else {}
-        names = gpu_block.get("names") if isinstance(gpu_block.get("names"), list) else []
+        raw_names = gpu_block.get("names")
+        names = raw_names if isinstance(raw_names, list) else []
         gpu = {key: [_numbers_or_none(tick) if isinstance(tick, list) else [tick if _number(tick) else None]
                      for tick in values]
                for key, values in gpu_block.items() if key != "names" and isinstance(values, list)}

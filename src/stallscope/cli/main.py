@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_output()
     real_stderr = sys.stderr
     if real_stderr is not None:  # None where descriptor 2 was closed (2>&-): rich and print fall back on their own
-        sys.stderr = _StderrWithoutReader(real_stderr)  # type: ignore[assignment]
+        sys.stderr = _StderrWithoutReader(real_stderr)
     try:
         return _main(argv)
     finally:
@@ -223,12 +223,12 @@ def _tolerant_output() -> None:
     try:
         from rich.console import Console
 
-        Console.on_broken_pipe = _stop_rendering  # type: ignore[method-assign]
+        Console.on_broken_pipe = _stop_rendering  # type: ignore[method-assign,assignment]  # rich's hook, replaced
     except ImportError:
         pass
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(errors="replace")
+            stream.reconfigure(errors="replace")  # type: ignore[union-attr]  # TextIO lacks it; AttributeError below
         except (AttributeError, ValueError, OSError):  # replaced by a caller (pytest's capture), or closed
             pass
     columns = os.environ.get("COLUMNS")

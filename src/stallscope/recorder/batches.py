@@ -43,7 +43,7 @@ def _walk(obj: Any, stats: dict[str, Any], depth: int) -> None:
         return
     # torch's pin_memory returns such objects unchanged: whatever tensors they hold stay pageable.
     held = [v for v in vars(obj).values()] if hasattr(obj, "__dict__") else []
-    inner = {"tensors": 0, "nbytes": 0, "dtypes": {}, "unpinnable": []}
+    inner: dict[str, Any] = {"tensors": 0, "nbytes": 0, "dtypes": {}, "unpinnable": []}
     for value in held:
         _walk(value, inner, depth + 1)
     stats["tensors"] += inner["tensors"]

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from stallscope.recorder import distributed, events, frameworks, importhook, loader, steps, trackers, transfer
 from stallscope.recorder.libraries import LIBRARY_PATCHES, patch_torch
@@ -190,7 +190,7 @@ def _record_exit_messages() -> None:
 
     real_exit = sys.exit
 
-    def exit(status: object = None, /) -> None:
+    def exit(status: str | int | None = None, /) -> NoReturn:
         note(status)
         real_exit(status)
 
@@ -203,7 +203,7 @@ def _record_exit_messages() -> None:
         return
     quitter_call = _sitebuiltins.Quitter.__call__
 
-    def __call__(self: Any, code: object = None) -> None:
+    def __call__(self: Any, code: str | int | None = None) -> NoReturn:
         note(code)
         quitter_call(self, code)
 
@@ -237,7 +237,7 @@ def _flush_before_os_exit() -> None:
     real_exit = os._exit
     me = os.getpid()
 
-    def _exit(status: int) -> None:
+    def _exit(status: int) -> NoReturn:
         try:
             if os.getpid() == me:
                 loader.record_open_next("os._exit")

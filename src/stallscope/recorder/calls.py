@@ -57,7 +57,7 @@ class FetchAccount:
     def __init__(self) -> None:
         # Each frame: [node, child_wall, child_cpu] (see _timed_invoke)
         self.stack: list[list[Any]] = []
-        self.by_name: dict[str, list[int]] = {}
+        self.by_name: dict[str, list[Any]] = {}  # [wall_ns, cpu_ns, calls, node]
         # The last (wall, CPU) clock pair read in this fetch: see CPU_CLOCK_REUSE_NS.
         self.mark_wall = -CPU_CLOCK_REUSE_NS
         self.mark_cpu = 0
@@ -122,7 +122,7 @@ def timed_call(fn: Callable[..., Any], node: str, name: str | None = None) -> Ca
     """Wrap ``fn`` so that calls inside a fetch are charged to ``node`` under ``name``."""
     if getattr(fn, "__stallscope_wrapped__", False):
         return fn
-    label = name or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "call")
+    label = name or str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "call"))
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -184,7 +184,7 @@ def _timed_invoke(account: FetchAccount, node: str, label: str, fn: Callable[...
     """Call ``fn`` charging its exclusive time to ``label`` (of ``node``). Runs for every timed call
     in a fetch (a dozen per image sample), hence the inlined table update."""
     stack = account.stack
-    frame = [node, 0, 0]  # node, then wall and CPU of timed calls nested in this one
+    frame: list[Any] = [node, 0, 0]  # node, then wall and CPU of timed calls nested in this one
     stack.append(frame)
     t0 = _perf()
     since_mark = t0 - account.mark_wall

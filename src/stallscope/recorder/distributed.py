@@ -130,7 +130,8 @@ def _leave_after_step_limit(module: Any) -> None:
     import sys
 
     try:
-        multiprocessing.util._exit_function()  # stop DataLoader workers, as Python's own exit would
+        # stop DataLoader workers, as Python's own exit would (a private function: not in the stubs)
+        multiprocessing.util._exit_function()  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001
         pass
 
@@ -190,7 +191,7 @@ def patch_c10d(module: Any) -> None:
 
 
 def _patch_work_wait(module: Any) -> None:
-    work = getattr(module, "Work", None)
+    work: Any = getattr(module, "Work", None)
     original = getattr(work, "wait", None)
     if original is None or getattr(original, "__stallscope_wrapped__", False):
         return
@@ -310,7 +311,7 @@ def _patch_backward(torch: Any) -> None:
     autograd.backward = backward
 
 
-def _arm_root(tensors: Any, Tensor: type) -> bool:
+def _arm_root(tensors: Any, Tensor: type[Any]) -> bool:
     """Queue the callback from the graph's root instead (~10 us more per backward than the parameter hook)."""
     root = tensors if isinstance(tensors, Tensor) else next(
         (t for t in tensors if isinstance(t, Tensor) and t.grad_fn is not None), None)

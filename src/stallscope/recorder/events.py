@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from stallscope.background import start_thread
 from stallscope.oserrors import os_error_words
@@ -36,7 +36,7 @@ _encode = json.JSONEncoder(default=repr, separators=(",", ":")).encode
 _run_dir: Path | None = None
 _buffer: list[tuple[Any, ...]] = []
 _pid: int = -1
-_file = None
+_file: TextIO | None = None
 _last_flush_ns = 0
 _flush_lock = threading.Lock()
 _role = "main"
@@ -101,7 +101,7 @@ def append(*record: Any) -> None:
         _buffer.append(record)
 
 
-def _open_file():
+def _open_file() -> TextIO:
     global _file, _pid, _last_flush_ns
     assert _run_dir is not None
     _pid = os.getpid()
@@ -119,6 +119,7 @@ def _open_file():
     }
     _file.write(json.dumps({"header": header}) + "\n")
     _last_flush_ns = time.perf_counter_ns()
+    return _file
 
 
 def flush(wait_s: float | None = None) -> None:
@@ -136,11 +137,12 @@ def flush(wait_s: float | None = None) -> None:
         records = _buffer[:]
         del _buffer[: len(records)]
         try:
-            if _file is None or _pid != os.getpid():
-                _open_file()
-            _file.write("".join(_encode(records[i:i + RECORDS_PER_LINE]) + "\n"
-                                for i in range(0, len(records), RECORDS_PER_LINE)))
-            _file.flush()
+            out = _file
+            if out is None or _pid != os.getpid():
+                out = _open_file()
+            out.write("".join(_encode(records[i:i + RECORDS_PER_LINE]) + "\n"
+                              for i in range(0, len(records), RECORDS_PER_LINE)))
+            out.flush()
         except OSError as exc:
             _write_failed(exc)
         except ValueError:  # interpreter teardown closed the file: losing the tail is the contract

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from types import FrameType
 from typing import Any
 
 from stallscope.recorder import events
@@ -21,7 +22,7 @@ TRAINER_LOADER_FIELDS = ("dataloader_num_workers", "dataloader_persistent_worker
 
 def _caller_outside(*parts: str) -> str:
     """file:line of the first frame outside the given library folders, the recorder and generated code."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     skip = (*parts, f"{os.sep}stallscope{os.sep}record")
     while frame is not None:
         filename = frame.f_code.co_filename

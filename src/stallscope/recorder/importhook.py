@@ -13,7 +13,7 @@ import importlib.machinery
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 PostImportHook = Callable[[types.ModuleType], None]
 
@@ -27,7 +27,7 @@ class _HookedLoader(importlib.abc.Loader):
         self._loader = loader
         self._hooks = hooks
 
-    def create_module(self, spec):  # type: ignore[override]
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -54,7 +54,8 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
         self.hooks: dict[str, list[PostImportHook]] = {}
         self._in_progress: set[str] = set()
 
-    def find_spec(self, fullname, path, target=None):  # type: ignore[override]
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         hooks = self.hooks.get(fullname)
         if not hooks or fullname in self._in_progress:
             return None

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from types import FrameType
 from typing import Any
 
 from stallscope.recorder import batches, events, importhook, steps, workers
@@ -36,13 +37,13 @@ STACK_FRAMES = 24
 def _creation_stack() -> list[str]:
     """``file:line:function`` frames from the first one outside torch and stallscope outward: the first is
     where the DataLoader was built (a framework's line, or the script's), the rest lead to the user's code."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if f"{os.sep}torch{os.sep}" not in filename and f"{os.sep}stallscope{os.sep}record" not in filename:
             break
         frame = frame.f_back
-    stack = []
+    stack: list[str] = []
     while frame is not None and len(stack) < STACK_FRAMES:
         stack.append(f"{frame.f_code.co_filename}:{frame.f_lineno}:{frame.f_code.co_name}")
         frame = frame.f_back
@@ -204,11 +205,11 @@ def _hold_torch_threads(threads: int) -> list[int]:
     setter(threads)
     training_process, training_thread = os.getpid(), threading.get_ident()
 
-    def set_num_threads(requested: int) -> None:
+    def set_num_threads(nthreads: int) -> None:  # torch's own parameter name
         # a forked worker inherits this function, and torch's pin-memory thread sets its own single thread:
         # their calls stay theirs
         held = os.getpid() == training_process and threading.get_ident() == training_thread
-        setter(threads if held else requested)
+        setter(threads if held else nthreads)
 
     set_num_threads._stallscope_original = setter  # type: ignore[attr-defined]
     torch.set_num_threads = set_num_threads

@@ -64,7 +64,7 @@ try:  # the C functions: signal.getsignal's enum conversion costs ~5 us a call
     from _signal import getsignal as _getsignal
     from _signal import setitimer as _setitimer
 except ImportError:  # not on this platform: the thread sampler only
-    _getsignal = _setitimer = _SIG_DFL = None  # type: ignore[assignment]
+    _getsignal = _setitimer = _SIG_DFL = None
 
 #: Mean samples per second while a fetch is in progress: low enough to keep the sampler near a third of the 0.5% of
 #: fetch time it must stay under, and a minute of fetching still gives ~540 samples per worker (calibration:

@@ -37,7 +37,7 @@ def _after(original: Callable[..., Any], tracker: str, describe: Callable[[Any],
 
 def patch_mlflow(module: Any) -> None:
     """Wrap ``mlflow.start_run``, also where MLflow starts a run itself (``mlflow.log_metric`` without one)."""
-    fluent = sys.modules.get("mlflow.tracking.fluent")
+    fluent: Any = sys.modules.get("mlflow.tracking.fluent")
     original = getattr(module, "start_run", None)
     if original is None or getattr(original, "__stallscope_wrapped__", False):
         return
@@ -68,7 +68,7 @@ def patch_wandb(module: Any) -> None:
 
 def patch_tensorboard(module: Any) -> None:
     """Wrap ``SummaryWriter.__init__`` (torch.utils.tensorboard): the folder the script's events go to."""
-    cls = getattr(module, "SummaryWriter", None)
+    cls: Any = getattr(module, "SummaryWriter", None)
     original = getattr(cls, "__init__", None)
     if original is None or getattr(original, "__stallscope_wrapped__", False):
         return

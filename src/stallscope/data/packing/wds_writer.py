@@ -38,10 +38,13 @@ class ShardSink:
         self._tar: tarfile.TarFile | None = None
         self._done: list[str] = [SHARD_PATTERN.format(i) for i in range(first_shard)]
 
+    def _tmp_path(self) -> Path:
+        """Where the current shard is written until ``commit`` renames it into place."""
+        return self.work / (SHARD_PATTERN.format(self._shard) + ".tmp")
+
     def _open(self) -> tarfile.TarFile:
         if self._tar is None:
-            tmp = self.work / (SHARD_PATTERN.format(self._shard) + ".tmp")
-            self._tar = tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT)
+            self._tar = tarfile.open(self._tmp_path(), "w", format=tarfile.USTAR_FORMAT)
         return self._tar
 
     def add(self, key: str, data: bytes, ext: str, label: int) -> tuple[int, int]:
@@ -60,7 +63,7 @@ class ShardSink:
         """Close the current shard and rename it into place (no-op when it is empty)."""
         if self._tar is None:
             return
-        tmp = Path(self._tar.name)
+        tmp = self._tmp_path()
         self._tar.close()
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
