@@ -106,7 +106,7 @@ class MapDecodingMixin(DecodingMixin):
                 slot = slots[0]
                 write_planes(pixels, slot)
                 pixels = slot
-            if pixels is slot:
+            if pixels is slot and batch is not None:
                 image = batch[k]  # a view of the batch tensor itself (from_numpy would make a storage of its own)
             else:
                 image = torch.from_numpy(pixels).permute(2, 0, 1)

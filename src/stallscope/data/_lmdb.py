@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 from stallscope.data.files import open_regular
 
-_ENVS: dict[tuple[int, str], tuple[int, object]] = {}
+_ENVS: dict[tuple[int, str], tuple[int, Any]] = {}  # (pid, folder) -> (inode, lmdb.Environment)
 
 _LMDB_MAGIC = 0xBEEFC0DE
 #: In a meta page (64-bit builds): page header 16 bytes, then magic, version, address, map size, the free
@@ -42,7 +43,7 @@ def lmdb_structure_problem(data_mdb: Path) -> str | None:
     return None
 
 
-def lmdb_env(path: Path):
+def lmdb_env(path: Path) -> Any:
     """The process's read-only environment for the pack at ``path``.
 
     LMDB forbids opening one file twice in a process, so datasets and ``verify`` share it.

@@ -51,7 +51,8 @@ def is_batch_buffer(storage: torch.UntypedStorage) -> bool:
 def new_shared_batch(shape: tuple[int, ...]) -> torch.Tensor:
     """An uninitialised uint8 tensor in shared memory, its pages mapped in one call."""
     storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
-    tensor = torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+    # torch accepts (storage, offset, size) without a stride (contiguous); its stubs want one
+    tensor = torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)  # type: ignore[call-overload]
     populate_for_writing(tensor)
     return register_batch_buffer(tensor)
 
@@ -61,7 +62,7 @@ def alias(buffer: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=buffer.dtype).set_(buffer.untyped_storage(), 0, buffer.shape, buffer.stride())
 
 
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+_storage_use_count: Any = getattr(torch._C, "_storage_Use_Count", None)  # private to torch: None where absent
 
 
 def _reference_counts(buffer: torch.Tensor) -> tuple[int, int]:
@@ -135,8 +136,8 @@ class SharedBatchPool:
         self.allocated += 1
         for i, buffer in enumerate(self.buffers):
             if buffer is None or self._free(i):
-                self.buffers[i] = new_shared_batch(shape)
-                return alias(self.buffers[i])
+                self.buffers[i] = fresh = new_shared_batch(shape)
+                return alias(fresh)
         return new_shared_batch(shape)  # every slot busy: an ordinary, unpooled batch
 
     def slot_of(self, storage: torch.UntypedStorage) -> int | None:
@@ -169,14 +170,15 @@ def _wrap_storage_reducer(wrapper: Callable[[Any, torch.UntypedStorage], Any]) -
 
     import torch.multiprocessing  # noqa: F401 - registers torch's reducers
 
-    current = ForkingPickler._extra_reducers.get(torch.UntypedStorage)
+    current = ForkingPickler._extra_reducers.get(torch.UntypedStorage)  # type: ignore[attr-defined]  # private
     if current is None or wrapper in getattr(current, "_stallscope_wrappers", ()):
         return
 
     def reduce_untyped_storage(storage: torch.UntypedStorage) -> Any:
         return wrapper(current, storage)
 
-    reduce_untyped_storage._stallscope_wrappers = (*getattr(current, "_stallscope_wrappers", ()), wrapper)
+    wrappers = (*getattr(current, "_stallscope_wrappers", ()), wrapper)
+    reduce_untyped_storage._stallscope_wrappers = wrappers  # type: ignore[attr-defined]
     ForkingPickler.register(torch.UntypedStorage, reduce_untyped_storage)
 
 
@@ -185,7 +187,7 @@ def _flag_pooled_storage(original: Callable[[torch.UntypedStorage], Any], storag
     rebuild, args = original(storage)
     pool = current_pool()
     slot = pool.slot_of(storage) if pool is not None else None
-    if slot is None:
+    if pool is None or slot is None:
         return rebuild, args
     pool._flags[slot] = 1  # in use until the receiver's copy dies; set while we still hold it
     return _arrive, (rebuild, args, pool.flags, slot)

@@ -20,7 +20,7 @@ from stallscope.data.headers import HeaderError, read_header
 try:  # OpenCV resizes a crop several times faster than Pillow; both are optional.
     import cv2 as _cv2
 except ImportError:  # pragma: no cover - exercised where OpenCV is absent
-    _cv2 = None
+    _cv2 = None  # type: ignore[assignment]  # optional: every use checks for None
 
 _CV2_SINGLE_THREAD = False
 

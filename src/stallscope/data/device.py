@@ -73,7 +73,8 @@ def _already_stacked(images: Sequence[torch.Tensor]) -> torch.Tensor | None:
             return None
     if get_worker_info() is not None and not storage.is_shared():
         return None  # it would be copied into shared memory on its way to the main process anyway
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(images), *first.shape))
+    # torch accepts (storage, offset, size) without a stride (contiguous); its stubs want one
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(images), *first.shape))  # type: ignore[call-overload]
 
 
 class DeviceNormalizer:

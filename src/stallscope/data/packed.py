@@ -11,6 +11,7 @@ import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,8 +36,8 @@ class _PackReader:
         self.offsets = np.array([r.offset for r in index.records], dtype=np.int64)
         self.sizes = np.array([r.size for r in index.records], dtype=np.int64)
         self._pid = -1
-        self._env = None
-        self._txn = None
+        self._env: Any = None  # lmdb's Environment and Transaction, once open in this process
+        self._txn: Any = None
         self._fds: dict[int, int] = {}
 
     def _ensure_open(self) -> None:

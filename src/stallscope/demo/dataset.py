@@ -14,6 +14,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "stallscope-dataset.json"
 
@@ -71,7 +72,7 @@ def _load_photos() -> list[object]:
     return photos
 
 
-def _variants(spec: DatasetSpec, photos: list) -> Iterator[tuple[int, object, int]]:
+def _variants(spec: DatasetSpec, photos: list) -> Iterator[tuple[int, Any, int]]:
     """Yield (class index, image, JPEG quality): a random crop of a random photo, resized near spec size."""
     from PIL import Image, ImageEnhance
 
@@ -86,9 +87,11 @@ def _variants(spec: DatasetSpec, photos: list) -> Iterator[tuple[int, object, in
         x, y = rng.randrange(0, pw - cw + 1), rng.randrange(0, ph - ch + 1)
         w = int(spec.width * rng.uniform(0.8, 1.2))
         h = int(spec.height * rng.uniform(0.8, 1.2))
-        img = photo.crop((x, y, x + cw, y + ch)).resize((w, h), Image.BILINEAR)
+        # Image.BILINEAR, Image.FLIP_LEFT_RIGHT: Pillow sets its module aliases at run time, where its stubs do not
+        # see them
+        img = photo.crop((x, y, x + cw, y + ch)).resize((w, h), Image.BILINEAR)  # type: ignore[attr-defined]
         if rng.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)  # type: ignore[attr-defined]
         img = ImageEnhance.Color(img).enhance(rng.uniform(0.6, 1.4))
         img = ImageEnhance.Brightness(img).enhance(rng.uniform(0.7, 1.3))
         yield i % spec.n_classes, img, rng.randint(spec.quality_min, spec.quality_max)

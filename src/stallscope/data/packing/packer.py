@@ -19,9 +19,10 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from stallscope.data.index import (
     FORMATS,
@@ -36,6 +37,10 @@ from stallscope.data.index import (
 from stallscope.data.packing.prepare import FATAL_KINDS, Prepared, prepare
 from stallscope.data.sources import SourceList, open_source
 from stallscope.settings import ENV_PACK_THROTTLE, MAX_WORKERS
+
+if TYPE_CHECKING:
+    from stallscope.data.packing.lmdb_writer import LmdbSink
+    from stallscope.data.packing.wds_writer import ShardSink
 
 STATE_NAME = "state.json"
 
@@ -155,7 +160,7 @@ def _sigint_ignored_while_forking() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _prepared_stream(tasks: list[tuple], workers: int) -> Iterator[Prepared]:
+def _prepared_stream(tasks: list[tuple], workers: int) -> Generator[Prepared, None, None]:
     """Prepared records in source order. With workers, Ctrl-C reaches only this process: leaving (by
     KeyboardInterrupt or by ``close()``) terminates the pool, and the caller's resume logic takes over."""
     if workers <= 0 or len(tasks) < 2:
@@ -181,7 +186,8 @@ class _Checkpointer:
         self.parts_dir = work / "parts"
         self.parts_dir.mkdir(parents=True, exist_ok=True)
         self.fingerprint = fingerprint
-        self.state = {"fingerprint": fingerprint, "next_position": 0, "next_key": 0, "parts": 0, "shards": 0}
+        self.state: dict[str, Any] = {"fingerprint": fingerprint, "next_position": 0, "next_key": 0, "parts": 0,
+                                      "shards": 0}
         self.records: list[Record] = []
         self.problems: list[Problem] = []
 
@@ -199,7 +205,7 @@ class _Checkpointer:
                 part.unlink()
         return True
 
-    def save(self, sink, next_position: int, next_key: int) -> None:
+    def save(self, sink: LmdbSink | ShardSink, next_position: int, next_key: int) -> None:
         part = {"records": [r.to_row() for r in self.records], "problems": [asdict(p) for p in self.problems]}
         write_atomic(self.parts_dir / f"part-{self.state['parts']:06d}.json", json.dumps(part).encode())
         sink.commit()
@@ -251,7 +257,7 @@ def _check_replaceable(path: Path, allowed: tuple[str, ...], what: str, src: str
                         "move it away or choose another OUT")
 
 
-def _make_sink(options: PackOptions, work: Path, first_shard: int):
+def _make_sink(options: PackOptions, work: Path, first_shard: int) -> LmdbSink | ShardSink:
     if options.format == "lmdb":
         try:
             from stallscope.data.packing.lmdb_writer import LmdbSink

@@ -66,7 +66,9 @@ def _shrink(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
         w, h = rgb.size
         factor = max_side / max(w, h)
         if factor < 1:
-            rgb = rgb.resize((max(1, round(w * factor)), max(1, round(h * factor))), Image.LANCZOS)
+            size = (max(1, round(w * factor)), max(1, round(h * factor)))
+            # Image.LANCZOS: Pillow sets its module aliases at run time, where its stubs do not see them
+            rgb = rgb.resize(size, Image.LANCZOS)  # type: ignore[attr-defined]
         buf = io.BytesIO()
         rgb.save(buf, format="JPEG", quality=quality)
         return buf.getvalue(), rgb.size[0], rgb.size[1]

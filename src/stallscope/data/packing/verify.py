@@ -91,8 +91,8 @@ def _read_lmdb(path: Path, index: PackIndex, result: VerifyResult) -> None:
 
 def _verify_shards(path: Path, index: PackIndex, result: VerifyResult) -> None:
     by_shard: dict[int, list] = {}
-    for rec in index.records:
-        by_shard.setdefault(rec.shard, []).append(rec)
+    for record in index.records:
+        by_shard.setdefault(record.shard, []).append(record)
     for shard_no, name in enumerate(index.shards):
         expected = {rec.key: rec for rec in by_shard.get(shard_no, [])}
         seen: set[str] = set()
@@ -108,7 +108,11 @@ def _verify_shards(path: Path, index: PackIndex, result: VerifyResult) -> None:
                     if rec is None:
                         result.errors.append(f"{name}: unexpected member {member.name}")
                         continue
-                    data = tar.extractfile(member).read()
+                    member_file = tar.extractfile(member)
+                    if member_file is None:  # a directory or link where a record's bytes should be
+                        result.errors.append(f"{name}: member {member.name} is not a regular file")
+                        continue
+                    data = member_file.read()
                     if ext == "cls":
                         if data.strip() != str(rec.label).encode():
                             result.errors.append(f"{rec.key} ({rec.source}): label {data!r} != index {rec.label}")
