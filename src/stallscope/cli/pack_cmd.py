@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def _run_verify(path: str) -> int:
     return 1
 
 
-def _progress_bar(enabled: bool):
+def _progress_bar(enabled: bool) -> tuple[Any, Callable[[int, int, int], None] | None]:
     """A rich progress bar showing images/s and MB/s, or a no-op."""
     if not enabled:
         return None, None
@@ -88,7 +89,7 @@ def _progress_bar(enabled: bool):
         TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), transient=False,
     )
     task = progress.add_task("pack", total=None, rate="")
-    state = {"first": None, "t0": 0.0}
+    state: dict[str, Any] = {"first": None, "t0": 0.0}
 
     def update(done: int, total: int, nbytes: int) -> None:
         import time
@@ -115,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         return _err("give SRC and OUT: stallscope pack SRC OUT --format lmdb|wds (or --verify OUT)")
     from stallscope.cli.args import output_error
 
-    if args.report and (problem := output_error([args.report], None)):
-        return _err(problem)  # said before packing, not after minutes of it
+    if args.report and (report_error := output_error([args.report], None)):
+        return _err(report_error)  # said before packing, not after minutes of it
     from stallscope.data.packing import PackError, PackOptions, PackWriteError, pack
     from stallscope.data.sources import SourceError
 

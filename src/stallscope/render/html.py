@@ -260,7 +260,7 @@ def system_figure(session: Session) -> dict[str, Any] | None:
     if not ticks or not (percent or other):
         return None
     x = [(t - session.start_ns) / 1e9 for t in ticks]
-    data = []
+    data: list[dict[str, Any]] = []
     for name, values in percent.items():
         data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": values[:len(x)]})
     for name, values in other.items():

@@ -72,7 +72,7 @@ def format_delta(metric: Metric, delta: Delta | None) -> str:
     if metric.share:
         text = f"{100 * delta.change:+.1f} pts"
         interval = f"{100 * delta.interval[0]:+.1f}…{100 * delta.interval[1]:+.1f}" if delta.interval else ""
-    elif metric.absolute or _near_zero_baseline(metric, delta):
+    elif metric.absolute or delta.relative is None or _near_zero_baseline(metric, delta):
         unit = metric.unit if metric.unit == "%" else f" {metric.unit}"
         text = f"{_signed(metric, delta.change)}{unit}" + ("" if metric.absolute else " from about 0")
         interval = ""  # relative to about nothing: no figure worth showing

@@ -46,7 +46,7 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
     measured = rec.get("samples_per_s")
     whole = rec.get("samples_per_s_with_startups")
     rate = f", {measured:,.1f} samples/s" if isinstance(measured, float) else ""
-    if rate and isinstance(whole, float) and abs(whole - measured) > 0.02 * measured:
+    if isinstance(measured, float) and isinstance(whole, float) and abs(whole - measured) > 0.02 * measured:
         rate += f" between the workers' start-ups ({whole:,.1f} with them, as report counts)"
     console.print(f"recorded: {rec.get('workers')} worker(s), {rec.get('cpus_free'):.2f} CPU(s) free per training "
                   "process" + rate

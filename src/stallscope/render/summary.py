@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.analysis import Analysis, shares
+from stallscope.analysis.findings import LoaderSummary
 from stallscope.constants import NODE_IDS, SUMMARY_SCHEMA
 from stallscope.paths import write_file
 from stallscope.render import words
@@ -133,7 +134,7 @@ def _distributed_dict(d: Any) -> dict[str, Any] | None:
     }
 
 
-def _loader_dict(ld) -> dict[str, Any]:
+def _loader_dict(ld: LoaderSummary) -> dict[str, Any]:
     p = ld.pipeline
     pipeline = None
     if p is not None:

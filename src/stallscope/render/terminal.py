@@ -81,18 +81,18 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         console.print(f"    fix: {said.fix}", markup=False, highlight=False)
     if analysis.recommendations:
         top = analysis.recommendations[0]
-        said = words.recommendation(top)
+        advice = words.recommendation(top)
         gain = f" (predicted {top.predicted_speedup:.2f}x)" if top.predicted_speedup else ""
-        console.print(f"[bold]next step:[/bold] {escape(said.title)}{gain}")
-        console.print(f"  change: {said.change}", markup=False, highlight=False)
-        console.print(f"  why: {said.reason}", markup=False, highlight=False)
+        console.print(f"[bold]next step:[/bold] {escape(advice.title)}{gain}")
+        console.print(f"  change: {advice.change}", markup=False, highlight=False)
+        console.print(f"  why: {advice.reason}", markup=False, highlight=False)
         for rec in analysis.recommendations[1:3]:
             gain = f" ({rec.predicted_speedup:.2f}x)" if rec.predicted_speedup else ""
-            said = words.recommendation(rec)
-            console.print(f"  also: {said.title}{gain}: {said.change}", markup=False, highlight=False)
+            also = words.recommendation(rec)
+            console.print(f"  also: {also.title}{gain}: {also.change}", markup=False, highlight=False)
     for left_out in analysis.not_recommended:  # a likely fix the advice leaves out: why, in one line
-        said = words.not_recommended(left_out)
-        console.print(f"not advised: {said.title}: {said.reason}", markup=False, highlight=False)
+        why_not = words.not_recommended(left_out)
+        console.print(f"not advised: {why_not.title}: {why_not.reason}", markup=False, highlight=False)
     if analysis.failure:
         f = analysis.failure
         stopped = failures.failure_is_stop(f)

@@ -20,7 +20,7 @@ import json
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import stallscope
 from stallscope.analysis import Analysis
@@ -126,7 +126,7 @@ def _main_process(ev: _Events, session: Session, analysis: Analysis) -> None:
             ev.instant(MAIN_PID, MAIN_THREAD_TID, f"{e.type}", e.t_ns, {"message": e.message, "location": e.location})
 
 
-def _collectives_and_gpu(ev: _Events, session: Session, pid: int, trace_pid: int) -> None:
+def _collectives_and_gpu(ev: _Events, session: Session, pid: int | None, trace_pid: int) -> None:
     """Time in collectives (the sync node) and the GPU's own step/idle/copy spans of one process."""
     ev.meta(trace_pid, SYNC_TID, "thread_name", "collectives (sync)")
     ev.meta(trace_pid, SYNC_TID, "thread_sort_index", SYNC_TID)
@@ -265,7 +265,7 @@ def _queue_counters(ev: _Events, session: Session) -> None:
             ev.counter(MAIN_PID, f"loader {loader_id} queue", t_ns, {"ready": ready, "in_flight": in_flight})
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -287,7 +287,11 @@ def _system_counters(ev: _Events, session: Session) -> None:
             if i < len(values) and _number(values[i]):
                 ev.counter(SYSTEM_PID, name, t_ns, {"value": values[i]})
         for name, devices in per_gpu.items():
-            args = {f"gpu{k}": values[i] for k, values in enumerate(devices) if i < len(values) and _number(values[i])}
+            args: dict[str, float] = {}
+            for k, values in enumerate(devices):
+                value = values[i] if i < len(values) else None
+                if _number(value):
+                    args[f"gpu{k}"] = value
             if args:
                 ev.counter(SYSTEM_PID, f"gpu {name}", t_ns, args)
 
