@@ -311,7 +311,8 @@ def _unrecorded_workers() -> list[str]:
     try:
         from multiprocessing import forkserver
 
-        if forkserver._forkserver._forkserver_pid is not None:
+        # private, and the only way to ask whether a forkserver runs; AttributeError below where it changed
+        if forkserver._forkserver._forkserver_pid is not None:  # type: ignore[attr-defined]
             notes.append("a forkserver was running before the recording started: DataLoader workers it started "
                          "were not recorded (fork and spawn workers are)")
     except (ImportError, AttributeError):
@@ -323,7 +324,7 @@ def _forkserver_pid() -> int | None:
     try:
         from multiprocessing import forkserver
 
-        return forkserver._forkserver._forkserver_pid
+        return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]  # private, as above
     except (ImportError, AttributeError):
         return None
 

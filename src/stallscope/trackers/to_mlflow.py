@@ -88,7 +88,7 @@ def log(summary: dict[str, Any], session: Session, files: list[Path], *, uri: st
     script = script_run(session, "mlflow")
     script_uri = absolute_uri(script["uri"], script.get("cwd") or session.cwd) if script else None
     attach = script is not None and (uri is None or absolute_uri(uri, os.getcwd()) == script_uri)
-    tracking_uri = script_uri if attach else (uri or mlflow.get_tracking_uri())
+    tracking_uri = script_uri if attach and script_uri is not None else (uri or mlflow.get_tracking_uri())
     check_reachable(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     tags = metrics.tags(summary)

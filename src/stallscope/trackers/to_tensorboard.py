@@ -35,8 +35,8 @@ def log(summary: dict[str, Any], session: Session, files: list[Path], *, log_dir
     try:
         for name, value in metrics.flat_metrics(summary).items():
             writer.add_scalar(name, value, global_step=step)
-        for name, value in metrics.tags(summary).items():
-            writer.add_text(name, value, global_step=step)
+        for name, text in metrics.tags(summary).items():
+            writer.add_text(name, text, global_step=step)
     finally:
         writer.close()
     for path in files:

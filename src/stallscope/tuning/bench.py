@@ -51,7 +51,7 @@ class BenchResult:
     @property
     def best_capacity(self) -> dict[str, Any] | None:
         ok = [c for c in self.capacity if self._rate(c, "samples_per_s", "batches_per_s")]
-        return max(ok, key=lambda c: self._rate(c, "samples_per_s", "batches_per_s")) if ok else None
+        return max(ok, key=lambda c: self._rate(c, "samples_per_s", "batches_per_s") or 0.0) if ok else None
 
     @property
     def capacity_rate(self) -> float | None:
@@ -75,7 +75,8 @@ class BenchResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": "stallscope.bench/1", "command": self.command, "unit": self.unit,
-            "throughput": self.throughput, "throughput_se": self.normal.rate.se if self.throughput else None,
+            "throughput": self.throughput,
+            "throughput_se": self.normal.rate.se if self.throughput and self.normal and self.normal.rate else None,
             "capacity": self.capacity, "best_capacity": self.best_capacity, "capacity_rate": self.capacity_rate,
             "ceiling": self.ceiling, "ceiling_rate": self.ceiling_rate, "max_input_gain": self.max_input_gain,
             "script_num_workers": self.script_num_workers,

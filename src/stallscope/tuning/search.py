@@ -28,7 +28,7 @@ diagnosis is not followed, and it is never the final pick).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -87,7 +87,7 @@ class Budget:
         self.spent_s.append(wall_s)
 
 
-def diagnosis_changes(recommendations: list[Mapping[str, Any]]) -> dict[str, Any]:
+def diagnosis_changes(recommendations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The DataLoader arguments the diagnosis prescribes (each recommendation's ``overrides``), limited to
     the knobs tuning may change (the batch size changes the training, so only when asked, by the search). The
     recommendations come best first: a later one adds settings but never changes one a better one set (splitting
@@ -101,7 +101,7 @@ def diagnosis_changes(recommendations: list[Mapping[str, Any]]) -> dict[str, Any
     return changes
 
 
-def diagnosis_speedup(recommendations: list[Mapping[str, Any]]) -> float:
+def diagnosis_speedup(recommendations: Sequence[Mapping[str, Any]]) -> float:
     """The largest predicted speedup among recommendations that are a configuration change."""
     speedups = [float(r.get("predicted_speedup") or 1.0) for r in recommendations if r.get("overrides")]
     return max(speedups, default=1.0)
@@ -259,7 +259,7 @@ class Tuner:
             return incumbent
         measured = [t for t in self.trials if t.ok and t.rate is not None and t is not self.superseded
                     and t.rate.rel_se < PICK_REL_SE]
-        fastest = max(measured, key=lambda t: t.rate.value, default=incumbent)
+        fastest = max(measured, key=lambda t: t.rate.value if t.rate is not None else float("-inf"), default=incumbent)
         if fastest.rate is None or fastest.rate.value < incumbent.rate.value * PRACTICAL_GAIN:
             return incumbent
         incumbent_predicted, fastest_predicted = (t.label.startswith("diagnosis") for t in (incumbent, fastest))
@@ -380,6 +380,7 @@ class Tuner:
             return
         for fewer in _fewer_threads(threads):
             before = self.best
+            assert before is not None  # the incumbent, or a trial that beat it
             more = workers + threads - fewer
             if self.max_workers is not None and more > self.max_workers:
                 return
@@ -419,6 +420,7 @@ class Tuner:
             while 0 <= i + direction < len(values):
                 i += direction
                 before = self.best
+                assert before is not None  # the incumbent, or a trial that beat it
                 result = self._try({**before.config, knob: values[i]}, knob)
                 if result is not None and not result.ok and failures == 0:
                     failures += 1  # a failed value says nothing about the next one: look one further
