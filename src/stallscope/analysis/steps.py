@@ -241,7 +241,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         transfer = sum(_unpaused(paused, t0, t1, s0, s1) for t0, t1, _ in copies.overlapping(s0, s1))
         excluded = outside.overlap_ns(s0, s1)
         sizes = [n.batch_size for n in inside]
-        samples = sum(sizes) if sizes and all(v is not None for v in sizes) else None
+        samples = sum(v for v in sizes if v is not None) if sizes and all(v is not None for v in sizes) else None
         unpickle = sum(n.unpickle_ns for n in inside)
         sync = min(rank_waits.overlap_ns(s0, s1), max(0, s1 - s0 - excluded - wait - transfer))
         steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle_ns=unpickle,
@@ -267,7 +267,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         compute_s=sum(s.compute_ns for s in steady) / 1e9,
         unpickle_s=sum(s.unpickle_ns for s in steady) / 1e9,
         unpickle_cpu_s=sum(s.unpickle_cpu_ns for s in steady) / 1e9,
-        samples=sum(sample_counts) if sample_counts and all(v is not None for v in sample_counts) else None,
+        samples=(sum(v for v in sample_counts if v is not None)
+                 if sample_counts and all(v is not None for v in sample_counts) else None),
         median_step_s=statistics.median(s.duration_ns for s in steady) / 1e9 if steady else None,
         p90_step_s=(_quantile([s.duration_ns for s in steady], 0.9) or 0) / 1e9 if steady else None,
         median_wait_s=statistics.median(s.wait_ns for s in steady) / 1e9 if steady else None,

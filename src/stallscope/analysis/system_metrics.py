@@ -41,8 +41,8 @@ class SystemSummary:
     tree_rss_peak: int | None
     main_cpu_cores: float | None
     workers: list[ProcessUsage] = field(default_factory=list)
-    gpu_util_mean: list[float] | None = None
-    gpu_mem_peak: list[float] | None = None
+    gpu_util_mean: list[float | None] | None = None  # per GPU; None for a GPU with no reading
+    gpu_mem_peak: list[float | None] | None = None
     sampler_core_fraction: float | None = None
     absent: dict[str, str] = field(default_factory=dict)
     other_cores_mean: float | None = None  # CPU used by processes outside the job (noisy neighbours)
