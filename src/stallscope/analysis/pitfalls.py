@@ -50,7 +50,8 @@ def agreeing_with(pitfalls: list[Pitfall], recommendations: list[Any]) -> list[P
             for p in pitfalls]
 
 
-def _rss_growth(session, loaders, system, cpus):
+def _rss_growth(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                cpus: int) -> list[Pitfall]:
     """Private memory (USS, read every few seconds) shows copy-on-read; resident memory (RSS, read every
     tick) shows plain growth such as a per-worker cache. Either must still be climbing late in the run."""
     by_uss = [w for w in system.workers if w.private_start is not None and w.private_end is not None
@@ -61,17 +62,18 @@ def _rss_growth(session, loaders, system, cpus):
     if not by_uss and not by_rss:
         return []
     if by_uss:
-        worst = max(by_uss, key=lambda w: w.private_end - w.private_start)
+        worst = max(by_uss, key=lambda w: (w.private_end or 0) - (w.private_start or 0))  # both present, as filtered
         facts = {"memory": "private", "pid": worst.pid, "start_bytes": worst.private_start,
                  "end_bytes": worst.private_end, "growth_bytes_per_min": worst.private_growth_per_min}
     else:
-        worst = max(by_rss, key=lambda w: w.rss_end - w.rss_start)
+        worst = max(by_rss, key=lambda w: (w.rss_end or 0) - (w.rss_start or 0))
         facts = {"memory": "resident", "pid": worst.pid, "start_bytes": worst.rss_start, "end_bytes": worst.rss_end}
     grown = {w.pid for w in by_uss} | {w.pid for w in by_rss}
     return [Pitfall("worker-memory-growth", "loader", {"workers_grown": len(grown), **facts})]
 
 
-def _shm_headroom(session, loaders, system, cpus):
+def _shm_headroom(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                  cpus: int) -> list[Pitfall]:
     free = None
     for check in session.checks:
         if check.get("id") == "shm":
@@ -85,12 +87,14 @@ def _shm_headroom(session, loaders, system, cpus):
         in_flight = workers * int(loader.config.get("prefetch_factor") or 2) * int(info.get("nbytes") or 0)
         if workers and in_flight > 0.5 * free:
             out.append(Pitfall("shm-headroom", "loader", {
-                "loader_id": loader.loader_id, "workers": workers, "prefetch_factor": loader.config.get("prefetch_factor"),
+                "loader_id": loader.loader_id, "workers": workers,
+                "prefetch_factor": loader.config.get("prefetch_factor"),
                 "batch_bytes": info["nbytes"], "in_flight_bytes": in_flight, "shm_free_bytes": free}))
     return out
 
 
-def _shm_exhausted(session, loaders, system, cpus):
+def _shm_exhausted(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                   cpus: int) -> list[Pitfall]:
     """The run failed because /dev/shm had no room for a batch (``shm.shm_exhaustion``): the cause and its fix,
     with the loader's batches in flight where they are known."""
     found = shm_exhaustion(session)
@@ -109,7 +113,8 @@ def _shm_exhausted(session, loaders, system, cpus):
     return [Pitfall("shm-exhausted", "loader", facts)]
 
 
-def _workers_above_cores(session, loaders, system, cpus):
+def _workers_above_cores(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                         cpus: int) -> list[Pitfall]:
     out = []
     for ld in loaders:
         p = ld.pipeline
@@ -123,7 +128,8 @@ def _workers_above_cores(session, loaders, system, cpus):
     return out
 
 
-def _thread_oversubscription(session, loaders, system, cpus):
+def _thread_oversubscription(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                             cpus: int) -> list[Pitfall]:
     by_loader: dict[int, list[tuple[int, dict]]] = defaultdict(list)
     for w in session.worker_starts:
         by_loader[w.loader_id].append((w.worker, w.threads))
@@ -149,7 +155,8 @@ def _threads_of(settings: dict) -> int:
     return max(values)
 
 
-def _unpinnable_batch(session, loaders, system, cpus):
+def _unpinnable_batch(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                      cpus: int) -> list[Pitfall]:
     out = []
     for info in session.batch_info:
         loader = next((ld for ld in loaders if ld.loader_id == info["loader_id"]), None)
@@ -159,14 +166,16 @@ def _unpinnable_batch(session, loaders, system, cpus):
     return out
 
 
-def _cuda_in_forked_worker(session, loaders, system, cpus):
+def _cuda_in_forked_worker(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                           cpus: int) -> list[Pitfall]:
     hits = [e for e in session.errors if "re-initialize CUDA in forked subprocess" in e.message]
     if not hits:
         return []
     return [Pitfall("cuda-in-forked-worker", "loader", {"type": hits[0].type, "message": hits[0].message[:200]})]
 
 
-def _lmdb_before_fork(session, loaders, system, cpus):
+def _lmdb_before_fork(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                      cpus: int) -> list[Pitfall]:
     main = session.main_pid
     main_opens = [o for o in session.lmdb_opens if o["pid"] == main]
     if not main_opens:
@@ -181,7 +190,8 @@ def _lmdb_before_fork(session, loaders, system, cpus):
     return []
 
 
-def _out_of_order_waits(session, loaders, system, cpus):
+def _out_of_order_waits(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                        cpus: int) -> list[Pitfall]:
     """Waiting for one slow worker's batch while others' are ready (in-order delivery)."""
     out = []
     for ld in loaders:
@@ -194,7 +204,7 @@ def _out_of_order_waits(session, loaders, system, cpus):
         per_worker = {w: statistics.median(f.end_ns - f.start_ns for f in fetches if f.worker == w) for w in workers}
         slowest, fastest = max(per_worker.values()), min(per_worker.values())
         if fastest > 0 and slowest / fastest > 2.0 and (ld.pipeline and (ld.pipeline.empty_queue_fraction or 0) > 0.2):
-            slow = max(per_worker, key=per_worker.get)
+            slow = max(per_worker, key=lambda w: per_worker[w])
             out.append(Pitfall("slow-worker", "loader", {
                 "worker": slow, "slowest_batch_ns": slowest, "fastest_batch_ns": fastest,
                 "empty_queue_fraction": ld.pipeline.empty_queue_fraction}))
@@ -206,7 +216,8 @@ STALL_MIN_S = 1.0
 STALL_STEPS = 10
 
 
-def _loader_stalled(session, loaders, system, cpus):
+def _loader_stalled(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                    cpus: int) -> list[Pitfall]:
     """A ``next()`` that never returned: workers hung (a deadlock, a blocked read) or a ``timeout`` fired.
     A short wait cut by Ctrl-C is not one; a worker's exception re-raised in ``next()`` is the failure."""
     out = []
