@@ -15,9 +15,9 @@ from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_fo
 from stallscope.analysis.capacity import capacity_report
 from stallscope.analysis.epochs import epoch_shape
 from stallscope.analysis.failures import failure
-from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.findings import Analysis, LoaderSummary, Recommendation, StepStats
 from stallscope.analysis.frameworks import code_site
+from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.model_from_run import build_model
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline

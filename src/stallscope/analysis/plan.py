@@ -21,11 +21,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stallscope.analysis.capacity import ThroughputModel
-from stallscope.analysis.cpu_load import (ALL_CORES_BUSY_COST, COMPUTE_NEIGHBOUR_COST, COMPUTE_TIME_SHARING_COST,
-                                          SMT_YIELD, TIME_SHARING_COST)
+from stallscope.analysis.cpu_load import (
+    ALL_CORES_BUSY_COST,
+    COMPUTE_NEIGHBOUR_COST,
+    COMPUTE_TIME_SHARING_COST,
+    SMT_YIELD,
+    TIME_SHARING_COST,
+)
 from stallscope.analysis.fixes import planned
-from stallscope.analysis.sample_costs import (CPU_STAGES, RECEIVED_BATCH_READS, oversubscription_cost,
-                                              threads_outnumber_cpus)
+from stallscope.analysis.sample_costs import (
+    CPU_STAGES,
+    RECEIVED_BATCH_READS,
+    oversubscription_cost,
+    threads_outnumber_cpus,
+)
 from stallscope.analysis.throughput_rates import THREADED_OCCUPANCY
 from stallscope.settings import MAX_WORKERS
 
@@ -456,10 +465,10 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
     stages = CPU_STAGES if limit in ("cores", "no-worker-helps") else (*CPU_STAGES, "storage")
     first = max(stages, key=lambda n: moved.cost_s.get(n, 0.0))
     fixes = [] if needed is not None else _fixes(moved, target, ceiling, best, normalize_fraction)
-    recorded = {"cpus_free": model.usable_cpus, "workers": model.workers,
-                "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
-                "compute_on_cpu": model.compute_on_cpu, "compute_threads": model.compute_threads,
-                "threads_per_core": round(model.threads_per_core, 3)}
+    recorded: dict[str, object] = {"cpus_free": model.usable_cpus, "workers": model.workers,
+                                   "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,
+                                   "compute_on_cpu": model.compute_on_cpu, "compute_threads": model.compute_threads,
+                                   "threads_per_core": round(model.threads_per_core, 3)}
     at_best = moved.with_compute_threads(best.compute_threads) if best.compute_threads else moved
     compute = at_best.at_load(best.workers).compute_per_sample_s  # priced at the best row's load and threads
     return Plan(target, recorded, 1.0 / compute, rows, needed, best.workers, limit, first, fixes, notes)

@@ -143,8 +143,7 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     if input_side and pipeline is not None and workers > 0:
         rebuilt = len(train.ids) > 1  # a new DataLoader every epoch: persistent_workers cannot keep its workers
         persistent_advised = any(r.overrides.get("persistent_workers") for r in recs if r.id != "split-the-cores")
-        priced = epochs is not None and model is not None and not rebuilt
-        if priced:
+        if epochs is not None and model is not None and not rebuilt:
             # Kept alive, the workers still refill their queue at every epoch and finish what was in flight when
             # the loop broke out: priced over the same epoch starts as the worker counts above, so the two agree.
             gain = (rate_over_epochs(model, epochs, workers, True)
@@ -297,7 +296,7 @@ def workers_cause(model: ThroughputModel, workers: int, epochs: EpochShape | Non
     over_epochs = best_over_epochs(model, epochs, [best], workers) if epochs is not None else None
     quiet = _on_a_quiet_machine(model, cpus) if other_cpus >= OTHER_LOAD_NOTABLE_CPUS else None
     quiet_best = best_worker_count(quiet, quiet.usable_cpus) if quiet is not None else None
-    if over_epochs is not None and gain >= MIN_GAIN and over_epochs[2] < MIN_GAIN:
+    if epochs is not None and over_epochs is not None and gain >= MIN_GAIN and over_epochs[2] < MIN_GAIN:
         cost = epoch_cost(model, epochs, best, over_epochs[1])
         reason = "epoch-starts"
         extra = {"epoch_starts": epochs.restarts, "epoch_cost_s": cost.total_s, "epoch_start_s": cost.start_s,
@@ -405,6 +404,7 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
                  workers: int) -> list[Recommendation]:
     """The fixes of the two costliest input stages, each priced by the catalogue's scale of its stage."""
     pipeline = train.pipeline
+    assert pipeline is not None  # both callers check it first
     total = sum(seconds.values()) or 1.0
     ranked = sorted(("storage", "decode", "transform", "loader"), key=lambda n: -seconds.get(n, 0.0))
     recs: list[Recommendation] = []
