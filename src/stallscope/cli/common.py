@@ -72,7 +72,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                    help=set_help())
     p.add_argument("--steps", type=int, metavar="N", help="stop the job cleanly after N training steps")
-    p.add_argument("--store", metavar="DIR", type=folder, help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder,
+                   help="where sessions are saved (default ./.stallscope or $STALLSCOPE_HOME)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="do not print the summary, nor the status line shown under the script's output while it runs")
     p.add_argument("--sample-interval", type=float, default=0.1, metavar="SECONDS",
@@ -111,7 +112,8 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
            live: bool | None = None) -> tuple[int, RunResult | None]:
     """Run through ``stallscope.api.run`` and print what it found: the exit code and the result (None if
     the command could not start). ``log_to``: trackers to send the results to afterwards (``--log-to``);
-    ``live``: the status line while it runs (default: unless ``quiet``; only where stdout and stderr are one terminal)."""
+    ``live``: the status line while it runs (default: unless ``quiet``; only where stdout and stderr are one
+    terminal)."""
     try:
         result = api.run(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
                          sample_interval_s=sample_interval_s,

@@ -295,7 +295,7 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
     (trial_dir / "command.json").write_text(json.dumps(cmd))
     child_env = dict(os.environ)
     child_env.update(env or {})
-    base = dict(overrides=dict(overrides), index=index, label=label, trial_dir=str(trial_dir))
+    base: dict[str, Any] = dict(overrides=dict(overrides), index=index, label=label, trial_dir=str(trial_dir))
     intended_config = normalize(dict(intended or overrides))
     exit_code, wall = launch(cmd, trial_dir, timeout_s, child_env)
     if exit_code is None:
@@ -303,14 +303,14 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
                            reason=f"timed out after {timeout_s:.0f} s (killed)")
     summary = json.loads(json_path.read_text()) if json_path.exists() else None
     if exit_code < 0 and summary is None:
-        reason = "out of memory (killed by SIGKILL)" if exit_code == -signal.SIGKILL \
+        killed = "out of memory (killed by SIGKILL)" if exit_code == -signal.SIGKILL \
             else f"killed by signal {-exit_code}"
-        return TrialResult(**base, config=intended_config, ok=False, wall_s=wall, reason=reason)
+        return TrialResult(**base, config=intended_config, ok=False, wall_s=wall, reason=killed)
     reason = failure_reason(exit_code, summary, _tail(trial_dir / "stderr.txt"),
                             disk_full=summary is None and paths.disk_full(trial_dir))
     train = next((ld for ld in (summary or {}).get("loaders", []) if ld.get("role") == "train"), None)
     config = loader_knobs(train["config"]) if train else intended_config
-    if reason is not None:
+    if reason is not None or summary is None:  # (a run without a summary always has a reason)
         return TrialResult(**base, config=config, ok=False, wall_s=wall, reason=reason,
                            session=(summary or {}).get("session"))
     from stallscope.session import Session
