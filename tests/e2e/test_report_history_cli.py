@@ -45,16 +45,20 @@ def finish(proc: subprocess.Popen, tmp: Path, json_name: str) -> str:
     return json.loads((tmp / json_name).read_text())["run_id"]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
+def record_three(tmp: Path) -> dict:
     """Two runs of one configuration at the same time (so that both see the same load on a shared
     machine: mostly asleep, they hardly slow each other), then the same with 2 workers."""
-    tmp = tmp_path_factory.mktemp("history")
     store = tmp / "store"
     started = [record(tmp, store, f"same{i}.json", *INPUT_BOUND) for i in range(2)]
     same = [finish(proc, tmp, f"same{i}.json") for i, proc in enumerate(started)]
     workers = finish(record(tmp, store, "workers.json", "--set", "num_workers=2", *INPUT_BOUND), tmp, "workers.json")
     return {"tmp": tmp, "store": store, "same": same, "workers": workers}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The three runs, shared by the tests that read them but do not judge their speed."""
+    return record_three(tmp_path_factory.mktemp("history"))
 
 
 def test_two_runs_recording_into_one_store_at_once_are_both_intact(tmp_path):
@@ -90,7 +94,9 @@ def test_history_table_and_filters(runs):
     assert empty.returncode == 2 and "no run history" in empty.stderr
 
 
-def test_compare_same_configuration_is_within_noise(runs):
+@pytest.mark.speed  # the runs' rates on this machine: a rerun records them again (its own runs, not the module's)
+def test_compare_says_the_same_configuration_is_within_noise_and_two_workers_beyond_it(tmp_path):
+    runs = record_three(tmp_path)
     result = cli(runs["tmp"], "compare", *runs["same"], "--store", str(runs["store"]),
                  "--output", str(runs["tmp"] / "same.md"))
     assert result.returncode == 0, result.stderr
@@ -100,8 +106,6 @@ def test_compare_same_configuration_is_within_noise(runs):
         assert "within noise" in table_line(result.stdout, label)[3]
     assert (runs["tmp"] / "same.md").read_text() == result.stdout
 
-
-def test_compare_zero_vs_two_workers_marks_the_throughput_change_real(runs):
     result = cli(runs["tmp"], "compare", runs["same"][0], runs["workers"], "--store", str(runs["store"]))
     assert result.returncode == 0, result.stderr
     print(result.stdout)

@@ -31,6 +31,7 @@ def stallscope(tmp_path: Path, args: list[str], timeout: float = 300) -> tuple[s
     return proc, (json.loads(out.read_text()) if out.exists() else {})
 
 
+@pytest.mark.speed  # the winner is the configuration this machine ran fastest, confirmed faster head to head
 def test_tune_finds_workers_and_confirms_against_the_original(tmp_path: Path) -> None:
     # 40 steps: with 3-4 workers batches arrive in bursts, and 20 steps (14 measured after the prefetched ones, in 3
     # blocks of 4) gave a standard error that once let the diagnosis' 3x tie the original in CI. A fifth run leaves
@@ -71,6 +72,7 @@ def test_crashing_and_hanging_trials_are_recorded_and_tuning_continues(tmp_path:
     assert "keep it as it is" in " ".join(result["notes"])
 
 
+@pytest.mark.speed  # three rates measured in separate processes, within 10% of each other
 def test_bench_brackets_the_normal_run(tmp_path: Path) -> None:
     proc, result = stallscope(tmp_path, ["bench", "--workers", "0,2", "--seconds", "1.5", "--steps", "30", "--",
                                          sys.executable, TINY, "--sleep-ms", "3", "--n", "400", "--epochs", "50"])
