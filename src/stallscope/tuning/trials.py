@@ -264,7 +264,7 @@ def _measured(session: Any, config: Mapping[str, Any]) -> tuple[Rate | None, str
     kept = steps[skip:]
     durations = [s.duration_ns / 1e9 for s in kept]
     if kept and all(s.samples is not None for s in kept):
-        return rate_of(durations, [float(s.samples) for s in kept]), "samples/s", durations, other
+        return rate_of(durations, [float(s.samples or 0) for s in kept]), "samples/s", durations, other
     return rate_of(durations), "steps/s", durations, other
 
 
