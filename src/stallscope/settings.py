@@ -36,6 +36,9 @@ ENV_PYTHON_VERSION = "STALLSCOPE_PYTHON_VERSION"
 ENV_RANK_PID = "STALLSCOPE_RANK_PID"
 #: ``stallscope bench``: the bench-mode configuration (JSON) for the job's main process.
 ENV_BENCH = "STALLSCOPE_BENCH"
+#: ``stallscope tune``: where a trial's ``stallscope run`` writes the figures the tuner measures, from the
+#: trial's own Analysis (read by the launcher only; the script never sees it).
+ENV_TRIAL_FIGURES = "STALLSCOPE_TRIAL_FIGURES"
 #: Stack samples per second inside batch fetches (``recorder/stacks.py``); 0 turns the sampler off.
 ENV_STACK_SAMPLE_HZ = "STALLSCOPE_STACK_SAMPLE_HZ"
 #: Tests only: seconds ``pack`` sleeps per record, so a test can kill it mid-way.

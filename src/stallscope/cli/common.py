@@ -15,7 +15,7 @@ from stallscope.oserrors import os_error_words
 from stallscope.render import terminal
 from stallscope.render.safe_text import printable, terminal_console
 from stallscope.render.summary import write_summary
-from stallscope.settings import OverrideError, parse_overrides, set_help
+from stallscope.settings import ENV_TRIAL_FIGURES, OverrideError, parse_overrides, set_help
 from stallscope.trackers import TRACKERS, failure_line, log_run, missing_library
 
 
@@ -114,6 +114,7 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
     the command could not start). ``log_to``: trackers to send the results to afterwards (``--log-to``);
     ``live``: the status line while it runs (default: unless ``quiet``; only where stdout and stderr are one
     terminal)."""
+    trial_figures = os.environ.pop(ENV_TRIAL_FIGURES, None)  # a tune trial's: the script never sees it
     try:
         result = api.run(command, module=module, store=store, overrides=overrides, max_steps=max_steps,
                          sample_interval_s=sample_interval_s,
@@ -122,6 +123,13 @@ def record(verb: str, command: list[str], *, module: str | None, store: str | No
         say(verb, str(exc))
         return 2, None
     report_run(verb, result, json_path=json_path, quiet=quiet)
+    if trial_figures:
+        from stallscope.tuning.trials import write_trial_figures
+
+        try:
+            write_trial_figures(trial_figures, result.session, result.analysis)
+        except OSError:  # the tuner then analyses the saved session itself
+            pass
     for target in dict.fromkeys(log_to or []):
         log_to_tracker(verb, result, target)
     return result.exit_code, result

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +255,10 @@ def _measured(session: Any, config: Mapping[str, Any]) -> tuple[Rate | None, str
     """``measured_rate``'s figures and the CPUs other programs kept busy over the steady steps."""
     from stallscope.analysis import analyze
 
-    analysis = analyze(session)
+    return _figures_of(analyze(session), config)
+
+
+def _figures_of(analysis: Any, config: Mapping[str, Any]) -> tuple[Rate | None, str, list[float], float]:
     other = analysis.other_cpus
     steps = analysis.steps.steps
     batches = sum(s.batches for s in steps) / len(steps) if steps else 1.0
@@ -266,6 +269,26 @@ def _measured(session: Any, config: Mapping[str, Any]) -> tuple[Rate | None, str
     if kept and all(s.samples is not None for s in kept):
         return rate_of(durations, [float(s.samples or 0) for s in kept]), "samples/s", durations, other
     return rate_of(durations), "steps/s", durations, other
+
+
+def write_trial_figures(path: str, session: Any, analysis: Any) -> None:
+    """In a trial's ``stallscope run``: what the tuner measures of the trial, from the Analysis that run made, so
+    the tuner need not analyse the session again. Never a half-written file (``paths.write_file``)."""
+    train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+    rate, unit, durations, other = _figures_of(analysis, loader_knobs(train.config) if train else {})
+    figures = {"rate": asdict(rate) if rate else None, "unit": unit, "durations_s": durations,
+               "other_cpus": other, "uses_device": bool(session.transfers)}
+    paths.write_file(Path(path), json.dumps(figures))
+
+
+def _read_trial_figures(path: Path) -> tuple[Rate | None, str, list[float], float, bool] | None:
+    """The figures a trial's run wrote (``write_trial_figures``); None where it wrote none (it died first)."""
+    try:
+        figures = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    rate = Rate(**figures["rate"]) if figures["rate"] else None
+    return rate, figures["unit"], figures["durations_s"], figures["other_cpus"], figures["uses_device"]
 
 
 def launch(cmd: list[str], trial_dir: Path, timeout_s: float, env: Mapping[str, str]) -> tuple[int | None, float]:
@@ -293,8 +316,10 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
     json_path = trial_dir / "summary.json"
     cmd = trial_command(command, overrides, steps, json_path, store)
     (trial_dir / "command.json").write_text(json.dumps(cmd))
+    figures_path = trial_dir / "figures.json"
     child_env = dict(os.environ)
     child_env.update(env or {})
+    child_env[settings.ENV_TRIAL_FIGURES] = str(figures_path)
     base: dict[str, Any] = dict(overrides=dict(overrides), index=index, label=label, trial_dir=str(trial_dir))
     intended_config = normalize(dict(intended or overrides))
     exit_code, wall = launch(cmd, trial_dir, timeout_s, child_env)
@@ -315,16 +340,20 @@ def run_trial(command: list[str], overrides: Mapping[str, Any], *, index: int, l
                            session=(summary or {}).get("session"))
     from stallscope.session import Session
 
-    try:
-        session = Session.load(summary["session"])
-        rate, unit, durations, other = _measured(session, config)
-    except Exception as exc:  # an unreadable session is this trial's failure, not the tuner's
-        said = (f"could not read {exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename
-                and exc.strerror else f"could not analyze its session: {type(exc).__name__}: {exc}")
-        return TrialResult(**base, config=config, ok=False, wall_s=wall, reason=said)
+    figures = _read_trial_figures(figures_path)
+    if figures is not None:
+        rate, unit, durations, other, uses_device = figures
+    else:  # a run that wrote none (an older stallscope on the path): its session, analysed here
+        try:
+            session = Session.load(summary["session"])
+            rate, unit, durations, other = _measured(session, config)
+            uses_device = bool(session.transfers)
+        except Exception as exc:  # an unreadable session is this trial's failure, not the tuner's
+            said = (f"could not read {exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename
+                    and exc.strerror else f"could not analyze its session: {type(exc).__name__}: {exc}")
+            return TrialResult(**base, config=config, ok=False, wall_s=wall, reason=said)
     if rate is None:
         return TrialResult(**base, config=config, ok=False, wall_s=wall, reason="no steady steps to measure")
-    uses_device = bool(session.transfers)
     return TrialResult(**base, config=config, ok=True, rate=rate, unit=unit, wall_s=wall,
                        verdict=summary.get("verdict"), data_wait_fraction=summary.get("data_wait_fraction"),
                        step_times_s=durations, recommendations=list(summary.get("recommendations") or []),
