@@ -48,7 +48,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                       help="samples/s the whole job's compute could take on the target (all GPUs together)")
     p.add_argument("--workers", type=int, metavar="W", help="also show the prediction for W workers per process")
     p.add_argument("--json", metavar="PATH", help="write the plan (schema stallscope.plan/1) here; '-' for stdout")
-    p.add_argument("--store", metavar="DIR", type=folder, help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
+    p.add_argument("--store", metavar="DIR", type=folder,
+                   help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
     p.set_defaults(handler=handle)
 
 

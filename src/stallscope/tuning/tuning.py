@@ -14,9 +14,9 @@ from typing import Any
 
 from stallscope import paths
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
+from stallscope.settings import PROCESS_SETTINGS, in_code
 from stallscope.tuning.noise import DEFAULT_Z, Rate, better, mean_rate, within_noise
 from stallscope.tuning.search import Budget, SearchOutcome, Tuner, config_key, overrides_for
-from stallscope.settings import PROCESS_SETTINGS, in_code
 from stallscope.tuning.trials import TrialResult, run_trial, set_arguments
 
 DEFAULT_STEPS = 50
