@@ -129,6 +129,37 @@ def test_interrupted_pack_resumes_to_the_same_result(source, tmp_path, fmt):
             assert (resumed / name).read_bytes() == (clean / name).read_bytes()
 
 
+LEAVE_EARLY = """
+import sys
+from pathlib import Path
+from stallscope.data.packing.packer import _prepared_stream
+
+files = sorted(Path(sys.argv[1]).rglob("*.jpg"))
+tasks = [(i, str(p), p.name, 0, 0, 90) for i, p in enumerate(files)]
+for leave in range(30):
+    stream = _prepared_stream(tasks, 2)
+    for k, item in enumerate(stream):
+        if k == 3 + leave % 20:
+            break
+    stream.close()
+print("left 30 times")
+"""
+
+
+def test_leaving_the_prepared_stream_early_never_hangs(tmp_path):
+    """A pack that fails part-way (a full disk) leaves its workers' stream with chunks still on their way, each more
+    than a pipe holds. Pool.terminate() stopped the pool's result reader first, so a worker sending one kept the
+    result queue's lock for ever and terminate waited on it: 4 runs of 40 early leaves in 5 hung. A race, so this
+    leaves 30 times on 160 photos of 500x400 (chunks of 16, about 400 KB), in a child that a hang times out."""
+    import subprocess
+    import sys
+
+    photos = make_dataset(tmp_path / "photos", DatasetSpec(n_files=160, width=500, height=400))
+    done = subprocess.run([sys.executable, "-c", LEAVE_EARLY, str(photos)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "left 30 times" in done.stdout, done.stderr[-2000:]
+
+
 def test_rerun_of_a_finished_pack_is_a_no_op_and_conflicts_are_refused(source, tmp_path):
     out = tmp_path / "out"
     first = pack(source, out, PackOptions())

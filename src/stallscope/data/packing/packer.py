@@ -9,6 +9,7 @@ renamed to ``OUT`` in one step: ``OUT`` either does not exist or is complete.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fnmatch
 import hashlib
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,20 +162,42 @@ def _sigint_ignored_while_forking() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _prepare_chunk(chunk: list[tuple]) -> list[Prepared]:
+    """A pool worker's task: PREPARE_CHUNK records."""
+    return [prepare(task) for task in chunk]
+
+
 def _prepared_stream(tasks: list[tuple], workers: int) -> Generator[Prepared, None, None]:
     """Prepared records in source order. With workers, Ctrl-C reaches only this process: leaving (by
-    KeyboardInterrupt or by ``close()``) terminates the pool, and the caller's resume logic takes over."""
+    KeyboardInterrupt or by ``close()``) stops the pool, and the caller's resume logic takes over.
+
+    At most two chunks a worker are handed out ahead of the one being read, and leaving takes their results in
+    before it terminates the pool: ``Pool.terminate()`` stops the pool's result reader first, so a worker still
+    sending a chunk (hundreds of KB, more than a pipe holds) blocked for ever holding the result queue's lock, and
+    terminate with it (a pack that filled its disk under load hung so)."""
     if workers <= 0 or len(tasks) < 2:
         yield from map(prepare, tasks)
         return
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    chunks = -(-len(tasks) // PREPARE_CHUNK)
+    chunks = [tasks[start:start + PREPARE_CHUNK] for start in range(0, len(tasks), PREPARE_CHUNK)]
+    size = min(workers, len(chunks))  # a process per chunk of work at most
     with _sigint_ignored_while_forking():
-        pool = ctx.Pool(min(workers, chunks), initializer=_ignore_sigint)  # a process per chunk of work at most
+        pool = ctx.Pool(size, initializer=_ignore_sigint)
+    ahead: collections.deque[AsyncResult[list[Prepared]]] = collections.deque()
     try:
-        yield from pool.imap(prepare, tasks, chunksize=PREPARE_CHUNK)
+        for chunk in chunks:
+            ahead.append(pool.apply_async(_prepare_chunk, (chunk,)))
+            if len(ahead) > 2 * size:
+                yield from ahead.popleft().get()
+        while ahead:
+            yield from ahead.popleft().get()
         pool.close()
     finally:
+        try:
+            for result in ahead:  # nothing in flight when the pool is terminated
+                result.wait()
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now
+            pass
         pool.terminate()
         pool.join()
 
