@@ -151,13 +151,21 @@ def test_leaving_the_prepared_stream_early_never_hangs(tmp_path):
     than a pipe holds. Pool.terminate() stopped the pool's result reader first, so a worker sending one kept the
     result queue's lock for ever and terminate waited on it: 4 runs of 40 early leaves in 5 hung. A race, so this
     leaves 30 times on 160 photos of 500x400 (chunks of 16, about 400 KB), in a child that a hang times out."""
+    import os
+    import signal
     import subprocess
     import sys
 
     photos = make_dataset(tmp_path / "photos", DatasetSpec(n_files=160, width=500, height=400))
-    done = subprocess.run([sys.executable, "-c", LEAVE_EARLY, str(photos)], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0 and "left 30 times" in done.stdout, done.stderr[-2000:]
+    child = subprocess.Popen([sys.executable, "-c", LEAVE_EARLY, str(photos)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # the child and its pool's workers, which a hang leaves waiting
+        child.communicate()
+        pytest.fail("leaving the prepared stream early hung")
+    assert child.returncode == 0 and "left 30 times" in out, err[-2000:]
 
 
 def test_rerun_of_a_finished_pack_is_a_no_op_and_conflicts_are_refused(source, tmp_path):
