@@ -19,9 +19,11 @@ from stallscope.constants import SESSION_SCHEMA
 from stallscope.recorder.schema import fields_of
 from stallscope.session import (
     RECORD_LISTS,
+    BackwardRecord,
     CollectiveRecord,
     ErrorRecord,
     FetchRecord,
+    ForwardRecord,
     GpuSpanRecord,
     IterRecord,
     LoaderRecord,
@@ -91,7 +93,8 @@ _BY_NAME: dict[str, tuple[str, type]] = {
     "shutdown": ("shutdowns", ShutdownRecord),
     "next_stall": ("stalls", StallRecord),
     "send": ("sends", SendRecord), "worker_start": ("worker_starts", WorkerStartRecord),
-    "opt": ("optimizer_steps", OptimizerStepRecord), "pin": ("pins", PinRecord), "h2d": ("transfers", TransferRecord),
+    "opt": ("optimizer_steps", OptimizerStepRecord), "fwd": ("forwards", ForwardRecord),
+    "bwd": ("backwards", BackwardRecord), "pin": ("pins", PinRecord), "h2d": ("transfers", TransferRecord),
     "gpu_span": ("gpu_spans", GpuSpanRecord),
 }
 
@@ -164,6 +167,10 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                         pids = thread_sampled.setdefault(str(f.get("fallback_reason") or "reason not recorded"), [])
                         if pid not in pids:
                             pids.append(pid)
+                elif kind == "step_samples":  # the training step's own lines: stage compute, no loader
+                    for part, frames, count in f["samples"]:
+                        key = (pid, -1, f"compute:{part}", tuple(frames), "thread")
+                        stack_counts[key] = stack_counts.get(key, 0) + int(count)
                 elif kind == "stack_sampler_off":
                     sampler_off.setdefault(str(f["reason"]), []).append(pid)
                 elif kind == "lmdb_open":
@@ -236,8 +243,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         framework_args=framework_args,
         tracker_runs=sorted(tracker_runs, key=lambda r: r["t_ns"]),
         calibrations=calibrations,
-        stack_samples=[{"pid": pid, "loader_id": loader_id, "stage": stage, "frames": list(frames), "count": n,
-                        **({"sampler": sampler} if sampler else {})}
+        stack_samples=[_stack_row(pid, loader_id, stage, frames, sampler, n)
                        for (pid, loader_id, stage, frames, sampler), n in stack_counts.items()],
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),
         **lists,
@@ -405,3 +411,14 @@ def _same_host(meta: dict[str, Any]) -> bool:
     environment = meta.get("environment")
     host = environment.get("hostname") if isinstance(environment, dict) else None
     return host is None or host == platform.node()
+
+
+def _stack_row(pid: int, loader_id: int, stage: str, frames: tuple[str, ...], sampler: str | None, count: int
+               ) -> dict[str, Any]:
+    """One ``Session.stack_samples`` row; the training step's samples (``compute:PART``) carry their part."""
+    row: dict[str, Any] = {"pid": pid, "loader_id": loader_id, "stage": stage, "frames": list(frames), "count": count}
+    if stage.startswith("compute:"):
+        row["stage"], row["part"] = "compute", stage.split(":", 1)[1]
+    if sampler:
+        row["sampler"] = sampler
+    return row

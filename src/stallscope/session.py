@@ -181,6 +181,24 @@ class OptimizerStepRecord:
 
 
 @dataclass(frozen=True)
+class ForwardRecord:
+    """A root module's outermost call (recorder/step_parts.py)."""
+    start_ns: int
+    end_ns: int
+    module: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class BackwardRecord:
+    """An outermost ``torch.autograd.backward`` (how: "backward") or ``torch.autograd.grad`` ("grad") call."""
+    start_ns: int
+    end_ns: int
+    how: str
+    pid: int
+
+
+@dataclass(frozen=True)
 class PinRecord:
     main_thread: bool
     start_ns: int
@@ -285,6 +303,8 @@ class Session:
     fetches: list[FetchRecord] = field(default_factory=list)
     worker_starts: list[WorkerStartRecord] = field(default_factory=list)
     optimizer_steps: list[OptimizerStepRecord] = field(default_factory=list)
+    forwards: list[ForwardRecord] = field(default_factory=list)
+    backwards: list[BackwardRecord] = field(default_factory=list)
     pins: list[PinRecord] = field(default_factory=list)
     transfers: list[TransferRecord] = field(default_factory=list)
     errors: list[ErrorRecord] = field(default_factory=list)
@@ -425,8 +445,8 @@ CLOCK_FIELDS = frozenset({"start_ns", "end_ns", "t_ns", "created_ns", "entered_n
 #: Record fields that hold an os pid (``merge`` renumbers them across nodes).
 PID_FIELDS = ("pid", "ppid", "owner")
 #: Lists kept in time order (by ``start_ns``, or ``t_ns``); the others keep the order they were recorded in.
-TIME_ORDERED = ("nexts", "fetches", "iters", "shutdowns", "sends", "optimizer_steps", "pins", "transfers",
-                "collectives", "gpu_spans")
+TIME_ORDERED = ("nexts", "fetches", "iters", "shutdowns", "sends", "optimizer_steps", "forwards", "backwards", "pins",
+                "transfers", "collectives", "gpu_spans")
 #: Lists whose records belong to one process (its ``pid``): a rank's view keeps those of its own processes.
 PER_PROCESS = tuple(name for name, kind in RECORD_LISTS.items()
                     if name not in ("processes", "ranks") and "pid" in {f.name for f in dataclasses.fields(kind)})

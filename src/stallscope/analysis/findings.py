@@ -23,6 +23,10 @@ class Step:
     unpickle_ns: int = 0  # part of the wait spent rebuilding batches received from workers
     unpickle_cpu_ns: int = 0  # the CPU part of that; the rest waited on the sending worker
     sync_ns: int = 0  # time waiting for other ranks in collectives (taken out of compute)
+    # compute's parts (analysis/step_parts.py); the rest of compute is the script's own step code
+    forward_ns: int = 0
+    backward_ns: int = 0
+    optimizer_ns: int = 0
 
     @property
     def duration_ns(self) -> int:
@@ -55,6 +59,9 @@ class StepStats:
     stalled_s: float = 0.0  # in wall_s and wait_s: blocked in next() calls that never returned a batch
     # loaders fed together with the training loader (zip): their waits are in wait_s
     paired_loader_ids: tuple[int, ...] = ()
+    #: compute split into the step's parts, steady seconds: forward, backward, optimizer, step_code (the rest of
+    #: compute); None where forward and backward were not recorded (a session of an older version)
+    parts_s: dict[str, float] | None = None
 
     @property
     def sync_fraction(self) -> float:

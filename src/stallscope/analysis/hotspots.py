@@ -12,6 +12,7 @@ that by the stage's share of step time, so sites of different stages rank on one
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -37,11 +38,13 @@ class Hotspot:
     samples: int
     share_of_stage: float
     share_of_step: float
+    #: compute's sites: the part of the step most of its samples were in (forward, backward, optimizer, step_code)
+    part: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "file": self.file, "line": self.line, "function": self.function,
                 "share_of_stage": round(self.share_of_stage, 4), "share_of_step": round(self.share_of_step, 4),
-                "library": self.library}
+                "library": self.library, **({"part": self.part} if self.part else {})}
 
 
 def library_name(path: str) -> str:
@@ -64,13 +67,18 @@ def _first_part(relative: str) -> str:
 
 #: Frames of these code objects are a line of their enclosing function (Python before 3.12 gives comprehensions
 #: their own frame): the site names that function.
-_INLINE_CODE = (".<locals>.<listcomp>", ".<locals>.<dictcomp>", ".<locals>.<setcomp>", ".<locals>.<genexpr>")
+_INLINE_CODE = tuple(f"{scope}.<{kind}>" for scope in (".<locals>", "") for kind in ("listcomp", "dictcomp", "setcomp",
+                                                                                  "genexpr"))
 
 
 def _enclosing(function: str) -> str:
-    for suffix in _INLINE_CODE:
-        if function.endswith(suffix):
-            return function[: -len(suffix)]
+    """The function a comprehension's frame belongs to, however deeply nested (a generator in a list comprehension)."""
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix in _INLINE_CODE:
+            if function.endswith(suffix):
+                function, stripped = function[: -len(suffix)], True
     return function
 
 
@@ -116,6 +124,7 @@ def hotspots(samples: Iterable[dict[str, Any]], stage_shares: dict[str, float],
     processes = set(pids) if pids is not None else None
     per_stage: dict[str, int] = {}
     per_site: dict[tuple[str, str, int, str, str | None], int] = {}
+    parts: dict[tuple[str, str, int, str, str | None], Counter[str]] = {}
     for row in samples:
         if loaders is not None and row.get("loader_id") not in loaders:
             continue
@@ -127,20 +136,31 @@ def hotspots(samples: Iterable[dict[str, Any]], stage_shares: dict[str, float],
         if site is not None:
             key = (stage, *site)
             per_site[key] = per_site.get(key, 0) + count
+            if row.get("part"):
+                parts.setdefault(key, Counter())[row["part"]] += count
     found = []
-    for (stage, path, line, function, library), count in per_site.items():
+    for key, count in per_site.items():
+        stage, path, line, function, library = key
         of_stage = count / per_stage[stage]
+        part = parts[key].most_common(1)[0][0] if key in parts else None
         found.append(Hotspot(stage, path, line, function, library, count, of_stage,
-                             of_stage * stage_shares.get(stage, 0.0)))
+                             of_stage * stage_shares.get(stage, 0.0), part))
     found.sort(key=lambda h: (-h.share_of_step, -h.samples, h.stage, h.file, h.line, h.library or ""))
     return found[:limit]
 
 
 def session_hotspots(session: Session, loader_ids: Iterable[int], stage_seconds: dict[str, float]) -> list[Hotspot]:
     """The job's hotspots: samples of its training loader (``loader_ids``; every loader when empty) in the
-    training process and the processes under it; ``stage_seconds``: step time per stage."""
+    training process and the processes under it, and the training step's own (stage ``compute``, sampled in the
+    training process's main thread); ``stage_seconds``: step time per stage."""
     ids = tuple(loader_ids)
-    return hotspots(session.stack_samples, shares(stage_seconds), ids or None, job_pids(session))
+    stage_shares = shares(stage_seconds)
+    fetched = [row for row in session.stack_samples if row.get("stage") != "compute"]
+    stepped = [row for row in session.stack_samples if row.get("stage") == "compute"]
+    found = (hotspots(fetched, stage_shares, ids or None, job_pids(session))
+             + hotspots(stepped, stage_shares, None, {session.main_pid} if session.main_pid is not None else None))
+    found.sort(key=lambda h: (-h.share_of_step, -h.samples, h.stage, h.file, h.line, h.library or ""))
+    return found[:MAX_HOTSPOTS]
 
 
 def top_of_stage(found: list[Hotspot], stage: str | None, n: int = 3) -> list[Hotspot]:

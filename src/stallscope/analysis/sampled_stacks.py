@@ -76,12 +76,17 @@ def parse_frames(frames: Iterable[str]) -> tuple[Frame, ...]:
 
 def job_stacks(session: Session, loader_ids: Iterable[int] = ()) -> list[SampledStack]:
     """The samples the hotspots are made of: of the training loader (``loader_ids``; every loader when empty),
-    from the training process and the processes under it."""
+    from the training process and the processes under it, and the training step's own (stage ``compute``)."""
     loaders = set(loader_ids) or None
     pids = job_pids(session)
     found = []
     for row in session.stack_samples:
-        if row.get("pid") not in pids or (loaders is not None and row.get("loader_id") not in loaders):
+        if row.get("pid") not in pids:
+            continue
+        if row.get("stage") == "compute":
+            if row.get("pid") != session.main_pid:
+                continue
+        elif loaders is not None and row.get("loader_id") not in loaders:
             continue
         found.append(SampledStack(int(row["pid"]), int(row.get("loader_id", -1)), str(row["stage"]),
                                   parse_frames(row["frames"]), int(row["count"]), row.get("sampler")))

@@ -16,12 +16,14 @@ the costly first loader's waits out of every step as if they were a validation l
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import statistics
 from collections import Counter
 from collections.abc import Sequence
 
 from stallscope.analysis.findings import Step, StepStats
 from stallscope.analysis.spans import SpanIndex, index_of
+from stallscope.analysis.step_parts import PartsMeter
 from stallscope.analysis.sync import merge_intervals, overlap_ns, sync_intervals
 from stallscope.session import NextRecord, Session
 
@@ -232,6 +234,10 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     paired = SpanIndex((n.start_ns, n.end_ns, n) for n in session.nexts if n.pid == pid and n.loader_id in paired_set)
     restarts, copies = index_of(boundaries), SpanIndex((t.start_ns, t.end_ns, t) for t in transfers)
     outside, rank_waits = index_of(left_out), index_of(waits_for_ranks)
+    not_compute = [(n.start_ns, n.end_ns) for n in session.nexts if n.pid == pid and n.loader_id in {*train_ids,
+                                                                                                   *paired_ids}]
+    parts = PartsMeter(session, pid, not_compute + boundaries + [(t.start_ns, t.end_ns) for t in transfers]
+                       + left_out + waits_for_ranks)
     steps: list[Step] = []
     for index, (s0, s1) in enumerate(bounds):
         inside = batches.within(s0, s1)
@@ -244,8 +250,11 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         samples = sum(v for v in sizes if v is not None) if sizes and all(v is not None for v in sizes) else None
         unpickle = sum(n.unpickle_ns for n in inside)
         sync = min(rank_waits.overlap_ns(s0, s1), max(0, s1 - s0 - excluded - wait - transfer))
-        steps.append(Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle_ns=unpickle,
-                          unpickle_cpu_ns=sum(n.unpickle_cpu_ns for n in inside), sync_ns=sync))
+        step = Step(index, s0, s1, wait, transfer, len(inside), samples, excluded, unpickle_ns=unpickle,
+                    unpickle_cpu_ns=sum(n.unpickle_cpu_ns for n in inside), sync_ns=sync)
+        split = parts.measure(s0, s1, step.compute_ns)
+        steps.append(dataclasses.replace(step, forward_ns=split.forward_ns, backward_ns=split.backward_ns,
+                                         optimizer_ns=split.optimizer_ns))
 
     warm = _warm_up(steps, warmup, _first_round(session, pid, train_ids))
     steady = steps[warm:]
@@ -276,4 +285,14 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         sync_s=sum(s.sync_ns for s in steady) / 1e9,
         stalled_s=stalled,
         paired_loader_ids=paired_ids,
+        parts_s=_parts_s(steady) if parts.recorded else None,
     )
+
+
+def _parts_s(steady: list[Step]) -> dict[str, float]:
+    """Steady seconds per part of compute; ``step_code`` is what the others leave of it."""
+    forward, backward, optimizer = (sum(getattr(s, f"{name}_ns") for s in steady) / 1e9
+                                    for name in ("forward", "backward", "optimizer"))
+    compute = sum(s.compute_ns for s in steady) / 1e9
+    return {"forward": forward, "backward": backward, "optimizer": optimizer,
+            "step_code": max(0.0, compute - forward - backward - optimizer)}

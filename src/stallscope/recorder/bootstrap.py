@@ -13,7 +13,17 @@ import time
 import traceback
 from typing import Any, NoReturn
 
-from stallscope.recorder import distributed, events, frameworks, importhook, loader, steps, trackers, transfer
+from stallscope.recorder import (
+    distributed,
+    events,
+    frameworks,
+    importhook,
+    loader,
+    step_parts,
+    steps,
+    trackers,
+    transfer,
+)
 from stallscope.recorder.libraries import LIBRARY_PATCHES, patch_torch
 from stallscope.settings import (
     ENV_BENCH,
@@ -32,6 +42,8 @@ PATCHES: dict[str, Any] = {
     "torch.utils.data._utils.fetch": loader.patch_fetchers,
     "torch.utils.data._utils.pin_memory": loader.patch_pin_memory,
     "torch.optim.optimizer": steps.install_optimizer_hooks,
+    "torch.nn.modules.module": step_parts.install_module_hooks,
+    "torch.autograd": step_parts.patch_autograd,
     "torch.cuda": transfer.install_after_cuda_init,
     "torch.distributed.distributed_c10d": distributed.patch_c10d,
     "torch.nn.parallel.distributed": distributed.patch_ddp,

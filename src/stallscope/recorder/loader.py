@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from stallscope.recorder import batches, events, importhook, steps, workers
+from stallscope.recorder import batches, events, importhook, step_sampler, steps, workers
 from stallscope.recorder.overrides import apply_overrides
 
 _perf = time.perf_counter_ns
@@ -334,6 +334,7 @@ def patch_dataloader(module: Any) -> None:
         global _waiting
         if steps.max_steps is not None:
             steps.before_next()
+        step_sampler.batch_wanted()
         self._stallscope_worker = -1
         ipc = _ipc
         if _ipc_patched:  # unpickling inside this call (wall beyond CPU: fetching tensors' descriptors)
@@ -361,6 +362,7 @@ def patch_dataloader(module: Any) -> None:
             _note_batch_bytes(self._stallscope_lid, described.get("nbytes"))
         _batches_by_loader[self._stallscope_lid] = _batches_by_loader.get(self._stallscope_lid, 0) + 1
         steps.after_next(self._stallscope_lid)
+        step_sampler.batch_taken()
         return data
 
     base_iter.__next__ = __next__
@@ -490,3 +492,4 @@ def patch_pin_memory(module: Any) -> None:
 
     pin_memory.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
     module.pin_memory = pin_memory
+

@@ -42,6 +42,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     # before it was recorded); fallback_reason: why the thread sampler ran instead of the signal sampler
     "stack_samples": ("t_ns", "samples", "sampler", "fallback_reason"),
     "stack_sampler_off": ("t_ns", "reason"),
+    # the training process's main thread while it computes: [[part, [file:line:function, ...], count], ...]
+    "step_samples": ("t_ns", "samples"),
     # training frameworks, in the training process
     # what the machine charges for something the run did not do, measured at exit (recorder/shm_cost.py)
     "calibration": ("t_ns", "kind", "values"),
@@ -49,6 +51,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "tracker_run": ("tracker", "t_ns", "run"),  # run: its id and where it lives (recorder/trackers.py)
     # training steps and devices
     "opt": ("optimizer", "kind", "start_ns", "end_ns"),
+    # the step's forward (a root module's outermost call) and backward (autograd.backward or .grad): step_parts.py
+    "fwd": ("start_ns", "end_ns", "module"),
+    "bwd": ("start_ns", "end_ns", "how"),
     "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),
     "gpu_span": ("kind", "step", "start_ns", "end_ns", "gpu_ns", "nbytes"),
     "gpu_span_lost": ("count",),

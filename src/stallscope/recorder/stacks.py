@@ -56,7 +56,7 @@ import time
 from typing import Any
 
 from stallscope.background import start_thread
-from stallscope.recorder import events
+from stallscope.recorder import events, step_parts
 from stallscope.settings import ENV_STACK_SAMPLE_HZ
 
 try:  # the C functions: signal.getsignal's enum conversion costs ~5 us a call
@@ -93,6 +93,11 @@ SAMPLER_NAMES = {_SIGNAL: "signal", _THREAD: "thread"}
 
 #: (thread ident, loader id) of the fetch in progress in this process; None between fetches.
 _fetching: tuple[int, int] | None = None
+#: The training process's main thread is computing its step (between batches): ``step_parts.main_part`` names the
+#: part; the signal sampler samples it then too (stage "compute:PART", loader -1). See ``step_sampler.py``.
+_stepping = False
+#: Where the signal sampler cannot run, the step is sampled by ``step_sampler``'s thread: called when that happens.
+on_thread_mode: Any = None
 _mode = _UNDECIDED
 _interval_ns = int(1e9 / DEFAULT_HZ)
 _rng = random.Random(0)
@@ -137,6 +142,28 @@ def fetch_started(loader_id: int) -> None:
 def fetch_ended() -> None:
     global _fetching
     _fetching = None
+    if _armed:
+        _disarm()
+
+
+def step_resumed() -> None:
+    """The main thread of the training process has its batch and computes (called by ``step_sampler``)."""
+    global _stepping
+    _stepping = True
+    mode = _mode
+    if mode == _SIGNAL:
+        if not _armed:
+            _arm()
+    elif mode == _UNDECIDED:
+        _decide()
+    elif mode == _THREAD and on_thread_mode is not None:
+        on_thread_mode()
+
+
+def step_paused() -> None:
+    """The main thread asks the DataLoader for a batch: data wait, not compute."""
+    global _stepping
+    _stepping = False
     if _armed:
         _disarm()
 
@@ -207,6 +234,8 @@ def _fall_back(reason: str) -> None:
     _mode = _THREAD
     if _fetching is not None and not _thread_running:
         _start_thread()
+    if _stepping and on_thread_mode is not None:
+        on_thread_mode()
 
 
 def _uninstall_handler() -> None:
@@ -275,8 +304,8 @@ def _on_alarm(signum: int, frame: Any) -> None:
     """A sample moment of the fetch in progress (in the main thread, at the frame it was interrupted in)."""
     global _deadline_ns, _window, sampler_cpu_ns
     fetching = _fetching
-    if fetching is None or not _armed:
-        return  # a tick that was on its way when the fetch ended
+    if not _armed or (fetching is None and not _stepping):
+        return  # a tick that was on its way when the fetch or the step's compute ended
     c0 = time.thread_time_ns()
     try:
         now = time.perf_counter_ns()
@@ -287,7 +316,11 @@ def _on_alarm(signum: int, frame: Any) -> None:
             deadline += _next_interval()
         _deadline_ns = deadline
         _setitimer(signal.ITIMER_REAL, (deadline - now) / 1e9)
-        if n:
+        if n and fetching is None:  # the training step itself
+            _, stack = stack_of(frame)
+            key = (-1, f"compute:{step_parts.main_part}", stack)
+            _counts[key] = _counts.get(key, 0) + n
+        elif n and fetching is not None:
             stage, stack = stack_of(frame)
             reading, window = _reading(), _window
             _window = reading
@@ -508,8 +541,10 @@ def _after_fork_in_child() -> None:
     not our handler (put back here, so the child decides afresh and the script's own code finds SIGALRM as it
     was), no thread, none of the parent's counts."""
     global _fetching, _mode, _thread_running, _generation, _counts, _counts_lock, _exit_hooked, sampler_cpu_ns
+    global _stepping
     global _armed, _clock, _window, _fallback_reason
     _fetching = None
+    _stepping = False
     _fallback_reason = None
     _armed = False
     _uninstall_handler()

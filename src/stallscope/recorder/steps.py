@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stallscope.recorder import cuda_timing, distributed, events
+from stallscope.recorder import cuda_timing, distributed, events, step_parts
 
 _perf = time.perf_counter_ns
 max_steps: int | None = None
@@ -30,6 +30,7 @@ class StepLimitReached(SystemExit):
 
 def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     global _pre_ns
+    step_parts.enter_part("optimizer")
     _pre_ns = _perf()
 
 
@@ -37,7 +38,9 @@ def _post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     global _steps_done, _batches_since_step, _saw_optimizer
     _saw_optimizer = True
     events.emit("opt", id(optimizer) & 0xFFFFFF, type(optimizer).__name__, _pre_ns, _perf())
+    step_parts.leave_part()
     cuda_timing.on_step_end()
+    step_parts.on_optimizer_step(_batches_since_step > 0)
     if _batches_since_step > 0:
         _steps_done += 1
         _batches_since_step = 0

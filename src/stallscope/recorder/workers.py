@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.recorder import calls, events, stacks
+from stallscope.recorder import calls, events, stacks, step_parts
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
@@ -96,6 +96,7 @@ class WorkerInit:
         worker_context = (self.loader_id, self.iter_id, worker_id)
         events.set_role("worker")
         events.flush_at_process_exit()
+        step_parts.leave_worker()
         threads = _thread_settings()
         if self.user_fn is not None:
             try:

@@ -32,6 +32,8 @@ from stallscope.system_samples import SystemSamples
 #: Fixed colours per node, in pipeline order, so every chart of the report agrees.
 NODE_COLORS = {"storage": "#8c564b", "decode": "#d62728", "transform": "#ff7f0e", "loader": "#9467bd",
                "transfer": "#17becf", "compute": "#2ca02c", "sync": "#7f7f7f"}
+#: Compute's parts: greens, darkest first.
+PART_COLORS = {"forward": "#1b7a1b", "backward": "#2ca02c", "optimizer": "#74c476", "step_code": "#bae4b3"}
 WAIT_COLOR = "#d62728"
 MAX_STEP_BARS = 5000
 MAX_WORKER_BATCHES = 4000
@@ -137,9 +139,17 @@ def step_figure(analysis: Analysis) -> dict[str, Any] | None:
          "marker": {"color": WAIT_COLOR}},
         {"type": "bar", "name": "host-to-device transfer", "x": x, "y": [s.transfer_ns / 1e6 for s in shown],
          "marker": {"color": NODE_COLORS["transfer"]}},
-        {"type": "bar", "name": "compute", "x": x, "y": [s.compute_ns / 1e6 for s in shown],
-         "marker": {"color": NODE_COLORS["compute"]}},
     ]
+    if stats.parts_s is None:
+        data.append({"type": "bar", "name": "compute", "x": x, "y": [s.compute_ns / 1e6 for s in shown],
+                     "marker": {"color": NODE_COLORS["compute"]}})
+    else:  # compute in its parts, the step's own code being what the others leave of it
+        parts = {"forward": [s.forward_ns for s in shown], "backward": [s.backward_ns for s in shown],
+                 "optimizer": [s.optimizer_ns for s in shown],
+                 "step_code": [s.compute_ns - s.forward_ns - s.backward_ns - s.optimizer_ns for s in shown]}
+        data += [{"type": "bar", "name": f"compute: {words.PART_LABELS[name]}", "x": x,
+                  "y": [v / 1e6 for v in values], "marker": {"color": PART_COLORS[name]}}
+                 for name, values in parts.items()]
     shapes = []
     if stats.warmup_steps:
         shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": -0.5, "x1": stats.warmup_steps - 0.5,
@@ -434,7 +444,7 @@ def render(session: Session, analysis: Analysis, plotly_js: str | None = None) -
         "<h2 id=nodes>Where step time went</h2>",
         _chart("chart-nodes", node_figure(analysis), figures, "no steady steps to split"),
         _nodes_table(analysis),
-        "<h2 id=hotspots>Hotspots: the lines the fetch time goes to</h2>",
+        "<h2 id=hotspots>Hotspots: the lines the step time goes to</h2>",
         hotspots_html.hotspots_table(analysis),
         _chart("chart-flame", hotspots_html.flame_figure(
             session, analysis, _layout, NODE_COLORS.get(analysis.bottleneck_node or "", "#ff7f0e")),

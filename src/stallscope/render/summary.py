@@ -43,7 +43,7 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
             "share": round(analysis.bottleneck_share, 4),
             "evidence": words.evidence(analysis),
         },
-        "nodes": _nodes_dict(analysis.node_seconds),
+        "nodes": _nodes_dict(analysis.node_seconds, compute_parts=_parts_dict(stats)),
         "recommendations": [_recommendation_dict(r) for r in analysis.recommendations],
         "not_recommended": [_not_recommended_dict(n) for n in analysis.not_recommended],
         "hotspots": [h.to_dict() for h in analysis.hotspots],
@@ -65,10 +65,25 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
     }
 
 
-def _nodes_dict(seconds: dict[str, float]) -> dict[str, dict[str, float]]:
+def _nodes_dict(seconds: dict[str, float], compute_parts: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     share = shares(seconds)
-    return {node: {"seconds": round(seconds.get(node, 0.0), 4), "share": round(share.get(node, 0.0), 4)}
-            for node in NODE_IDS}
+    nodes: dict[str, dict[str, Any]] = {
+        node: {"seconds": round(seconds.get(node, 0.0), 4), "share": round(share.get(node, 0.0), 4)}
+        for node in NODE_IDS}
+    if compute_parts is not None:
+        nodes["compute"]["parts"] = compute_parts
+    return nodes
+
+
+def _parts_dict(stats: Any) -> dict[str, Any] | None:
+    """Compute's parts (forward, backward, optimizer, step_code): seconds, share of compute, mean ms per step."""
+    if stats.parts_s is None:
+        return None
+    compute = sum(stats.parts_s.values())
+    steps = len(stats.steady)
+    return {name: {"seconds": round(value, 4), "share_of_compute": round(value / compute, 4) if compute > 0 else 0.0,
+                   "per_step_ms": round(1e3 * value / steps, 3) if steps else None}
+            for name, value in stats.parts_s.items()}
 
 
 def _recommendation_dict(r: Any) -> dict[str, Any]:

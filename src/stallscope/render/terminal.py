@@ -57,6 +57,10 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
             share = shares.get(node, 0.0)
             style = "bold" if node == analysis.bottleneck_node else ""
             table.add_row(Text(node, style=style), f"{seconds:.2f}", f"{100 * share:.0f}%", _bar(share))
+            if node == "compute" and stats.parts_s and seconds > 0:
+                for part, part_s in stats.parts_s.items():  # the step's parts, on the same scale as the stages
+                    table.add_row(Text(f"  {words.PART_LABELS[part]}", style="dim"), f"{part_s:.2f}",
+                                  f"{100 * part_s / total:.0f}%", _bar(part_s / total), style="dim")
         console.print(table)
     if len(analysis.ranks) > 1:
         _rank_table(console, analysis)

@@ -96,7 +96,9 @@ def _main_process(ev: _Events, session: Session, analysis: Analysis) -> None:
     for step in stats.steps:
         ev.span(MAIN_PID, STEPS_TID, f"step {step.index}", step.start_ns, step.end_ns, "step",
                 {"wait_ms": _ms(step.wait_ns), "transfer_ms": _ms(step.transfer_ns), "compute_ms": _ms(step.compute_ns),
-                 "batches": step.batches, "warm_up": step.index < stats.warmup_steps,
+                 "forward_ms": _ms(step.forward_ns), "backward_ms": _ms(step.backward_ns),
+                 "optimizer_ms": _ms(step.optimizer_ns), "sync_ms": _ms(step.sync_ns), "batches": step.batches,
+                 "warm_up": step.index < stats.warmup_steps,
                  "excluded_ms": _ms(step.excluded_ns)})
     for it in session.iters:
         if it.pid == main_pid:
@@ -112,6 +114,12 @@ def _main_process(ev: _Events, session: Session, analysis: Analysis) -> None:
     for o in session.optimizer_steps:
         if o.pid == main_pid:
             ev.span(MAIN_PID, MAIN_THREAD_TID, f"{o.kind}.step", o.start_ns, o.end_ns, "compute")
+    for f in session.forwards:
+        if f.pid == main_pid:
+            ev.span(MAIN_PID, MAIN_THREAD_TID, f"forward ({f.module})", f.start_ns, f.end_ns, "compute")
+    for b in session.backwards:
+        if b.pid == main_pid:
+            ev.span(MAIN_PID, MAIN_THREAD_TID, f"backward ({b.how})", b.start_ns, b.end_ns, "compute")
     for t in session.transfers:
         if t.pid == main_pid:
             ev.span(MAIN_PID, MAIN_THREAD_TID, t.call, t.start_ns, t.end_ns, "transfer",

@@ -7,6 +7,8 @@ from typing import Any
 from stallscope.settings import format_value
 
 MIB = 1 << 20
+#: The parts of compute (``nodes.compute.parts``) as the reports name them.
+PART_LABELS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "step_code": "step code"}
 
 
 def overrides(values: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from stallscope.analysis import Recommendation
 from stallscope.analysis.cpu_load import SMT_YIELD
-from stallscope.render.words.phrases import facts_text, overrides
+from stallscope.render.words.phrases import PART_LABELS, facts_text, overrides
 from stallscope.settings import in_code
 
 
@@ -312,7 +312,9 @@ def _hotspot_place(h: dict[str, Any], stage: str) -> str:
 def hotspot(h: Any) -> str:
     """One hotspot under its stage: ``train.py:31 Text.__getitem__  60% of transform (tokenizers encode)``."""
     inside = f" ({h.library})" if h.library else ""
-    return f"{os.path.basename(h.file)}:{h.line} {h.function}  {100 * h.share_of_stage:.0f}% of {h.stage}{inside}"
+    part = f", in {PART_LABELS[h.part]}" if getattr(h, "part", None) in PART_LABELS else ""
+    return (f"{os.path.basename(h.file)}:{h.line} {h.function}  {100 * h.share_of_stage:.0f}% of {h.stage}"
+            f"{part}{inside}")
 
 
 def _hardware_threads(f: dict) -> str:

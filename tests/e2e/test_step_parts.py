@@ -1,0 +1,113 @@
+"""Inside compute: the step split (forward, backward, optimizer, step code) and the step's own lines, on planted
+training loops (tests/scripts/step_parts_job.py), and losses bit for bit the same with and without the recorder."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from stallscope.session import Session
+from tests.conftest import SCRIPTS, run_cli
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = SCRIPTS / "step_parts_job.py"
+# plant -> the part of the step it makes the largest
+PLANTED = {"slow_layer": "forward", "metric_loop": "step_code", "heavy_optimizer": "optimizer"}
+
+
+@pytest.fixture(autouse=True)
+def sample_faster(monkeypatch):
+    """Runs of a second or two: sample at 300 Hz rather than the default rate chosen for long runs."""
+    monkeypatch.setenv("STALLSCOPE_STACK_SAMPLE_HZ", "300")
+
+
+def _planted_line(plant: str) -> int:
+    lines = SCRIPT.read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# planted: {plant}"))
+
+
+def _parts(summary: dict) -> dict[str, float]:
+    return {name: p["seconds"] for name, p in summary["nodes"]["compute"]["parts"].items()}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTED))
+def test_the_planted_cost_is_the_largest_part_and_its_line_the_top_hotspot_of_compute(tmp_path, plant):
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--plant", plant, "--steps", "150"])
+    assert result.returncode == 0, result.stderr
+    summary = result.summary
+    parts = _parts(summary)
+    assert max(parts, key=parts.get) == PLANTED[plant], parts
+    compute = summary["nodes"]["compute"]["seconds"]
+    assert sum(parts.values()) == pytest.approx(compute, rel=0.02, abs=2e-4)
+    spots = [h for h in summary["hotspots"] if h["stage"] == "compute"]
+    top = max(spots, key=lambda h: h["share_of_stage"])
+    assert (top["file"], top["line"], top["part"]) == (str(SCRIPT), _planted_line(plant), PLANTED[plant]), spots
+    said = result.stderr
+    assert "  forward" in said and "  step code" in said  # the terminal table shows the parts under compute
+    assert f"step_parts_job.py:{_planted_line(plant)}" in said
+
+
+@pytest.mark.parametrize("extra", [["--accumulate", "4"], ["--gan"], ["--accumulate", "3", "--gan"]],
+                         ids=["accumulate", "gan", "accumulate-gan"])
+def test_the_split_adds_up_and_counts_every_pass_under_accumulation_and_two_optimizers(tmp_path, extra):
+    steps = 40
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--steps", str(steps), *extra])
+    assert result.returncode == 0, result.stderr
+    summary = result.summary
+    accumulate = int(extra[1]) if extra[0] == "--accumulate" else 1
+    assert summary["steps"] == steps  # one step per optimizer round, whatever the batches and optimizers in it
+    parts = _parts(summary)
+    assert sum(parts.values()) == pytest.approx(summary["nodes"]["compute"]["seconds"], rel=0.02, abs=2e-4)
+    assert all(value > 0 for value in parts.values()), parts
+    session = Session.load(summary["session"])
+    main = session.main_pid
+    forwards = [f for f in session.forwards if f.pid == main]
+    backwards = [b for b in session.backwards if b.pid == main]
+    models = 1 + ("--gan" in extra)
+    # the model's forward on every batch; the critic's twice per step and once per batch (the GAN's generator loss)
+    expected = steps * accumulate + ("--gan" in extra) * (steps * accumulate + 2 * steps)
+    assert len(forwards) == expected, (len(forwards), expected)
+    assert {f.module for f in forwards} == ({"Sequential"} if models == 1 else {"Sequential"})
+    assert len(backwards) == steps * accumulate + ("--gan" in extra) * steps
+    assert len([o for o in session.optimizer_steps if o.pid == main]) == steps * models
+
+
+def test_a_model_built_after_the_first_ones_is_still_seen(tmp_path):
+    """A throwaway model trained without a DataLoader first, then two folds each with a model of its own: every
+    training batch's forward is recorded, the later folds' models included."""
+    steps = 30
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--steps", str(steps), "--folds", "2",
+                                "--warm-up-pass"])
+    assert result.returncode == 0, result.stderr
+    session = Session.load(result.summary["session"])
+    forwards = [f for f in session.forwards if f.pid == session.main_pid]
+    last_fold = [f for f in forwards if f.start_ns > max(n.end_ns for n in session.nexts if n.loader_id == 0)]
+    assert len(forwards) >= 2 * steps  # the warm-up pass's own forwards may be seen too
+    assert len(last_fold) >= steps - 1, len(last_fold)  # the second fold's model, built after the roots settled
+    parts = _parts(result.summary)
+    assert parts["forward"] > 0 and sum(parts.values()) == pytest.approx(
+        result.summary["nodes"]["compute"]["seconds"], rel=0.02, abs=2e-4)
+
+
+def _losses(tmp_path, args: list[str], recorded: bool) -> list[str]:
+    out = tmp_path / f"losses-{'rec' if recorded else 'bare'}.txt"
+    command = [sys.executable, str(SCRIPT), *args, "--losses", str(out)]
+    if recorded:
+        result = run_cli(tmp_path, ["--", *command], timeout=600)
+        assert result.returncode == 0, result.stderr
+    else:
+        subprocess.run(command, check=True, capture_output=True, timeout=600)
+    return out.read_text().splitlines()
+
+
+@pytest.mark.parametrize("args", [["--plant", "slow_layer"], ["--plant", "metric_loop"],
+                                  ["--plant", "heavy_optimizer", "--steps", "30"], ["--accumulate", "3", "--gan"],
+                                  ["--compile", "--steps", "20"], ["--folds", "2", "--warm-up-pass", "--steps", "20"]],
+                         ids=["slow_layer", "metric_loop", "heavy_optimizer", "accumulate-gan", "compile", "folds"])
+def test_losses_are_bit_identical_with_and_without_the_recorder(tmp_path, args):
+    bare = _losses(tmp_path, args, recorded=False)
+    recorded = _losses(tmp_path, args, recorded=True)
+    assert bare and recorded == bare
