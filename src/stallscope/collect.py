@@ -108,6 +108,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     framework_args: list[dict[str, Any]] = []
     tracker_runs: list[dict[str, Any]] = []
     calibrations: list[dict[str, Any]] = []
+    compute_facts: list[dict[str, Any]] = []
     stack_counts: dict[tuple[Any, ...], int] = {}
     sampler_off: dict[str, list[int]] = {}
     thread_sampled: dict[str, list[int]] = {}  # why the thread sampler ran -> processes
@@ -167,6 +168,10 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                         pids = thread_sampled.setdefault(str(f.get("fallback_reason") or "reason not recorded"), [])
                         if pid not in pids:
                             pids.append(pid)
+                elif kind in ("optimizer_info", "model_info", "ddp_info") and isinstance(f.get("info"), dict):
+                    extra = {"optimizer": f["optimizer"], "optimizer_kind": f["kind"]} if "optimizer" in f else {}
+                    compute_facts.append({"pid": pid, "kind": kind.removesuffix("_info"), "t_ns": f["t_ns"],
+                                          **extra, **f["info"]})
                 elif kind == "step_samples":  # the training step's own lines: stage compute, no loader
                     for part, frames, count in f["samples"]:
                         key = (pid, -1, f"compute:{part}", tuple(frames), "thread")
@@ -243,6 +248,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         framework_args=framework_args,
         tracker_runs=sorted(tracker_runs, key=lambda r: r["t_ns"]),
         calibrations=calibrations,
+        compute_facts=compute_facts,
         stack_samples=[_stack_row(pid, loader_id, stage, frames, sampler, n)
                        for (pid, loader_id, stage, frames, sampler), n in stack_counts.items()],
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),

@@ -317,6 +317,9 @@ class Session:
     tracker_runs: list[dict[str, Any]] = field(default_factory=list)  # MLflow/W&B/TensorBoard runs the script started
     #: measured at exit: {pid, kind ('shared_memory'), nbytes, write_extra_ns, read_extra_ns} (recorder/shm_cost.py)
     calibrations: list[dict[str, Any]] = field(default_factory=list)
+    #: what the training step computes with (recorder/model_facts.py): {pid, kind ('optimizer', 'model', 'ddp'),
+    #: t_ns, ...its figures}
+    compute_facts: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankRecord] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds

@@ -14,8 +14,9 @@ from tests.conftest import SCRIPTS, run_cli
 pytestmark = pytest.mark.e2e
 
 SCRIPT = SCRIPTS / "step_parts_job.py"
-# plant -> the part of the step it makes the largest
+# plant -> the part of the step it makes the largest, and the first finding
 PLANTED = {"slow_layer": "forward", "metric_loop": "step_code", "heavy_optimizer": "optimizer"}
+FINDING = {"slow_layer": "python-in-step", "metric_loop": "python-in-step", "heavy_optimizer": "optimizer-foreach"}
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +49,27 @@ def test_the_planted_cost_is_the_largest_part_and_its_line_the_top_hotspot_of_co
     said = result.stderr
     assert "  forward" in said and "  step code" in said  # the terminal table shows the parts under compute
     assert f"step_parts_job.py:{_planted_line(plant)}" in said
+    first = summary["recommendations"][0]
+    assert first["id"] == FINDING[plant], summary["recommendations"]
+    assert first["predicted_speedup"] > 1.1 and first["facts"]["ceiling"] is True
+    if first["id"] == "python-in-step":  # the change is at the planted line, in its part
+        assert (first["facts"]["line"], first["facts"]["part"]) == (_planted_line(plant), PLANTED[plant])
+        assert f"step_parts_job.py:{_planted_line(plant)}" in first["change"]
+    else:
+        assert first["facts"]["tensors"] >= 400 and "fused=True" in first["change"]
+    assert f"next step: {first['title']} (at most" in said
+
+
+def test_ddp_searching_for_unused_parameters_that_never_are_is_named_with_its_cost(tmp_path):
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--ddp-find-unused", "--depth", "40",
+                                "--steps", "80"])
+    assert result.returncode == 0, result.stderr
+    found = {r["id"]: r for r in result.summary["recommendations"]}
+    assert "ddp-find-unused" in found, result.summary["recommendations"]
+    facts = found["ddp-find-unused"]["facts"]
+    assert facts["unused_parameter_size"] == 0 and 0 < facts["search_ms"] < facts["step_ms"]
+    assert found["ddp-find-unused"]["predicted_speedup"] > 1.0
+    assert "find_unused_parameters=False" in found["ddp-find-unused"]["change"]
 
 
 @pytest.mark.parametrize("extra", [["--accumulate", "4"], ["--gan"], ["--accumulate", "3", "--gan"]],
@@ -105,8 +127,10 @@ def _losses(tmp_path, args: list[str], recorded: bool) -> list[str]:
 
 @pytest.mark.parametrize("args", [["--plant", "slow_layer"], ["--plant", "metric_loop"],
                                   ["--plant", "heavy_optimizer", "--steps", "30"], ["--accumulate", "3", "--gan"],
-                                  ["--compile", "--steps", "20"], ["--folds", "2", "--warm-up-pass", "--steps", "20"]],
-                         ids=["slow_layer", "metric_loop", "heavy_optimizer", "accumulate-gan", "compile", "folds"])
+                                  ["--compile", "--steps", "20"], ["--folds", "2", "--warm-up-pass", "--steps", "20"],
+                                  ["--ddp-find-unused", "--depth", "8", "--steps", "30"]],
+                         ids=["slow_layer", "metric_loop", "heavy_optimizer", "accumulate-gan", "compile", "folds",
+                              "ddp"])
 def test_losses_are_bit_identical_with_and_without_the_recorder(tmp_path, args):
     bare = _losses(tmp_path, args, recorded=False)
     recorded = _losses(tmp_path, args, recorded=True)

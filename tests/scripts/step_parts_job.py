@@ -8,6 +8,7 @@ script's own step code) and its lines.
 --accumulate K           gradient accumulation over K batches per optimizer step
 --gan                    two models and two optimizers stepped on each batch
 --compile                the model under torch.compile
+--ddp-find-unused        a one-process gloo DDP with find_unused_parameters=True over a deep model (--depth)
 --folds K                K models one after another, each built and trained afresh (cross-validation)
 --warm-up-pass           train a throwaway model a few steps on random tensors first (no DataLoader)
 --losses PATH            write every loss (as float.hex) to PATH, to compare runs bit for bit
@@ -56,14 +57,32 @@ def python_accuracy(logits, target):
     return correct / max(1, len(target)) + 0.0 * spread
 
 
-def build_model(plant, width, classes):
+def build_model(plant, width, classes, depth=1):
     layers = [nn.Linear(width, width), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
     if plant == "slow_layer":
         layers.append(SlowLayer(width))
     if plant == "heavy_optimizer":
         layers.append(ManySmall(width, 400))
     layers.append(nn.Linear(width, classes))
     return nn.Sequential(*layers)
+
+
+def one_process_ddp(model):
+    """DDP over a gloo group of one process, searching for unused parameters though there are none."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    return nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
 
 
 def main():
@@ -77,6 +96,9 @@ def main():
     p.add_argument("--compile", action="store_true")
     p.add_argument("--losses", default=None)
     p.add_argument("--folds", type=int, default=1)
+    p.add_argument("--ddp-find-unused", action="store_true")
+    p.add_argument("--depth", type=int, default=1)
+    p.add_argument("--optimizer-kernel", choices=["default", "foreach", "fused"], default="default")
     p.add_argument("--warm-up-pass", action="store_true")
     args = p.parse_args()
     losses = []
@@ -102,11 +124,15 @@ def train(args, fold):
     n = args.steps * args.accumulate * args.batch_size
     data = TensorDataset(torch.randn(n, args.width), torch.randint(0, classes, (n,)))
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=False)
-    model = build_model(args.plant, args.width, classes)
+    model = build_model(args.plant, args.width, classes, args.depth)
+    if args.ddp_find_unused:
+        model = one_process_ddp(model)
     if args.compile:
         model = torch.compile(model)
     heavy = args.plant == "heavy_optimizer"
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False if heavy else None)
+    kernel = {"default": {"foreach": False} if heavy else {}, "foreach": {"foreach": True},
+              "fused": {"fused": True}}[args.optimizer_kernel]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, **kernel)
     loss_fn = nn.CrossEntropyLoss()
     if args.gan:
         critic = nn.Sequential(nn.Linear(classes, 32), nn.ReLU(), nn.Linear(32, 1))

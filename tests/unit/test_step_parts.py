@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 
+from stallscope.analysis.compute_findings import compute_findings
 from stallscope.analysis.hotspots import hotspots
 from stallscope.analysis.steps import step_stats
+from stallscope.render import words
 from stallscope.render.summary import _parts_dict
 from stallscope.session import BackwardRecord, ForwardRecord, TransferRecord
 from tests.unit.test_analysis_steps import MS, PID, make_session, nxt, opt
@@ -110,3 +112,62 @@ def test_compute_hotspots_carry_the_part_most_of_their_samples_were_in():
     assert [(h.line, h.part, h.samples) for h in found] == [(53, "step_code", 7), (106, "optimizer", 3)]
     assert found[0].share_of_stage == pytest.approx(0.7) and found[0].share_of_step == pytest.approx(0.35)
     assert found[0].to_dict()["part"] == "step_code"
+
+
+def _facts_session(*facts):
+    session = _session()
+    return dataclasses.replace(session, compute_facts=[{"pid": PID, "t_ns": 0, **f} for f in facts])
+
+
+CUDA_MODEL = {"kind": "model", "module": "ResNet", "device": "cuda", "param_dtype": "float32", "autocast": False,
+              "grad_enabled": True, "matmul_precision": "highest", "cuda_matmul_tf32": False, "cudnn_benchmark": False,
+              "convolutions": 53, "input_channels_last": False, "input_shape": [64, 3, 224, 224], "capability": "9.0"}
+
+
+def test_cuda_numerics_left_at_their_slowest_are_facts_without_a_prediction():
+    session = _facts_session(CUDA_MODEL)
+    stats = step_stats(session)
+    found = compute_findings(session, stats, {"compute": 1.0}, [])
+    assert [r.id for r in found] == ["mixed-precision", "tf32", "cudnn-benchmark", "channels-last"]
+    assert all(r.predicted_speedup is None for r in found)
+    assert found[0].facts["dtype"] == "bfloat16"
+    said = words.recommendation(found[0])
+    assert "torch.autocast(\"cuda\", dtype=torch.bfloat16)" in said.change and "bf16=True" in said.change
+
+
+def test_numerics_already_fast_or_on_the_cpu_say_nothing():
+    fast = {**CUDA_MODEL, "autocast": True, "cudnn_benchmark": True, "input_channels_last": True}
+    on_cpu = {**CUDA_MODEL, "device": "cpu"}
+    older = {**CUDA_MODEL, "capability": "7.0", "convolutions": 0}
+    for facts, expected in ((fast, []), (on_cpu, []), (older, ["mixed-precision"])):
+        session = _facts_session(facts)
+        found = compute_findings(session, step_stats(session), {"compute": 1.0}, [])
+        assert [r.id for r in found] == expected, facts
+    session = _facts_session(older)
+    assert compute_findings(session, step_stats(session), {"compute": 1.0}, [])[0].facts["dtype"] == "float16"
+
+
+def test_the_optimizer_finding_needs_a_large_share_and_tensors_updated_one_by_one():
+    per_tensor = {"kind": "optimizer", "optimizer_kind": "AdamW", "tensors": 400, "tensors_with_grad": 400,
+                  "numel": 10_000, "foreach": None, "fused": None, "device": "cpu"}
+    session = _facts_session(per_tensor)
+    stats = step_stats(session)  # the optimizer: 10 of each 100 ms step
+    assert compute_findings(session, stats, {"compute": stats.wall_s}, []) == []  # 10% is under OPTIMIZER_SHARE
+    heavy = dataclasses.replace(stats, parts_s={**stats.parts_s, "optimizer": 0.5 * stats.wall_s})
+    found = compute_findings(session, heavy, {"compute": stats.wall_s}, [])
+    assert [r.id for r in found] == ["optimizer-foreach"] and found[0].predicted_speedup == pytest.approx(2.0)
+    assert words.gain(found[0]) == "at most 2.00x"
+    fused = _facts_session({**per_tensor, "fused": True})
+    assert compute_findings(fused, heavy, {"compute": stats.wall_s}, []) == []
+
+
+def test_a_ddp_search_that_found_unused_parameters_is_not_a_finding():
+    ddp = {"kind": "ddp", "find_unused_parameters": True, "unused_parameter_size": 0, "post_forward_ns": 10 * MS,
+           "post_forward_calls": 10}
+    session = _facts_session(ddp)
+    stats = step_stats(session)
+    found = compute_findings(session, stats, {"compute": stats.wall_s}, [])
+    assert [r.id for r in found] == ["ddp-find-unused"]
+    assert found[0].predicted_speedup == pytest.approx(100 / 99, abs=0.01) and found[0].facts["search_ms"] == 1.0
+    used = _facts_session({**ddp, "unused_parameter_size": 4096})
+    assert compute_findings(used, stats, {"compute": stats.wall_s}, []) == []

@@ -70,6 +70,14 @@ _CATALOGUE = (
     # the training process's own threads
     Fix("split-the-cores", "compute", settings=("torch_threads", "num_workers", "persistent_workers")),
     Fix("compute-threads", "compute", settings=("torch_threads",)),
+    # inside the step (compute_findings.py): a code change each; numerics without a predicted gain
+    Fix("python-in-step", "compute"),
+    Fix("optimizer-foreach", "compute"),
+    Fix("ddp-find-unused", "compute"),
+    Fix("mixed-precision", "compute"),
+    Fix("tf32", "compute"),
+    Fix("cudnn-benchmark", "compute"),
+    Fix("channels-last", "compute"),
     # several processes
     Fix("distributed-sampler", "loader"),
     Fix("sampler-drop-last", "loader"),

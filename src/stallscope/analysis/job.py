@@ -13,6 +13,7 @@ from collections import defaultdict
 from stallscope.analysis import ranks as ranks_mod
 from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_for
 from stallscope.analysis.capacity import capacity_report
+from stallscope.analysis.compute_findings import compute_findings
 from stallscope.analysis.epochs import epoch_shape
 from stallscope.analysis.failures import failure
 from stallscope.analysis.findings import Analysis, LoaderSummary, Recommendation, StepStats
@@ -165,6 +166,10 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
     recommendations = _with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
                                                         _unpinned_fraction(session, stats), epochs, other), train),
                                      spots)
+    if verdict != "input-bound" and node in ("compute", "sync"):  # inside the step: before "no input-side fix"
+        inside = compute_findings(session, stats, seconds, spots)
+        at = next((i for i, r in enumerate(recommendations) if r.id != "compute-threads"), len(recommendations))
+        recommendations = recommendations[:at] + inside + recommendations[at:]
     left_out = not_recommended(verdict, train, model, recommendations, seconds, cpus, other, epochs)
     pitfalls = agreeing_with(find_pitfalls(session, loaders, system, cpus), recommendations)
     conditions = []

@@ -19,6 +19,7 @@ from stallscope.recorder import (
     frameworks,
     importhook,
     loader,
+    model_facts,
     step_parts,
     steps,
     trackers,
@@ -46,7 +47,7 @@ PATCHES: dict[str, Any] = {
     "torch.autograd": step_parts.patch_autograd,
     "torch.cuda": transfer.install_after_cuda_init,
     "torch.distributed.distributed_c10d": distributed.patch_c10d,
-    "torch.nn.parallel.distributed": distributed.patch_ddp,
+    "torch.nn.parallel.distributed": lambda module: _patch_ddp(module),
     "transformers.training_args": frameworks.patch_training_args,
     "mlflow": trackers.patch_mlflow,
     "wandb": trackers.patch_wandb,
@@ -55,6 +56,12 @@ PATCHES: dict[str, Any] = {
 }
 _installed = False
 _patches_registered = False
+
+
+def _patch_ddp(module: Any) -> None:
+    """DDP: the wait for its gradient reduction (distributed.py), its settings and its per-step graph search."""
+    distributed.patch_ddp(module)
+    model_facts.patch_ddp(module)
 
 
 def install() -> None:

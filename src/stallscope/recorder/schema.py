@@ -54,6 +54,10 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     # the step's forward (a root module's outermost call) and backward (autograd.backward or .grad): step_parts.py
     "fwd": ("start_ns", "end_ns", "module"),
     "bwd": ("start_ns", "end_ns", "how"),
+    # what the step computes with, once each (recorder/model_facts.py)
+    "optimizer_info": ("optimizer", "kind", "t_ns", "info"),
+    "model_info": ("t_ns", "info"),
+    "ddp_info": ("t_ns", "info"),
     "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),
     "gpu_span": ("kind", "step", "start_ns", "end_ns", "gpu_ns", "nbytes"),
     "gpu_span_lost": ("count",),

@@ -26,7 +26,7 @@ import time
 import weakref
 from typing import Any
 
-from stallscope.recorder import events
+from stallscope.recorder import events, model_facts
 
 _perf = time.perf_counter_ns
 
@@ -96,6 +96,7 @@ def _pre(module: Any, args: Any) -> None:
     if state.depth == 0:
         if state.backward_depth or not _has_parameters(module):
             return  # a loss module; or checkpointing's recompute inside backward (backward's time)
+        model_facts.on_first_call(module, args)
         state.start_ns = _perf()
         state.root = module
         enter_part("forward")

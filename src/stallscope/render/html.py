@@ -382,7 +382,7 @@ def _recommendations_section(analysis: Analysis) -> str:
     rows = "".join(
         f"<tr><td>{i + 1}</td><td><b>{_e(said.title)}</b><br><span class=muted>{_e(said.reason)}</span></td>"
         f"<td>{_e(r.node)}</td><td><code>{_e(said.change)}</code></td>"
-        f"<td class=num>{f'{r.predicted_speedup:.2f}x' if r.predicted_speedup else '–'}</td></tr>"
+        f"<td class=num>{words.gain(r, short=True) if r.predicted_speedup else '–'}</td></tr>"
         for i, (r, said) in enumerate((r, words.recommendation(r)) for r in analysis.recommendations))
     return ("<h2 id=recommendations>Recommendations</h2><table><tr><th>#</th><th>what and why</th><th>stage</th>"
             f"<th>change</th><th>predicted speedup</th></tr>{rows}</table>" + _not_recommended_list(analysis))

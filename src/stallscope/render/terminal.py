@@ -86,12 +86,12 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
     if analysis.recommendations:
         top = analysis.recommendations[0]
         advice = words.recommendation(top)
-        gain = f" (predicted {top.predicted_speedup:.2f}x)" if top.predicted_speedup else ""
+        gain = f" ({words.gain(top)})" if top.predicted_speedup else ""
         console.print(f"[bold]next step:[/bold] {escape(advice.title)}{gain}")
         console.print(f"  change: {advice.change}", markup=False, highlight=False)
         console.print(f"  why: {advice.reason}", markup=False, highlight=False)
         for rec in analysis.recommendations[1:3]:
-            gain = f" ({rec.predicted_speedup:.2f}x)" if rec.predicted_speedup else ""
+            gain = f" ({words.gain(rec, short=True)})" if rec.predicted_speedup else ""
             also = words.recommendation(rec)
             console.print(f"  also: {also.title}{gain}: {also.change}", markup=False, highlight=False)
     for left_out in analysis.not_recommended:  # a likely fix the advice leaves out: why, in one line

@@ -18,11 +18,11 @@ from stallscope.render.words.evidence import (
     rate,
     training_process,
 )
-from stallscope.render.words.phrases import MIB, PART_LABELS, facts_text, overrides
+from stallscope.render.words.phrases import MIB, PART_LABELS, facts_text, gain, overrides
 from stallscope.render.words.pitfalls import PitfallSaid, pitfall
 from stallscope.render.words.recommendations import Said, created_at, hotspot, not_recommended, recommendation
 
 __all__ = ["CONDITIONS", "MIB", "NO_SAMPLES", "PART_LABELS", "PitfallSaid", "Said", "beside_compute", "created_at",
            "evidence",
-           "facts_text", "gpu_timing", "hotspot", "not_recommended", "notes", "overrides", "pitfall", "rate",
+           "facts_text", "gain", "gpu_timing", "hotspot", "not_recommended", "notes", "overrides", "pitfall", "rate",
            "recommendation", "training_process"]

@@ -19,3 +19,12 @@ def overrides(values: dict[str, Any]) -> str:
 def facts_text(facts: dict[str, Any]) -> str:
     """A finding this version has no words for, said by its facts."""
     return ", ".join(f"{k}={v}" for k, v in facts.items())
+
+
+def gain(rec: Any, short: bool = False) -> str:
+    """A recommendation's predicted speedup: ``predicted 1.30x``; a ceiling (the step without the cost the change
+    removes, where the change's own effect cannot be priced from the run) ``at most 1.30x``."""
+    value = f"{rec.predicted_speedup:.2f}x"
+    if rec.facts.get("ceiling"):
+        return f"at most {value}"
+    return value if short else f"predicted {value}"

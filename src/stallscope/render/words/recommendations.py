@@ -11,6 +11,7 @@ from typing import Any
 
 from stallscope.analysis import Recommendation
 from stallscope.analysis.cpu_load import SMT_YIELD
+from stallscope.render.words import compute
 from stallscope.render.words.phrases import PART_LABELS, facts_text, overrides
 from stallscope.settings import in_code
 
@@ -246,6 +247,7 @@ _SAYS = {
     "uneven-shards": _uneven_shards,
     "sampler-drop-last": _sampler_drop_last,
     "workers-per-node": _workers_per_node,
+    **compute.SAYS,
 }
 
 

@@ -1,0 +1,114 @@
+"""Findings inside compute: what the training step itself spends, where, and the change to make.
+
+From the step split (``step_parts.py``), the lines sampled in the training process's main thread (stage
+``compute`` hotspots, each with the part it was in) and the facts recorded once (``recorder/model_facts.py``):
+
+- ``python-in-step``: a line of the user's own Python (no library call under it) holds a large share of the step;
+  removing it gains at most its share (the ceiling is the prediction);
+- ``optimizer-foreach``: the optimizer is a large share of the step and updates many tensors one by one (neither
+  ``foreach`` nor ``fused``); the gain is bounded by the optimizer's share;
+- ``ddp-find-unused``: DDP searches the graph for unused parameters every step and found none; the search's own
+  time per step is the predicted gain;
+- ``mixed-precision``, ``tf32``, ``cudnn-benchmark``, ``channels-last``: on a CUDA device, numerics left at their
+  slowest (facts from the run: the model's dtype, autocast, the flags); their gain cannot be predicted from one run,
+  and they change what is computed, so they are said as facts with the change, without a figure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stallscope.analysis.findings import Recommendation, StepStats
+from stallscope.analysis.fixes import advise
+from stallscope.session import Session
+
+#: A line of the step's own Python is a finding from this share of step time on.
+LINE_SHARE = 0.10
+#: The optimizer is a finding from this share of step time on, when it walks this many tensors one by one.
+OPTIMIZER_SHARE = 0.15
+OPTIMIZER_TENSORS = 32
+#: DDP's graph search is a finding from this share of step time on.
+DDP_SEARCH_SHARE = 0.005
+#: Compute capability from which a CUDA device has bf16 Tensor Cores and TF32 (Ampere).
+AMPERE = (8, 0)
+
+
+def compute_findings(session: Session, stats: StepStats, seconds: dict[str, float],
+                     spots: list[Any]) -> list[Recommendation]:
+    """The compute findings of the training process, costliest first; ``seconds``: step time per stage."""
+    step = sum(seconds.values())
+    if step <= 0 or not stats.steady:
+        return []
+    found: list[Recommendation] = []
+    found += _python_lines(spots)
+    facts = [f for f in session.compute_facts if f.get("pid") == session.main_pid]
+    parts = stats.parts_s or {}
+    found += _optimizer(facts, parts.get("optimizer", 0.0) / step)
+    found += _ddp_search(facts, step / len(stats.steady))
+    found += _numerics(facts)
+    return sorted(found, key=lambda r: -(r.predicted_speedup or 1.0))
+
+
+def _python_lines(spots: list[Any]) -> list[Recommendation]:
+    """The step's own Python lines (compute hotspots with no library call under them) above ``LINE_SHARE``."""
+    found = []
+    for spot in spots:
+        if spot.stage != "compute" or spot.library is not None or spot.share_of_step < LINE_SHARE:
+            continue
+        found.append(advise("python-in-step", round(1 / (1 - min(spot.share_of_step, 0.95)), 2), facts={
+            "part": spot.part, "share_of_step": round(spot.share_of_step, 4), "ceiling": True,
+            "file": spot.file, "line": spot.line, "function": spot.function}))
+    return found[:2]
+
+
+def _optimizer(facts: list[dict[str, Any]], share: float) -> list[Recommendation]:
+    if share < OPTIMIZER_SHARE:
+        return []
+    for f in facts:
+        if f["kind"] != "optimizer" or f.get("foreach") or f.get("fused"):
+            continue
+        if (f.get("tensors_with_grad") or f.get("tensors") or 0) >= OPTIMIZER_TENSORS:
+            return [advise("optimizer-foreach", round(1 / (1 - min(share, 0.95)), 2), facts={
+                "optimizer": f.get("optimizer_kind"), "tensors": f.get("tensors"), "numel": f.get("numel"),
+                "share_of_step": round(share, 4), "ceiling": True, "device": f.get("device")})]
+    return []
+
+
+def _ddp_search(facts: list[dict[str, Any]], step_s: float) -> list[Recommendation]:
+    for f in facts:
+        if f["kind"] != "ddp" or not f.get("find_unused_parameters") or f.get("unused_parameter_size"):
+            continue
+        calls = f.get("post_forward_calls") or 0
+        per_step = f.get("post_forward_ns", 0) / 1e9 / calls if calls else 0.0
+        if per_step <= 0 or per_step / step_s < DDP_SEARCH_SHARE:
+            continue
+        return [advise("ddp-find-unused", round(step_s / max(step_s - per_step, 1e-9), 2), facts={
+            "search_ms": round(1e3 * per_step, 3), "step_ms": round(1e3 * step_s, 3),
+            "unused_parameter_size": f.get("unused_parameter_size")})]
+    return []
+
+
+def _numerics(facts: list[dict[str, Any]]) -> list[Recommendation]:
+    """CUDA numerics left at their slowest, as facts of the run (no predicted gain)."""
+    found = []
+    for f in facts:
+        if f["kind"] != "model" or f.get("device") != "cuda" or not f.get("grad_enabled", True):
+            continue
+        capability = tuple(int(x) for x in str(f.get("capability") or "0.0").split(".")[:2])
+        fp32 = f.get("param_dtype") == "float32"
+        if fp32 and not f.get("autocast"):
+            found.append(advise("mixed-precision", None, facts={
+                "module": f.get("module"), "param_dtype": f.get("param_dtype"), "capability": f.get("capability"),
+                "dtype": "bfloat16" if capability >= AMPERE else "float16"}))
+        if fp32 and not f.get("autocast") and capability >= AMPERE and f.get("matmul_precision") == "highest" \
+                and not f.get("cuda_matmul_tf32"):
+            found.append(advise("tf32", None, facts={"matmul_precision": f.get("matmul_precision"),
+                                                     "capability": f.get("capability")}))
+        if f.get("convolutions") and not f.get("cudnn_benchmark"):
+            found.append(advise("cudnn-benchmark", None, facts={"convolutions": f.get("convolutions"),
+                                                                "input_shape": f.get("input_shape")}))
+        if f.get("convolutions") and f.get("input_channels_last") is False:
+            found.append(advise("channels-last", None, facts={"convolutions": f.get("convolutions"),
+                                                              "input_shape": f.get("input_shape")}))
+        break  # the first model's: a GAN's second model runs with the same flags
+    return found

@@ -1,0 +1,136 @@
+"""What the training step is configured to compute with, recorded once each: the optimizer's shape and kernels, the
+model's numerics on its first call, and DDP's settings with what its unused-parameter search costs.
+
+These are the facts the compute findings rest on (``analysis/compute_findings.py``): an optimizer that walks
+thousands of tensors one by one, mixed precision or TF32 off on a device that has the units for them, a
+``find_unused_parameters=True`` that never found one. Each is read once (per optimizer, per root module, per DDP
+model) so the step pays nothing after the first; DDP's ``_post_forward`` is timed on every step, since its graph
+search with ``find_unused_parameters`` is a per-step cost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import time
+import weakref
+from typing import Any
+
+from stallscope.recorder import events
+
+_perf = time.perf_counter_ns
+_optimizers_seen: set[int] = set()
+_roots_seen: set[int] = set()
+#: DDP models -> [post_forward ns and calls after the warm-up, all calls, reported]
+_ddp_models: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
+#: A DDP model's settings and costs go out after this many forwards (its logging data is filled at iteration 10).
+DDP_REPORT_AFTER = 30
+#: Its first forwards are left out of the cost: DDP builds and rebuilds its buckets there.
+DDP_WARM_UP = 5
+
+
+def on_optimizer_step(optimizer: Any) -> None:
+    """At an optimizer's first step: its kind, how many tensors it updates, and its kernels (foreach, fused)."""
+    key = id(optimizer)
+    if key in _optimizers_seen:
+        return
+    _optimizers_seen.add(key)
+    try:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        with_grad = [p for p in params if getattr(p, "grad", None) is not None]
+        defaults = getattr(optimizer, "defaults", {}) or {}
+        info = {"tensors": len(params), "tensors_with_grad": len(with_grad),
+                "numel": int(sum(p.numel() for p in params)), "groups": len(optimizer.param_groups),
+                "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
+                "device": params[0].device.type if params else None}
+        events.emit("optimizer_info", key & 0xFFFFFF, type(optimizer).__name__, _perf(), info)
+    except Exception:  # noqa: BLE001, S110 - a fact lost; never into the script
+        pass
+
+
+def on_first_call(module: Any, args: Any) -> None:
+    """At a root module's first forward: the numerics it runs with (autocast, dtypes, TF32, cuDNN autotuning, the
+    input's memory format) and whether it has convolutions (where channels_last and cuDNN autotuning matter)."""
+    key = id(module)
+    if key in _roots_seen:
+        return
+    _roots_seen.add(key)
+    try:
+        import torch
+
+        first = next(module.parameters(), None)
+        device = first.device.type if first is not None else "cpu"
+        image = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() == 4), None)
+        convs = sum(1 for m in module.modules() if isinstance(m, torch.nn.modules.conv._ConvNd))
+        info = {
+            "module": type(module).__name__, "device": device,
+            "param_dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
+            "autocast": bool(torch.is_autocast_enabled(device)) if device in ("cuda", "cpu") else None,
+            "grad_enabled": torch.is_grad_enabled(),
+            "matmul_precision": torch.get_float32_matmul_precision(),
+            "cuda_matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "convolutions": convs,
+            "input_channels_last": (bool(image.is_contiguous(memory_format=torch.channels_last))
+                                    and not image.is_contiguous()) if image is not None else None,
+            "input_shape": list(image.shape) if image is not None else None,
+        }
+        if device == "cuda" and first is not None:
+            major, minor = torch.cuda.get_device_capability(first.device)
+            info["capability"] = f"{major}.{minor}"
+        events.emit("model_info", _perf(), info)
+    except Exception:  # noqa: BLE001, S110 - a fact lost; never into the script
+        pass
+
+
+def patch_ddp(module: Any) -> None:
+    """Time DDP's ``_post_forward`` (with ``find_unused_parameters`` it searches the autograd graph there, every
+    step) and, after ``DDP_REPORT_AFTER`` forwards or at exit, write the model's DDP settings beside that cost."""
+    DDP = module.DistributedDataParallel
+    original = getattr(DDP, "_post_forward", None)
+    if original is None or getattr(original, "__stallscope_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def _post_forward(self: Any, output: Any) -> Any:
+        start = _perf()
+        try:
+            return original(self, output)
+        finally:
+            row = _ddp_models.get(self)
+            if row is None:
+                row = _ddp_models[self] = [0, 0, 0, 0]  # ns and calls after the warm-up, all calls, reported
+            row[2] += 1
+            if row[2] > DDP_WARM_UP:
+                row[0] += _perf() - start
+                row[1] += 1
+            if row[2] == DDP_REPORT_AFTER:
+                _report(self, row)
+
+    _post_forward.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    DDP._post_forward = _post_forward
+    atexit.register(_report_all)
+
+
+def _report(model: Any, row: list[int]) -> None:
+    try:
+        data = model._get_ddp_logging_data() if hasattr(model, "_get_ddp_logging_data") else {}
+        params = [p for p in model.module.parameters() if p.requires_grad]
+        info = {"find_unused_parameters": bool(getattr(model, "find_unused_parameters", False)),
+                "static_graph": bool(getattr(model, "static_graph", False)),
+                "unused_parameter_size": data.get("unused_parameter_size"),
+                "bucket_cap_bytes": data.get("bucket_cap_bytes"),
+                "gradient_as_bucket_view": bool(getattr(model, "gradient_as_bucket_view", False)),
+                "parameters": len(params), "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params)),
+                "post_forward_ns": row[0], "post_forward_calls": row[1]}
+        row[3] = 1
+        events.emit("ddp_info", _perf(), info)
+    except Exception:  # noqa: BLE001, S110 - a fact lost; never into the script
+        pass
+
+
+def _report_all() -> None:
+    for model, row in list(_ddp_models.items()):
+        if not row[3]:
+            _report(model, row)

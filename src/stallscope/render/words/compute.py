@@ -1,0 +1,94 @@
+"""The compute findings in words (``analysis/compute_findings.py``): one function per id, merged into
+``recommendations._SAYS``. Each says the change in plain PyTorch; where it is code, at the user's line."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from stallscope.render.words.phrases import PART_LABELS
+
+_PART_CHANGE = {
+    "forward": "vectorize it (one tensor operation over the batch instead of a Python loop), or torch.compile the "
+               "model",
+    "backward": "replace it with tensor operations, or a custom autograd.Function with a vectorized backward",
+    "optimizer": "vectorize it, or use a foreach/fused optimizer",
+    "step_code": "take it off the step: compute it every N steps, or keep it on the device as tensors "
+                 "(no .item()/.tolist() per step) and read it once per log interval",
+}
+
+
+def _where(f: dict[str, Any]) -> str:
+    return f"{os.path.basename(f['file'])}:{f['line']} {f['function']}"
+
+
+def _python_in_step(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    part = f.get("part") or "step_code"
+    return (f"Take the Python work out of the step's {PART_LABELS.get(part, part)}",
+            f"at {_where(f)} ({f['file']}): {_PART_CHANGE.get(part, _PART_CHANGE['step_code'])}",
+            f"that line's own Python (no library call under it) is {100 * f['share_of_step']:.0f}% of step time, in "
+            f"{PART_LABELS.get(part, part)}; the prediction is its ceiling: the step without that line")
+
+
+def _optimizer_foreach(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    fused = "fused=True (or foreach=True)" if f.get("device") in ("cuda", "cpu") else "foreach=True"
+    return ("Update the parameters in one kernel per group, not one per tensor",
+            f"torch.optim.{f.get('optimizer') or 'Optimizer'}(..., {fused}); in the Hugging Face Trainer "
+            "optim=\"adamw_torch_fused\"; in Lightning, in configure_optimizers",
+            f"the optimizer is {100 * f['share_of_step']:.0f}% of step time and updates {f.get('tensors')} tensors "
+            f"({f.get('numel'):,} values) one by one (neither foreach nor fused); the prediction is its ceiling: the "
+            "step without the optimizer's time")
+
+
+def _ddp_find_unused(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    return ("Stop DDP's search for unused parameters",
+            "DistributedDataParallel(model, find_unused_parameters=False) (or static_graph=True where the graph "
+            "never changes); in the Hugging Face Trainer ddp_find_unused_parameters=False; in Lightning "
+            "strategy=\"ddp\" rather than \"ddp_find_unused_parameters_true\"",
+            f"find_unused_parameters=True searched the autograd graph after every forward, "
+            f"{f['search_ms']:.2f} ms of a {f['step_ms']:.1f} ms step, and found no unused parameter")
+
+
+def _mixed_precision(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    dtype = f.get("dtype", "bfloat16")
+    return ("Compute in mixed precision",
+            f"with torch.autocast(\"cuda\", dtype=torch.{dtype}): around the forward and the loss"
+            + (" (with float16, a torch.amp.GradScaler)" if dtype == "float16" else "")
+            + f"; Hugging Face Trainer: {'bf16' if dtype == 'bfloat16' else 'fp16'}=True; Lightning: "
+            f"precision=\"{'bf16' if dtype == 'bfloat16' else '16'}-mixed\"",
+            f"{f.get('module')}'s parameters are {f.get('param_dtype')} and no autocast was active in its forward, "
+            f"on a device of compute capability {f.get('capability')}; the gain depends on the model and is not "
+            "predicted from one run, and it changes what is computed: measure it (stallscope compare RUN_A RUN_B)")
+
+
+def _tf32(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    return ("Let float32 matmuls use TF32",
+            "torch.set_float32_matmul_precision(\"high\") at the start of the script; Hugging Face Trainer: "
+            "tf32=True",
+            f"float32 matmul precision is \"{f.get('matmul_precision')}\" on a device of compute capability "
+            f"{f.get('capability')}, whose TF32 units then sit idle; not predicted, and it changes what is computed")
+
+
+def _cudnn_benchmark(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    return ("Let cuDNN pick its fastest convolution algorithms",
+            "torch.backends.cudnn.benchmark = True at the start of the script (for inputs of fixed size); "
+            "Lightning: Trainer(benchmark=True)",
+            f"the model has {f.get('convolutions')} convolutions and cudnn.benchmark is off; not predicted")
+
+
+def _channels_last(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    return ("Keep images in channels_last memory format",
+            "model = model.to(memory_format=torch.channels_last) and the same on each batch's images",
+            f"the model has {f.get('convolutions')} convolutions and its input {f.get('input_shape')} is not "
+            "channels_last, which Tensor Core convolutions want; not predicted")
+
+
+SAYS = {
+    "python-in-step": _python_in_step,
+    "optimizer-foreach": _optimizer_foreach,
+    "ddp-find-unused": _ddp_find_unused,
+    "mixed-precision": _mixed_precision,
+    "tf32": _tf32,
+    "cudnn-benchmark": _cudnn_benchmark,
+    "channels-last": _channels_last,
+}
