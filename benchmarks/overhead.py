@@ -8,6 +8,8 @@ The figure of merit is the median over pairs of (recorded / plain) throughput.
 Also measured in-process: the cost of one instrumented call inside a fetch (the hot path).
 
 Run:  python benchmarks/overhead.py [--pairs 7] [--batches 60]
+      python benchmarks/overhead.py --step-ms 5 [--steps 400]   (benchmarks/step_job.py: a training loop on
+      in-memory data sized to 5 ms steps, where the step split's hooks and the step sampler cost the most)
 
 Measured on the 2-core development machine (2026-11-29), reference workload with 2 workers, batch 32,
 224 px, 60 batches per run, machine otherwise idle:
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from stallscope.demo.dataset import DatasetSpec, demo_dataset
 from stallscope.demo.scenarios import REFERENCE_SCRIPT
@@ -89,6 +92,20 @@ def hot_path_cost(calls: int = 200_000) -> tuple[float, float]:
     return (inside - bare) / calls, (outside - bare) / calls
 
 
+STEP_JOB = Path(__file__).with_name("step_job.py")
+
+
+def _width_for(step_ms: float) -> int:
+    """The step job's width for ``step_ms`` on this machine, sized once so both sides of every pair run the same."""
+    sys.path.insert(0, str(STEP_JOB.parent))
+    import step_job  # noqa: PLC0415 - the benchmark's own job, beside this file
+
+    import torch
+
+    torch.set_num_threads(1)
+    return step_job.sized_width("mlp", step_ms, 32)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=int, default=7)
@@ -96,10 +113,18 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--files", type=int, default=2000, help="JPEGs in the generated demo dataset")
     p.add_argument("--sample-interval", default="0.1", help="passed to stallscope run (0: sampler off)")
+    p.add_argument("--step-ms", type=float, default=None,
+                   help="measure benchmarks/step_job.py (an MLP on in-memory data) sized to this step time instead")
+    p.add_argument("--steps", type=int, default=400, help="steps of the --step-ms job")
     args = p.parse_args()
-    data = demo_dataset(DatasetSpec(n_files=args.files))
-    script = [str(REFERENCE_SCRIPT), "--data", str(data), "--workers", str(args.workers), "--max-batches",
-              str(args.batches), "--threads", "1", "--report-throughput"]
+    if args.step_ms is not None:
+        width = _width_for(args.step_ms)
+        script = [str(STEP_JOB), "--width", str(width), "--steps", str(args.steps), "--report-throughput"]
+        print(f"step job: an MLP of width {width} (about {args.step_ms:g} ms a step here), {args.steps} steps")
+    else:
+        data = demo_dataset(DatasetSpec(n_files=args.files))
+        script = [str(REFERENCE_SCRIPT), "--data", str(data), "--workers", str(args.workers), "--max-batches",
+                  str(args.batches), "--threads", "1", "--report-throughput"]
     plain_cmd = [sys.executable, *script]
     with tempfile.TemporaryDirectory() as store:
         summary_path = os.path.join(store, "summary.json")
@@ -126,6 +151,8 @@ def main() -> int:
     print(f"median throughput ratio recorded/plain over {len(ratios)} pairs: {median:.4f} "
           f"({100 * (1 - median):+.2f}% loss; min {min(ratios):.3f}, max {max(ratios):.3f})")
     print(f"median plain {statistics.median(plain_rates):.1f} img/s, recorded {statistics.median(recorded_rates):.1f} img/s")
+    if args.step_ms is not None:
+        print(f"plain step: {1000 * 32 / statistics.median(plain_rates):.2f} ms (32 samples a step)")
     if sampler_cost:
         print(f"system sampler's own CPU: median {100 * statistics.median(sampler_cost):.2f}% of one core "
               f"(max {100 * max(sampler_cost):.2f}%) at interval {args.sample_interval} s")

@@ -109,6 +109,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     tracker_runs: list[dict[str, Any]] = []
     calibrations: list[dict[str, Any]] = []
     compute_facts: list[dict[str, Any]] = []
+    op_windows: list[dict[str, Any]] = []
     stack_counts: dict[tuple[Any, ...], int] = {}
     sampler_off: dict[str, list[int]] = {}
     thread_sampled: dict[str, list[int]] = {}  # why the thread sampler ran -> processes
@@ -172,6 +173,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                     extra = {"optimizer": f["optimizer"], "optimizer_kind": f["kind"]} if "optimizer" in f else {}
                     compute_facts.append({"pid": pid, "kind": kind.removesuffix("_info"), "t_ns": f["t_ns"],
                                           **extra, **f["info"]})
+                elif kind == "op_window":
+                    op_windows.append({"pid": pid, **f})
                 elif kind == "step_samples":  # the training step's own lines: stage compute, no loader
                     for part, frames, count in f["samples"]:
                         key = (pid, -1, f"compute:{part}", tuple(frames), "thread")
@@ -249,6 +252,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         tracker_runs=sorted(tracker_runs, key=lambda r: r["t_ns"]),
         calibrations=calibrations,
         compute_facts=compute_facts,
+        op_windows=op_windows,
         stack_samples=[_stack_row(pid, loader_id, stage, frames, sampler, n)
                        for (pid, loader_id, stage, frames, sampler), n in stack_counts.items()],
         ranks=sorted(ranks.values(), key=lambda r: (r.rank, r.pid)),

@@ -320,6 +320,9 @@ class Session:
     #: what the training step computes with (recorder/model_facts.py): {pid, kind ('optimizer', 'model', 'ddp'),
     #: t_ns, ...its figures}
     compute_facts: list[dict[str, Any]] = field(default_factory=list)
+    #: the profiler window (recorder/op_window.py): {pid, start_ns, opened_ns, stop_ns, end_ns, steps, folded,
+    #: ops: [[part, name, calls, self CPU ns, self device ns], ...], cpu_ns, device_ns}
+    op_windows: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[RankRecord] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)
     clock_alignment: list[dict[str, Any]] = field(default_factory=list)  # per merged node: offset and its bounds

@@ -41,6 +41,8 @@ ENV_BENCH = "STALLSCOPE_BENCH"
 ENV_TRIAL_FIGURES = "STALLSCOPE_TRIAL_FIGURES"
 #: Stack samples per second inside batch fetches (``recorder/stacks.py``); 0 turns the sampler off.
 ENV_STACK_SAMPLE_HZ = "STALLSCOPE_STACK_SAMPLE_HZ"
+#: "0": no profiler window in the run (recorder/op_window.py).
+ENV_OP_WINDOW = "STALLSCOPE_OP_WINDOW"
 #: Tests only: seconds ``pack`` sleeps per record, so a test can kill it mid-way.
 ENV_PACK_THROTTLE = "STALLSCOPE_PACK_THROTTLE_S"
 

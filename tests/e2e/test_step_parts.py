@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from stallscope.analysis.plan import plan_run
 from stallscope.session import Session
 from tests.conftest import SCRIPTS, run_cli
 
@@ -58,6 +59,11 @@ def test_the_planted_cost_is_the_largest_part_and_its_line_the_top_hotspot_of_co
     else:
         assert first["facts"]["tensors"] >= 400 and "fused=True" in first["change"]
     assert f"next step: {first['title']} (at most" in said
+    # plan: a 4x faster device shrinks forward, backward and optimizer, not the step's own code
+    plan = plan_run(Session.load(summary["session"]), device_speedup=4.0)
+    device = (parts["forward"] + parts["backward"] + parts["optimizer"]) / sum(parts.values())
+    note = next(a for a in plan.assumptions if a.startswith("compute:"))
+    assert f"({100 * device:.0f}% of the recorded compute) 4x as fast" in note, note
 
 
 def test_ddp_searching_for_unused_parameters_that_never_are_is_named_with_its_cost(tmp_path):
@@ -80,7 +86,10 @@ def test_the_split_adds_up_and_counts_every_pass_under_accumulation_and_two_opti
     assert result.returncode == 0, result.stderr
     summary = result.summary
     accumulate = int(extra[1]) if extra[0] == "--accumulate" else 1
-    assert summary["steps"] == steps  # one step per optimizer round, whatever the batches and optimizers in it
+    # one step per optimizer round, whatever the batches and optimizers in it; the profiler window's left out
+    left_out = summary["operators"]["steps_left_out"]
+    assert left_out == summary["operators"]["steps"] + 1  # and the step its folding landed in
+    assert summary["steps"] + left_out == steps
     parts = _parts(summary)
     assert sum(parts.values()) == pytest.approx(summary["nodes"]["compute"]["seconds"], rel=0.02, abs=2e-4)
     assert all(value > 0 for value in parts.values()), parts
@@ -114,12 +123,34 @@ def test_a_model_built_after_the_first_ones_is_still_seen(tmp_path):
         result.summary["nodes"]["compute"]["seconds"], rel=0.02, abs=2e-4)
 
 
+def test_the_profiler_window_gives_the_operators_of_each_part_and_its_steps_are_left_out(tmp_path):
+    """Adam stepping 400 tensors one by one: its elementwise operators, in the optimizer, lead the window."""
+    steps = 30
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--plant", "heavy_optimizer",
+                                "--steps", str(steps)])
+    assert result.returncode == 0, result.stderr
+    ops = result.summary["operators"]
+    assert ops["steps"] == 5 and ops["steps_left_out"] == 6 and result.summary["steps"] == steps - 6
+    assert 0 < ops["cost_s"] < ops["window_s"]
+    assert {"forward", "backward", "optimizer"} <= set(ops["by_part"]), ops["by_part"]
+    assert max(ops["by_part"], key=lambda part: ops["by_part"][part]["cpu_s"]) == "optimizer", ops["by_part"]
+    top = ops["top"][0]
+    assert top["part"] == "optimizer" and top["name"].startswith("aten::") and top["calls"] >= 400 * 5, top
+    assert "operators (torch.profiler over 5 steps" in result.stderr  # said in the terminal, with its cost
+    session = Session.load(result.summary["session"])
+    window = next(w for w in session.op_windows if w["pid"] == session.main_pid)
+    steps_in_window = [s for s in session.optimizer_steps
+                       if s.pid == session.main_pid and window["start_ns"] <= s.start_ns <= window["end_ns"]]
+    assert len(steps_in_window) >= 5
+
+
 def _losses(tmp_path, args: list[str], recorded: bool) -> list[str]:
     out = tmp_path / f"losses-{'rec' if recorded else 'bare'}.txt"
     command = [sys.executable, str(SCRIPT), *args, "--losses", str(out)]
     if recorded:
         result = run_cli(tmp_path, ["--", *command], timeout=600)
         assert result.returncode == 0, result.stderr
+        assert result.summary["operators"]["steps"] > 0  # the profiler window ran inside these steps
     else:
         subprocess.run(command, check=True, capture_output=True, timeout=600)
     return out.read_text().splitlines()

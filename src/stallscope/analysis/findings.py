@@ -62,6 +62,8 @@ class StepStats:
     #: compute split into the step's parts, steady seconds: forward, backward, optimizer, step_code (the rest of
     #: compute); None where forward and backward were not recorded (a session of an older version)
     parts_s: dict[str, float] | None = None
+    #: steps left out of every figure: the profiler window's, and the one its folding landed in
+    profiled_steps: int = 0
 
     @property
     def sync_fraction(self) -> float:
@@ -204,6 +206,8 @@ class Analysis:
     training_process: Any = None
     #: Likely fixes the recommendations leave out, each with why (``NotRecommended``).
     not_recommended: list[Any] = field(default_factory=list)
+    #: operators.Operators: the run's profiler window folded (top operators by part, its cost); None without one
+    operators: Any = None
 
     @property
     def train_loader(self) -> LoaderSummary | None:

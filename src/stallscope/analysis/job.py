@@ -21,6 +21,7 @@ from stallscope.analysis.frameworks import code_site
 from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.model_from_run import build_model
+from stallscope.analysis.operators import operators
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import agreeing_with, find_pitfalls
 from stallscope.analysis.recommend import not_recommended, recommend
@@ -203,6 +204,7 @@ def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
         pitfalls=pitfalls,
         system=system,
         gpu_timing=gpu_timing(session),
+        operators=operators(session),
         hotspots=spots,
         other_cpus=other,
         not_recommended=left_out,

@@ -28,7 +28,9 @@ from stallscope.analysis.cpu_load import (
     SMT_YIELD,
     TIME_SHARING_COST,
 )
+from stallscope.analysis.findings import StepStats
 from stallscope.analysis.fixes import planned
+from stallscope.analysis.gpu_timing import GpuTiming
 from stallscope.analysis.sample_costs import (
     CPU_STAGES,
     RECEIVED_BATCH_READS,
@@ -76,6 +78,11 @@ class Target:
     workers: int | None = None
     ranks: int | None = None
     threads_per_core: float | None = None  # hardware threads per core (SMT); None: as on the recorded machine
+    #: the target's device this many times as fast as the recorded one at the device's share of compute
+    #: (``device_share``: forward, backward and optimizer on a CPU run; the GPU's busy time on a GPU run); the
+    #: step's own code on the host stays as recorded
+    device_speedup: float | None = None
+    device_share: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.cores > 0 and math.isfinite(self.cores)):
@@ -88,6 +95,14 @@ class Target:
             raise PlanError(f"--gpus must be at most {MAX_GPUS} (the GPUs of one machine)")
         if self.step_s is not None and self.samples_per_s is not None:
             raise PlanError("give --step-ms or --samples-per-s, not both")
+        if self.device_speedup is not None:
+            if self.step_s is not None or self.samples_per_s is not None:
+                raise PlanError("give --device-speedup, or the target's own --step-ms or --samples-per-s, not both")
+            if not (self.device_speedup > 0 and math.isfinite(self.device_speedup)):
+                raise PlanError("--device-speedup must be a positive number")
+            if self.device_share is None:
+                raise PlanError("--device-speedup needs the step split (forward, backward, optimizer), which this "
+                                "run's recording does not have: record it again with this version")
         for name, value, most in (("--step-ms", self.step_s, MAX_STEP_S), ("--samples-per-s", self.samples_per_s,
                                                                              MAX_SAMPLES_PER_S)):
             if value is not None and not (value > 0 and math.isfinite(value)):
@@ -272,6 +287,13 @@ def target_model(model: ThroughputModel, target: Target, samples_per_step: float
         compute = target.processes / target.samples_per_s
         notes.append(f"compute: {target.samples_per_s:g} samples/s for the whole job (given), "
                      f"{_ms(compute)} per sample in each training process")
+    elif target.device_speedup is not None and target.device_share is not None:
+        share, faster = min(1.0, max(0.0, target.device_share)), target.device_speedup
+        compute = model.compute_per_sample_s * ((1 - share) + share / faster) + sync_per_sample_s
+        device = ("forward, backward and optimizer" if model.compute_on_cpu else "the GPU's busy time")
+        notes.append(f"compute: {_ms(compute)} per sample: {device} ({100 * share:.0f}% of the recorded compute) "
+                     f"{faster:g}x as fast, the rest of it (the step's own code on the host, "
+                     f"{100 * (1 - share):.0f}%) as recorded")
     else:
         compute = model.compute_per_sample_s + sync_per_sample_s
         where = "on the CPU" if model.compute_on_cpu else "on the GPU"
@@ -502,7 +524,8 @@ def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
 
 def plan_run(session: Session, *, cores: float | None = None, gpus: int | None = None, step_ms: float | None = None,
              samples_per_s: float | None = None, workers: int | None = None,
-             analysis: Analysis | None = None, threads_per_core: float | None = None) -> Plan:
+             analysis: Analysis | None = None, threads_per_core: float | None = None,
+             device_speedup: float | None = None) -> Plan:
     """``stallscope plan``'s library twin: a recorded session projected to a machine with ``cores`` CPU cores and
     ``gpus`` GPUs (defaults: the recorded machine's usable CPUs, and its GPU count, one per rank), with the
     target's step time (``step_ms`` per step of one process) or job rate (``samples_per_s``) where known.
@@ -527,7 +550,8 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
     target = Target(cores=float(cores if cores is not None else usable_cpus(session)), gpus=gpus,  # the host's
                     step_s=None if step_ms is None else step_ms / 1000, samples_per_s=samples_per_s,
                     workers=workers, ranks=ranks_here if ranks_here > 1 and gpus == 0 else None,
-                    threads_per_core=threads_per_core)
+                    threads_per_core=threads_per_core, device_speedup=device_speedup,
+                    device_share=device_share(stats, analysis.gpu_timing) if device_speedup is not None else None)
     train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
     plan = project(model, target, stats.samples / len(stats.steady),
                    normalize_fraction(train.pipeline if train else None), stats.sync_s / stats.samples)
@@ -545,3 +569,17 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
         cautions.append(f"the recorded run did not end as the training would ({how}): the figures are of its "
                         f"{len(stats.steady)} steady step(s) before that")
     return dataclasses.replace(plan, recorded=recorded, assumptions=[*cautions, *plan.assumptions], cautions=cautions)
+
+
+def device_share(stats: StepStats, timing: GpuTiming | None) -> float | None:
+    """The share of the recorded compute a faster device shrinks: on a GPU run, the GPU's busy time per step over
+    the host's compute per step (a host-bound job's GPU sits idle: a faster one gains it little); on a CPU run,
+    forward, backward and optimizer (the step's own code stays). None where neither was recorded."""
+    steps = len(stats.steady)
+    if not steps or stats.compute_s <= 0:
+        return None
+    if timing is not None and timing.steps:
+        return min(1.0, timing.busy_ms_median / 1e3 / (stats.compute_s / steps))
+    if stats.parts_s is None:
+        return None
+    return (stats.parts_s["forward"] + stats.parts_s["backward"] + stats.parts_s["optimizer"]) / stats.compute_s

@@ -256,6 +256,10 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         steps.append(dataclasses.replace(step, forward_ns=split.forward_ns, backward_ns=split.backward_ns,
                                          optimizer_ns=split.optimizer_ns))
 
+    profiled = index_of((int(w["start_ns"]), int(w["end_ns"])) for w in session.op_windows if w.get("pid") == pid)
+    recorded = len(steps)
+    if profiled.spans:  # the profiler window's steps, and the step its folding lands in: its cost, not the job's
+        steps = [s for s in steps if not profiled.overlapping(s.start_ns, s.end_ns)]
     warm = _warm_up(steps, warmup, _first_round(session, pid, train_ids))
     steady = steps[warm:]
     # A next() that never returned (hung workers, a timeout) is data wait no step shows: count it.
@@ -285,6 +289,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         sync_s=sum(s.sync_ns for s in steady) / 1e9,
         stalled_s=stalled,
         paired_loader_ids=paired_ids,
+        profiled_steps=recorded - len(steps),
         parts_s=_parts_s(steady) if parts.recorded else None,
     )
 

@@ -20,8 +20,10 @@ from stallscope.demo.changes import (
     APPLY,
     LOADER_BUILT_ONCE,
     NO_DATASET_CODE,
+    NUMERICS,
     ONE_PROCESS,
     PLANTED_LATENCY,
+    STEP_CODE,
     NotApplied,
     ScriptFlags,
     ThroughSet,
@@ -181,6 +183,9 @@ NOT_APPLIED = {
                      "speed up",
     PLANTED_LATENCY: "the reference script's storage latency is planted on every file it reads: a packed dataset "
                      "would skip the plant, not the latency of a real file system, so measuring it would prove nothing",
+    STEP_CODE: "it is a change to the training step's own code, and the reference script carries one version of it",
+    NUMERICS: "it changes what the training computes (its precision or memory layout), so it is measured only where "
+              "the user asks for it",
 }
 
 

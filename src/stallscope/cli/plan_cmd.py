@@ -46,6 +46,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            "samples per step)")
     rate.add_argument("--samples-per-s", type=float, metavar="S",
                       help="samples/s the whole job's compute could take on the target (all GPUs together)")
+    rate.add_argument("--device-speedup", type=float, metavar="X",
+                      help="the target's device X times as fast as the recorded one: forward, backward and "
+                           "optimizer (on a GPU run, the GPU's busy time) shrink, the step's own code on the host "
+                           "does not, so a host-bound job stays host-bound")
     p.add_argument("--workers", type=int, metavar="W", help="also show the prediction for W workers per process")
     p.add_argument("--json", metavar="PATH", help="write the plan (schema stallscope.plan/1) here; '-' for stdout")
     p.add_argument("--store", metavar="DIR", type=folder,
@@ -68,7 +72,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         plan = plan_run(session, cores=args.cores, gpus=args.gpus, step_ms=args.step_ms,
                         samples_per_s=args.samples_per_s, workers=args.workers,
-                        threads_per_core=args.threads_per_core)
+                        threads_per_core=args.threads_per_core, device_speedup=args.device_speedup)
     except NothingToPlan as exc:
         again = f"--store {shlex.quote(args.store)} " if args.store else ""
         return _fail(f"{exc} (`stallscope report {again}{shlex.quote(args.run)}` shows what was recorded)")

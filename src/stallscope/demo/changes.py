@@ -43,6 +43,8 @@ ONE_PROCESS = "one-process"  # advice for the ranks of a distributed job: the re
 LOADER_BUILT_ONCE = "loader-built-once"  # the reference script builds its DataLoader once already
 NO_DATASET_CODE = "no-dataset-code"  # its dataset is torchvision's ImageFolder: no Python of its own to speed up
 PLANTED_LATENCY = "planted-latency"  # its storage latency is planted per file read: packing would skip the plant
+STEP_CODE = "step-code"  # a change inside the training step's own code: the reference script has one version of it
+NUMERICS = "numerics"  # a change to what the training computes (precision, layout): never made without being asked
 ALREADY_APPLIED = "already-applied"  # the script's command has the change's flags already (passed after --)
 UNKNOWN = "unknown"  # an id this table does not place (a test keeps the table complete)
 
@@ -77,6 +79,13 @@ APPLY: dict[str, How] = {
     "distributed-sampler": NotApplied(ONE_PROCESS),
     "uneven-shards": NotApplied(ONE_PROCESS),
     "sampler-drop-last": NotApplied(ONE_PROCESS),
+    "ddp-find-unused": NotApplied(ONE_PROCESS),
+    "python-in-step": NotApplied(STEP_CODE),
+    "optimizer-foreach": NotApplied(STEP_CODE),
+    "mixed-precision": NotApplied(NUMERICS),
+    "tf32": NotApplied(NUMERICS),
+    "cudnn-benchmark": NotApplied(NUMERICS),
+    "channels-last": NotApplied(NUMERICS),
 }
 
 

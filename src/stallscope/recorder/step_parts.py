@@ -26,7 +26,7 @@ import time
 import weakref
 from typing import Any
 
-from stallscope.recorder import events, model_facts
+from stallscope.recorder import events, model_facts, op_window
 
 _perf = time.perf_counter_ns
 
@@ -74,12 +74,16 @@ def enter_part(part: str) -> None:
     if threading.get_ident() == _main_ident:
         _parts_entered.append(main_part)
         main_part = part
+        if op_window.active:
+            op_window.enter(part)
 
 
 def leave_part() -> None:
     global main_part
     if threading.get_ident() == _main_ident and _parts_entered:
         main_part = _parts_entered.pop()
+        if op_window.active:
+            op_window.leave()
 
 
 def _has_parameters(module: Any) -> bool:

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from stallscope.background import start_thread
-from stallscope.recorder import events, stacks, step_parts
+from stallscope.recorder import events, op_window, stacks, step_parts
 from stallscope.settings import ENV_STACK_SAMPLE_HZ
 
 #: Mean samples per second of the main thread's compute: the fetch sampler's rate (calibration: rec-stack-sample-hz).
@@ -59,7 +59,8 @@ def batch_taken() -> None:
         stacks.on_thread_mode = _start_thread
     elif threading.get_ident() != _main_thread:
         return
-    stacks.step_resumed()
+    if not op_window.active:
+        stacks.step_resumed()
 
 
 def _start_thread() -> None:
@@ -135,5 +136,6 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
 
 
+op_window.pause_sampling = stacks.step_paused
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)

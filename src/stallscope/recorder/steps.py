@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stallscope.recorder import cuda_timing, distributed, events, model_facts, step_parts
+from stallscope.recorder import cuda_timing, distributed, events, model_facts, op_window, step_parts
 
 _perf = time.perf_counter_ns
 max_steps: int | None = None
@@ -42,6 +42,7 @@ def _post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     model_facts.on_optimizer_step(optimizer)
     cuda_timing.on_step_end()
     step_parts.on_optimizer_step(_batches_since_step > 0)
+    op_window.on_step_end(_batches_since_step > 0)
     if _batches_since_step > 0:
         _steps_done += 1
         _batches_since_step = 0

@@ -47,6 +47,9 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         "recommendations": [_recommendation_dict(r) for r in analysis.recommendations],
         "not_recommended": [_not_recommended_dict(n) for n in analysis.not_recommended],
         "hotspots": [h.to_dict() for h in analysis.hotspots],
+        # the profiler window: top operators by part, its steps (left out of the figures) and its cost
+        "operators": ({**analysis.operators.to_dict(), "steps_left_out": stats.profiled_steps}
+                      if analysis.operators is not None else None),
         "loaders": [_loader_dict(ld) for ld in analysis.loaders],
         "capacity": _capacity_dict(analysis.capacity),
         "pitfalls": [_pitfall_dict(p) for p in analysis.pitfalls],

@@ -69,6 +69,9 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
                       f"({100 * analysis.bottleneck_share:.0f}% of step time{words.beside_compute(analysis)})")
         for spot in top_of_stage(analysis.hotspots, analysis.bottleneck_node):
             console.print(f"    {words.hotspot(spot)}", markup=False, highlight=False)
+        if analysis.bottleneck_node in ("compute", "sync") and analysis.operators is not None:
+            for line in words.operators(analysis.operators):
+                console.print(f"    {line}", markup=False, highlight=False)
     for line in words.evidence(analysis):
         console.print(f"  • {line}", markup=False, highlight=False)
     if analysis.gpu_timing is not None:

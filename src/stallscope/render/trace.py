@@ -120,6 +120,10 @@ def _main_process(ev: _Events, session: Session, analysis: Analysis) -> None:
     for b in session.backwards:
         if b.pid == main_pid:
             ev.span(MAIN_PID, MAIN_THREAD_TID, f"backward ({b.how})", b.start_ns, b.end_ns, "compute")
+    for w in session.op_windows:
+        if w.get("pid") == main_pid:
+            ev.span(MAIN_PID, STEPS_TID, "profiler window (left out of the figures)", int(w["start_ns"]),
+                    int(w["end_ns"]), "profiler", {"steps": w.get("steps"), "folded": w.get("folded")})
     for t in session.transfers:
         if t.pid == main_pid:
             ev.span(MAIN_PID, MAIN_THREAD_TID, t.call, t.start_ns, t.end_ns, "transfer",

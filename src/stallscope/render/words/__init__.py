@@ -15,6 +15,7 @@ from stallscope.render.words.evidence import (
     evidence,
     gpu_timing,
     notes,
+    operators,
     rate,
     training_process,
 )
@@ -23,6 +24,5 @@ from stallscope.render.words.pitfalls import PitfallSaid, pitfall
 from stallscope.render.words.recommendations import Said, created_at, hotspot, not_recommended, recommendation
 
 __all__ = ["CONDITIONS", "MIB", "NO_SAMPLES", "PART_LABELS", "PitfallSaid", "Said", "beside_compute", "created_at",
-           "evidence",
-           "facts_text", "gain", "gpu_timing", "hotspot", "not_recommended", "notes", "overrides", "pitfall", "rate",
-           "recommendation", "training_process"]
+           "evidence", "facts_text", "gain", "gpu_timing", "hotspot", "not_recommended", "notes", "operators",
+           "overrides", "pitfall", "rate", "recommendation", "training_process"]

@@ -10,6 +10,7 @@ from stallscope.analysis import Analysis
 from stallscope.analysis.pipeline import calls_in_step_time
 from stallscope.analysis.steps import FEW_STEADY_STEPS
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
+from stallscope.render.words.phrases import PART_LABELS
 
 
 def beside_compute(analysis: Analysis) -> str:
@@ -166,3 +167,14 @@ def rate(analysis: Analysis) -> str:
     if analysis.samples_per_s is not None:
         text += f", {analysis.samples_per_s:.1f} samples/s"
     return text
+
+
+def operators(ops: Any, shown: int = 3) -> list[str]:
+    """The profiler window's top operators under the limiting stage: one line of how, then one per operator."""
+    on_device = ops.self_device_s > 0
+    lines = [f"operators (torch.profiler over {ops.steps} steps, left out of the figures; it cost "
+             f"{ops.cost_s:.2f} s): by self {'device' if on_device else 'CPU'} time"]
+    for op in ops.top[:shown]:
+        share = op.share_of_device if on_device else op.share_of_cpu
+        lines.append(f"  {op.name}  {100 * share:.0f}% ({PART_LABELS.get(op.part, op.part)}, {op.calls} calls)")
+    return lines
