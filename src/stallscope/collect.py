@@ -42,6 +42,9 @@ from stallscope.session import (
     sort_in_time,
 )
 
+#: Events of facts about the training step (recorder/model_facts.py, recorder/step_threads.py): kind without "_info".
+_COMPUTE_FACTS = ("optimizer_info", "model_info", "ddp_info", "threads_info")
+
 
 def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[Any]]]]:
     """[(header, records)] for every process that wrote events."""
@@ -169,7 +172,7 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
                         pids = thread_sampled.setdefault(str(f.get("fallback_reason") or "reason not recorded"), [])
                         if pid not in pids:
                             pids.append(pid)
-                elif kind in ("optimizer_info", "model_info", "ddp_info") and isinstance(f.get("info"), dict):
+                elif kind in _COMPUTE_FACTS and isinstance(f.get("info"), dict):
                     extra = {"optimizer": f["optimizer"], "optimizer_kind": f["kind"]} if "optimizer" in f else {}
                     compute_facts.append({"pid": pid, "kind": kind.removesuffix("_info"), "t_ns": f["t_ns"],
                                           **extra, **f["info"]})

@@ -318,7 +318,8 @@ class Session:
     #: measured at exit: {pid, kind ('shared_memory'), nbytes, write_extra_ns, read_extra_ns} (recorder/shm_cost.py)
     calibrations: list[dict[str, Any]] = field(default_factory=list)
     #: what the training step computes with (recorder/model_facts.py): {pid, kind ('optimizer', 'model', 'ddp'),
-    #: t_ns, ...its figures}
+    #: t_ns, ...its figures}; and the other Python threads while it computed (kind 'threads', cumulative: the
+    #: last of a pid holds its totals; recorder/step_threads.py)
     compute_facts: list[dict[str, Any]] = field(default_factory=list)
     #: the profiler window (recorder/op_window.py): {pid, start_ns, opened_ns, stop_ns, end_ns, steps, folded,
     #: ops: [[part, name, calls, self CPU ns, self device ns], ...], cpu_ns, device_ns}

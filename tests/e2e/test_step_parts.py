@@ -66,6 +66,20 @@ def test_the_planted_cost_is_the_largest_part_and_its_line_the_top_hotspot_of_co
     assert f"({100 * device:.0f}% of the recorded compute) 4x as fast" in note, note
 
 
+def test_a_thread_holding_the_interpreter_is_named_with_its_line(tmp_path):
+    """A metrics exporter formatting a large dict in Python half the time: the step waits for the interpreter lock."""
+    result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--plant", "logger_thread", "--width", "256",
+                                "--steps", "120"])
+    assert result.returncode == 0, result.stderr
+    first = result.summary["recommendations"][0]
+    assert first["id"] == "thread-in-step", result.summary["recommendations"]
+    facts = first["facts"]
+    assert (facts["thread"], facts["target"]) == ("metrics-exporter", "export_metrics")
+    assert (facts["file"], facts["line"]) == (str(SCRIPT), _planted_line("logger_thread"))
+    assert facts["floor"] and first["predicted_speedup"] > 1.1
+    assert f"next step: {first['title']} (at least" in result.stderr
+
+
 def test_ddp_searching_for_unused_parameters_that_never_are_is_named_with_its_cost(tmp_path):
     result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--ddp-find-unused", "--depth", "40",
                                 "--steps", "80"])
@@ -159,9 +173,9 @@ def _losses(tmp_path, args: list[str], recorded: bool) -> list[str]:
 @pytest.mark.parametrize("args", [["--plant", "slow_layer"], ["--plant", "metric_loop"],
                                   ["--plant", "heavy_optimizer", "--steps", "30"], ["--accumulate", "3", "--gan"],
                                   ["--compile", "--steps", "20"], ["--folds", "2", "--warm-up-pass", "--steps", "20"],
-                                  ["--ddp-find-unused", "--depth", "8", "--steps", "30"]],
+                                  ["--ddp-find-unused", "--depth", "8", "--steps", "30"], ["--plant", "logger_thread", "--steps", "30"]],
                          ids=["slow_layer", "metric_loop", "heavy_optimizer", "accumulate-gan", "compile", "folds",
-                              "ddp"])
+                              "ddp", "logger_thread"])
 def test_losses_are_bit_identical_with_and_without_the_recorder(tmp_path, args):
     bare = _losses(tmp_path, args, recorded=False)
     recorded = _losses(tmp_path, args, recorded=True)

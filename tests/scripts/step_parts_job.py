@@ -4,6 +4,7 @@ script's own step code) and its lines.
 --plant metric_loop      a per-step metric computed element by element in Python (the step's own code)
 --plant slow_layer       a custom layer whose forward loops in Python over its rows (forward)
 --plant heavy_optimizer  thousands of tiny parameters under a per-parameter Adam (optimizer)
+--plant logger_thread    a metrics-exporter thread formatting a large dict in Python, half of every 40 ms
 --plant none             a plain small MLP
 --accumulate K           gradient accumulation over K batches per optimizer step
 --gan                    two models and two optimizers stepped on each batch
@@ -15,6 +16,9 @@ script's own step code) and its lines.
 """
 
 import argparse
+import json
+import threading
+import time
 
 import torch
 from torch import nn
@@ -57,6 +61,16 @@ def python_accuracy(logits, target):
     return correct / max(1, len(target)) + 0.0 * spread
 
 
+def export_metrics(stop):
+    """A metrics exporter in a thread: 20 ms of Python formatting, then 20 ms asleep, until told to stop."""
+    metrics = {f"layer{i}.grad_norm": i * 0.5 for i in range(3000)}
+    while not stop.is_set():
+        until = time.perf_counter() + 0.02
+        while time.perf_counter() < until:
+            json.dumps({k: round(v, 3) for k, v in metrics.items()})  # planted: logger_thread
+        stop.wait(0.02)
+
+
 def build_model(plant, width, classes, depth=1):
     layers = [nn.Linear(width, width), nn.ReLU()]
     for _ in range(depth - 1):
@@ -87,7 +101,7 @@ def one_process_ddp(model):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--plant", choices=["none", "metric_loop", "slow_layer", "heavy_optimizer"], default="none")
+    p.add_argument("--plant", choices=["none", "metric_loop", "slow_layer", "heavy_optimizer", "logger_thread"], default="none")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--width", type=int, default=64)
@@ -109,8 +123,12 @@ def main():
         for _ in range(5):
             probe(torch.randn(8, args.width)).sum().backward()
             probe_opt.step()
+    stop = threading.Event()
+    if args.plant == "logger_thread":
+        threading.Thread(target=export_metrics, args=(stop,), name="metrics-exporter", daemon=True).start()
     for fold in range(args.folds):
         losses += train(args, fold)
+    stop.set()
     if args.losses:
         with open(args.losses, "w") as f:
             f.write("\n".join(float(v).hex() for v in losses) + "\n")

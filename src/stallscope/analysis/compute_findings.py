@@ -9,6 +9,10 @@ From the step split (``step_parts.py``), the lines sampled in the training proce
   ``foreach`` nor ``fused``); the gain is bounded by the optimizer's share;
 - ``ddp-find-unused``: DDP searches the graph for unused parameters every step and found none; the search's own
   time per step is the predicted gain;
+- ``thread-in-step``: while the step computed, its main thread was blocked (off CPU, not waiting for a core) and
+  another Python thread of the process ran: the interpreter lock it holds is what the step waits for. The lesser of
+  the two is the time lost; the prediction is a floor (a thread holding the lock also delays every operator's return
+  by up to the switch interval, which one run cannot price);
 - ``mixed-precision``, ``tf32``, ``cudnn-benchmark``, ``channels-last``: on a CUDA device, numerics left at their
   slowest (facts from the run: the model's dtype, autocast, the flags); their gain cannot be predicted from one run,
   and they change what is computed, so they are said as facts with the change, without a figure.
@@ -29,6 +33,8 @@ OPTIMIZER_SHARE = 0.15
 OPTIMIZER_TENSORS = 32
 #: DDP's graph search is a finding from this share of step time on.
 DDP_SEARCH_SHARE = 0.005
+#: Another thread's hold on the step is a finding from this share of step time on.
+THREAD_SHARE = 0.08
 #: Compute capability from which a CUDA device has bf16 Tensor Cores and TF32 (Ampere).
 AMPERE = (8, 0)
 
@@ -45,6 +51,7 @@ def compute_findings(session: Session, stats: StepStats, seconds: dict[str, floa
     parts = stats.parts_s or {}
     found += _optimizer(facts, parts.get("optimizer", 0.0) / step)
     found += _ddp_search(facts, step / len(stats.steady))
+    found += _threads(facts, (stats.compute_s + stats.transfer_s) / stats.wall_s if stats.wall_s > 0 else 0.0)
     found += _numerics(facts)
     return sorted(found, key=lambda r: -(r.predicted_speedup or 1.0))
 
@@ -72,6 +79,27 @@ def _optimizer(facts: list[dict[str, Any]], share: float) -> list[Recommendation
                 "optimizer": f.get("optimizer_kind"), "tensors": f.get("tensors"), "numel": f.get("numel"),
                 "share_of_step": round(share, 4), "ceiling": True, "device": f.get("device")})]
     return []
+
+
+def _threads(facts: list[dict[str, Any]], computing: float) -> list[Recommendation]:
+    """``computing``: the share of step time the main thread computed (the intervals the threads were watched in)."""
+    totals = [f for f in facts if f["kind"] == "threads"]
+    if not totals or not totals[-1].get("threads") or totals[-1]["wall_ns"] <= 0:
+        return []
+    last = totals[-1]
+    wall = last["wall_ns"]
+    blocked = max(0, wall - last["cpu_ns"] - last["run_queue_ns"])
+    others = sum(t["cpu_ns"] for t in last["threads"])
+    share = min(blocked, others) / wall * computing
+    if share < THREAD_SHARE:
+        return []
+    thread = last["threads"][0]  # the one that ran most
+    line = next(iter(thread["lines"]), None)
+    return [advise("thread-in-step", round(1 / (1 - min(share, 0.95)), 2), facts={
+        "thread": thread["name"], "target": thread["target"], "share_of_step": round(share, 4), "floor": True,
+        "blocked_share": round(blocked / wall, 4), "thread_cpu_share": round(thread["cpu_ns"] / wall, 4),
+        "threads": len(last["threads"]),
+        **({"file": line[0], "line": line[1], "function": line[2]} if line else {})})]
 
 
 def _ddp_search(facts: list[dict[str, Any]], step_s: float) -> list[Recommendation]:

@@ -74,6 +74,7 @@ _CATALOGUE = (
     Fix("python-in-step", "compute"),
     Fix("optimizer-foreach", "compute"),
     Fix("ddp-find-unused", "compute"),
+    Fix("thread-in-step", "compute"),
     Fix("mixed-precision", "compute"),
     Fix("tf32", "compute"),
     Fix("cudnn-benchmark", "compute"),

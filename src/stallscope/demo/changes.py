@@ -82,6 +82,7 @@ APPLY: dict[str, How] = {
     "ddp-find-unused": NotApplied(ONE_PROCESS),
     "python-in-step": NotApplied(STEP_CODE),
     "optimizer-foreach": NotApplied(STEP_CODE),
+    "thread-in-step": NotApplied(STEP_CODE),
     "mixed-precision": NotApplied(NUMERICS),
     "tf32": NotApplied(NUMERICS),
     "cudnn-benchmark": NotApplied(NUMERICS),

@@ -58,6 +58,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "optimizer_info": ("optimizer", "kind", "t_ns", "info"),
     "model_info": ("t_ns", "info"),
     "ddp_info": ("t_ns", "info"),
+    # the training process's other Python threads while its step computes (recorder/step_threads.py), cumulative
+    "threads_info": ("t_ns", "info"),
     # the profiler window (recorder/op_window.py): ops [[part, name, calls, self CPU ns, self device ns], ...]
     "op_window": ("start_ns", "opened_ns", "stop_ns", "end_ns", "steps", "folded", "ops", "cpu_ns", "device_ns"),
     "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),

@@ -56,7 +56,7 @@ import time
 from typing import Any
 
 from stallscope.background import start_thread
-from stallscope.recorder import events, step_parts
+from stallscope.recorder import events, step_parts, step_threads
 from stallscope.settings import ENV_STACK_SAMPLE_HZ
 
 try:  # the C functions: signal.getsignal's enum conversion costs ~5 us a call
@@ -320,6 +320,8 @@ def _on_alarm(signum: int, frame: Any) -> None:
             _, stack = stack_of(frame)
             key = (-1, f"compute:{step_parts.main_part}", stack)
             _counts[key] = _counts.get(key, 0) + n
+            if step_threads.watched:
+                step_threads.count_frames()
         elif n and fetching is not None:
             stage, stack = stack_of(frame)
             reading, window = _reading(), _window

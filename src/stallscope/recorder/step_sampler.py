@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from stallscope.background import start_thread
-from stallscope.recorder import events, op_window, stacks, step_parts
+from stallscope.recorder import events, op_window, stacks, step_parts, step_threads
 from stallscope.settings import ENV_STACK_SAMPLE_HZ
 
 #: Mean samples per second of the main thread's compute: the fetch sampler's rate (calibration: rec-stack-sample-hz).
@@ -46,6 +46,7 @@ def batch_wanted() -> None:
     """At the start of a DataLoader ``next``: the main thread's wait for a batch begins (the hot path)."""
     if _main_thread and threading.get_ident() == _main_thread:
         stacks.step_paused()
+        step_threads.paused()
 
 
 def batch_taken() -> None:
@@ -61,6 +62,7 @@ def batch_taken() -> None:
         return
     if not op_window.active:
         stacks.step_resumed()
+        step_threads.resumed()
 
 
 def _start_thread() -> None:
@@ -104,6 +106,8 @@ def _loop(interval_s: float, main: int, current_frames: Any, pid: int) -> None:
                 key = (part, stack)
                 with _lock:
                     _counts[key] = _counts.get(key, 0) + 1
+                if step_threads.watched:
+                    step_threads.count_frames()
             now = perf()
             if now - last_emit > EMIT_EVERY_NS:
                 last_emit = now

@@ -49,6 +49,18 @@ def _ddp_find_unused(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[st
             f"{f['search_ms']:.2f} ms of a {f['step_ms']:.1f} ms step, and found no unused parameter")
 
 
+def _thread_in_step(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    where = f" (it runs at {_where(f)}, {f['file']})" if f.get("file") else ""
+    return (f"Take thread '{f['thread']}' off the training process",
+            f"run {f['target']}{where} in a separate process (multiprocessing.Process, a subprocess), or give it less "
+            "to do per call and call it less often; a logger: log every N steps, hand it tensors already on the "
+            "host",
+            f"the step's main thread was blocked {100 * f['blocked_share']:.0f}% of its compute time (off CPU, not "
+            f"waiting for a core) while thread '{f['thread']}' ran for {100 * f['thread_cpu_share']:.0f}% of it: a "
+            "Python thread holds the interpreter lock the step needs between its operators; the prediction is a "
+            "floor: the step also waits for the lock after every operator, which one run cannot price")
+
+
 def _mixed_precision(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     dtype = f.get("dtype", "bfloat16")
     return ("Compute in mixed precision",
@@ -86,6 +98,7 @@ def _channels_last(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str,
 SAYS = {
     "python-in-step": _python_in_step,
     "optimizer-foreach": _optimizer_foreach,
+    "thread-in-step": _thread_in_step,
     "ddp-find-unused": _ddp_find_unused,
     "mixed-precision": _mixed_precision,
     "tf32": _tf32,

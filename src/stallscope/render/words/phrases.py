@@ -23,8 +23,11 @@ def facts_text(facts: dict[str, Any]) -> str:
 
 def gain(rec: Any, short: bool = False) -> str:
     """A recommendation's predicted speedup: ``predicted 1.30x``; a ceiling (the step without the cost the change
-    removes, where the change's own effect cannot be priced from the run) ``at most 1.30x``."""
+    removes, where the change's own effect cannot be priced from the run) ``at most 1.30x``; a floor (the time the
+    run shows lost, where more is lost than it can show) ``at least 1.30x``."""
     value = f"{rec.predicted_speedup:.2f}x"
     if rec.facts.get("ceiling"):
         return f"at most {value}"
+    if rec.facts.get("floor"):
+        return f"at least {value}"
     return value if short else f"predicted {value}"
