@@ -2,12 +2,17 @@
 # Every GPU check of the project, for a lent GPU machine (one H200, 16 cores, 15 minutes of device time in all,
 # at most 10 minutes a call). Here first: `bash benchmarks/gpu_prepare.sh` (the fast path's decoder wheels into
 # .whl/). Then one call:  run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=590)
-# and, if device time is left, a second with the rest:  STEPS="fastpath overhead ddp" bash benchmarks/gpu_check.sh
+# and, if device time is left, a second with the rest:  STEPS="plan fastpath overhead ddp" bash benchmarks/gpu_check.sh
 #
-# Steps (STEPS, in this order; the default is the first four: their timeouts add up to 530 s, under the
-# call's 590 with the install and the probes):
+# Steps (STEPS, in this order; the default is the first four: their timeouts add up to 570 s, under the
+# call's 590 with the install and the probes; the second call's, 610 s, of which these steps take about half):
 #   tests     the CUDA tests (pytest -m gpu): device normalization, nvJPEG, NVML, a recorded GPU run
 #   runs      one recorded input-bound GPU run, with what NVML and the CUDA events saw printed
+#   compute   issue 45, acceptance 4: tests/scripts/gpu_compute_job.py recorded in five modes (launch-bound batch 1,
+#             .item() every step, fp32 conv net, the same under autocast, allocator churn: whether `allocator` fires
+#             there is printed, not required), each finding checked,
+#             the device's busy time in compute (the profiler window's kernels) and the CUDA events printed, and
+#             the losses of one mode compared bit for bit with and without the recorder
 #   plan      issue 16, acceptance 4: record the reference training (model on the GPU) on 2 cores, plan for 16,
 #             measure 4, 8 and 14 workers on 16 (benchmarks/transfer.py)
 #   fastgpu   issue 20, acceptance 4: benchmarks/gpu_fastpath.py (nvJPEG, uint8 to device, pinned copies)
@@ -20,7 +25,7 @@ set -u
 OUT=${OUT:-./gpu-check}
 WORK=${WORK:-/tmp/gpu-check-work}
 mkdir -p "$WORK"
-STEPS=${STEPS:-tests runs plan fastgpu}
+STEPS=${STEPS:-tests runs compute fastgpu}
 FILES=600  # demo dataset size for the benchmarks: generated in seconds there (scikit-image is installed)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -63,6 +68,48 @@ print("verdict", s["verdict"], "wait", s["data_wait_fraction"], "gpu_timing", s[
 print("NVML:", gpu.get("names"), "ticks", len(util), "util mean", sum(util) / max(1, len(util)),
       "absent", sess["system_samples"].get("absent"), "sampler cost", sess["system_samples"].get("cost"))
 PY
+  fi
+
+  if want compute; then
+    step "issue 45 acceptance 4: the compute findings on the device (gpu_compute_job.py)"
+    for mode in launch item conv conv-amp alloc; do
+      echo "--- mode $mode"
+      timeout -k 5 35 python3 -m stallscope run --store "$WORK/store" --json "$WORK/compute-$mode.json" -- \
+        python3 tests/scripts/gpu_compute_job.py --mode $mode --steps 120 2>&1 | grep -E "^(verdict|allocator|next step|  also|    operators|      )"
+    done
+    python3 - "$WORK" <<'PY'
+import json, sys
+work = sys.argv[1]
+want = {"launch": {"host-bound"}, "item": {"device-sync"}, "conv": {"mixed-precision", "cudnn-benchmark",
+        "channels-last"}, "conv-amp": set(), "alloc": set()}
+never = {"conv-amp": {"mixed-precision"}}
+for mode, ids in want.items():
+    try:
+        s = json.load(open(f"{work}/compute-{mode}.json"))
+    except OSError as e:
+        print(f"FAIL {mode}: no summary ({e})")
+        continue
+    found = {r["id"]: r for r in s["recommendations"]}
+    ops = s.get("operators") or {}
+    device_ms = 1e3 * ops.get("self_device_s", 0) / max(1, ops.get("steps") or 1)
+    compute = s["nodes"]["compute"]
+    parts = {k: v["per_step_ms"] for k, v in (compute.get("parts") or {}).items()}
+    print(f"{mode}: verdict {s['verdict']}, step {1e3 * (s['step_time_s']['median'] or 0):.2f} ms, compute parts "
+          f"{parts} ms/step, device busy {device_ms:.2f} ms/step (profiler window), CUDA events {s.get('gpu_timing')}")
+    print(f"  waits {[(w['name'], w['self_cpu_ms']) for w in ops.get('waits', [])][:3]}, device allocations "
+          f"{ops.get('device_alloc_s')} s in the window")
+    for rid in sorted(found):
+        r = found[rid]
+        print(f"  {rid}: {r['predicted_speedup']} {json.dumps(r['facts'])[:300]}")
+    missing, wrong = ids - set(found), never.get(mode, set()) & set(found)
+    print(("OK  " if not missing and not wrong else "FAIL") + f" {mode}: wanted {sorted(ids)}, missing "
+          f"{sorted(missing)}, should not be there {sorted(wrong)}")
+PY
+    echo "--- losses bit for bit with and without the recorder (mode item, profiler window included)"
+    timeout -k 5 30 python3 tests/scripts/gpu_compute_job.py --mode item --steps 40 --losses "$WORK/bare.txt" >/dev/null
+    timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" -- \
+      python3 tests/scripts/gpu_compute_job.py --mode item --steps 40 --losses "$WORK/rec.txt" >/dev/null
+    cmp "$WORK/bare.txt" "$WORK/rec.txt" && echo "OK   losses identical" || echo "FAIL losses differ"
   fi
 
   if want plan; then

@@ -42,8 +42,9 @@ from stallscope.session import (
     sort_in_time,
 )
 
-#: Events of facts about the training step (recorder/model_facts.py, recorder/step_threads.py): kind without "_info".
-_COMPUTE_FACTS = ("optimizer_info", "model_info", "ddp_info", "threads_info")
+#: Events of facts about the training step (recorder/model_facts.py, recorder/step_threads.py): kind without
+#: "_info".
+_COMPUTE_FACTS = ("optimizer_info", "model_info", "ddp_info", "threads_info", "allocator_info")
 
 
 def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[Any]]]]:

@@ -28,3 +28,8 @@ SIGNAL_NOTE_WORDS = ("sent to stallscope", "forwarded to the script")
 #: Seconds within which a Python job may still be starting (the interpreter, site, stallscope's recorder: well
 #: under a second on a local disk, more on a slow network file system; calibration: job-starting-s).
 STARTING_S = 10.0
+
+#: CUDA runtime calls in which the host waits for the device. The profiler window's rows of these name the operator
+#: that made them (``cudaStreamSynchronize < aten::_local_scalar_dense``: an ``.item()``; recorder/op_window.py).
+SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                        "cudaMemcpyAsync"})

@@ -1,10 +1,12 @@
-"""Compute findings from the facts a run recorded: another thread's hold on the step (``thread-in-step``)."""
+"""Compute findings from the facts a run recorded: another thread's hold on the step (``thread-in-step``), and on a
+GPU the device's busy time and the host's waits in the profiler window (``host-bound``, ``device-sync``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from stallscope.analysis.compute_findings import THREAD_SHARE, _threads
+from stallscope.analysis.compute_findings import THREAD_SHARE, _allocator, _device, _threads
+from stallscope.analysis.operators import Operator, Operators
 from stallscope.render import words
 from stallscope.render.words.recommendations import recommendation
 
@@ -46,3 +48,77 @@ def test_no_threads_no_finding():
     facts = _facts(1000 * MS, 100 * MS, 0, 0)
     facts[0]["threads"] = []
     assert _threads(facts, computing=1.0) == []
+
+
+# --- on a GPU: the profiler window's device time and the host's waits (``host-bound``, ``device-sync``) ------------
+
+def _window(device_s: float, waits: list[Operator], steps: int = 5) -> Operators:
+    return Operators(steps=steps, window_s=0.5, cost_s=0.1, self_cpu_s=0.2, self_device_s=device_s, waits=waits)
+
+
+def _wait(name: str, part: str, cpu_s: float, calls: int) -> Operator:
+    return Operator(part, name, calls, cpu_s, 0.0, 0.1, 0.0)
+
+
+def test_a_device_busy_under_half_of_compute_is_a_host_bound_step_with_its_ceiling():
+    # 5 steps of 10 ms compute in a 12 ms step; the kernels took 1 ms a step
+    (rec,) = _device(_window(0.005, []), compute=0.010, step_s=0.012, spots=[])
+    assert rec.id == "host-bound" and rec.facts["ceiling"]
+    assert rec.facts["device_share_of_compute"] == pytest.approx(0.1)
+    assert rec.predicted_speedup == pytest.approx(0.012 / 0.003, abs=0.01)  # compute cut to the device's 1 ms
+    said = recommendation(rec)
+    assert "torch.compile" in said.change and "1.00 ms of each step's 10.00 ms" in said.reason
+
+
+def test_a_busy_device_is_not_host_bound_and_no_device_time_says_nothing():
+    assert _device(_window(0.040, []), compute=0.010, step_s=0.012, spots=[]) == []
+    assert _device(_window(0.0, []), compute=0.010, step_s=0.012, spots=[]) == []  # a CPU run
+    assert _device(None, compute=0.010, step_s=0.012, spots=[]) == []
+
+
+def test_the_host_waiting_in_item_is_named_with_its_operator_and_line():
+    item = _wait("cudaStreamSynchronize < aten::_local_scalar_dense", "step_code", 0.010, 5)
+    spot = type("Spot", (), {"stage": "compute", "part": "step_code", "file": "/job/train.py", "line": 40,
+                             "function": "train"})()
+    (rec,) = _device(_window(0.040, [item]), compute=0.010, step_s=0.012, spots=[spot])
+    assert rec.id == "device-sync" and rec.facts["wait_ms_per_step"] == pytest.approx(2.0)
+    assert rec.predicted_speedup == pytest.approx(12 / 10, abs=0.01)  # the host's 10 ms; the device's 8 + 2 ms
+    assert not rec.facts.get("ceiling")
+    # a device busy the whole step: waiting for it costs nothing the step could save
+    assert _device(_window(0.055, [item]), compute=0.010, step_s=0.012, spots=[]) == []
+    said = recommendation(rec)
+    assert ".item()" in said.change and "train.py:40" in said.change and "1 a step" in said.reason
+
+
+def test_waits_under_the_threshold_are_not_a_finding():
+    tiny = _wait("cudaStreamSynchronize < aten::_local_scalar_dense", "step_code", 0.0001, 5)
+    assert _device(_window(0.040, [tiny]), compute=0.010, step_s=0.012, spots=[]) == []
+
+
+# --- the CUDA caching allocator (``allocator``) ---------------------------------------------------------------------
+
+def _allocator_facts(**counters) -> list[dict]:
+    base = {"kind": "allocator", "pid": 1, "reserved_peak": 4 << 30, "allocated_peak": 3 << 30, "retries": 0,
+            "device_allocs": 40, "alloc_conf": None}
+    return [{**base, **counters}]
+
+
+def test_allocator_retries_are_said_without_a_figure():
+    (rec,) = _allocator(_allocator_facts(retries=3), None, step_s=0.05)
+    assert rec.id == "allocator" and rec.predicted_speedup is None
+    said = recommendation(rec)
+    assert "expandable_segments:True" in said.change and "retried 3 time(s)" in said.reason
+
+
+def test_device_allocations_in_the_window_are_priced_as_a_ceiling():
+    window = Operators(steps=5, window_s=0.5, cost_s=0.1, self_cpu_s=0.2, self_device_s=0.2, device_alloc_s=0.005)
+    (rec,) = _allocator(_allocator_facts(), window, step_s=0.05)
+    assert rec.facts["malloc_ms_per_step"] == pytest.approx(1.0) and rec.facts["ceiling"]
+    assert rec.predicted_speedup == pytest.approx(50 / 49, abs=0.01)
+
+
+def test_a_fragmented_cache_fires_and_a_healthy_or_already_expandable_one_does_not():
+    (rec,) = _allocator(_allocator_facts(reserved_peak=12 << 30, allocated_peak=6 << 30), None, step_s=0.05)
+    assert rec.facts["fragmented"]
+    assert _allocator(_allocator_facts(), None, step_s=0.05) == []
+    assert _allocator(_allocator_facts(retries=3, alloc_conf="expandable_segments:True"), None, step_s=0.05) == []

@@ -13,6 +13,17 @@ From the step split (``step_parts.py``), the lines sampled in the training proce
   another Python thread of the process ran: the interpreter lock it holds is what the step waits for. The lesser of
   the two is the time lost; the prediction is a floor (a thread holding the lock also delays every operator's return
   by up to the switch interval, which one run cannot price);
+- ``host-bound``: on a GPU, the device computed (its kernels' time in the profiler window) under half of the
+  step's compute: the host sets the pace, launching kernels one by one from Python. The ceiling is the step with
+  compute cut to the device's busy time;
+- ``device-sync``: on a GPU, the host waited for the device inside the step (the profiler window's synchronizing
+  CUDA calls, each with the operator that made it: ``.item()``, ``.cpu()``, ``nonzero``,
+  ``torch.cuda.synchronize()``); without them the host runs ahead of the device, and the step is predicted at the
+  longer of the host's own time (the step less the waits) and the device's busy time with the data wait;
+- ``allocator``: on a GPU, the caching allocator retried after a failed cudaMalloc (it freed its cache and
+  allocated again), or the window's steps called cudaMalloc/cudaFree for a measurable share of the step, or it
+  reserved far more than it ever allocated (fragmentation); the change is its expandable segments. Priced (a
+  ceiling) only where the window timed the device allocations;
 - ``mixed-precision``, ``tf32``, ``cudnn-benchmark``, ``channels-last``: on a CUDA device, numerics left at their
   slowest (facts from the run: the model's dtype, autocast, the flags); their gain cannot be predicted from one run,
   and they change what is computed, so they are said as facts with the change, without a figure.
@@ -24,6 +35,7 @@ from typing import Any
 
 from stallscope.analysis.findings import Recommendation, StepStats
 from stallscope.analysis.fixes import advise
+from stallscope.analysis.operators import Operators, operators
 from stallscope.session import Session
 
 #: A line of the step's own Python is a finding from this share of step time on.
@@ -35,6 +47,16 @@ OPTIMIZER_TENSORS = 32
 DDP_SEARCH_SHARE = 0.005
 #: Another thread's hold on the step is a finding from this share of step time on.
 THREAD_SHARE = 0.08
+#: On a GPU, the device busy under this share of the step's compute is a host-bound step.
+HOST_BOUND_DEVICE_SHARE = 0.5
+#: The host's waits for the device are a finding from this share of step time on.
+SYNC_SHARE = 0.05
+#: The allocator's device calls are a finding from this share of step time on.
+ALLOC_SHARE = 0.02
+#: Reserved over allocated at their peaks from which, with at least ``FRAGMENTED_BYTES`` between them, the cache is
+#: taken as fragmented.
+FRAGMENTED_RATIO = 1.5
+FRAGMENTED_BYTES = 1 << 30
 #: Compute capability from which a CUDA device has bf16 Tensor Cores and TF32 (Ampere).
 AMPERE = (8, 0)
 
@@ -52,6 +74,9 @@ def compute_findings(session: Session, stats: StepStats, seconds: dict[str, floa
     found += _optimizer(facts, parts.get("optimizer", 0.0) / step)
     found += _ddp_search(facts, step / len(stats.steady))
     found += _threads(facts, (stats.compute_s + stats.transfer_s) / stats.wall_s if stats.wall_s > 0 else 0.0)
+    ops = operators(session)
+    found += _device(ops, stats.compute_s / len(stats.steady), step / len(stats.steady), spots)
+    found += _allocator(facts, ops, step / len(stats.steady))
     found += _numerics(facts)
     return sorted(found, key=lambda r: -(r.predicted_speedup or 1.0))
 
@@ -79,6 +104,49 @@ def _optimizer(facts: list[dict[str, Any]], share: float) -> list[Recommendation
                 "optimizer": f.get("optimizer_kind"), "tensors": f.get("tensors"), "numel": f.get("numel"),
                 "share_of_step": round(share, 4), "ceiling": True, "device": f.get("device")})]
     return []
+
+
+def _device(ops: Operators | None, compute: float, step_s: float, spots: list[Any]) -> list[Recommendation]:
+    """From the profiler window on a GPU: the device's busy time against the step's ``compute`` (seconds per step),
+    and the host's waits for it."""
+    if ops is None or ops.self_device_s <= 0 or not ops.steps or step_s <= 0:
+        return []
+    found = []
+    busy = ops.self_device_s / ops.steps
+    if compute > 0 and busy < HOST_BOUND_DEVICE_SHARE * compute:
+        found.append(advise("host-bound", round(step_s / max(step_s - (compute - busy), 1e-9), 2), facts={
+            "device_ms_per_step": round(1e3 * busy, 3), "compute_ms_per_step": round(1e3 * compute, 3),
+            "step_ms": round(1e3 * step_s, 3), "device_share_of_compute": round(busy / compute, 4),
+            "ceiling": True}))
+    waited = sum(op.self_cpu_s for op in ops.waits) / ops.steps
+    after = max(step_s - waited, busy + (step_s - compute))  # without the waits the host runs ahead of the device
+    if ops.waits and waited >= SYNC_SHARE * step_s and after < step_s:  # a device busier than that gains nothing
+        top = ops.waits[0]
+        line = next((h for h in spots if h.stage == "compute" and getattr(h, "part", None) == top.part), None)
+        found.append(advise("device-sync", round(step_s / max(after, 1e-9), 2), facts={
+            "call": top.name, "part": top.part, "calls_per_step": round(top.calls / ops.steps, 2),
+            "wait_ms_per_step": round(1e3 * waited, 3), "step_ms": round(1e3 * step_s, 3),
+            "share_of_step": round(waited / step_s, 4), "device_ms_per_step": round(1e3 * busy, 3),
+            **({"file": line.file, "line": line.line, "function": line.function} if line else {})}))
+    return found
+
+
+def _allocator(facts: list[dict[str, Any]], ops: Operators | None, step_s: float) -> list[Recommendation]:
+    counters = [f for f in facts if f["kind"] == "allocator"]
+    if not counters or "expandable_segments:True" in (counters[-1].get("alloc_conf") or "") or step_s <= 0:
+        return []
+    last = counters[-1]
+    malloc = ops.device_alloc_s / ops.steps if ops is not None and ops.steps else 0.0
+    reserved, allocated = last.get("reserved_peak", 0), last.get("allocated_peak", 0)
+    fragmented = reserved >= FRAGMENTED_RATIO * allocated and reserved - allocated >= FRAGMENTED_BYTES
+    if not (last.get("retries") or malloc >= ALLOC_SHARE * step_s or fragmented):
+        return []
+    gain = round(step_s / (step_s - malloc), 2) if malloc >= ALLOC_SHARE * step_s else None
+    return [advise("allocator", gain, facts={
+        "retries": last.get("retries", 0), "reserved_peak_gib": round(reserved / 2**30, 2),
+        "allocated_peak_gib": round(allocated / 2**30, 2), "device_allocs": last.get("device_allocs", 0),
+        "malloc_ms_per_step": round(1e3 * malloc, 3), "step_ms": round(1e3 * step_s, 3),
+        "fragmented": fragmented, **({"ceiling": True} if gain else {})})]
 
 
 def _threads(facts: list[dict[str, Any]], computing: float) -> list[Recommendation]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallscope.constants import SYNC_CALLS
 from stallscope.session import Session
 
 #: Operators shown per run.
@@ -41,12 +42,18 @@ class Operators:
     self_device_s: float
     by_part: dict[str, dict[str, float]] = field(default_factory=dict)  # part -> {cpu_s, device_s}
     top: list[Operator] = field(default_factory=list)
+    #: the rows where the host waited for the device (a CUDA synchronizing call, named with its operator), costliest
+    #: first
+    waits: list[Operator] = field(default_factory=list)
+    #: self CPU seconds in the CUDA allocator's device calls (cudaMalloc, cudaFree) over the window
+    device_alloc_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "window_s": round(self.window_s, 4), "cost_s": round(self.cost_s, 4),
                 "self_cpu_s": round(self.self_cpu_s, 4), "self_device_s": round(self.self_device_s, 4),
                 "by_part": {p: {k: round(v, 4) for k, v in figures.items()} for p, figures in self.by_part.items()},
-                "top": [op.to_dict() for op in self.top]}
+                "top": [op.to_dict() for op in self.top], "waits": [op.to_dict() for op in self.waits],
+                "device_alloc_s": round(self.device_alloc_s, 6)}
 
 
 def operators(session: Session) -> Operators | None:
@@ -65,8 +72,11 @@ def operators(session: Session) -> Operators | None:
         figures["device_s"] += device_ns / 1e9
         top.append(Operator(part, name, int(calls), cpu_ns / 1e9, device_ns / 1e9, cpu_ns / cpu_total,
                             device_ns / device_total if device_total else 0.0))
+    waits = sorted((op for op in top if op.name.split(" < ")[0] in SYNC_CALLS), key=lambda op: -op.self_cpu_s)
     top.sort(key=lambda op: -(op.share_of_device if device_total else op.share_of_cpu))
     start, opened, stop, end = (int(window[k]) for k in ("start_ns", "opened_ns", "stop_ns", "end_ns"))
     return Operators(steps=int(window.get("steps") or 0), window_s=(end - start) / 1e9,
                      cost_s=((opened - start) + (end - stop)) / 1e9, self_cpu_s=int(window.get("cpu_ns") or 0) / 1e9,
-                     self_device_s=int(window.get("device_ns") or 0) / 1e9, by_part=by_part, top=top[:SHOWN])
+                     self_device_s=int(window.get("device_ns") or 0) / 1e9, by_part=by_part, top=top[:SHOWN],
+                     waits=waits, device_alloc_s=sum(op.self_cpu_s for op in top
+                                                     if op.name.split(" < ")[0] in ("cudaMalloc", "cudaFree")))

@@ -44,6 +44,40 @@ def on_optimizer_step(optimizer: Any) -> None:
                 "foreach": defaults.get("foreach"), "fused": defaults.get("fused"),
                 "device": params[0].device.type if params else None}
         events.emit("optimizer_info", key & 0xFFFFFF, type(optimizer).__name__, _perf(), info)
+        if info["device"] == "cuda" and not _allocator_registered:
+            _register_allocator()
+    except Exception:  # noqa: BLE001, S110 - a fact lost; never into the script
+        pass
+
+
+_allocator_registered = False
+
+
+def _register_allocator() -> None:
+    global _allocator_registered
+    _allocator_registered = True
+    atexit.register(_report_allocator)
+
+
+def _report_allocator() -> None:
+    """At exit of a process that stepped an optimizer on CUDA: the caching allocator's counters (its peaks, the
+    retries after a failed cudaMalloc, the device allocations and frees) and the configuration it ran with."""
+    try:
+        import os
+
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return
+        stats = torch.cuda.memory_stats()
+        info = {"reserved_peak": stats.get("reserved_bytes.all.peak", 0),
+                "allocated_peak": stats.get("allocated_bytes.all.peak", 0),
+                "reserved_now": stats.get("reserved_bytes.all.current", 0),
+                "allocated_now": stats.get("allocated_bytes.all.current", 0),
+                "retries": stats.get("num_alloc_retries", 0), "ooms": stats.get("num_ooms", 0),
+                "device_allocs": stats.get("num_device_alloc", 0), "device_frees": stats.get("num_device_free", 0),
+                "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+        events.emit("allocator_info", _perf(), info)
     except Exception:  # noqa: BLE001, S110 - a fact lost; never into the script
         pass
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stallscope.constants import SYNC_CALLS
 from stallscope.recorder import events
 from stallscope.settings import ENV_OP_WINDOW
 
@@ -181,7 +182,8 @@ def _fold(listed: list[Any]) -> tuple[dict[tuple[str, str], list[int]], tuple[in
     for tid, thread_events in by_thread.items():
         thread_events.sort(key=lambda e: (e.start_ns(), -e.duration_ns()))
         default = "step_code" if main_thread is None or tid == main_thread else "backward"  # autograd's device threads
-        stack: list[list[Any]] = []  # [end ns, part or None (data wait), row or None, children's ns, duration ns]
+        # [end ns, part or None (data wait), row or None, children's ns, duration ns, name]
+        stack: list[list[Any]] = []
         for event in thread_events:
             start, duration = event.start_ns(), event.duration_ns()
             while stack and stack[-1][0] <= start:
@@ -190,6 +192,8 @@ def _fold(listed: list[Any]) -> tuple[dict[tuple[str, str], list[int]], tuple[in
             if stack:
                 stack[-1][3] += duration
             name = event.name()
+            if name in SYNC_CALLS and stack and stack[-1][2] is not None:
+                name = f"{name} < {stack[-1][5]}"  # the host waits for the device here: in which operator
             row = None
             if name.startswith(RANGE_PREFIX):
                 part = name[len(RANGE_PREFIX):]
@@ -198,8 +202,9 @@ def _fold(listed: list[Any]) -> tuple[dict[tuple[str, str], list[int]], tuple[in
             elif part is not None and not name.startswith("ProfilerStep"):
                 row = ops.setdefault((part, name), [0, 0, 0])
                 row[0] += 1
-                by_correlation[event.correlation_id()] = row
-            stack.append([start + duration, part, row, 0, duration])
+                if event.linked_correlation_id() == 0:  # an operator; a runtime call (a launch) links to one
+                    by_correlation[event.correlation_id()] = row
+            stack.append([start + duration, part, row, 0, duration, name])
         while stack:
             _pop(stack)
     total_device = 0
@@ -213,7 +218,7 @@ def _fold(listed: list[Any]) -> tuple[dict[tuple[str, str], list[int]], tuple[in
 
 def _pop(stack: list[list[Any]]) -> None:
     """Close the innermost open event: its self time (duration less its children's) to its operator's row."""
-    _, _, row, children, duration = stack.pop()
+    _, _, row, children, duration, _ = stack.pop()
     if row is not None:
         row[1] += max(0, duration - children)
 

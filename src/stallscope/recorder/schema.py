@@ -60,6 +60,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "ddp_info": ("t_ns", "info"),
     # the training process's other Python threads while its step computes (recorder/step_threads.py), cumulative
     "threads_info": ("t_ns", "info"),
+    # the CUDA caching allocator's counters at exit (recorder/model_facts.py)
+    "allocator_info": ("t_ns", "info"),
     # the profiler window (recorder/op_window.py): ops [[part, name, calls, self CPU ns, self device ns], ...]
     "op_window": ("start_ns", "opened_ns", "stop_ns", "end_ns", "steps", "folded", "ops", "cpu_ns", "device_ns"),
     "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),

@@ -61,6 +61,59 @@ def _thread_in_step(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str
             "floor: the step also waits for the lock after every operator, which one run cannot price")
 
 
+#: What a synchronizing call's operator is, in the user's words.
+_SYNC_SOURCES = {
+    "aten::_local_scalar_dense": ".item() (or .tolist(), float(t), a device tensor in an if or a print)",
+    "aten::nonzero": "nonzero(), or indexing with a boolean mask",
+    "aten::copy_": ".cpu(), .to(\"cpu\"), .numpy() or .tolist()",
+    "aten::_to_copy": ".cpu(), .to(\"cpu\"), .numpy() or .tolist()",
+    "aten::to": ".cpu(), .to(\"cpu\"), .numpy() or .tolist()",
+}
+
+
+def _host_bound(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    return ("Give the device more work per launch",
+            "a larger batch (scale the learning rate with it); torch.compile(model) to fuse the small kernels, with "
+            "mode=\"reduce-overhead\" to replay them as CUDA graphs; fewer, larger tensors in the step's own code",
+            f"the device computed {f['device_ms_per_step']:.2f} ms of each step's {f['compute_ms_per_step']:.2f} ms "
+            f"of compute ({100 * f['device_share_of_compute']:.0f}%; its kernels' time in the profiler window): the "
+            "host launching kernels one by one sets the pace; the prediction is its ceiling: compute cut to the "
+            "device's busy time")
+
+
+def _device_sync(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    call, _, op = f["call"].partition(" < ")
+    source = _SYNC_SOURCES.get(op, op or "torch.cuda.synchronize()")
+    where = f" (the costliest line of that part: {_where(f)}, {f['file']})" if f.get("file") else ""
+    part = PART_LABELS.get(f["part"], f["part"])
+    return ("Stop waiting for the device inside the step",
+            f"read values back from the device every N steps, not every step: keep running sums as tensors on the "
+            f"device and call .item() once per log interval; drop torch.cuda.synchronize() outside timing code; "
+            f"replace boolean-mask indexing with torch.where; here, {source} in {part}{where}",
+            f"the host waited {f['wait_ms_per_step']:.2f} ms of each {f['step_ms']:.1f} ms step in {call} "
+            f"({f['calls_per_step']:g} a step, from {op or 'the step'}, in {part}): while it waits it launches "
+            f"nothing; predicted: the longer of the step without the waits and the device's "
+            f"{f['device_ms_per_step']:.2f} ms of work a step")
+
+
+def _allocator(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    seen = []
+    if f["retries"]:
+        seen.append(f"it retried {f['retries']} time(s) after a failed cudaMalloc, freeing its cache each time")
+    if f["malloc_ms_per_step"]:
+        seen.append(f"cudaMalloc and cudaFree took {f['malloc_ms_per_step']:.2f} ms of each {f['step_ms']:.1f} ms "
+                    "step (the profiler window)")
+    if f["fragmented"]:
+        seen.append(f"it reserved {f['reserved_peak_gib']:.1f} GiB for {f['allocated_peak_gib']:.1f} GiB allocated "
+                    "at most (fragmented)")
+    return ("Let the CUDA allocator grow its segments",
+            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before starting the script (the launcher's "
+            "environment: it must be set before CUDA starts); tensors of fewer sizes help too: pad varying batches "
+            "or sequences to a few lengths",
+            "the caching allocator: " + "; ".join(seen) + ("" if rec.predicted_speedup else
+                                                           "; the gain is not predicted from one run"))
+
+
 def _mixed_precision(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     dtype = f.get("dtype", "bfloat16")
     return ("Compute in mixed precision",
@@ -99,6 +152,9 @@ SAYS = {
     "python-in-step": _python_in_step,
     "optimizer-foreach": _optimizer_foreach,
     "thread-in-step": _thread_in_step,
+    "host-bound": _host_bound,
+    "device-sync": _device_sync,
+    "allocator": _allocator,
     "ddp-find-unused": _ddp_find_unused,
     "mixed-precision": _mixed_precision,
     "tf32": _tf32,
