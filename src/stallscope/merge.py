@@ -85,6 +85,18 @@ def _shift(record: Any, offset: int, pids: dict[int, int]) -> Any:
     return dataclasses.replace(record, **changes) if changes else record
 
 
+#: Lists of plain dicts with a pid and points on its clock: each node's kept, shifted and renumbered as records are.
+DICT_LISTS = ("compute_facts", "op_windows")
+_DICT_CLOCK_KEYS = ("t_ns", "start_ns", "opened_ns", "stop_ns", "end_ns")
+
+
+def _shift_dict(row: dict[str, Any], offset: int, pids: dict[int, int]) -> dict[str, Any]:
+    changes: dict[str, Any] = {k: row[k] - offset for k in _DICT_CLOCK_KEYS if isinstance(row.get(k), int)}
+    if row.get("pid") in pids:
+        changes["pid"] = pids[row["pid"]]
+    return {**row, **changes}
+
+
 def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Session:
     """One Session for the whole job: ranks numbered as the job numbered them, clocks on the first
     node's (the one holding the lowest rank), process ids made unique across nodes."""
@@ -102,7 +114,7 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
             seen[rank] = s.run_id
     reference = ordered[0]
     used_pids: set[int] = set()
-    lists: dict[str, Any] = {name: [] for name in RECORD_LISTS}  # each a list, passed to replace() by field name
+    lists: dict[str, Any] = {name: [] for name in (*RECORD_LISTS, *DICT_LISTS)}  # passed to replace() by name
     alignment: list[dict[str, Any]] = []
     starts, ends, notes = [], [], []
     pauses: list[dict[str, int]] = []  # each node's Ctrl-Z stops, on the reference's clock
@@ -120,6 +132,8 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
         pids = {k: v for k, v in pids.items() if k != v}
         for name in RECORD_LISTS:
             lists[name].extend(_shift(r, offset, pids) for r in getattr(s, name))
+        for name in DICT_LISTS:
+            lists[name].extend(_shift_dict(row, offset, pids) for row in getattr(s, name))
         starts.append(s.start_ns - offset)
         ends.append(s.end_ns - offset)
         host = s.ranks[0].host if s.ranks else s.environment.get("hostname")

@@ -149,6 +149,22 @@ def test_merge_recovers_node_clock_offset_from_the_rendezvous():
     assert merged.clock_alignment[1]["offset_ns"] == offset
 
 
+def test_merge_keeps_every_nodes_compute_facts_and_profiler_window_on_the_reference_clock():
+    a, b = _node(100, 0, 0), _node(100, 1, 3_000 * MS)
+    a.compute_facts.append({"pid": 100, "kind": "optimizer", "t_ns": 5 * MS, "tensors": 4})
+    b.compute_facts.append({"pid": 100, "kind": "optimizer", "t_ns": 3_005 * MS, "tensors": 4})
+    b.op_windows.append({"pid": 100, "start_ns": 3_010 * MS, "opened_ns": 3_011 * MS, "stop_ns": 3_020 * MS,
+                         "end_ns": 3_021 * MS, "steps": 5, "folded": True, "ops": []})
+    merged = merge_sessions([a, b])
+    offset = merged.clock_alignment[1]["offset_ns"]
+    assert len(merged.compute_facts) == 2 and len(merged.op_windows) == 1
+    window = merged.op_windows[0]
+    assert window["start_ns"] == 3_010 * MS - offset and window["end_ns"] == 3_021 * MS - offset
+    node_b = {r.pid for r in merged.ranks if r.rank == 1}
+    assert window["pid"] in node_b and merged.compute_facts[1]["pid"] in node_b
+    assert b.op_windows[0]["start_ns"] == 3_010 * MS  # the node's own session is left as it was
+
+
 def test_merge_refuses_overlapping_ranks():
     with pytest.raises(MergeError):
         merge_sessions([_node(100, 0, 0), _node(200, 0, 0)])

@@ -270,7 +270,7 @@ def _arm() -> None:
     if _getsignal(signal.SIGALRM) is not _on_alarm:
         _handler_taken()
         return
-    _window = _reading()
+    _window = _reading() if _fetching is not None else None  # the step's samples need no CPU split
     _deadline_ns = time.perf_counter_ns() + _remaining_ns
     _armed = True  # before the timer: its first tick may come at once
     previous = _setitimer(signal.ITIMER_REAL, _remaining_ns / 1e9)
