@@ -106,9 +106,9 @@ for mode, ids in want.items():
           f"{sorted(missing)}, should not be there {sorted(wrong)}")
 PY
     echo "--- losses bit for bit with and without the recorder (mode item, profiler window included)"
-    timeout -k 5 30 python3 tests/scripts/gpu_compute_job.py --mode item --steps 40 --losses "$WORK/bare.txt" >/dev/null
+    timeout -k 5 30 python3 tests/scripts/gpu_compute_job.py --mode item --steps 60 --losses "$WORK/bare.txt" >/dev/null
     timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" -- \
-      python3 tests/scripts/gpu_compute_job.py --mode item --steps 40 --losses "$WORK/rec.txt" >/dev/null
+      python3 tests/scripts/gpu_compute_job.py --mode item --steps 60 --losses "$WORK/rec.txt" >/dev/null
     cmp "$WORK/bare.txt" "$WORK/rec.txt" && echo "OK   losses identical" || echo "FAIL losses differ"
   fi
 

@@ -76,7 +76,7 @@ def test_a_thread_holding_the_interpreter_is_named_with_its_line(tmp_path):
     facts = first["facts"]
     assert (facts["thread"], facts["target"]) == ("metrics-exporter", "export_metrics")
     assert (facts["file"], facts["line"]) == (str(SCRIPT), _planted_line("logger_thread"))
-    assert facts["floor"] and first["predicted_speedup"] > 1.1
+    assert facts["floor"] and first["predicted_speedup"] >= 1.08  # at least the finding's threshold, 8% of the step
     assert f"next step: {first['title']} (at least" in result.stderr
 
 
@@ -100,10 +100,11 @@ def test_the_split_adds_up_and_counts_every_pass_under_accumulation_and_two_opti
     assert result.returncode == 0, result.stderr
     summary = result.summary
     accumulate = int(extra[1]) if extra[0] == "--accumulate" else 1
-    # one step per optimizer round, whatever the batches and optimizers in it; the profiler window's left out
+    # one step per optimizer round, whatever the batches and optimizers in it; the profiler window's (and the step
+    # its folding landed in) counted, and left out of the steady steps
     left_out = summary["operators"]["steps_left_out"]
-    assert left_out == summary["operators"]["steps"] + 1  # and the step its folding landed in
-    assert summary["steps"] + left_out == steps
+    assert left_out == summary["operators"]["steps"] + 1
+    assert summary["steps"] == steps and summary["steady_steps"] <= steps - left_out
     parts = _parts(summary)
     assert sum(parts.values()) == pytest.approx(summary["nodes"]["compute"]["seconds"], rel=0.02, abs=2e-4)
     assert all(value > 0 for value in parts.values()), parts
@@ -139,12 +140,13 @@ def test_a_model_built_after_the_first_ones_is_still_seen(tmp_path):
 
 def test_the_profiler_window_gives_the_operators_of_each_part_and_its_steps_are_left_out(tmp_path):
     """Adam stepping 400 tensors one by one: its elementwise operators, in the optimizer, lead the window."""
-    steps = 30
+    steps = 50
     result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--plant", "heavy_optimizer",
                                 "--steps", str(steps)])
     assert result.returncode == 0, result.stderr
     ops = result.summary["operators"]
-    assert ops["steps"] == 5 and ops["steps_left_out"] == 6 and result.summary["steps"] == steps - 6
+    assert ops["steps"] == 5 and ops["steps_left_out"] == 6 and result.summary["steps"] == steps
+    assert result.summary["steady_steps"] == steps - 6 - 1  # less the window's and the warm-up step
     assert 0 < ops["cost_s"] < ops["window_s"]
     assert {"forward", "backward", "optimizer"} <= set(ops["by_part"]), ops["by_part"]
     assert max(ops["by_part"], key=lambda part: ops["by_part"][part]["cpu_s"]) == "optimizer", ops["by_part"]
@@ -171,9 +173,9 @@ def _losses(tmp_path, args: list[str], recorded: bool) -> list[str]:
 
 
 @pytest.mark.parametrize("args", [["--plant", "slow_layer"], ["--plant", "metric_loop"],
-                                  ["--plant", "heavy_optimizer", "--steps", "30"], ["--accumulate", "3", "--gan"],
-                                  ["--compile", "--steps", "20"], ["--folds", "2", "--warm-up-pass", "--steps", "20"],
-                                  ["--ddp-find-unused", "--depth", "8", "--steps", "30"], ["--plant", "logger_thread", "--steps", "30"]],
+                                  ["--plant", "heavy_optimizer", "--steps", "50"], ["--accumulate", "3", "--gan"],
+                                  ["--compile", "--steps", "40"], ["--folds", "2", "--warm-up-pass", "--steps", "20"],
+                                  ["--ddp-find-unused", "--depth", "8", "--steps", "40"], ["--plant", "logger_thread", "--steps", "40"]],
                          ids=["slow_layer", "metric_loop", "heavy_optimizer", "accumulate-gan", "compile", "folds",
                               "ddp", "logger_thread"])
 def test_losses_are_bit_identical_with_and_without_the_recorder(tmp_path, args):

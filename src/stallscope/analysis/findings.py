@@ -62,8 +62,12 @@ class StepStats:
     #: compute split into the step's parts, steady seconds: forward, backward, optimizer, step_code (the rest of
     #: compute); None where forward and backward were not recorded (a session of an older version)
     parts_s: dict[str, float] | None = None
-    #: steps left out of every figure: the profiler window's, and the one its folding landed in
-    profiled_steps: int = 0
+    #: indices of steps left out of every figure: the profiler window's, and the one its folding landed in
+    left_out: frozenset[int] = frozenset()
+
+    @property
+    def profiled_steps(self) -> int:
+        return len(self.left_out)
 
     @property
     def sync_fraction(self) -> float:
@@ -71,7 +75,9 @@ class StepStats:
 
     @property
     def steady(self) -> list[Step]:
-        return self.steps[self.warmup_steps:]
+        """The steps after the warm-up, less the profiler window's."""
+        after = self.steps[self.warmup_steps:]
+        return [s for s in after if s.index not in self.left_out] if self.left_out else after
 
     @property
     def data_wait_fraction(self) -> float:

@@ -256,12 +256,17 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         steps.append(dataclasses.replace(step, forward_ns=split.forward_ns, backward_ns=split.backward_ns,
                                          optimizer_ns=split.optimizer_ns))
 
-    profiled = index_of((int(w["start_ns"]), int(w["end_ns"])) for w in session.op_windows if w.get("pid") == pid)
-    recorded = len(steps)
-    if profiled.spans:  # the profiler window's steps, and the step its folding lands in: its cost, not the job's
-        steps = [s for s in steps if not profiled.overlapping(s.start_ns, s.end_ns)]
-    warm = _warm_up(steps, warmup, _first_round(session, pid, train_ids))
-    steady = steps[warm:]
+    # a window the script's end (or its own profiler) cut short is left in: its few steps are the run's last
+    profiled = index_of((int(w["start_ns"]), int(w["end_ns"])) for w in session.op_windows
+                        if w.get("pid") == pid and w.get("folded"))
+    # the profiler window's steps, and the step its folding lands in: its cost, not the job's; counted as steps,
+    # left out of the steady ones
+    profiled_ids = frozenset(s.index for s in steps
+                             if profiled.spans and profiled.overlapping(s.start_ns, s.end_ns))
+    kept = [s for s in steps if s.index not in profiled_ids]
+    warm = _warm_up(kept, warmup, _first_round(session, pid, train_ids))
+    steady = kept[warm:]
+    warm = steps.index(steady[0]) if steady else len(steps)  # the warm-up, counted in the recorded steps
     # A next() that never returned (hung workers, a timeout) is data wait no step shows: count it.
     stalled = sum(_unpaused(paused, s.start_ns, s.end_ns, s.start_ns, s.end_ns)
                   for s in session.stalls if s.pid == pid and s.loader_id in train_ids) / 1e9
@@ -289,7 +294,7 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         sync_s=sum(s.sync_ns for s in steady) / 1e9,
         stalled_s=stalled,
         paired_loader_ids=paired_ids,
-        profiled_steps=recorded - len(steps),
+        left_out=profiled_ids,
         parts_s=_parts_s(steady) if parts.recorded else None,
     )
 

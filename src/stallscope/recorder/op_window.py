@@ -1,6 +1,7 @@
 """A short, bounded window of the PyTorch profiler inside the run: the operators the step spends on, by part.
 
-After ``START_AFTER`` training steps (past the warm-up), the profiler records ``WINDOW_STEPS`` steps, then stops and
+After ``START_AFTER`` training steps (past the warm-up; none in a run ``--steps`` stops early), the profiler
+records ``WINDOW_STEPS`` steps, then stops and
 the window is folded at once into one ``op_window`` event: per part of the step (forward, backward, optimizer, the
 step's own code) and operator, the calls and the self CPU time, and on a GPU the self device time. The parts come
 from ``record_function`` ranges the step-part hooks open only while the window is open; a backward operator run on
@@ -27,13 +28,15 @@ from typing import Any
 
 from stallscope.constants import SYNC_CALLS
 from stallscope.recorder import events
-from stallscope.settings import ENV_OP_WINDOW
+from stallscope.settings import ENV_MAX_STEPS, ENV_OP_WINDOW
 
 _perf = time.perf_counter_ns
 
 #: Training steps (optimizer steps after a batch) before the window opens: past the warm-up and the first epoch's
-#: worker start.
-START_AFTER = 10
+#: worker start, and late enough that a short run (a quick look with ``--steps``) keeps its steps to itself.
+START_AFTER = 30
+#: A run stopped by ``--steps`` before this many steps opens no window: the window would take too many of them.
+SHORTEST_RUN = 45
 #: Steps the window records.
 WINDOW_STEPS = 5
 #: Operators kept per window (by their larger of self CPU and self device time).
@@ -75,6 +78,9 @@ def _open() -> None:
     global active, _prof, _done, _opening, _opened
     _done = True  # one window a run, whatever happens here
     if os.environ.get(ENV_OP_WINDOW, "").strip() == "0" or threading.get_ident() != _main_ident:
+        return
+    limit = os.environ.get(ENV_MAX_STEPS, "").strip()
+    if limit.isdigit() and int(limit) < SHORTEST_RUN:
         return
     try:
         import torch

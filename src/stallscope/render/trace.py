@@ -44,6 +44,7 @@ IN_PROCESS_TID = 3
 PIN_THREAD_TID = 4
 SYNC_TID = 5
 GPU_TID = 6
+PROFILER_TID = 7
 RANK_PID_BASE = 100  # rank r of a distributed job is trace process RANK_PID_BASE + r
 STACKS_TID_BASE = 1000  # the sampled stacks of the k-th fetching process are track STACKS_TID_BASE + k
 #: Slices of sampled stacks narrower than this (ns) are left out: their caller's slice holds them.
@@ -122,7 +123,8 @@ def _main_process(ev: _Events, session: Session, analysis: Analysis) -> None:
             ev.span(MAIN_PID, MAIN_THREAD_TID, f"backward ({b.how})", b.start_ns, b.end_ns, "compute")
     for w in session.op_windows:
         if w.get("pid") == main_pid:
-            ev.span(MAIN_PID, STEPS_TID, "profiler window (left out of the figures)", int(w["start_ns"]),
+            ev.meta(MAIN_PID, PROFILER_TID, "thread_name", "profiler window")
+            ev.span(MAIN_PID, PROFILER_TID, "profiler window (left out of the figures)", int(w["start_ns"]),
                     int(w["end_ns"]), "profiler", {"steps": w.get("steps"), "folded": w.get("folded")})
     for t in session.transfers:
         if t.pid == main_pid:
