@@ -46,7 +46,6 @@ RANGE_PREFIX = "stallscope."
 _LOADER_RANGE = "enumerate(DataLoader)"
 
 active = False
-_prof: Any = None
 _steps = 0
 _window_steps = 0
 _done = False
@@ -75,7 +74,7 @@ def on_step_end(fed: bool) -> None:
 
 
 def _open() -> None:
-    global active, _prof, _done, _opening, _opened
+    global active, _done, _opening, _opened
     _done = True  # one window a run, whatever happens here
     if os.environ.get(ENV_OP_WINDOW, "").strip() == "0" or threading.get_ident() != _main_ident:
         return
@@ -111,12 +110,12 @@ def _open() -> None:
             _opening = False
             if quiet and os.environ.get("KINETO_LOG_LEVEL") == _QUIET:
                 del os.environ["KINETO_LOG_LEVEL"]
-        _prof, _opened, active = True, (start, _perf()), True
+        _opened, active = (start, _perf()), True
         if pause_sampling is not None:
             pause_sampling()
         atexit.register(_close_at_exit)
     except Exception:  # noqa: BLE001, S110 - no window; never into the script
-        _prof = None
+        pass
 
 
 def _close_at_exit() -> None:
@@ -146,9 +145,8 @@ def leave() -> None:
 
 
 def _close(fold: bool = True) -> None:
-    global active, _prof
-    active = False
-    opened, _prof = _prof, None
+    global active
+    opened, active = active, False
     if pause_sampling is not None:
         pause_sampling()  # the folding is the window's cost, not the step's code
     while _ranges:
