@@ -66,6 +66,7 @@ def test_the_planted_cost_is_the_largest_part_and_its_line_the_top_hotspot_of_co
     assert f"({100 * device:.0f}% of the recorded compute) 4x as fast" in note, note
 
 
+@pytest.mark.speed  # with no CPU to spare, the thread takes the step's CPU rather than its GIL: not measured as held
 def test_a_thread_holding_the_interpreter_is_named_with_its_line(tmp_path):
     """A metrics exporter formatting a large dict in Python half the time: the step waits for the interpreter lock."""
     result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--plant", "logger_thread", "--width", "256",
