@@ -59,6 +59,34 @@ def test_slow_rank_is_the_straggler_and_stalls_the_other_in_sync(tmp_path):
     assert summary["steps"] == 16 and ranks[0]["steps"] == 16
 
 
+@pytest.mark.speed  # which stage differs is read from the two ranks' measured times
+@pytest.mark.parametrize("plant", ["data", "step-code"])
+def test_a_straggler_is_named_by_the_stage_it_differs_in(tmp_path, plant):
+    """Rank 1 sleeps 2 ms a sample beside a heavier compute (its largest stage is not its data), or runs 20 ms of
+    Python metrics a step that rank 0 does not: the straggler's cause is where it differs from rank 0."""
+    extra = (["--repeat", "6", "--hidden", "256", "--layers", "4", "--slow-ms", "2"] if plant == "data"
+             else ["--slow-code-ms", "20"])
+    result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "384", "--slow-rank", "1", *extra)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    straggler = summary["distributed"]["straggler"]
+    assert straggler["rank"] == 1, summary["distributed"]
+    differs = straggler["differs_s_per_step"]
+    if plant == "data":
+        assert straggler["node"] == "storage" and straggler["part"] is None, straggler
+        assert differs["storage"] > 0.010 > abs(differs["compute"]), differs
+        assert summary["verdict"] == "input-bound" and summary["bottleneck"]["node"] == "storage"
+        assert any(line.startswith("rank 1 is the straggler") and "storage" in line and "differs from the others"
+                   in line for line in summary["bottleneck"]["evidence"]), summary["bottleneck"]["evidence"]
+    else:
+        assert (straggler["node"], straggler["part"]) == ("compute", "step_code"), straggler
+        assert differs["step_code"] > 0.015 > abs(differs["forward"]), differs
+        first = summary["recommendations"][0]
+        assert first["id"] == "python-in-step" and first["facts"]["file"] == DDP, summary["recommendations"]
+        assert first["facts"]["function"] == "_python_metrics"
+    assert "straggler: rank 1 (" + ("storage: +" if plant == "data" else "compute, step code: +") in result.stderr
+
+
 def test_balanced_job_has_no_straggler(tmp_path):
     # 5 ms per sample, 40 ms steps: the straggler threshold (15% of a step) is far above wake-up jitter
     result = run_cli(tmp_path, ["--", *torchrun(2, DDP, "--samples", "256", "--sleep-ms", "5")])

@@ -119,6 +119,8 @@ def _epochs(rank, args, model, opt, loader, sampler):
                 loss.backward()
                 backwards += 1
             opt.step()
+            if rank == args.slow_rank and args.slow_code_ms:  # per-step metrics on one rank only (a classic)
+                _python_metrics(args.slow_code_ms / 1000.0)
             if step == args.late_hook:  # a hook registered after the first forward (rare, but legal)
                 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
@@ -132,6 +134,15 @@ def _epochs(rank, args, model, opt, loader, sampler):
                 cpu_start, thread_start = time.process_time(), time.thread_time()
             t0 = t1
     return losses, times, waits, time.process_time() - cpu_start, time.thread_time() - thread_start
+
+
+def _python_metrics(seconds):
+    """Pure-Python work for about ``seconds`` of the step's own code (it changes no tensor)."""
+    until = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < until:
+        total += sum(i * i for i in range(200))
+    return total
 
 
 def _reducer_wait_ns(model):
@@ -159,6 +170,8 @@ def main():
     p.add_argument("--sleep-ms", type=float, default=0.0, help="per-sample dataset delay on every rank")
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0, help="per-sample dataset delay on --slow-rank")
+    p.add_argument("--slow-code-ms", type=float, default=0.0,
+                   help="per-step Python work in the step's own code on --slow-rank (metrics on one rank)")
     p.add_argument("--crash-rank", type=int, default=-1)
     p.add_argument("--crash-at", type=int, default=5)
     p.add_argument("--barrier", action="store_true", help="dist.barrier() after every step")

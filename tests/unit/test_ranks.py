@@ -91,6 +91,61 @@ def test_straggler_named_with_its_stage_and_job_keys_are_its_own():
     assert a.distributed.skew_median_s == pytest.approx(0.040, abs=0.002)
 
 
+def test_a_straggler_slow_for_its_data_is_named_by_its_data_not_its_largest_stage():
+    """Rank 1 waits 12 ms a step for data where rank 0 waits 1 ms; both compute 30 ms: compute is rank 1's largest
+    stage, its data wait (28%) is under the input-bound mark, and the data is why the job waits for it."""
+    from stallscope.render import words
+
+    a = analyze(_session(_rank_records(100, 0, wait_ms=1, work_ms=30, sync_ms=12),
+                         _rank_records(200, 1, wait_ms=12, work_ms=30, sync_ms=0)))
+    d = a.distributed
+    assert d.straggler_rank == 1 and d.straggler_limit == "compute" and d.straggler_verdict == "balanced"
+    assert d.straggler_stage == "loader" and d.straggler_differs_s["loader"] == pytest.approx(0.011, abs=1e-4)
+    assert d.straggler_differs_s["compute"] == pytest.approx(0.0, abs=1e-4)
+    assert (a.verdict, a.bottleneck_node) == ("input-bound", "loader")  # the job is analysed for the straggler's data
+    said = words.evidence(a)
+    assert any("it differs from the others in loader: +11.0 ms a step (data wait 28% of its step time, 2% on the "
+               "others)" in line for line in said), said
+    assert words.straggler_short(d) == "loader: +11.0 ms a step over the others"
+
+
+def test_a_straggler_slow_in_one_part_of_its_step_is_named_with_the_part():
+    from stallscope.analysis.ranks import RankSummary, straggler_cause
+
+    def rank(n: int, compute: float, parts: dict[str, float]) -> RankSummary:
+        nodes = {"storage": 0.0, "decode": 0.0, "transform": 0.1, "loader": 0.1, "transfer": 0.0,
+                 "compute": compute, "sync": 0.5 if n == 0 else 0.0}
+        return RankSummary(n, n, 0, "a", 100 + n, 3, "compute-bound", "compute", 0.8, 0.1, 0.1, 10, 1.0, None, None,
+                           None, nodes, 0, None, None, None, steady_steps=10, parts_s=parts)
+
+    parts = {"forward": 1.0, "backward": 2.0, "optimizer": 0.2, "step_code": 0.3}
+    slow = rank(2, 4.0, {**parts, "step_code": 0.8})
+    stage, part, differs = straggler_cause(slow, [rank(0, 3.5, parts), rank(1, 3.5, parts)])
+    assert (stage, part) == ("compute", "step_code")
+    assert differs["compute"] == pytest.approx(0.05) and differs["step_code"] == pytest.approx(0.05)
+    assert "sync" not in differs  # the others' wait for it is not own time
+
+
+def test_a_straggler_fix_is_held_to_the_job_pace():
+    """Fixing the straggler makes the job at most as fast as the next slowest rank's own work."""
+    from stallscope.analysis.findings import Recommendation
+    from stallscope.analysis.job import _straggler_analysis
+    from stallscope.render import words
+
+    session = _session(_rank_records(100, 0, wait_ms=1, work_ms=30, sync_ms=12),
+                       _rank_records(200, 1, wait_ms=12, work_ms=30, sync_ms=0))
+    a = analyze(session)
+    fix = Recommendation("pack-dataset", "storage", 3.0, facts={"blocked_s": 0.4, "share": 0.3})
+    straggler = next(r for r in session.ranks if r.rank == 1)
+    held = _straggler_analysis(session, straggler, dataclasses.replace(a, recommendations=[fix]), a.distributed,
+                               a.ranks, 8).recommendations[0]
+    ceiling = 0.043 / 0.030  # rank 1's step against rank 0's own work
+    assert held.predicted_speedup == pytest.approx(ceiling, abs=0.01)
+    assert held.facts["pace_rank"] == 0 and held.facts["rank_speedup"] == 3.0
+    assert "on this rank alone 3.00x, but the job then runs at rank 0's pace: at most 1.43x" in \
+        words.recommendation(held).reason
+
+
 def test_balanced_ranks_have_no_straggler():
     a = analyze(_session(_rank_records(100, 0, 1, 20, 1), _rank_records(200, 1, 1, 20, 1)))
     assert a.distributed.straggler_rank is None and a.distributed.primary_rank == 0

@@ -23,8 +23,10 @@ def _missing_or_changed(stored: Any, now: Any, where: str = "") -> list[str]:
         # A change's words may say more (where it goes in the user's code); the --set part is the contract.
         command = stored.split("(in code:")[0].rstrip()
         return [] if now.startswith(command) else [f"{where}: {stored!r} -> {now!r}"]
-    if where.endswith("/reason") and isinstance(stored, str) and isinstance(now, str):
-        # A reason may say more (an estimate the prediction counts); what it said stays, word for word.
+    if (where.endswith("/reason") or where.startswith("/bottleneck/evidence[")) and isinstance(stored, str) \
+            and isinstance(now, str):
+        # A reason, or a line of evidence, may say more (an estimate the prediction counts, where a straggler
+        # differs from the other ranks); what it said stays, word for word.
         return [] if now.startswith(stored) else [f"{where}: {stored!r} -> {now!r}"]
     if where.endswith("/predicted_speedup") and isinstance(stored, float) and isinstance(now, float):
         return []  # predictions follow the throughput model, which improves; that there is one is the contract

@@ -24,6 +24,7 @@ from stallscope.analysis.model_from_run import build_model
 from stallscope.analysis.operators import operators
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import agreeing_with, find_pitfalls
+from stallscope.analysis.ranks import DistributedFindings, RankSummary
 from stallscope.analysis.recommend import not_recommended, recommend
 from stallscope.analysis.steps import FEW_STEADY_STEPS, epochs_of, step_stats
 from stallscope.analysis.sync import merge_intervals, overlap_ns
@@ -31,7 +32,7 @@ from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_b
 from stallscope.analysis.training_process import training_process
 from stallscope.constants import EVENTS_LOST_NOTE, SIGNAL_NOTE_WORDS, STARTING_S
 from stallscope.environment import recorded_physical_cores, recorded_usable_cpus
-from stallscope.session import LoaderRecord, Session
+from stallscope.session import LoaderRecord, RankRecord, Session
 
 
 def usable_cpus(session: Session) -> int:
@@ -119,6 +120,9 @@ def analyze(session: Session) -> Analysis:
     analyses = {rank: analysis for rank, (_, analysis) in per_rank.items()}
     findings = ranks_mod.job_findings(summaries, analyses)
     primary = analyses[findings.primary_rank] if findings.primary_rank is not None else _analyze_process(session)
+    if findings.straggler_rank is not None:
+        primary = _straggler_analysis(session, per_rank[findings.straggler_rank][0], primary, findings, summaries,
+                                      cpus)
     train = next((ld for ld in primary.loaders if ld.role == "train"), None)
     extra = ranks_mod.rank_recommendations(summaries, findings, cpus,
                                            train.config.get("dataset_len") if train else None)
@@ -132,12 +136,37 @@ def analyze(session: Session) -> Analysis:
         ranks=summaries, distributed=findings, fetch_stages=fetch_stages(session.fetches))
 
 
-def _analyze_process(session: Session, cpus: int | None = None) -> Analysis:
-    """One training process (``session.main_pid``) and its workers, on ``cpus`` usable CPUs."""
+def _straggler_analysis(session: Session, record: RankRecord, analysis: Analysis, findings: DistributedFindings,
+                        summaries: list[RankSummary], cpus: int) -> Analysis:
+    """The straggler's analysis as the job's: where it is slow for its data (the cause is an input stage) but its
+    own data wait stays under the input-bound mark, analysed as input-bound, so its advice is for its data; and
+    every predicted gain held to the job's: the job runs at its slowest rank's pace, so fixing the straggler gains
+    at most its step over the next slowest rank's own time."""
+    if findings.straggler_stage in ranks_mod.INPUT_STAGES and analysis.verdict != "input-bound":
+        per_host = sum(1 for s in summaries if s.host == record.host)
+        analysis = _analyze_process(ranks_mod.rank_view(session, record.pid), max(1, cpus // per_host),
+                                    verdict="input-bound")
+    slow = next(s for s in summaries if s.rank == findings.straggler_rank)
+    pace = max((s for s in summaries if s.rank != slow.rank and s.own_step_s), key=lambda s: s.own_step_s or 0.0,
+               default=None)
+    if pace is None or not slow.median_step_s or not pace.own_step_s:
+        return analysis
+    ceiling = slow.median_step_s / pace.own_step_s
+    held = [dataclasses.replace(r, predicted_speedup=round(max(1.0, min(r.predicted_speedup, ceiling)), 2),
+                                facts={**r.facts, "job_ceiling": round(ceiling, 2), "pace_rank": pace.rank,
+                                       "rank_speedup": r.predicted_speedup})
+            if r.predicted_speedup is not None and r.predicted_speedup > ceiling else r
+            for r in analysis.recommendations]
+    return dataclasses.replace(analysis, recommendations=held)
+
+
+def _analyze_process(session: Session, cpus: int | None = None, verdict: str | None = None) -> Analysis:
+    """One training process (``session.main_pid``) and its workers, on ``cpus`` usable CPUs; ``verdict`` where the
+    job's analysis sets it (a straggler slow for its data)."""
     stats = step_stats(session)
     loaders = _loader_summaries(session, stats.loader_ids, stats.paired_loader_ids)
     train = next((ld for ld in loaders if ld.role == "train"), None)
-    verdict = verdict_for(stats)
+    verdict = verdict or verdict_for(stats)
     startup = _startup_in_steady(session, stats, train)
     seconds = node_seconds(stats, train, startup)
     seconds["sync"] += stats.sync_s

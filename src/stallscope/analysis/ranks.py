@@ -5,7 +5,10 @@ its batch shows up on every other rank as time in the gradient all-reduce. Each 
 analysed on its own (a view of the session holding that process and its DataLoader workers); the
 ranks are then compared step by step on their *own* time, the step minus the wait for the others.
 The rank with the most own time, when it exceeds the fastest rank's by ``STRAGGLER_AT`` of a step
-while the others wait in collectives, is the straggler, and its limiting stage is the job's.
+while the others wait in collectives, is the straggler. Its cause is the stage in which its own time per step
+differs most from the other ranks' (the input stages counted together against transfer and compute), not its
+largest stage: a straggler that waits 26% of its step for data where the others wait 5% is slow for its data,
+however large its compute.
 
 The job's top-level findings are those of the straggler when there is one (it sets the pace), and of
 the lowest rank otherwise.
@@ -28,7 +31,7 @@ STRAGGLER_AT = 0.15  # own-time gap between the slowest and the fastest rank, as
 STRAGGLER_MIN_S = 0.002
 WAITING_AT = 0.10  # the other ranks must spend at least this share of their steps in collectives
 SYNC_BOUND_AT = 0.30
-
+INPUT_STAGES = ("storage", "decode", "transform", "loader")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class RankSummary:
     sampler: str | None
     batches_per_epoch: float | None
     failed: str | None  # the exception that ended this rank, if any
+    steady_steps: int = 0
+    parts_s: dict[str, float] | None = None  # compute split over the steady steps (forward, backward, ...)
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,17 @@ class DistributedFindings:
     hosts: list[str]
     primary_rank: int | None  # whose analysis the job's top-level findings are
     straggler_rank: int | None
-    straggler_stage: str | None  # the straggler's limiting pipeline stage
+    straggler_stage: str | None  # the stage in which the straggler's own time differs most from the others'
     straggler_verdict: str | None
     straggler_extra_s: float  # median own time per step beyond the fastest rank's
     waiting: dict[int, float]  # rank -> share of its step time spent in collectives
     skew_median_s: float | None
     skew_p90_s: float | None
     step_skew_s: list[float] = field(default_factory=list)  # per aligned steady step: max - min own time
+    straggler_part: str | None = None  # where the cause is compute: the part of the step that differs most
+    straggler_limit: str | None = None  # the straggler's own largest stage
+    # seconds per step the straggler spends beyond the other ranks' median, per stage and per compute part
+    straggler_differs_s: dict[str, float] = field(default_factory=dict)
 
 
 def rank_processes(session: Session) -> list[RankRecord]:
@@ -134,7 +143,40 @@ def summarize_rank(record: RankRecord, analysis: Analysis, session: Session) -> 
         sampler=train.config.get("sampler") if train else None,
         batches_per_epoch=train.batches / train.epochs if train and train.epochs else None,
         failed=f"{errors[0].type}: {errors[0].message}" if errors else None,
+        steady_steps=len(stats.steady), parts_s=dict(stats.parts_s) if stats.parts_s else None,
     )
+
+
+def _per_step(figures: dict[str, float] | None, steps: int) -> dict[str, float]:
+    return {k: v / steps for k, v in (figures or {}).items()} if steps else {}
+
+
+def straggler_cause(slow: RankSummary, others: list[RankSummary]) -> tuple[str | None, str | None, dict[str, float]]:
+    """(stage, compute part or None, seconds per step beyond the others' median by stage and by part): where the
+    straggler's own time differs from the other ranks'. The input stages count together against transfer and
+    compute (each rank splits its own small wait over them its own way); the cause is then the input stage that
+    differs most. The others' wait for the straggler (sync) is not own time and is left out."""
+    mine = _per_step(slow.node_seconds, slow.steady_steps)
+    theirs = [_per_step(o.node_seconds, o.steady_steps) for o in others if o.steady_steps]
+    if not mine or not theirs:
+        return None, None, {}
+    differs = {stage: mine[stage] - statistics.median(t.get(stage, 0.0) for t in theirs)
+               for stage in mine if stage != "sync"}
+    groups = {"input": sum(differs.get(s, 0.0) for s in INPUT_STAGES),
+              "transfer": differs.get("transfer", 0.0), "compute": differs.get("compute", 0.0)}
+    group = max(groups, key=lambda g: groups[g])
+    if groups[group] <= 0:
+        return None, None, {}
+    stage = max(INPUT_STAGES, key=lambda s: differs.get(s, 0.0)) if group == "input" else group
+    part = None
+    my_parts = _per_step(slow.parts_s, slow.steady_steps)
+    their_parts = [_per_step(o.parts_s, o.steady_steps) for o in others if o.parts_s and o.steady_steps]
+    if my_parts and their_parts:
+        for name in my_parts:
+            differs[name] = my_parts[name] - statistics.median(t.get(name, 0.0) for t in their_parts)
+        if stage == "compute":
+            part = max(my_parts, key=lambda name: differs[name])
+    return stage, part, {k: round(v, 6) for k, v in differs.items()}
 
 
 def job_findings(summaries: list[RankSummary], analyses: dict[int, Analysis]) -> DistributedFindings:
@@ -154,9 +196,12 @@ def job_findings(summaries: list[RankSummary], analyses: dict[int, Analysis]) ->
         if extra >= max(STRAGGLER_MIN_S, STRAGGLER_AT * job_step) and others_wait >= WAITING_AT:
             straggler = slowest
     primary = straggler.rank if straggler else (timed[0].rank if timed else (summaries[0].rank if summaries else None))
-    stage = None
+    stage = part = None
+    differs: dict[str, float] = {}
     if straggler is not None:
-        stage = straggler.bottleneck_node if straggler.bottleneck_node != "sync" else "compute"
+        stage, part, differs = straggler_cause(straggler, [s for s in timed if s.rank != straggler.rank])
+        if stage is None:  # no stage of its own time stands out: its largest one
+            stage = straggler.bottleneck_node if straggler.bottleneck_node != "sync" else "compute"
     return DistributedFindings(
         world_size=world, hosts=hosts, primary_rank=primary,
         straggler_rank=straggler.rank if straggler else None, straggler_stage=stage,
@@ -164,6 +209,8 @@ def job_findings(summaries: list[RankSummary], analyses: dict[int, Analysis]) ->
         waiting=waiting, skew_median_s=statistics.median(skews) if skews else None,
         skew_p90_s=sorted(skews)[min(len(skews) - 1, int(0.9 * (len(skews) - 1) + 0.5))] if skews else None,
         step_skew_s=[round(v, 6) for v in skews],
+        straggler_part=part, straggler_limit=straggler.bottleneck_node if straggler else None,
+        straggler_differs_s=differs,
     )
 
 

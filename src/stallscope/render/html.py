@@ -371,7 +371,7 @@ def _ranks_table(analysis: Analysis) -> str:
                     f"<td>{'failed' if r.failed else ''}</td></tr>")
     head = ("<h3>Ranks</h3><table><tr><th>rank</th><th>host</th><th>verdict</th><th>limit</th><th>data wait</th>"
             "<th>sync</th><th>compute</th><th>steps/s</th><th>workers</th><th></th></tr>")
-    note = (f"<p>straggler: <b>rank {straggler}</b> ({_e(dist.straggler_stage)}); the job's figures above are "
+    note = (f"<p>straggler: <b>rank {straggler}</b> ({_e(words.straggler_short(dist))}); the job's figures above are "
             "this rank's</p>") if straggler is not None else "<p class=muted>no straggler rank</p>"
     return head + "".join(rows) + "</table>" + note
 

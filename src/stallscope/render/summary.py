@@ -144,8 +144,9 @@ def _distributed_dict(d: Any) -> dict[str, Any] | None:
     return {
         "world_size": d.world_size, "hosts": d.hosts, "primary_rank": d.primary_rank,
         "straggler": None if d.straggler_rank is None else {
-            "rank": d.straggler_rank, "node": d.straggler_stage, "verdict": d.straggler_verdict,
-            "extra_s_per_step": round(d.straggler_extra_s, 6)},
+            "rank": d.straggler_rank, "node": d.straggler_stage, "part": d.straggler_part,
+            "limiting_node": d.straggler_limit, "verdict": d.straggler_verdict,
+            "extra_s_per_step": round(d.straggler_extra_s, 6), "differs_s_per_step": d.straggler_differs_s},
         "sync_fraction_by_rank": {str(k): v for k, v in d.waiting.items()},
         "skew_s": {"median": d.skew_median_s, "p90": d.skew_p90_s},
         "step_skew_s": d.step_skew_s,

@@ -136,5 +136,5 @@ def _rank_table(console: Console, analysis: Analysis) -> None:
                       f"{100 * compute:.0f}%", f"{r.steps_per_s:.2f}")
     console.print(table)
     if dist is not None and dist.straggler_rank is not None:
-        console.print(f"[bold]straggler:[/bold] rank {dist.straggler_rank} ({dist.straggler_stage}); the job's "
+        console.print(f"[bold]straggler:[/bold] rank {dist.straggler_rank} ({words.straggler_short(dist)}); the job's "
                       "figures below are this rank's")

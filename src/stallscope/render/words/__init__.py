@@ -17,6 +17,7 @@ from stallscope.render.words.evidence import (
     notes,
     operators,
     rate,
+    straggler_short,
     training_process,
 )
 from stallscope.render.words.phrases import MIB, PART_LABELS, facts_text, gain, overrides
@@ -25,4 +26,4 @@ from stallscope.render.words.recommendations import Said, created_at, hotspot, n
 
 __all__ = ["CONDITIONS", "MIB", "NO_SAMPLES", "PART_LABELS", "PitfallSaid", "Said", "beside_compute", "created_at",
            "evidence", "facts_text", "gain", "gpu_timing", "hotspot", "not_recommended", "notes", "operators",
-           "overrides", "pitfall", "rate", "recommendation", "training_process"]
+           "overrides", "pitfall", "rate", "recommendation", "straggler_short", "training_process"]

@@ -72,6 +72,42 @@ def evidence(analysis: Analysis) -> list[str]:
     return lines
 
 
+def straggler_short(findings: Any) -> str:
+    """``storage: +25.9 ms a step over the others``: the straggler's cause in a few words (terminal, HTML)."""
+    extra = findings.straggler_differs_s.get(findings.straggler_stage)
+    part = f", {PART_LABELS.get(findings.straggler_part, findings.straggler_part)}" if findings.straggler_part else ""
+    if extra is None:
+        return f"{findings.straggler_stage}{part}"
+    return f"{findings.straggler_stage}{part}: +{1000 * extra:.1f} ms a step over the others"
+
+
+def straggler_cause(findings: Any, summaries: list[Any]) -> str:
+    """Where the straggler's own time differs from the other ranks', with its data wait against theirs; its own
+    largest stage where that is another."""
+    by_rank = {s.rank: s for s in summaries}
+    slow = by_rank[findings.straggler_rank]
+    others = [o for o in summaries if o.rank != slow.rank]
+    stage, differs = findings.straggler_stage, findings.straggler_differs_s
+    waits = sorted(o.data_wait_fraction for o in others)
+    theirs = f"{100 * waits[len(waits) // 2]:.0f}%" if waits else "-"
+    own = f"data wait {100 * slow.data_wait_fraction:.0f}% of its step time"
+    if stage not in differs:
+        return f"its limiting stage is {stage} ({own})"
+    if stage == findings.straggler_limit:
+        return (f"its limiting stage is {stage} ({own}), and that is where it differs from the others: "
+                f"+{1000 * differs[stage]:.1f} ms a step (data wait {theirs} on the others)")
+    data = f"{own}, {theirs} on the others"
+    said = f"it differs from the others in {stage}: +{1000 * differs[stage]:.1f} ms a step"
+    if findings.straggler_part and findings.straggler_part in differs:
+        label = PART_LABELS.get(findings.straggler_part, findings.straggler_part)
+        said += f", most of it in {label} (+{1000 * differs[findings.straggler_part]:.1f} ms)"
+    said += f" ({data})"
+    limit = findings.straggler_limit
+    if limit and limit not in (stage, "sync") and limit in differs:
+        said += f"; its largest stage, {limit}, differs by {1000 * differs[limit]:+.1f} ms a step"
+    return said
+
+
 def _rank_evidence(analysis: Analysis) -> list[str]:
     findings = analysis.distributed
     summaries = analysis.ranks
@@ -84,8 +120,7 @@ def _rank_evidence(analysis: Analysis) -> list[str]:
         others = [o for o in summaries if o.rank != s.rank]
         waits = ", ".join(f"rank {o.rank} {100 * o.sync_fraction:.0f}%" for o in others[:6])
         lines.append(f"rank {s.rank} is the straggler: {1000 * findings.straggler_extra_s:.1f} ms more of its own "
-                     f"work per step than the fastest rank; its limiting stage is {findings.straggler_stage} "
-                     f"(data wait {100 * s.data_wait_fraction:.0f}% of its step time)")
+                     f"work per step than the fastest rank; {straggler_cause(findings, summaries)}")
         collective = "all-reduce" if findings.straggler_stage else "collectives"
         lines.append(f"rank {s.rank}'s {findings.straggler_stage} stalls all ranks in {collective}: "
                      f"time waiting for the others is {waits} of step time")

@@ -5,6 +5,7 @@ The ids are the catalogue's (``analysis/fixes.py``); an id with no words here is
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -255,7 +256,12 @@ def recommendation(rec: Recommendation) -> Said:
     say = _SAYS.get(rec.id)
     if say is None:
         return Said(rec.id, overrides(rec.overrides) or "see the facts", facts_text(rec.facts))
-    return Said(*say(rec, rec.facts, rec.overrides))
+    said = Said(*say(rec, rec.facts, rec.overrides))
+    if "job_ceiling" in rec.facts:  # a straggler's fix, held to the job's pace
+        f = rec.facts
+        said = dataclasses.replace(said, reason=f"{said.reason}; on this rank alone {f['rank_speedup']:.2f}x, but the "
+                                   f"job then runs at rank {f['pace_rank']}'s pace: at most {f['job_ceiling']:.2f}x")
+    return said
 
 
 def _no_workers_why(cause: str, f: dict[str, Any]) -> str:
