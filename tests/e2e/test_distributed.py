@@ -200,7 +200,8 @@ def test_spawned_ranks_are_recorded(tmp_path):
 
 
 def test_two_nodes_merge_with_aligned_clocks(tmp_path):
-    """Two launchers, one per simulated node (torchrun --nnodes 2 over localhost), merged into one job."""
+    """Two launchers, one per simulated node (torchrun --nnodes 2 over localhost), merged into one job; node 1's
+    dataset sleeps 4 ms a sample, so node 0's own summary says the pace is set on another node."""
     port = free_port()
     procs = []
     for node in (0, 1):
@@ -209,13 +210,16 @@ def test_two_nodes_merge_with_aligned_clocks(tmp_path):
         cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--json", str(cwd / "s.json"),
                "--store", str(cwd / "store"), "--", sys.executable, "-m", "torch.distributed.run",
                "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
-               "--master_port", str(port), DDP, "--samples", "256", "--barrier"]
+               "--master_port", str(port), DDP, "--samples", "256", "--barrier", "--slow-rank", "1", "--slow-ms", "4"]
         procs.append(subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for proc in procs:
         out, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, out[-3000:]
     sessions = [Session.load(json.loads((tmp_path / f"node{n}" / "s.json").read_text())["session"]) for n in (0, 1)]
     assert [[r.rank for r in s.ranks] for s in sessions] == [[0], [1]]
+    own = [json.loads((tmp_path / f"node{n}" / "s.json").read_text())["recommendations"] for n in (0, 1)]
+    assert [r["id"] for r in own[0]] == ["wait-for-other-nodes"], own[0]
+    assert "wait-for-other-nodes" not in [r["id"] for r in own[1]], own[1]
     # Node 1's clock as if it had booted 7 s later: the merge must find that from the job's own barriers.
     shift = 7_000_000_000
     sessions[1] = _shift_clock(sessions[1], shift)
@@ -237,6 +241,8 @@ def test_two_nodes_merge_with_aligned_clocks(tmp_path):
     assert cli.returncode == 0, cli.stderr[-2000:]
     summary = json.loads((tmp_path / "m.json").read_text())
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert (summary["distributed"]["straggler"]["rank"], summary["distributed"]["straggler"]["node"]) == (1, "storage")
+    assert "wait-for-other-nodes" not in [r["id"] for r in summary["recommendations"]]
     if os.path.exists("/dev/full"):  # the summary cannot be written: its own name is said, not the session's
         full = subprocess.run([sys.executable, "-m", "stallscope", "merge", *(str(s) for s in _session_paths(tmp_path)),
                                "-o", str(tmp_path / "again.json"), "--json", "/dev/full", "--quiet"],

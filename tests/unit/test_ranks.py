@@ -146,6 +146,22 @@ def test_a_straggler_fix_is_held_to_the_job_pace():
         words.recommendation(held).reason
 
 
+def test_one_nodes_session_that_waits_for_the_others_says_the_pace_is_set_elsewhere():
+    """Rank 0 of 2, recorded alone (its node's session), waits 40 ms of a 47 ms step for rank 1."""
+    from stallscope.render import words
+
+    waiting = analyze(_session(_rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=40)))
+    assert [r.id for r in waiting.recommendations] == ["wait-for-other-nodes"]
+    facts = waiting.recommendations[0].facts
+    assert (facts["world_size"], facts["ranks_here"]) == (2, [0]) and facts["sync_share"] > 0.8
+    said = words.recommendation(waiting.recommendations[0])
+    assert said.reason.startswith("rank 0 of the job's 2 is recorded here, and it waits for the others 89% of the step")
+    assert "stallscope merge" in said.change
+    # a node whose own work sets the pace (little sync) keeps its own advice
+    busy = analyze(_session(_rank_records(100, 1, wait_ms=30, work_ms=5, sync_ms=1)))
+    assert "wait-for-other-nodes" not in [r.id for r in busy.recommendations]
+
+
 def test_balanced_ranks_have_no_straggler():
     a = analyze(_session(_rank_records(100, 0, 1, 20, 1), _rank_records(200, 1, 1, 20, 1)))
     assert a.distributed.straggler_rank is None and a.distributed.primary_rank == 0

@@ -86,6 +86,7 @@ _CATALOGUE = (
     Fix("distributed-sampler", "loader"),
     Fix("sampler-drop-last", "loader"),
     Fix("uneven-shards", "sync"),
+    Fix("wait-for-other-nodes", "sync"),
     # no change to make: what the run showed instead
     Fix("no-input-fix", "compute"),
     Fix("no-predicted-gain", "loader"),

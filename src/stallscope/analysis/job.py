@@ -17,6 +17,7 @@ from stallscope.analysis.compute_findings import compute_findings
 from stallscope.analysis.epochs import epoch_shape
 from stallscope.analysis.failures import failure
 from stallscope.analysis.findings import Analysis, LoaderSummary, Recommendation, StepStats
+from stallscope.analysis.fixes import advise
 from stallscope.analysis.frameworks import code_site
 from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
@@ -112,8 +113,9 @@ def analyze(session: Session) -> Analysis:
     findings are the straggler's, or the lowest rank's when no rank holds the others back."""
     rank_records = ranks_mod.rank_processes(session)
     if len(rank_records) < 2:
-        return dataclasses.replace(_analyze_process(session), fetch_stages=fetch_stages(session.fetches),
-                                   training_process=training_process(session))
+        return _waiting_for_other_nodes(
+            dataclasses.replace(_analyze_process(session), fetch_stages=fetch_stages(session.fetches),
+                                training_process=training_process(session)), rank_records)
     cpus = usable_cpus(session)
     per_rank = ranks_mod.analyze_ranks(session, _analyze_process, cpus)
     summaries = [ranks_mod.summarize_rank(record, analysis, session) for record, analysis in per_rank.values()]
@@ -129,11 +131,29 @@ def analyze(session: Session) -> Analysis:
     recs = list(primary.recommendations)
     recs = recs + extra if findings.straggler_rank is not None else extra + recs
     workers_set = any("num_workers" in r.overrides for r in recs)  # a rank's advice may set them (workers-per-node)
-    return dataclasses.replace(
+    job = dataclasses.replace(
         primary, recommendations=recs,
         not_recommended=[n for n in primary.not_recommended if not (workers_set and n.id == "num-workers")],
         failure=failure(session), notes=list(session.notes), conditions=[],
         ranks=summaries, distributed=findings, fetch_stages=fetch_stages(session.fetches))
+    return job if findings.straggler_rank is not None else _waiting_for_other_nodes(job, rank_records)
+
+
+def _waiting_for_other_nodes(analysis: Analysis, ranks: list[RankRecord]) -> Analysis:
+    """One node's session of a job that spans more: where its ranks spend ``SYNC_BOUND_AT`` or more of their step
+    waiting for ranks it does not hold (and none of its own holds the others back), the pace is set elsewhere and
+    no change on this node shortens the step: say so, and how to see the whole job, instead of advice for this
+    node."""
+    world = max((r.world_size for r in ranks), default=0)
+    stats = analysis.steps
+    if not ranks or len(ranks) >= world or not stats.steady or stats.sync_fraction < ranks_mod.SYNC_BOUND_AT:
+        return analysis
+    own = 1.0 - stats.sync_fraction
+    found = advise("wait-for-other-nodes", None, facts={
+        "world_size": world, "ranks_here": sorted(r.rank for r in ranks),
+        "node_ranks": sorted({r.node_rank for r in ranks}), "sync_share": round(stats.sync_fraction, 4),
+        "own_share": round(own, 4), "hosts": sorted({r.host for r in ranks})})
+    return dataclasses.replace(analysis, recommendations=[found], not_recommended=[])
 
 
 def _straggler_analysis(session: Session, record: RankRecord, analysis: Analysis, findings: DistributedFindings,

@@ -224,6 +224,17 @@ def _workers_per_node(rec: Recommendation, f: dict[str, Any], o: dict[str, Any])
             "CPUs on one node")
 
 
+def _wait_for_other_nodes(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    here = f["ranks_here"]
+    ranks = f"rank {here[0]}" if len(here) == 1 else "ranks " + ", ".join(map(str, here))
+    return ("The job waits for ranks on other nodes: no change on this node shortens the step",
+            "merge every node's session into one job (`stallscope merge NODE0_SESSION NODE1_SESSION ... -o job.json`"
+            ", then `stallscope report job.json`): its report names the rank the others wait for and why",
+            f"{ranks} of the job's {f['world_size']} {'is' if len(here) == 1 else 'are'} recorded here, and "
+            f"{'it waits' if len(here) == 1 else 'they wait'} for the others {100 * f['sync_share']:.0f}% of the "
+            f"step; {100 * f['own_share']:.0f}% is {'its' if len(here) == 1 else 'their'} own work")
+
+
 #: recommendation id -> its words (title, change to make, reason)
 _SAYS = {
     "no-input-fix": _no_input_fix,
@@ -248,6 +259,7 @@ _SAYS = {
     "uneven-shards": _uneven_shards,
     "sampler-drop-last": _sampler_drop_last,
     "workers-per-node": _workers_per_node,
+    "wait-for-other-nodes": _wait_for_other_nodes,
     **compute.SAYS,
 }
 
