@@ -97,6 +97,52 @@ def _shift_dict(row: dict[str, Any], offset: int, pids: dict[int, int]) -> dict[
     return {**row, **changes}
 
 
+#: Nodes of one job leave its rendezvous at one moment; their wall clocks (NTP) agree far closer than this.
+RENDEZVOUS_APART_S = 120
+
+
+def _job_words(session: Session) -> dict[str, str]:
+    words: dict[str, str] = {}
+    for r in session.ranks:
+        for word in (r.job or "").split():
+            key, _, value = word.partition("=")
+            words.setdefault(key, value)
+    return words
+
+
+def _rendezvous_wall_ns(session: Session) -> int | None:
+    """The wall clock at which the session's lowest rank left ``init_process_group``."""
+    starts = {p.pid: p for p in session.processes}
+    for r in sorted(session.ranks, key=lambda r: r.rank):
+        proc = starts.get(r.pid)
+        if r.init_end_ns is not None and proc is not None and proc.wall_ns:
+            return proc.wall_ns + (r.init_end_ns - proc.mono_ns)
+    return None
+
+
+def _refuse_other_jobs(ordered: Sequence[Session]) -> None:
+    """Sessions of different jobs merge into nonsense (a clock offset of minutes, a straggler that is not one):
+    refuse where the world sizes, the launcher's job words (``job_identity``) or the moment each left the
+    rendezvous (by the nodes' wall clocks) disagree."""
+    reference = ordered[0]
+    world, words, met = _world(reference), _job_words(reference), _rendezvous_wall_ns(reference)
+    for s in ordered[1:]:
+        if _world(s) != world:
+            raise MergeError(f"{reference.run_id} is a job of {world} ranks and {s.run_id} one of {_world(s)}: "
+                             "not the nodes of one job")
+        theirs = _job_words(s)
+        differ = sorted(k for k in words.keys() & theirs.keys() if words[k] != theirs[k])
+        if differ:
+            said = ", ".join(f"{k} {words[k]} against {theirs[k]}" for k in differ)
+            raise MergeError(f"{reference.run_id} and {s.run_id} are different jobs to their launchers ({said}): "
+                             "merge the sessions of one job's nodes")
+        other = _rendezvous_wall_ns(s)
+        if met is not None and other is not None and abs(other - met) > RENDEZVOUS_APART_S * 1e9:
+            raise MergeError(f"{reference.run_id} and {s.run_id} left their rendezvous {abs(other - met) / 1e9:.0f} s "
+                             "apart by their wall clocks: the nodes of one job leave it together, so these are "
+                             "different runs")
+
+
 def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Session:
     """One Session for the whole job: ranks numbered as the job numbered them, clocks on the first
     node's (the one holding the lowest rank), process ids made unique across nodes."""
@@ -112,6 +158,7 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
             if rank in seen:
                 raise MergeError(f"rank {rank} is in both {seen[rank]} and {s.run_id}: not the nodes of one job")
             seen[rank] = s.run_id
+    _refuse_other_jobs(ordered)
     reference = ordered[0]
     used_pids: set[int] = set()
     lists: dict[str, Any] = {name: [] for name in (*RECORD_LISTS, *DICT_LISTS)}  # passed to replace() by name

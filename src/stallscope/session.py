@@ -244,6 +244,7 @@ class RankRecord:
     backend: str | None = None
     init_start_ns: int | None = None
     init_end_ns: int | None = None
+    job: str | None = None  # the launcher's words for the job (recorder/distributed.job_identity)
 
 
 @dataclass(frozen=True)

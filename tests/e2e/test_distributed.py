@@ -217,6 +217,7 @@ def test_two_nodes_merge_with_aligned_clocks(tmp_path):
         assert proc.returncode == 0, out[-3000:]
     sessions = [Session.load(json.loads((tmp_path / f"node{n}" / "s.json").read_text())["session"]) for n in (0, 1)]
     assert [[r.rank for r in s.ranks] for s in sessions] == [[0], [1]]
+    assert {r.job for s in sessions for r in s.ranks} == {f"port={port}"}  # what merge checks the nodes share
     own = [json.loads((tmp_path / f"node{n}" / "s.json").read_text())["recommendations"] for n in (0, 1)]
     assert [r["id"] for r in own[0]] == ["wait-for-other-nodes"], own[0]
     assert "wait-for-other-nodes" not in [r["id"] for r in own[1]], own[1]

@@ -236,6 +236,29 @@ def test_merge_keeps_every_nodes_compute_facts_and_profiler_window_on_the_refere
     assert b.op_windows[0]["start_ns"] == 3_010 * MS  # the node's own session is left as it was
 
 
+def test_merge_refuses_the_nodes_of_different_jobs():
+    """Two runs of a job recorded one after the other share no rendezvous: merged, they made a 'clock offset' of
+    minutes and a straggler that was not one."""
+    from stallscope.recorder.distributed import job_identity
+
+    def node(rank: int, world: int = 2, job: str | None = None, wall_s: float = 1e9) -> Session:
+        s = _node(100 + rank, rank, 0)
+        ranks = [dataclasses.replace(r, world_size=world, job=job) for r in s.ranks]
+        processes = [dataclasses.replace(p, wall_ns=int(wall_s * 1e9), mono_ns=0) for p in s.processes]
+        return dataclasses.replace(s, ranks=ranks, processes=processes)
+
+    assert merge_sessions([node(0, job="run=a port=29500"), node(1, job="port=29500", wall_s=1e9 + 0.5)]).ranks
+    with pytest.raises(MergeError, match="a job of 2 ranks and n1 one of 3"):
+        merge_sessions([node(0), node(1, world=3)])
+    with pytest.raises(MergeError, match=r"different jobs to their launchers \(port 29500 against 41733\)"):
+        merge_sessions([node(0, job="port=29500"), node(1, job="port=41733")])
+    with pytest.raises(MergeError, match="left their rendezvous 723 s apart"):
+        merge_sessions([node(0), node(1, wall_s=1e9 + 723)])
+    assert job_identity({"TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29500", "SLURM_JOB_ID": "77"}) == \
+        "slurm=77 port=29500"
+    assert job_identity({}) is None
+
+
 def test_merge_refuses_overlapping_ranks():
     with pytest.raises(MergeError):
         merge_sessions([_node(100, 0, 0), _node(200, 0, 0)])

@@ -55,13 +55,25 @@ def rank_from_env(env: os._Environ[str] | dict[str, str] | None = None) -> dict[
         return None
 
 
+def job_identity(env: os._Environ[str] | dict[str, str] | None = None) -> str | None:
+    """What the launcher says the job is, as ``key=value`` words every rank of one job shares: torchrun's run id
+    (not its default ``none``), Slurm's job id, the rendezvous store's port (the address is left out: nodes may
+    name one host differently). ``merge`` refuses sessions whose words disagree."""
+    env = os.environ if env is None else env
+    words = [f"{key}={env[name]}" for key, name in (("run", "TORCHELASTIC_RUN_ID"), ("slurm", "SLURM_JOB_ID"),
+                                                     ("port", "MASTER_PORT"))
+             if env.get(name, "").strip() not in ("", "none")]
+    return " ".join(words) or None
+
+
 def mark_rank(rank: int, local_rank: int, world_size: int, node_rank: int) -> None:
     """Say this process is a rank; its workers learn whose they are through the environment."""
     global _is_rank
     first = not _is_rank
     _is_rank = True
     os.environ[ENV_RANK_PID] = str(os.getpid())
-    events.emit("rank", rank, local_rank, world_size, node_rank, platform.node(), _perf(), time.time_ns())
+    events.emit("rank", rank, local_rank, world_size, node_rank, platform.node(), _perf(), time.time_ns(),
+                job_identity())
     if first and _became_rank_hook is not None:
         _became_rank_hook()
 
