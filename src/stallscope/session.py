@@ -141,6 +141,9 @@ class FetchRecord:
     ``by_name`` are empty and its per-node split is estimated from the loader's timed batches.
     ``minflt``: minor page faults the fetching thread took, -1 where not counted (not Linux, or a
     session recorded before they were).
+    ``threads_cpu_ns``: for a batch the training process loaded itself, the CPU its other Python threads (a logger,
+    a metrics exporter) took meanwhile, -1 where none ran or it was not read: the batch waited for the interpreter
+    lock while they ran Python (``analysis.pipeline.fetch_parts``).
     """
     loader_id: int
     iter_id: int
@@ -157,6 +160,7 @@ class FetchRecord:
     pid: int
     timed: bool = True
     minflt: int = -1
+    threads_cpu_ns: int = -1
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,29 @@ def test_a_thread_running_while_the_step_is_blocked_is_named_with_a_floor():
     assert "metrics-exporter" in said.title and "train.py:12" in said.change and "blocked 50%" in said.reason
 
 
+def test_the_batches_the_process_loads_itself_wait_for_the_lock_too():
+    """num_workers=0: 6% of step time blocked in computing while the thread ran, and 15% of it spent loading
+    batches that waited for the lock (``FetchRecord.threads_cpu_ns``)."""
+    assert _threads(_facts(1000 * MS, 800 * MS, 0, 200 * MS), computing=0.3) == []  # 6% alone: under the mark
+    (rec,) = _threads(_facts(1000 * MS, 800 * MS, 0, 200 * MS), computing=0.3, loading=0.15)
+    assert rec.facts["share_of_step"] == pytest.approx(0.2 * 0.3 + 0.15)
+
+
+def test_a_fetch_waiting_for_the_lock_is_not_storage():
+    """A batch loaded in the training process: 10 ms wall, 3 ms CPU, 1 ms run queue; its other threads ran 4 ms:
+    4 of the 6 ms off the CPU waited for the interpreter (like the run queue, to its CPU nodes), 2 ms blocked."""
+    from stallscope.analysis.pipeline import fetch_parts, split_fetch
+    from stallscope.session import FetchRecord
+
+    fetch = FetchRecord(0, 0, -1, 0, 0, 10 * MS, 3 * MS, 1 * MS, 8, {"transform": [3 * MS, 3 * MS, 8]}, {}, None, 1,
+                        threads_cpu_ns=4 * MS)
+    assert fetch_parts(fetch) == ({"transform": 3 * MS}, 5 * MS, 2 * MS)
+    assert split_fetch(fetch) == {"transform": 8 * MS, "storage": 2 * MS}
+    no_threads = FetchRecord(0, 0, -1, 0, 0, 10 * MS, 3 * MS, 1 * MS, 8, {"transform": [3 * MS, 3 * MS, 8]}, {}, None,
+                             1)
+    assert split_fetch(no_threads) == {"transform": 4 * MS, "storage": 6 * MS}
+
+
 def test_a_thread_taking_cores_but_not_the_lock_is_not_a_finding():
     # compression with the lock released: the main thread waits in the run queue, hardly ever blocked
     assert _threads(_facts(1000 * MS, 650 * MS, 330 * MS, 800 * MS), computing=1.0) == []

@@ -76,7 +76,7 @@ def compute_findings(session: Session, stats: StepStats, seconds: dict[str, floa
     parts = stats.parts_s or {}
     found += _optimizer(facts, parts.get("optimizer", 0.0) / step)
     found += _ddp_search(facts, step / len(stats.steady))
-    found += _threads(facts, (stats.compute_s + stats.transfer_s) / stats.wall_s if stats.wall_s > 0 else 0.0)
+    found += thread_finding(session, stats)
     ops = operators(session)
     found += _device(ops, stats.compute_s / len(stats.steady), step / len(stats.steady), spots)
     found += _allocator(facts, ops, step / len(stats.steady))
@@ -160,8 +160,20 @@ def _allocator(facts: list[dict[str, Any]], ops: Operators | None, step_s: float
         "fragmented": fragmented, **({"ceiling": True} if gain else {})})]
 
 
-def _threads(facts: list[dict[str, Any]], computing: float) -> list[Recommendation]:
-    """``computing``: the share of step time the main thread computed (the intervals the threads were watched in)."""
+def thread_finding(session: Session, stats: StepStats) -> list[Recommendation]:
+    """Another Python thread of the training process holding the interpreter lock: the share of step time the
+    main thread waited for it, while it computed (blocked while the threads ran, over the compute intervals they
+    were watched in) and while it loaded a batch itself (``num_workers=0``: the batch's wait for the lock,
+    ``FetchRecord.threads_cpu_ns``). Whatever the verdict: the batches and the step wait alike."""
+    if stats.wall_s <= 0 or not stats.steady:
+        return []
+    facts = [f for f in session.compute_facts if f.get("pid") == session.main_pid]
+    return _threads(facts, (stats.compute_s + stats.transfer_s) / stats.wall_s, _loading_share(session, stats))
+
+
+def _threads(facts: list[dict[str, Any]], computing: float, loading: float = 0.0) -> list[Recommendation]:
+    """``computing``: the share of step time the main thread computed (the intervals the threads were watched in);
+    ``loading``: the share it waited for the lock while loading batches itself."""
     totals = [f for f in facts if f["kind"] == "threads"]
     if not totals or not totals[-1].get("threads") or totals[-1]["wall_ns"] <= 0:
         return []
@@ -169,7 +181,7 @@ def _threads(facts: list[dict[str, Any]], computing: float) -> list[Recommendati
     wall = last["wall_ns"]
     blocked = max(0, wall - last["cpu_ns"] - last["run_queue_ns"])
     others = sum(t["cpu_ns"] for t in last["threads"])
-    share = min(blocked, others) / wall * computing
+    share = min(blocked, others) / wall * computing + loading
     if share < THREAD_SHARE:
         return []
     thread = last["threads"][0]  # the one that ran most
@@ -179,6 +191,18 @@ def _threads(facts: list[dict[str, Any]], computing: float) -> list[Recommendati
         "blocked_share": round(blocked / wall, 4), "thread_cpu_share": round(thread["cpu_ns"] / wall, 4),
         "threads": len(last["threads"]),
         **({"file": line[0], "line": line[1], "function": line[2]} if line else {})})]
+
+
+def _loading_share(session: Session, stats: StepStats) -> float:
+    """The share of step time the training process's own batch loading waited for the interpreter lock."""
+    t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
+    waited = 0
+    for f in session.fetches:
+        if f.pid != session.main_pid or f.threads_cpu_ns <= 0 or not t0 <= f.start_ns < t1:
+            continue
+        off_cpu = max(0, f.end_ns - f.start_ns - max(0, f.cpu_ns))
+        waited += min(f.threads_cpu_ns, max(0, off_cpu - max(0, f.runqueue_ns)))
+    return waited / 1e9 / stats.wall_s
 
 
 def _ddp_search(facts: list[dict[str, Any]], step_s: float) -> list[Recommendation]:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from stallscope.analysis import ranks as ranks_mod
 from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_for
 from stallscope.analysis.capacity import capacity_report
-from stallscope.analysis.compute_findings import compute_findings
+from stallscope.analysis.compute_findings import compute_findings, thread_finding
 from stallscope.analysis.epochs import epoch_shape
 from stallscope.analysis.failures import failure
 from stallscope.analysis.findings import Analysis, LoaderSummary, Recommendation, StepStats
@@ -220,6 +220,12 @@ def _analyze_process(session: Session, cpus: int | None = None, verdict: str | N
         inside = compute_findings(session, stats, seconds, spots)
         at = next((i for i, r in enumerate(recommendations) if r.id != "compute-threads"), len(recommendations))
         recommendations = recommendations[:at] + inside + recommendations[at:]
+    else:  # a thread holding the interpreter lock slows the batches the process loads itself as much as its step
+        for found in thread_finding(session, stats):
+            gain = found.predicted_speedup or 1.0
+            at = next((i for i, r in enumerate(recommendations) if (r.predicted_speedup or 0.0) < gain),
+                      len(recommendations))
+            recommendations = recommendations[:at] + [found] + recommendations[at:]
     left_out = not_recommended(verdict, train, model, recommendations, seconds, cpus, other, epochs)
     pitfalls = agreeing_with(find_pitfalls(session, loaders, system, cpus), recommendations)
     conditions = []

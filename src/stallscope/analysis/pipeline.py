@@ -65,8 +65,13 @@ def fetch_parts(fetch: FetchRecord, shares: dict[str, float] | None = None) -> t
 
 def _with_off_cpu(fetch: FetchRecord, cpu_by_node: dict[str, int], wall: int,
                   cpu: int) -> tuple[dict[str, int], int, int]:
+    """The fetch's time off its CPU: waiting to run (the run queue; and, for a batch the training process loaded
+    itself, the interpreter lock while its other Python threads ran, up to their CPU meanwhile) and blocked (I/O,
+    sleeps: storage's)."""
     off_cpu = wall - cpu
     runqueue = min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0
+    if fetch.threads_cpu_ns > 0:
+        runqueue += min(fetch.threads_cpu_ns, off_cpu - runqueue)
     return cpu_by_node, runqueue, off_cpu - runqueue
 
 

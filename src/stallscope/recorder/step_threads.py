@@ -1,5 +1,5 @@
 """The training process's other Python threads while its step computes: the CPU each took, where it was, and how
-long the step's main thread was blocked meanwhile.
+long the step's main thread was blocked meanwhile (and their CPU around each batch the process loads itself).
 
 A Python thread running Python holds the interpreter lock; the step's main thread, each time an operator that
 released the lock returns, waits to take it back. That wait is blocked time (the thread sleeps on the lock): neither
@@ -88,6 +88,22 @@ def paused() -> None:
     if now >= _next_emit:
         _next_emit = now + EMIT_EVERY_NS
         emit()
+
+
+def others_cpu_ns() -> int:
+    """The watched threads' CPU so far, summed; -1 where none is watched. Read around a batch the training process
+    loads itself (``num_workers=0``, ``workers.timed_fetch``): the batch waits for the interpreter as the step
+    does."""
+    now = _perf()
+    if now >= _next_list:
+        _list_threads(now)
+    if not watched:
+        return -1
+    try:
+        return sum(time.clock_gettime_ns(c) for _, _, _, c in watched)
+    except OSError:  # a watched thread ended: list them again next time
+        watched.clear()
+        return -1
 
 
 def _list_threads(now: int) -> None:

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.recorder import calls, events, stacks, step_parts
+from stallscope.recorder import calls, events, stacks, step_parts, step_threads
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
@@ -168,6 +168,8 @@ def timed_fetch(original: Any) -> Any:
         _fetch_seq[ctx] = seq + 1
         timed = seq >= _next_timed_seq.get(ctx, 0)
         rq0, pf0 = read_runqueue_wait_ns(), read_minor_faults()
+        in_process = ctx is not worker_context
+        others0 = step_threads.others_cpu_ns() if in_process else -1
         account = calls.begin_fetch() if timed else None
         stacks.fetch_started(ctx[0])
         t0, c0 = _perf(), _cpu()
@@ -193,13 +195,14 @@ def timed_fetch(original: Any) -> Any:
             else:
                 by_node = by_name = {}
             rq1, pf1 = read_runqueue_wait_ns(), read_minor_faults()
+            others1 = step_threads.others_cpu_ns() if others0 >= 0 else -1
             try:
                 items = len(possibly_batched_index)
             except TypeError:  # one index: an iterable dataset, or batch_size=None
                 items = 1
             events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
                         rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, by_node, by_name, outcome, timed,
-                        pf1 - pf0 if pf0 >= 0 and pf1 >= 0 else -1)
+                        pf1 - pf0 if pf0 >= 0 and pf1 >= 0 else -1, others1 - others0 if others1 >= 0 else -1)
             if ctx is worker_context and t1 - _last_written[0] > WORKER_WRITE_EVERY_NS:
                 # Written out as it goes, the sampled stacks too: a worker can end without running any Python
                 # (persistent workers are terminated by multiprocessing at the job's exit, and torch's own SIGTERM
