@@ -182,6 +182,10 @@ def test_crashing_rank_keeps_exit_code_and_survivors_data(tmp_path):
     assert sorted(ranks) == [0, 1]
     assert ranks[0]["steps"] >= 5 and ranks[1]["steps"] >= 5
     assert ranks[1]["failed"].startswith("RuntimeError: planted crash on rank 1")
+    # the job's failure is the rank that crashed, not rank 0's lost connection to it
+    failed = result.summary["failure"]
+    assert (failed["message"], failed["rank"], failed["cause"]) == ("planted crash on rank 1 at step 6", 1, None)
+    assert "the script failed in rank 1: RuntimeError: planted crash on rank 1 at step 6" in result.stderr
     session = Session.load(result.summary["session"])
     assert {r.rank for r in session.ranks} == {0, 1}
 

@@ -117,3 +117,31 @@ def test_sys_exit_with_a_message_is_the_failure_only_where_it_ended_the_script(e
         assert failures.failure_detail(found) == (
             "the script exited with code 1: fatal: bad config  at /home/me/job/train.py:37")
         assert not failures.failure_is_stop(found)
+
+
+GLOO_LOST = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+             "[127.0.0.1]:31907. This is typically caused by a remote worker crashing.")
+
+
+def test_a_rank_that_lost_its_peer_is_not_the_failure_the_rank_that_crashed_is():
+    """torchrun, two ranks: rank 1 raises; rank 0's all-reduce then fails with gloo's 'closed by peer'. The job's
+    failure is rank 1's own, though rank 0 is the training process stallscope reports first."""
+    from stallscope.session import RankRecord
+
+    other = PID + 1
+    ranks = [RankRecord(PID, 0, 0, 2, 0, "a"), RankRecord(other, 1, 1, 2, 0, "a")]
+    lost = ErrorRecord("main", PID, 9, "RuntimeError", GLOO_LOST, None, "")
+    crash = ErrorRecord("main", other, 7, "RuntimeError", "planted crash on rank 1 at step 6", None, "")
+    found = failure(dataclasses.replace(_session([lost, crash]), ranks=ranks))
+    assert (found.type, found.message, found.rank, found.cause) == ("RuntimeError", crash.message, 1, None)
+    assert failures.failure_place(found) == "rank 1"
+    # one node's session holds rank 0 only: its error is the consequence of a rank elsewhere, and said so
+    alone = failure(dataclasses.replace(_session([lost]), ranks=ranks[:1]))
+    assert (alone.cause, alone.rank) == ("peer-lost", 0)
+    assert failures.failure_detail(alone).startswith(
+        "it lost its connection to another rank of the job, which ended first (that rank's node, its session or its "
+        "log, says why; this error is the consequence): RuntimeError: [/pytorch/third_party/gloo")
+    # the same words outside a distributed backend's error are the script's own
+    own = failure(dataclasses.replace(_session([dataclasses.replace(lost, message="Connection reset by peer")]),
+                                      ranks=ranks[:1]))
+    assert own.cause is None

@@ -78,6 +78,18 @@ def _the_worker_error(worker_errors: list[ErrorRecord], named: int | None) -> Er
     return min(chosen or worker_errors, key=lambda e: e.t_ns)
 
 
+#: A distributed backend's words for a connection to another rank that went away (gloo's pair, NCCL's watchdog,
+#: the c10d store), as opposed to an error of the rank's own.
+_BACKEND = re.compile(r"gloo|nccl|c10d|ProcessGroup|TCPStore", re.IGNORECASE)
+_LOST = re.compile(r"(reset|closed) by peer|broken pipe|connection refused|remote process exited|"
+                   r"communicator was aborted|peer (closed|disconnected)", re.IGNORECASE)
+
+
+def peer_lost(message: str) -> bool:
+    """The error says the rank lost its connection to another rank (which ended first)."""
+    return bool(_BACKEND.search(message) and _LOST.search(message))
+
+
 def _job_errors(session: Session, errors: list[ErrorRecord]) -> list[ErrorRecord]:
     """The uncaught exceptions that say how the job failed, the training process's first: a wrapper's own error
     (``CalledProcessError``) only passes on its child's. An exception in another program the script started (a
@@ -92,7 +104,13 @@ def failure(session: Session) -> Failure | None:
     """How the script failed, or None where it did not (exit code 0 and no exception)."""
     # Ctrl-C reaches the workers too (one process group): their KeyboardInterrupt is not a failure of theirs.
     worker_errors = [e for e in session.errors if e.where == "worker" and e.type != "KeyboardInterrupt"]
-    main_errors = _job_errors(session, [e for e in session.errors if e.where == "main" and e.type != "SystemExit"])
+    in_main = [e for e in session.errors if e.where == "main" and e.type != "SystemExit"]
+    main_errors = _job_errors(session, in_main)
+    ranks = {r.pid: r.rank for r in session.ranks}
+    if main_errors and peer_lost(main_errors[0].message or ""):  # the rank that failed first on its own, if recorded
+        first = min((e for e in in_main if e.pid in ranks and not peer_lost(e.message or "")), key=lambda e: e.t_ns,
+                    default=None)
+        main_errors = [first, *main_errors] if first is not None else main_errors
     wrapped = _unwrapped(main_errors[0].message) if main_errors else None
     if worker_errors:
         e = _the_worker_error(worker_errors, wrapped[3] if wrapped else None)
@@ -108,7 +126,10 @@ def failure(session: Session) -> Failure | None:
                 return Failure("worker", kind, message, location, loaders.pop() if len(loaders) == 1 else None,
                                worker, traceback=traceback)
             return Failure("main", kind, message, location, pid=e.pid, traceback=traceback)
-        return Failure("main", e.type, e.message, _located(e), pid=e.pid, traceback=e.traceback)
+        rank = ranks.get(e.pid)
+        cause = "peer-lost" if rank is not None and peer_lost(e.message or "") else None
+        return Failure("main", e.type, e.message, _located(e), pid=e.pid, traceback=e.traceback, cause=cause,
+                       rank=rank)
     if session.exit_code != 0:
         # sys.exit("message"): Python prints the message and exits with 1; the recorder kept it
         exits = [e for e in session.errors if e.type == "SystemExit" and e.pid == session.main_pid]

@@ -166,7 +166,9 @@ class Failure:
     """How the script failed: an exception (``where`` main or worker, with its type and message), or
     ``type == "exit"``: it exited with a non-zero ``exit_code`` and no exception was seen (``message``: what it
     gave ``sys.exit``, if not a number). ``location``: the line of the user's code it happened at; ``pid``: the
-    process it happened in, where known; ``traceback``: as recorded, for the reports that show it whole."""
+    process it happened in, where known; ``traceback``: as recorded, for the reports that show it whole.
+    ``cause`` ``peer-lost``: a rank of a distributed job lost its connection to another rank, which ended first
+    (``rank``: this one's): the failure is elsewhere, and this rank's error only its consequence."""
     where: str
     type: str
     message: str | None
@@ -176,6 +178,8 @@ class Failure:
     exit_code: int | None = None
     pid: int | None = None
     traceback: str | None = None
+    cause: str | None = None
+    rank: int | None = None
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,9 @@ def failure_detail(failure: Failure) -> str:
         return "KeyboardInterrupt (Ctrl-C or SIGINT)" + (f" while at {failure.location}" if failure.location else "")
     message = first_line(failure_message(failure))
     said = message if failure.type == "exit" else f"{failure.type}: {message}"
+    if failure.cause == "peer-lost":
+        said = ("it lost its connection to another rank of the job, which ended first (that rank's node, its "
+                f"session or its log, says why; this error is the consequence): {said}")
     return said + (f"  at {failure.location}" if failure.location else "")
 
 
@@ -95,6 +98,8 @@ def missing_module_hint(failure: Failure, command: list[str]) -> str | None:
 
 def failure_place(failure: Failure) -> str:
     """The process it failed in: a DataLoader worker by its number, pid and loader, or the training process."""
+    if failure.where != "worker" and failure.rank is not None:
+        return f"rank {failure.rank}"
     if failure.where != "worker":
         return "the main process"
     pid = f" (pid {failure.pid})" if failure.pid is not None else ""
