@@ -42,6 +42,7 @@ from stallscope.settings import (
     ENV_PKG_PARENT,
     ENV_PYTHON_VERSION,
     ENV_RUN_DIR,
+    PROCESS_SETTINGS,
     encode_overrides,
 )
 
@@ -123,6 +124,9 @@ def _child_env(run_dir: Path, overrides: dict[str, Any], max_steps: int | None) 
     env[ENV_PKG_PARENT] = str(Path(stallscope.__file__).resolve().parent.parent)
     env[ENV_PYTHON_VERSION] = f"{sys.version_info[0]}.{sys.version_info[1]}"
     env[ENV_OVERRIDES] = encode_overrides(overrides)
+    for name, value in overrides.items():  # --set of an environment variable (PYTORCH_CUDA_ALLOC_CONF): for the job
+        if name in PROCESS_SETTINGS and PROCESS_SETTINGS[name].env and value is not None:
+            env[name] = str(value)
     if max_steps is not None:
         env[ENV_MAX_STEPS] = str(max_steps)
     else:

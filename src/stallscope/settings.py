@@ -55,6 +55,9 @@ class ProcessSetting:
     kind: str  #: the value's type, as ``SETTABLE`` spells it
     call: str  #: the torch call that makes the setting in the user's code, ``{}`` standing for the value
     help: str  #: what it is, for ``--set``'s help
+    #: an environment variable the launcher puts in the job's environment (torch reads it before any code of the
+    #: script runs), not a call the recorder makes
+    env: bool = False
 
 
 #: The training process's settings one may override: the ONE list (the recorder applies them in
@@ -64,6 +67,10 @@ PROCESS_SETTINGS: dict[str, ProcessSetting] = {
                                        "how workers pass tensors"),
     "torch_threads": ProcessSetting("int", "torch.set_num_threads({})",
                                     "the training process's intra-op threads, torch.set_num_threads"),
+    "PYTORCH_CUDA_ALLOC_CONF": ProcessSetting(
+        "str", "export PYTORCH_CUDA_ALLOC_CONF={} in the job's environment before the script starts, since torch "
+               "reads it when CUDA starts",
+        "the CUDA caching allocator's options, an environment variable, e.g. expandable_segments:True", env=True),
 }
 
 #: Arguments one may override, with the type of their value. Object-valued ones (dataset, sampler,
@@ -99,7 +106,8 @@ def in_code(values: Mapping[str, Any], where: Mapping[str, Any] | None) -> str:
     """A change of settings as the user writes it in their framework, and where: ``TrainingArguments(...)``
     for the Hugging Face Trainer, the ``DataLoader(...)`` of the ``train_dataloader`` hook for Lightning,
     the ``DataLoader(...)`` call otherwise; process settings as their torch calls."""
-    process = "".join(f"{PROCESS_SETTINGS[k].call.format(v)} at the start of training, and "
+    process = "".join(PROCESS_SETTINGS[k].call.format(v) + ("" if PROCESS_SETTINGS[k].env else
+                                                            " at the start of training") + ", and "
                       for k, v in values.items() if k in PROCESS_SETTINGS)
     values = {k: v for k, v in values.items() if k not in PROCESS_SETTINGS}
     if not values:
@@ -167,6 +175,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         raise OverrideError("--set sharing_strategy: choose file_system or file_descriptor")
     if parsed.get("prefetch_factor") == 0:
         raise OverrideError("--set prefetch_factor=0: must be at least 1")
+    for name, setting in PROCESS_SETTINGS.items():
+        if setting.env and name in parsed and (parsed[name] is None or not str(parsed[name]).strip()):
+            raise OverrideError(f"--set {name}=: give the variable a value (to run without it, unset it in your "
+                                "shell)")
     if "torch_threads" in parsed and not parsed["torch_threads"]:
         raise OverrideError(f"--set torch_threads={parsed['torch_threads']}: a number of threads, at least 1")
     if (parsed.get("num_workers") or 0) > MAX_WORKERS:

@@ -43,6 +43,31 @@ def test_set_torch_threads_holds_the_training_processs_threads_and_leaves_the_wo
     assert "training threads 2" in plain.stdout and plain.summary["loaders"][0]["config"]["torch_threads"] == 2
 
 
+def test_set_puts_an_environment_variable_in_the_jobs_environment(tmp_path, monkeypatch):
+    """The allocator finding's change, --set PYTORCH_CUDA_ALLOC_CONF=...: the script and its workers read it from
+    their environment (set before any of the script's code runs), in place of the shell's own value."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")
+    seen = tmp_path / "seen.txt"
+    probe = ("import os, sys, torch\n"
+             "from torch.utils.data import DataLoader\n"
+             "def env(i): return os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')\n"
+             "if __name__ == '__main__':\n"
+             "    worker = next(iter(DataLoader(range(2), batch_size=None, num_workers=1, collate_fn=env,\n"
+             "                                  multiprocessing_context='spawn')))\n"
+             "    open(sys.argv[1], 'w').write(env(0) + ' ' + worker)\n")
+    script = tmp_path / "probe.py"
+    script.write_text(probe)
+    result = run_cli(tmp_path, ["--set", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "--", sys.executable,
+                                str(script), str(seen)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert seen.read_text() == "expandable_segments:True expandable_segments:True"
+    assert result.summary["overrides"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in result.summary["loaders"][0]["overrides"]  # not a DataLoader argument
+    refused = subprocess.run([sys.executable, "-m", "stallscope", "run", "--set", "PYTORCH_CUDA_ALLOC_CONF=", "--",
+                              sys.executable, str(script), str(seen)], capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode == 2 and "give the variable a value" in refused.stderr, refused.stderr
+
+
 def test_a_failure_after_a_set_change_names_the_change(tmp_path):
     """shuffle=True is refused for an IterableDataset: the error comes from torch, the cause from --set."""
     result = run_cli(tmp_path, ["--set", "shuffle=true", "--", sys.executable, TINY, "--iterable"])

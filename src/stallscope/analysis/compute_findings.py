@@ -153,7 +153,7 @@ def _allocator(facts: list[dict[str, Any]], ops: Operators | None, step_s: float
     if not (last.get("retries") or malloc >= ALLOC_SHARE * step_s or fragmented):
         return []
     gain = round(step_s / (step_s - malloc), 2) if malloc >= ALLOC_SHARE * step_s else None
-    return [advise("allocator", gain, facts={
+    return [advise("allocator", gain, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, facts={
         "retries": last.get("retries", 0), "reserved_peak_gib": round(reserved / 2**30, 2),
         "allocated_peak_gib": round(allocated / 2**30, 2), "device_allocs": last.get("device_allocs", 0),
         "malloc_ms_per_step": round(1e3 * malloc, 3), "step_ms": round(1e3 * step_s, 3),

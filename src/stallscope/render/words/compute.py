@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from stallscope.render.words.phrases import PART_LABELS
+from stallscope.render.words.phrases import PART_LABELS, overrides
+from stallscope.settings import in_code
 
 _PART_CHANGE = {
     "forward": "vectorize it (one tensor operation over the batch instead of a Python loop), or torch.compile the "
@@ -107,9 +108,8 @@ def _allocator(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str
         seen.append(f"it reserved {f['reserved_peak_gib']:.1f} GiB for {f['allocated_peak_gib']:.1f} GiB allocated "
                     "at most (fragmented)")
     return ("Let the CUDA allocator grow its segments",
-            "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before starting the script (the launcher's "
-            "environment: it must be set before CUDA starts); tensors of fewer sizes help too: pad varying batches "
-            "or sequences to a few lengths",
+            f"{overrides(o)}   (in code: {in_code(o, None)}); tensors of fewer sizes help too: pad varying "
+            "batches or sequences to a few lengths",
             "the caching allocator: " + "; ".join(seen) + ("" if rec.predicted_speedup else
                                                            "; the gain is not predicted from one run"))
 
