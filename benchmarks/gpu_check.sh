@@ -105,6 +105,17 @@ for mode, ids in want.items():
     print(("OK  " if not missing and not wrong else "FAIL") + f" {mode}: wanted {sorted(ids)}, missing "
           f"{sorted(missing)}, should not be there {sorted(wrong)}")
 PY
+    echo "--- mode alloc with the allocator finding's own change, --set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" --json "$WORK/compute-alloc-set.json" \
+      --set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- \
+      python3 tests/scripts/gpu_compute_job.py --mode alloc --steps 120 >/dev/null 2>&1
+    python3 - "$WORK" <<'PY'
+import json, sys
+s = json.load(open(f"{sys.argv[1]}/compute-alloc-set.json"))
+ids = [r["id"] for r in s["recommendations"]]
+ok = s["overrides"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} and "allocator" not in ids
+print(("OK  " if ok else "FAIL") + f" alloc with expandable segments: overrides {s['overrides']}, findings {ids}")
+PY
     echo "--- losses bit for bit with and without the recorder (mode item, profiler window included)"
     timeout -k 5 30 python3 tests/scripts/gpu_compute_job.py --mode item --steps 60 --losses "$WORK/bare.txt" >/dev/null
     timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" -- \
