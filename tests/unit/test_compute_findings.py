@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallscope.analysis.compute_findings import THREAD_SHARE, _allocator, _device, _threads
+from stallscope.analysis.compute_findings import THREAD_SHARE, _allocator, _ddp_buckets, _device, _threads
 from stallscope.analysis.operators import Operator, Operators
 from stallscope.render import words
 from stallscope.render.words.recommendations import recommendation
@@ -145,3 +145,26 @@ def test_a_fragmented_cache_fires_and_a_healthy_or_already_expandable_one_does_n
     assert rec.facts["fragmented"]
     assert _allocator(_allocator_facts(), None, step_s=0.05) == []
     assert _allocator(_allocator_facts(retries=3, alloc_conf="expandable_segments:True"), None, step_s=0.05) == []
+
+
+# --- DDP's buckets (``ddp-buckets``) -----------------------------------------------------------------------------
+
+def _ddp(size_mb: float, cap_mb: float = 25, device: str = "cuda") -> list[dict]:
+    return [{"kind": "ddp", "pid": 1, "bucket_cap_bytes": int(cap_mb * 2**20), "parameter_bytes": int(size_mb * 2**20),
+             "device": device}]
+
+
+def test_gradients_in_one_bucket_waited_for_after_the_backward_are_cut_smaller():
+    (rec,) = _ddp_buckets(_ddp(8.1), wait_s=0.010, backward_s=0.005, step_s=0.020)
+    assert rec.id == "ddp-buckets" and rec.facts["advised_mb"] == 3  # 8.1 MB over four buckets, whole MB
+    assert rec.predicted_speedup == pytest.approx(0.020 / 0.015, abs=0.01)  # at most the backward hides the wait
+    said = recommendation(rec)
+    assert "bucket_cap_mb=3" in said.change and "ddp_bucket_cap_mb=3" in said.change
+    assert words.gain(rec).startswith("at most ")
+
+
+def test_no_bucket_advice_on_cpus_many_buckets_or_a_small_wait():
+    assert _ddp_buckets(_ddp(8.1, device="cpu"), 0.010, 0.005, 0.020) == []  # gloo shares the backward's cores
+    assert _ddp_buckets(_ddp(300), 0.010, 0.005, 0.020) == []  # twelve buckets already
+    assert _ddp_buckets(_ddp(8.1), 0.001, 0.005, 0.020) == []  # 5% of the step: under DDP_WAIT_SHARE
+    assert _ddp_buckets(_ddp(2.5, cap_mb=1), 0.010, 0.005, 0.020) == []  # already no bigger than advised

@@ -166,6 +166,19 @@ def test_balanced_ranks_have_no_straggler():
     a = analyze(_session(_rank_records(100, 0, 1, 20, 1), _rank_records(200, 1, 1, 20, 1)))
     assert a.distributed.straggler_rank is None and a.distributed.primary_rank == 0
     assert {r.verdict for r in a.ranks} == {"compute-bound"}
+    assert "sync_share" not in a.recommendations[0].facts  # the compute is the larger part: the usual words
+
+
+def test_ranks_that_all_wait_for_their_all_reduce_are_told_the_sync_sets_the_pace():
+    from stallscope.render import words
+
+    a = analyze(_session(_rank_records(100, 0, 1, 5, 20), _rank_records(200, 1, 1, 5, 20)))
+    assert a.distributed.straggler_rank is None
+    first = a.recommendations[0]
+    assert first.id == "no-input-fix" and first.facts["sync_share"] > 0.7
+    said = words.recommendation(first)
+    assert said.title == "No input-side fix needed: the ranks' gradient sync sets the pace"
+    assert "no_sync()" in said.change
 
 
 def test_sharding_and_workers_per_node_recommendations():

@@ -31,6 +31,7 @@ From the step split (``step_parts.py``), the lines sampled in the training proce
 
 from __future__ import annotations
 
+import math
 import os
 import sysconfig
 from typing import Any
@@ -50,6 +51,12 @@ OPTIMIZER_TENSORS = 32
 DDP_SEARCH_SHARE = 0.005
 #: Another thread's hold on the step is a finding from this share of step time on.
 THREAD_SHARE = 0.08
+#: DDP's wait for its gradient all-reduce after backward, as a share of step time, from which its buckets are looked
+#: at: gradients that fill at most ``FEW_BUCKETS`` buckets are reduced after the backward rather than beside it.
+DDP_WAIT_SHARE = 0.10
+FEW_BUCKETS = 2
+#: Buckets the advised ``bucket_cap_mb`` cuts the gradients into.
+ADVISED_BUCKETS = 4
 #: On a GPU, the device busy under this share of the step's compute is a host-bound step.
 HOST_BOUND_DEVICE_SHARE = 0.5
 #: The host's waits for the device are a finding from this share of step time on.
@@ -76,6 +83,8 @@ def compute_findings(session: Session, stats: StepStats, seconds: dict[str, floa
     parts = stats.parts_s or {}
     found += _optimizer(facts, parts.get("optimizer", 0.0) / step)
     found += _ddp_search(facts, step / len(stats.steady))
+    steps = len(stats.steady)
+    found += _ddp_buckets(facts, stats.sync_s / steps, parts.get("backward", 0.0) / steps, step / steps)
     found += thread_finding(session, stats)
     ops = operators(session)
     found += _device(ops, stats.compute_s / len(stats.steady), step / len(stats.steady), spots)
@@ -216,6 +225,29 @@ def _ddp_search(facts: list[dict[str, Any]], step_s: float) -> list[Recommendati
         return [advise("ddp-find-unused", round(step_s / max(step_s - per_step, 1e-9), 2), facts={
             "search_ms": round(1e3 * per_step, 3), "step_ms": round(1e3 * step_s, 3),
             "unused_parameter_size": f.get("unused_parameter_size")})]
+    return []
+
+
+def _ddp_buckets(facts: list[dict[str, Any]], wait_s: float, backward_s: float,
+                 step_s: float) -> list[Recommendation]:
+    """DDP waits for its all-reduce after the backward (``wait_s`` a step), and its gradients fill no more than
+    ``FEW_BUCKETS`` buckets: the reduction cannot start until the backward is (nearly) over. Smaller buckets start
+    it beside the backward. Its gain is a ceiling: the wait hidden behind the whole backward. Called for the job's
+    primary rank, which is not waiting for a straggler (a straggler's wait is its own advice's)."""
+    if step_s <= 0 or wait_s < DDP_WAIT_SHARE * step_s or backward_s <= 0:
+        return []
+    for f in facts:
+        cap, size = f.get("bucket_cap_bytes") or 0, f.get("parameter_bytes") or 0
+        if f["kind"] != "ddp" or cap <= 0 or size <= 0 or size > FEW_BUCKETS * cap or f.get("device") != "cuda":
+            continue  # on CPUs the all-reduce (gloo) takes the backward's own cores: smaller buckets measured no gain
+        advised = max(1, math.ceil(size / ADVISED_BUCKETS / 2**20))
+        if advised * 2**20 >= cap:
+            continue
+        hidden = min(wait_s, backward_s)
+        return [advise("ddp-buckets", round(step_s / max(step_s - hidden, 1e-9), 2), facts={
+            "bucket_cap_mb": round(cap / 2**20, 2), "gradient_mb": round(size / 2**20, 2), "advised_mb": advised,
+            "wait_ms": round(1e3 * wait_s, 3), "backward_ms": round(1e3 * backward_s, 3),
+            "step_ms": round(1e3 * step_s, 3), "ceiling": True})]
     return []
 
 

@@ -78,6 +78,7 @@ _CATALOGUE = (
     Fix("host-bound", "compute"),
     Fix("device-sync", "compute"),
     Fix("allocator", "compute"),
+    Fix("ddp-buckets", "sync"),
     Fix("mixed-precision", "compute"),
     Fix("tf32", "compute"),
     Fix("cudnn-benchmark", "compute"),

@@ -86,8 +86,11 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
     why no change helps."""
     recs: list[Recommendation] = []
     if verdict == "compute-bound":
+        total = sum(seconds.values()) or 1.0
+        sync, compute = seconds.get("sync", 0.0) / total, seconds.get("compute", 0.0) / total
         recs.append(advise("no-input-fix", None,
-                           facts={"data_wait_fraction": stats.data_wait_fraction}))
+                           facts={"data_wait_fraction": stats.data_wait_fraction,
+                                  **({"sync_share": round(sync, 4)} if sync > compute else {})}))
     if train is None or verdict == "unknown":
         return recs
     config = train.config

@@ -87,6 +87,7 @@ APPLY: dict[str, How] = {
     "host-bound": NotApplied(STEP_CODE),
     "device-sync": NotApplied(STEP_CODE),
     "allocator": NotApplied(STEP_CODE),
+    "ddp-buckets": NotApplied(ONE_PROCESS),
     "mixed-precision": NotApplied(NUMERICS),
     "tf32": NotApplied(NUMERICS),
     "cudnn-benchmark": NotApplied(NUMERICS),

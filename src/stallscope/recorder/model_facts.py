@@ -157,6 +157,7 @@ def _report(model: Any, row: list[int]) -> None:
                 "bucket_cap_bytes": data.get("bucket_cap_bytes"),
                 "gradient_as_bucket_view": bool(getattr(model, "gradient_as_bucket_view", False)),
                 "parameters": len(params), "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params)),
+                "device": params[0].device.type if params else None,
                 "post_forward_ns": row[0], "post_forward_calls": row[1]}
         row[3] = 1
         events.emit("ddp_info", _perf(), info)

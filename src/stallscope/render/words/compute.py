@@ -50,6 +50,17 @@ def _ddp_find_unused(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[st
             f"{f['search_ms']:.2f} ms of a {f['step_ms']:.1f} ms step, and found no unused parameter")
 
 
+def _ddp_buckets(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    mb = f["advised_mb"]
+    return ("Cut DDP's gradients into smaller buckets, so their all-reduce runs beside the backward",
+            f"DistributedDataParallel(model, bucket_cap_mb={mb}); in the Hugging Face Trainer ddp_bucket_cap_mb={mb}; "
+            f"in Lightning strategy=DDPStrategy(bucket_cap_mb={mb})",
+            f"the {f['gradient_mb']:.1f} MB of gradients fill no more than two of DDP's {f['bucket_cap_mb']:.0f} MB "
+            f"buckets, so their all-reduce waits for the backward: each step then waits {f['wait_ms']:.1f} ms for "
+            f"it, after a {f['backward_ms']:.1f} ms backward; the prediction is its ceiling, that wait hidden behind "
+            "the whole backward")
+
+
 def _thread_in_step(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     where = f" (it runs at {_where(f)}, {f['file']})" if f.get("file") else ""
     return (f"Take thread '{f['thread']}' off the training process",
@@ -156,6 +167,7 @@ SAYS = {
     "device-sync": _device_sync,
     "allocator": _allocator,
     "ddp-find-unused": _ddp_find_unused,
+    "ddp-buckets": _ddp_buckets,
     "mixed-precision": _mixed_precision,
     "tf32": _tf32,
     "cudnn-benchmark": _cudnn_benchmark,

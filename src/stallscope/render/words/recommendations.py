@@ -42,6 +42,13 @@ def _set_change(o: dict[str, Any], f: dict[str, Any], extra: str = "") -> str:
 
 
 def _no_input_fix(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    if "sync_share" in f:  # the gradient sync, not the compute, is the larger part of the step
+        return ("No input-side fix needed: the ranks' gradient sync sets the pace",
+                "none on the input side; reduce less often: larger batches per rank, or gradient accumulation with "
+                "DDP's no_sync() (Hugging Face: gradient_accumulation_steps; Lightning: accumulate_grad_batches), "
+                "which changes the effective batch; on GPUs, smaller DDP buckets overlap it with the backward",
+                f"data wait is {100 * f['data_wait_fraction']:.1f}% of step time; waiting for the gradient "
+                f"all-reduce is {100 * f['sync_share']:.0f}%")
     return ("No input-side fix needed: the model's compute sets the pace",
             "none: leave the DataLoader as it is; speed up the model (mixed precision, larger batch, "
             "torch.compile)", f"data wait is {100 * f['data_wait_fraction']:.1f}% of step time")
