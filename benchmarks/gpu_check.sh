@@ -101,6 +101,14 @@ for mode, ids in want.items():
     for rid in sorted(found):
         r = found[rid]
         print(f"  {rid}: {r['predicted_speedup']} {json.dumps(r['facts'])[:300]}")
+    if mode == "item" and "device-sync" in found:  # placed at the .item() lines themselves, timed in the window
+        f = found["device-sync"]["facts"]
+        planted = [i for i, t in enumerate(open("tests/scripts/gpu_compute_job.py").read().splitlines(), 1)
+                   if t.rstrip().endswith("# planted: item")]
+        placed = f.get("placed") == "timed" and f.get("line") in planted
+        print(("OK  " if placed else "FAIL") + f" item: the wait placed at {f.get('file')}:{f.get('line')} "
+              f"({f.get('placed')}, {f.get('sync_call')}), planted at lines {planted}; sync sites "
+              f"{[(x['call'], x['line'], x['ms']) for x in ops.get('sync_sites', [])][:3]}")
     missing, wrong = ids - set(found), never.get(mode, set()) & set(found)
     print(("OK  " if not missing and not wrong else "FAIL") + f" {mode}: wanted {sorted(ids)}, missing "
           f"{sorted(missing)}, should not be there {sorted(wrong)}")

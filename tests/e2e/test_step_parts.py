@@ -159,6 +159,12 @@ def test_the_profiler_window_gives_the_operators_of_each_part_and_its_steps_are_
     steps_in_window = [s for s in session.optimizer_steps
                        if s.pid == session.main_pid and window["start_ns"] <= s.start_ns <= window["end_ns"]]
     assert len(steps_in_window) >= 5
+    # the window timed the step's read-backs at their lines: loss.item() (and Adam's own, at opt.step())
+    lines = SCRIPT.read_text().splitlines()
+    item = next(i for i, text in enumerate(lines, 1) if "losses.append(loss.item())" in text)
+    assert [".item()", str(SCRIPT), item, "train", "cpu"] in [row[:5] for row in window["syncs"]], window["syncs"]
+    assert next(row for row in window["syncs"] if row[2] == item)[5] == 5  # once a step
+    assert ops["sync_sites"] == []  # a CPU tensor's .item() waits for no device: nothing to place
 
 
 def _losses(tmp_path, args: list[str], recorded: bool) -> list[str]:

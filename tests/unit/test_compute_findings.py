@@ -113,6 +113,21 @@ def test_the_host_waiting_in_item_is_named_with_its_operator_and_line():
     assert ".item()" in said.change and "train.py:40" in said.change and "1 a step" in said.reason
 
 
+def test_a_wait_is_placed_at_the_line_timed_reading_back_in_the_window():
+    """The window timed .item() at train.py:72 (2.5 ms over 5 steps): that line, not the part's costliest."""
+    from stallscope.analysis.operators import SyncSite
+
+    item = _wait("cudaStreamSynchronize < aten::_local_scalar_dense", "step_code", 0.010, 5)
+    site = SyncSite(".item()", "/job/train.py", 72, "train", "cuda", 5, 0.0125)
+    window = Operators(steps=5, window_s=0.5, cost_s=0.1, self_cpu_s=0.2, self_device_s=0.040, waits=[item],
+                       sync_sites=[site])
+    (rec,) = _device(window, compute=0.010, step_s=0.012, spots=[])
+    assert (rec.facts["file"], rec.facts["line"], rec.facts["placed"]) == ("/job/train.py", 72, "timed")
+    assert rec.facts["site_ms_per_step"] == pytest.approx(2.5)
+    assert "at train.py:72 train (/job/train.py): .item() there held the host 2.50 ms a step" in \
+        recommendation(rec).change
+
+
 def test_waits_under_the_threshold_are_not_a_finding():
     tiny = _wait("cudaStreamSynchronize < aten::_local_scalar_dense", "step_code", 0.0001, 5)
     assert _device(_window(0.040, [tiny]), compute=0.010, step_s=0.012, spots=[]) == []

@@ -143,11 +143,14 @@ def _device(ops: Operators | None, compute: float, step_s: float, spots: list[An
     if ops.waits and waited >= SYNC_SHARE * step_s and after < step_s:  # a device busier than that gains nothing
         top = ops.waits[0]
         line = next((h for h in spots if h.stage == "compute" and getattr(h, "part", None) == top.part), None)
+        site = ops.sync_sites[0] if ops.sync_sites else None  # the line that read back, timed in the window
         found.append(advise("device-sync", round(step_s / max(after, 1e-9), 2), facts={
             "call": top.name, "part": top.part, "calls_per_step": round(top.calls / ops.steps, 2),
             "wait_ms_per_step": round(1e3 * waited, 3), "step_ms": round(1e3 * step_s, 3),
             "share_of_step": round(waited / step_s, 4), "device_ms_per_step": round(1e3 * busy, 3),
-            **({"file": line.file, "line": line.line, "function": line.function} if line else {})}))
+            **({"file": site.file, "line": site.line, "function": site.function, "sync_call": site.call,
+                "site_ms_per_step": round(1e3 * site.seconds / ops.steps, 3), "placed": "timed"} if site else
+               {"file": line.file, "line": line.line, "function": line.function, "placed": "part"} if line else {})}))
     return found
 
 

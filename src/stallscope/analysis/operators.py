@@ -34,6 +34,23 @@ class Operator:
 
 
 @dataclass(frozen=True)
+class SyncSite:
+    """A line of the user's code that read values back from the device in the window (``recorder/sync_calls.py``):
+    the call, where, the tensor's device, and the host's wall time in it."""
+    call: str
+    file: str
+    line: int
+    function: str
+    device: str
+    calls: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"call": self.call, "file": self.file, "line": self.line, "function": self.function,
+                "device": self.device, "calls": self.calls, "ms": round(1e3 * self.seconds, 3)}
+
+
+@dataclass(frozen=True)
 class Operators:
     steps: int
     window_s: float  # from the profiler's start to the end of the folding
@@ -47,13 +64,16 @@ class Operators:
     waits: list[Operator] = field(default_factory=list)
     #: self CPU seconds in the CUDA allocator's device calls (cudaMalloc, cudaFree) over the window
     device_alloc_s: float = 0.0
+    #: the user's lines that read back from a CUDA device in the window, costliest first
+    sync_sites: list[SyncSite] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "window_s": round(self.window_s, 4), "cost_s": round(self.cost_s, 4),
                 "self_cpu_s": round(self.self_cpu_s, 4), "self_device_s": round(self.self_device_s, 4),
                 "by_part": {p: {k: round(v, 4) for k, v in figures.items()} for p, figures in self.by_part.items()},
                 "top": [op.to_dict() for op in self.top], "waits": [op.to_dict() for op in self.waits],
-                "device_alloc_s": round(self.device_alloc_s, 6)}
+                "device_alloc_s": round(self.device_alloc_s, 6),
+                "sync_sites": [site.to_dict() for site in self.sync_sites]}
 
 
 def operators(session: Session) -> Operators | None:
@@ -74,9 +94,12 @@ def operators(session: Session) -> Operators | None:
                             device_ns / device_total if device_total else 0.0))
     waits = sorted((op for op in top if op.name.split(" < ")[0] in SYNC_CALLS), key=lambda op: -op.self_cpu_s)
     top.sort(key=lambda op: -(op.share_of_device if device_total else op.share_of_cpu))
+    sites = [SyncSite(str(call), str(file), int(line), str(function), str(device), int(calls), int(ns) / 1e9)
+             for call, file, line, function, device, calls, ns in window.get("syncs") or [] if device == "cuda"]
     start, opened, stop, end = (int(window[k]) for k in ("start_ns", "opened_ns", "stop_ns", "end_ns"))
     return Operators(steps=int(window.get("steps") or 0), window_s=(end - start) / 1e9,
                      cost_s=((opened - start) + (end - stop)) / 1e9, self_cpu_s=int(window.get("cpu_ns") or 0) / 1e9,
                      self_device_s=int(window.get("device_ns") or 0) / 1e9, by_part=by_part, top=top[:SHOWN],
                      waits=waits, device_alloc_s=sum(op.self_cpu_s for op in top
-                                                     if op.name.split(" < ")[0] in ("cudaMalloc", "cudaFree")))
+                                                     if op.name.split(" < ")[0] in ("cudaMalloc", "cudaFree")),
+                     sync_sites=sorted(sites, key=lambda site: -site.seconds))

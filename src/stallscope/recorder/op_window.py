@@ -11,6 +11,9 @@ of the measured steps, stating the cost. The profiler is driven through its low-
 folded here: ``torch.profiler.profile`` builds a Python tree of every event on stop, which costs about 80 us an
 operator (seconds for a window of an optimizer stepping hundreds of tensors).
 
+While the window is open the calls that read values back from the device are timed at the user's lines
+(``sync_calls.py``), so a wait the profiler names can be placed.
+
 The script's own profiler comes first: no window opens while one runs, and one the script starts inside the window
 closes the window (left unfolded) before it starts. ``STALLSCOPE_OP_WINDOW=0`` turns the window off. Nothing here
 raises into the script.
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stallscope.constants import SYNC_CALLS
-from stallscope.recorder import events
+from stallscope.recorder import events, sync_calls
 from stallscope.settings import ENV_MAX_STEPS, ENV_OP_WINDOW
 
 _perf = time.perf_counter_ns
@@ -111,6 +114,7 @@ def _open() -> None:
             if quiet and os.environ.get("KINETO_LOG_LEVEL") == _QUIET:
                 del os.environ["KINETO_LOG_LEVEL"]
         _opened, active = (start, _perf()), True
+        sync_calls.install()
         if pause_sampling is not None:
             pause_sampling()
         atexit.register(_close_at_exit)
@@ -153,6 +157,7 @@ def _close(fold: bool = True) -> None:
         leave()
     if not opened:
         return
+    syncs = sync_calls.uninstall()
     try:
         from torch.autograd import _disable_profiler
 
@@ -161,7 +166,8 @@ def _close(fold: bool = True) -> None:
         ops, totals = _fold(result.events()) if fold else ({}, (0, 0))
         rows = sorted(ops.items(), key=lambda kv: -max(kv[1][1], kv[1][2]))[:TOP_OPS]
         events.emit("op_window", _opened[0], _opened[1], stop_start, _perf(), _window_steps, fold,
-                    [[part, name, *figures] for (part, name), figures in rows], totals[0], totals[1])
+                    [[part, name, *figures] for (part, name), figures in rows], totals[0], totals[1],
+                    syncs if fold else [])
     except Exception:  # noqa: BLE001, S110 - the window is lost; never into the script
         pass
 

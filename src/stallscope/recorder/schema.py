@@ -63,7 +63,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     # the CUDA caching allocator's counters at exit (recorder/model_facts.py)
     "allocator_info": ("t_ns", "info"),
     # the profiler window (recorder/op_window.py): ops [[part, name, calls, self CPU ns, self device ns], ...]
-    "op_window": ("start_ns", "opened_ns", "stop_ns", "end_ns", "steps", "folded", "ops", "cpu_ns", "device_ns"),
+    "op_window": ("start_ns", "opened_ns", "stop_ns", "end_ns", "steps", "folded", "ops", "cpu_ns", "device_ns",
+                  "syncs"),
     "h2d": ("start_ns", "end_ns", "nbytes", "pinned", "non_blocking", "call"),
     "gpu_span": ("kind", "step", "start_ns", "end_ns", "gpu_ns", "nbytes"),
     "gpu_span_lost": ("count",),

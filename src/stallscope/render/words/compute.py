@@ -96,7 +96,13 @@ def _host_bound(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, st
 def _device_sync(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     call, _, op = f["call"].partition(" < ")
     source = _SYNC_SOURCES.get(op, op or "torch.cuda.synchronize()")
-    where = f" (the costliest line of that part: {_where(f)}, {f['file']})" if f.get("file") else ""
+    if f.get("placed") == "timed":  # the line itself, timed reading back in the window
+        where = (f" at {_where(f)} ({f['file']}): {f['sync_call']} there held the host {f['site_ms_per_step']:.2f} ms "
+                 "a step")
+    elif f.get("file"):
+        where = f" (the costliest line of that part: {_where(f)}, {f['file']})"
+    else:
+        where = ""
     part = PART_LABELS.get(f["part"], f["part"])
     return ("Stop waiting for the device inside the step",
             f"read values back from the device every N steps, not every step: keep running sums as tensors on the "
