@@ -67,6 +67,11 @@ PROCESS_SETTINGS: dict[str, ProcessSetting] = {
                                        "how workers pass tensors"),
     "torch_threads": ProcessSetting("int", "torch.set_num_threads({})",
                                     "the training process's intra-op threads, torch.set_num_threads"),
+    "matmul_precision": ProcessSetting("str", "torch.set_float32_matmul_precision({!r})",
+                                       "float32 matmul precision: highest, high (TF32 on GPUs that have it) or "
+                                       "medium; it changes what is computed"),
+    "cudnn_benchmark": ProcessSetting("bool", "torch.backends.cudnn.benchmark = {}",
+                                      "cuDNN's timed choice of convolution algorithms, for inputs of fixed size"),
     "PYTORCH_CUDA_ALLOC_CONF": ProcessSetting(
         "str", "export PYTORCH_CUDA_ALLOC_CONF={} in the job's environment before the script starts, since torch "
                "reads it when CUDA starts",
@@ -171,6 +176,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             known = ", ".join(sorted(SETTABLE))
             raise OverrideError(f"--set {name}: not one of the settings --set can change; choose from {known}")
         parsed[name] = _parse_value(name, SETTABLE[name], text)
+    if parsed.get("matmul_precision") not in (None, "highest", "high", "medium"):
+        raise OverrideError("--set matmul_precision: choose highest, high or medium")
     if parsed.get("sharing_strategy") not in (None, "file_system", "file_descriptor"):
         raise OverrideError("--set sharing_strategy: choose file_system or file_descriptor")
     if parsed.get("prefetch_factor") == 0:

@@ -68,6 +68,28 @@ def test_set_puts_an_environment_variable_in_the_jobs_environment(tmp_path, monk
     assert refused.returncode == 2 and "give the variable a value" in refused.stderr, refused.stderr
 
 
+def test_set_numerics_are_the_tf32_and_cudnn_findings_changes_applied_to_the_run(tmp_path):
+    """--set matmul_precision=high --set cudnn_benchmark=true: set as the first DataLoader is built, read back by
+    the script in its loop, recorded with what they were."""
+    seen = tmp_path / "seen.txt"
+    probe = ("import sys, torch\n"
+             "from torch.utils.data import DataLoader\n"
+             "for x in DataLoader(range(4), batch_size=2):\n"
+             "    pass\n"
+             "open(sys.argv[1], 'w').write(f'{torch.get_float32_matmul_precision()} {torch.backends.cudnn.benchmark}')\n")
+    script = tmp_path / "numerics.py"
+    script.write_text(probe)
+    result = run_cli(tmp_path, ["--set", "matmul_precision=high", "--set", "cudnn_benchmark=true", "--",
+                                sys.executable, str(script), str(seen)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert seen.read_text() == "high True"
+    applied = result.summary["loaders"][0]["overrides"]
+    assert applied["matmul_precision"] == ["highest", "high"] and applied["cudnn_benchmark"] == [False, True]
+    refused = subprocess.run([sys.executable, "-m", "stallscope", "run", "--set", "matmul_precision=fast", "--",
+                              sys.executable, str(script), str(seen)], capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode == 2 and "choose highest, high or medium" in refused.stderr, refused.stderr
+
+
 def test_a_failure_after_a_set_change_names_the_change(tmp_path):
     """shuffle=True is refused for an IterableDataset: the error comes from torch, the cause from --set."""
     result = run_cli(tmp_path, ["--set", "shuffle=true", "--", sys.executable, TINY, "--iterable"])

@@ -268,11 +268,12 @@ def _numerics(facts: list[dict[str, Any]]) -> list[Recommendation]:
                 "dtype": "bfloat16" if capability >= AMPERE else "float16"}))
         if fp32 and not f.get("autocast") and capability >= AMPERE and f.get("matmul_precision") == "highest" \
                 and not f.get("cuda_matmul_tf32"):
-            found.append(advise("tf32", None, facts={"matmul_precision": f.get("matmul_precision"),
-                                                     "capability": f.get("capability")}))
+            found.append(advise("tf32", None, {"matmul_precision": "high"},
+                                facts={"matmul_precision": f.get("matmul_precision"),
+                                       "capability": f.get("capability")}))
         if f.get("convolutions") and not f.get("cudnn_benchmark"):
-            found.append(advise("cudnn-benchmark", None, facts={"convolutions": f.get("convolutions"),
-                                                                "input_shape": f.get("input_shape")}))
+            found.append(advise("cudnn-benchmark", None, {"cudnn_benchmark": True},
+                                facts={"convolutions": f.get("convolutions"), "input_shape": f.get("input_shape")}))
         if f.get("convolutions") and f.get("input_channels_last") is False:
             found.append(advise("channels-last", None, facts={"convolutions": f.get("convolutions"),
                                                               "input_shape": f.get("input_shape")}))

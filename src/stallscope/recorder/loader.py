@@ -192,6 +192,24 @@ def _patch_batch_unpickling() -> None:
     ForkingPickler.loads = staticmethod(loads)
 
 
+def _numerics(overrides: dict[str, Any]) -> dict[str, list[Any]]:
+    """``--set matmul_precision=high`` / ``cudnn_benchmark=true``: set as the script's first DataLoader is built
+    (before its training, after its imports); a script that sets them itself later has the last word. Applied once:
+    [before, after], as the other overrides say it."""
+    import torch
+
+    applied: dict[str, list[Any]] = {}
+    precision = overrides.get("matmul_precision")
+    if precision and torch.get_float32_matmul_precision() != precision:
+        applied["matmul_precision"] = [torch.get_float32_matmul_precision(), precision]
+        torch.set_float32_matmul_precision(precision)
+    benchmark = overrides.get("cudnn_benchmark")
+    if benchmark is not None and bool(torch.backends.cudnn.benchmark) != bool(benchmark):
+        applied["cudnn_benchmark"] = [bool(torch.backends.cudnn.benchmark), bool(benchmark)]
+        torch.backends.cudnn.benchmark = bool(benchmark)
+    return applied
+
+
 def _hold_torch_threads(threads: int) -> list[int]:
     """``--set torch_threads=N``: the training process computes on N intra-op threads from its first DataLoader on,
     and a later ``torch.set_num_threads`` of the script's, from the thread that built the loader, is kept at N (the
@@ -235,6 +253,7 @@ def patch_dataloader(module: Any) -> None:
         threads = overrides.get("torch_threads")
         if threads:
             applied["torch_threads"] = _hold_torch_threads(int(threads))
+        applied.update(_numerics(overrides))
         if overrides:
             args, kwargs, changed = apply_overrides(original_init, args, kwargs, overrides)
             applied.update(changed)

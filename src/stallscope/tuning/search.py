@@ -103,7 +103,8 @@ def diagnosis_changes(recommendations: Sequence[Mapping[str, Any]]) -> dict[str,
 
 def diagnosis_speedup(recommendations: Sequence[Mapping[str, Any]]) -> float:
     """The largest predicted speedup among recommendations that are a configuration change."""
-    speedups = [float(r.get("predicted_speedup") or 1.0) for r in recommendations if r.get("overrides")]
+    speedups = [float(r.get("predicted_speedup") or 1.0) for r in recommendations
+                if set(r.get("overrides") or {}) & set(KNOBS)]  # a knob tuning may turn (not the numerics, say)
     return max(speedups, default=1.0)
 
 

@@ -145,16 +145,16 @@ def _mixed_precision(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[st
 
 def _tf32(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     return ("Let float32 matmuls use TF32",
-            "torch.set_float32_matmul_precision(\"high\") at the start of the script; Hugging Face Trainer: "
-            "tf32=True",
+            f"{overrides(o)}   (in code: {in_code(o, None)}; Hugging Face Trainer: tf32=True): measure it with "
+            "stallscope run --set, it changes what is computed",
             f"float32 matmul precision is \"{f.get('matmul_precision')}\" on a device of compute capability "
             f"{f.get('capability')}, whose TF32 units then sit idle; not predicted, and it changes what is computed")
 
 
 def _cudnn_benchmark(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     return ("Let cuDNN pick its fastest convolution algorithms",
-            "torch.backends.cudnn.benchmark = True at the start of the script (for inputs of fixed size); "
-            "Lightning: Trainer(benchmark=True)",
+            f"{overrides(o)}   (in code: {in_code(o, None)}, for inputs of fixed size; Lightning: "
+            "Trainer(benchmark=True))",
             f"the model has {f.get('convolutions')} convolutions and cudnn.benchmark is off; not predicted")
 
 
