@@ -469,3 +469,47 @@ def test_the_split_goes_down_the_thread_counts_while_each_pays() -> None:
     Tuner(job, Budget(trials=30)).run({"torch_threads": 8})
     splits = [(c["torch_threads"], c["num_workers"]) for label, c in job.seen if label == "split"]
     assert splits == [(7, 1), (4, 4), (2, 6)]  # 2 threads lost to 4: no further down
+
+
+def _gpu_job(rate_fn, recs=None) -> FakeJob:
+    """A job on a GPU (its trials moved batches to a device), numerics as its loader recorded them."""
+    job = FakeJob(rate_fn, recs=recs)
+    plain = job.__call__
+
+    def on_gpu(config: dict[str, Any], label: str) -> TrialResult:
+        config = {"matmul_precision": "highest", "cudnn_benchmark": False, **config}
+        return replace(plain(config, label), uses_device=True)
+
+    job.__call__ = on_gpu  # type: ignore[method-assign]
+    return job
+
+
+def _numerics_model(config: dict[str, Any]) -> float:
+    """TF32 pays 30%, cuDNN's search 10%, on top of 3 workers' input."""
+    rate = workers_model(config)
+    return rate * (1.3 if config.get("matmul_precision") == "high" else 1.0) \
+        * (1.1 if config.get("cudnn_benchmark") else 1.0)
+
+
+def _tf32_finding(config: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"id": "tf32", "overrides": {"matmul_precision": "high"}, "predicted_speedup": None}]
+
+
+def test_numerics_are_tried_only_when_asked_and_only_on_a_gpu() -> None:
+    job = _gpu_job(_numerics_model, recs=_tf32_finding)
+    outcome = Tuner(lambda c, label: job.__call__(c, label), Budget(trials=30)).run()
+    assert not any(c.get("matmul_precision") == "high" or c.get("cudnn_benchmark") for _, c in job.seen)
+    assert not any("numerics" in note for note in outcome.notes)
+
+    job = _gpu_job(_numerics_model, recs=_tf32_finding)
+    outcome = Tuner(lambda c, label: job.__call__(c, label), Budget(trials=30), numerics=True).run()
+    assert outcome.best.config["matmul_precision"] == "high" and outcome.best.config["cudnn_benchmark"] is True
+    assert overrides_for(outcome.best.config, outcome.original.config) == {
+        "num_workers": 3, "persistent_workers": True, "matmul_precision": "high", "cudnn_benchmark": True}
+    assert any(note.startswith("the winner changes the training's numerics (cudnn_benchmark, matmul_precision)")
+               for note in outcome.notes), outcome.notes
+
+    cpu = FakeJob(_numerics_model, recs=_tf32_finding)
+    outcome = Tuner(cpu, Budget(trials=30), numerics=True).run()
+    assert not any(c.get("matmul_precision") == "high" or c.get("cudnn_benchmark") for _, c in cpu.seen)
+    assert any("computes on the CPU" in note and "not tried" in note for note in outcome.notes), outcome.notes

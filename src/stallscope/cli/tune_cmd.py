@@ -57,6 +57,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"training steps per trial (default {DEFAULT_STEPS})")
     p.add_argument("--batch-size", dest="tune_batch_size", action="store_true",
                    help="also try half and double the batch size (changes the training, so off by default)")
+    p.add_argument("--numerics", action="store_true",
+                   help="on a GPU, also try the numerics the compute findings name: TF32 matmuls "
+                        "(--set matmul_precision=high) and cuDNN's algorithm search (--set cudnn_benchmark=true); "
+                        "they change what is computed, so off by default")
     p.add_argument("--max-workers", type=int, metavar="N", help="never try more than N workers")
     p.add_argument("--trial-timeout", type=float, metavar="SECONDS",
                    help="a trial running longer is killed and recorded as failed "
@@ -139,7 +143,7 @@ def handle(args: argparse.Namespace) -> int:
             result = tune(command, trials=args.trials, budget_s=args.budget, steps=args.steps,
                           tune_batch_size=args.tune_batch_size, max_workers=args.max_workers,
                           trial_timeout_s=args.trial_timeout, confirm_rounds=args.confirm_rounds,
-                          store=args.store, on_start=on_start, on_done=on_done)
+                          store=args.store, on_start=on_start, on_done=on_done, numerics=args.numerics)
     except TuneInterrupted as exc:
         status.stop()
         return report_interrupted(exc, args.json, console)

@@ -85,6 +85,11 @@ def _describe(loader: Any) -> dict[str, Any]:
         config["torch_threads"] = torch.get_num_threads()
     except Exception:
         config["torch_threads"] = None
+    try:  # the numerics as the loader is built (tune --numerics turns them; see _numerics)
+        config["matmul_precision"] = torch.get_float32_matmul_precision()
+        config["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+    except Exception:
+        config["matmul_precision"] = config["cudnn_benchmark"] = None
     try:
         config["dataset_len"] = len(dataset)
     except Exception:

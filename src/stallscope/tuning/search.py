@@ -35,7 +35,7 @@ from typing import Any
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.settings import overrides_text
 from stallscope.tuning.noise import DEFAULT_Z, better, mean_rate, within_noise
-from stallscope.tuning.trials import KNOBS, TrialResult, normalize
+from stallscope.tuning.trials import KNOBS, NUMERICS, TrialResult, normalize
 
 Evaluate = Callable[[dict[str, Any], str], TrialResult]
 WORKER_LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -87,16 +87,17 @@ class Budget:
         self.spent_s.append(wall_s)
 
 
-def diagnosis_changes(recommendations: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def diagnosis_changes(recommendations: Sequence[Mapping[str, Any]], numerics: bool = False) -> dict[str, Any]:
     """The DataLoader arguments the diagnosis prescribes (each recommendation's ``overrides``), limited to
-    the knobs tuning may change (the batch size changes the training, so only when asked, by the search). The
+    the knobs tuning may change (the batch size changes the training, so only when asked, by the search; the
+    numerics, TF32 and cuDNN's search, likewise: only with ``numerics``). The
     recommendations come best first: a later one adds settings but never changes one a better one set (splitting
     the cores sets the workers its threads make room for; a worker count advised alone must not undo them)."""
     changes: dict[str, Any] = {}
     for rec in recommendations:
         overrides = rec.get("overrides") or {}
         for key, value in overrides.items():
-            if key in KNOBS and key != "batch_size":
+            if key in KNOBS and key != "batch_size" and (numerics or key not in NUMERICS):
                 changes.setdefault(key, value)
     return changes
 
@@ -158,10 +159,11 @@ class Tuner:
     """Drive the search. ``evaluate(config, label)`` runs one trial of a full knob configuration."""
 
     def __init__(self, evaluate: Evaluate, budget: Budget, *, tune_batch_size: bool = False,
-                 z: float = DEFAULT_Z, max_workers: int | None = None) -> None:
+                 z: float = DEFAULT_Z, max_workers: int | None = None, numerics: bool = False) -> None:
         self.evaluate = evaluate
         self.budget = budget
         self.tune_batch_size = tune_batch_size
+        self.numerics = numerics  # also try the numerics the compute findings name (they change what is computed)
         self.z = z
         self.max_workers = max_workers
         self.trials: list[TrialResult] = []
@@ -172,6 +174,7 @@ class Tuner:
         self.parents: dict[tuple[Any, ...], TrialResult] = {}  # diagnosis trial -> the trial it came from
         self.superseded: TrialResult | None = None  # the original's run not kept, where it ran twice
         self.notes: list[str] = []  # what the search did that its trials alone do not say
+        self._said: set[str] = set()
 
     # -- running one configuration -------------------------------------------------------------
     def _try(self, config: Mapping[str, Any], label: str) -> TrialResult | None:
@@ -211,8 +214,16 @@ class Tuner:
                 self._apply_diagnosis()
                 self._climb(knob)
         except BudgetExhausted:
-            return SearchOutcome(self.trials, self.original, self._winner(), "budget", self.notes)
-        return SearchOutcome(self.trials, self.original, self._winner(), "converged", self.notes)
+            return self._outcome("budget")
+        return self._outcome("converged")
+
+    def _outcome(self, stopped_by: str) -> SearchOutcome:
+        winner = self._winner()
+        changed = set(overrides_for(winner.config, self.original_config)) & set(NUMERICS) if winner else set()
+        if changed:
+            self.notes.append(f"the winner changes the training's numerics ({', '.join(sorted(changed))}): it "
+                              "computes in lower precision or other algorithms, so check the model's accuracy with it")
+        return SearchOutcome(self.trials, self.original, winner, stopped_by, self.notes)
 
     def _quieter_original(self, first: TrialResult) -> TrialResult:
         """The original run again where other programs kept ``OTHER_LOAD_NOTABLE_CPUS`` or more busy during its
@@ -284,7 +295,7 @@ class Tuner:
                 if not trial.ok or trial.rate is None or key in self.diagnosed or trial is self.superseded:
                     continue
                 measured = self.tried.get(key, trial)  # over both runs where a diagnosis ran twice
-                changes = diagnosis_changes(trial.recommendations)
+                changes = diagnosis_changes(trial.recommendations, self.numerics and trial.uses_device)
                 if "num_workers" in changes and self.max_workers is not None:
                     changes["num_workers"] = min(changes["num_workers"], self.max_workers)
                 target = {**trial.config, **changes}
@@ -358,6 +369,12 @@ class Tuner:
             axes.insert(0, "split")
         if self.tune_batch_size:
             axes.append("batch_size")
+        if self.numerics and any(t.uses_device for t in self.trials):
+            axes += list(NUMERICS)
+        elif self.numerics and "numerics" not in self._said:
+            self._said.add("numerics")
+            self.notes.append("--numerics: the job computes on the CPU, where TF32 and cuDNN's algorithm search "
+                              "change nothing: not tried")
         return axes
 
     def _values(self, knob: str, current: Any) -> list[Any]:
@@ -399,6 +416,14 @@ class Tuner:
         if knob in ("persistent_workers", "prefetch_factor") and not incumbent.config.get("num_workers"):
             return
         if current is None and knob == "batch_size":
+            return
+        if knob == "matmul_precision":  # TF32 where it is off; "medium" (bf16) is a change no finding names
+            if current == "highest":
+                self._try({**incumbent.config, knob: "high"}, knob)
+            return
+        if knob == "cudnn_benchmark":
+            if not current:
+                self._try({**incumbent.config, knob: True}, knob)
             return
         values = self._values(knob, current)
         if knob in ("persistent_workers", "pin_memory"):

@@ -177,13 +177,14 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
          steps: int = DEFAULT_STEPS, tune_batch_size: bool = False, max_workers: int | None = None,
          trial_timeout_s: float | None = None, confirm_rounds: int = 1, z: float = DEFAULT_Z,
          store: str | os.PathLike[str] | None = None, on_start: OnStart | None = None,
-         on_done: OnDone | None = None) -> TuneResult:
+         on_done: OnDone | None = None, numerics: bool = False) -> TuneResult:
     """Try DataLoader changes on the real script and confirm the fastest against the original.
 
     ``trials`` bounds all runs, confirmation included, and must leave room for one candidate
     (:func:`min_trials`); ``budget_s`` bounds wall time (the confirmation's share is reserved from the
     mean trial time). Without either, 10 runs. Interrupted, it raises :class:`TuneInterrupted` with
-    the runs that completed (also written to the folder's ``tune.json``).
+    the runs that completed (also written to the folder's ``tune.json``). ``numerics``: on a GPU, also try TF32
+    matmuls and cuDNN's algorithm search (they change what is computed).
     """
     if trials is None and budget_s is None:
         trials = DEFAULT_TRIALS
@@ -221,7 +222,7 @@ def tune(command: list[str], *, trials: int | None = None, budget_s: float | Non
             state["original"] = result
         return result
 
-    tuner = Tuner(evaluate, budget, tune_batch_size=tune_batch_size, z=z, max_workers=max_workers)
+    tuner = Tuner(evaluate, budget, tune_batch_size=tune_batch_size, z=z, max_workers=max_workers, numerics=numerics)
     confirmed = _Confirmed()
     limit = " or ".join([*([f"--trials {trials}"] if trials is not None else []),
                          *([f"--budget {budget_s:g} s"] if budget_s is not None else [])])
