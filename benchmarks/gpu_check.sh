@@ -2,17 +2,21 @@
 # Every GPU check of the project, for a lent GPU machine (one H200, 16 cores, 15 minutes of device time in all,
 # at most 10 minutes a call). Here first: `bash benchmarks/gpu_prepare.sh` (the fast path's decoder wheels into
 # .whl/). Then one call:  run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=590)
-# and, if device time is left, a second with the rest:  STEPS="plan fastpath overhead ddp" bash benchmarks/gpu_check.sh
+# and, if device time is left, a second with the rest:
+#   STEPS="fastgpu plan fastpath overhead ddp" bash benchmarks/gpu_check.sh
 #
-# Steps (STEPS, in this order; the default is the first four: their timeouts add up to 570 s, under the
-# call's 590 with the install and the probes; the second call's, 610 s, of which these steps take about half):
+# Steps (STEPS, in this order; the default is the first three: their timeouts add up to 520 s, under the
+# call's 590 with the install and the probes; the second call's, 730 s, of which these steps take about half):
 #   tests     the CUDA tests (pytest -m gpu): device normalization, nvJPEG, NVML, a recorded GPU run
 #   runs      one recorded input-bound GPU run, with what NVML and the CUDA events saw printed
 #   compute   issue 45, acceptance 4: tests/scripts/gpu_compute_job.py recorded in five modes (launch-bound batch 1,
 #             .item() every step, fp32 conv net, the same under autocast, allocator churn: whether `allocator` fires
 #             there is printed, not required), each finding checked,
 #             the device's busy time in compute (the profiler window's kernels) and the CUDA events printed, and
-#             the losses of one mode compared bit for bit with and without the recorder
+#             the losses of one mode compared bit for bit with and without the recorder; the alloc job again under
+#             the allocator finding's own --set PYTORCH_CUDA_ALLOC_CONF (it must go quiet), the conv job under the
+#             tf32 and cudnn-benchmark findings' own --set (measured against the plain run), the device-sync
+#             finding placed at the planted .item() lines
 #   plan      issue 16, acceptance 4: record the reference training (model on the GPU) on 2 cores, plan for 16,
 #             measure 4, 8 and 14 workers on 16 (benchmarks/transfer.py)
 #   fastgpu   issue 20, acceptance 4: benchmarks/gpu_fastpath.py (nvJPEG, uint8 to device, pinned copies)
@@ -25,7 +29,7 @@ set -u
 OUT=${OUT:-./gpu-check}
 WORK=${WORK:-/tmp/gpu-check-work}
 mkdir -p "$WORK"
-STEPS=${STEPS:-tests runs compute fastgpu}
+STEPS=${STEPS:-tests runs compute}
 FILES=600  # demo dataset size for the benchmarks: generated in seconds there (scikit-image is installed)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
