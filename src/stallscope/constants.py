@@ -4,6 +4,9 @@ Environment variables and the ``--set`` vocabulary are ``stallscope.settings``'s
 
 from __future__ import annotations
 
+import os
+import sysconfig
+
 #: The seven stages of an input pipeline, in pipeline order. Stable ids used in every output.
 NODE_IDS: tuple[str, ...] = ("storage", "decode", "transform", "loader", "transfer", "compute", "sync")
 
@@ -33,3 +36,20 @@ STARTING_S = 10.0
 #: that made them (``cudaStreamSynchronize < aten::_local_scalar_dense``: an ``.item()``; recorder/op_window.py).
 SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                         "cudaMemcpyAsync"})
+
+#: The standard library's folders, and the path fragments of installed packages and of the frameworks' own folders
+#: (wherever they are installed: a PYTHONPATH target, a checkout): frames there are not the user's own code.
+LIBRARY_ROOTS = tuple(
+    os.path.normpath(p) + os.sep for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib")} if p)
+_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}",
+                  *(f"{os.sep}{name}{os.sep}" for name in ("torch", "transformers", "accelerate", "lightning",
+                                                          "pytorch_lightning", "lightning_fabric")))
+
+
+def is_user_file(path: str) -> bool:
+    """A file of the user's own code: not the standard library's, an installed package's or a framework's, and
+    not ``<string>``-like code with no file."""
+    if not path or path.startswith("<"):
+        return False
+    normalized = os.path.normpath(path)
+    return not any(part in normalized for part in _LIBRARY_PARTS) and not normalized.startswith(LIBRARY_ROOTS)

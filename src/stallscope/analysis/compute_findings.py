@@ -32,16 +32,14 @@ From the step split (``step_parts.py``), the lines sampled in the training proce
 from __future__ import annotations
 
 import math
-import os
-import sysconfig
 from typing import Any
 
 from stallscope.analysis.findings import Recommendation, StepStats
 from stallscope.analysis.fixes import advise
 from stallscope.analysis.operators import Operators, operators
+from stallscope.constants import is_user_file
 from stallscope.session import Session
 
-_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 #: A line of the step's own Python is a finding from this share of step time on.
 LINE_SHARE = 0.10
 #: The optimizer is a finding from this share of step time on, when it walks this many tensors one by one.
@@ -99,7 +97,7 @@ def _python_lines(spots: list[Any]) -> list[Recommendation]:
     for spot in spots:
         if spot.stage != "compute" or spot.library is not None or spot.share_of_step < LINE_SHARE:
             continue
-        if not _users_file(spot.file):  # a library's own frame (torch's backward engine call): not the user's Python
+        if not is_user_file(spot.file):  # a library's own frame (torch's backward engine call): not the user's Python
             continue
         found.append(advise("python-in-step", round(1 / (1 - min(spot.share_of_step, 0.95)), 2), facts={
             "part": spot.part, "share_of_step": round(spot.share_of_step, 4), "ceiling": True,
@@ -107,10 +105,6 @@ def _python_lines(spots: list[Any]) -> list[Recommendation]:
     return found[:2]
 
 
-def _users_file(path: str) -> bool:
-    """A file of the user's own: not an installed package's, not the standard library's."""
-    installed = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
-    return not any(part in path for part in installed) and not path.startswith(_STDLIB)
 
 
 def _optimizer(facts: list[dict[str, Any]], share: float) -> list[Recommendation]:

@@ -10,17 +10,10 @@ goes, in that framework's words (``settings.in_code``).
 from __future__ import annotations
 
 import os
-import sysconfig
 from dataclasses import dataclass
 from typing import Any
 
-#: Frames under these folders are libraries, not the user's code.
-_LIBRARY_ROOTS = tuple(
-    os.path.normpath(p) + os.sep for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib")} if p)
-_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}",
-                  # the frameworks' own folders, wherever they are installed (a PYTHONPATH target, a checkout)
-                  *(f"{os.sep}{name}{os.sep}" for name in ("torch", "transformers", "accelerate", "lightning",
-                                                          "pytorch_lightning", "lightning_fabric")))
+from stallscope.constants import is_user_file as is_user_file  # the one definition, shared by every layer
 
 #: Framework -> the path fragments of its frames that mark a DataLoader it built.
 _FRAMEWORKS = (
@@ -53,13 +46,6 @@ def split_frame(frame: str) -> tuple[str, str, str]:
         return parts[0], parts[1], parts[2]
     path, _, line = frame.rpartition(":")
     return (path, line, "") if line.isdigit() else (frame, "", "")
-
-
-def is_user_file(path: str) -> bool:
-    if not path or path.startswith("<"):
-        return False
-    normalized = os.path.normpath(path)
-    return not any(part in normalized for part in _LIBRARY_PARTS) and not normalized.startswith(_LIBRARY_ROOTS)
 
 
 def user_frame(stack: list[str]) -> tuple[str, str] | None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallscope.analysis.findings import shares
-from stallscope.analysis.frameworks import _LIBRARY_ROOTS, is_user_file, split_frame
+from stallscope.analysis.frameworks import is_user_file, split_frame
+from stallscope.constants import LIBRARY_ROOTS
 from stallscope.session import Session
 
 #: Sites kept per run (the summary's ``hotspots``), the costliest first.
@@ -54,7 +55,7 @@ def library_name(path: str) -> str:
     for folder in _PACKAGE_FOLDERS:
         if folder in normalized:
             return _first_part(normalized.rsplit(folder, 1)[1])
-    for root in _LIBRARY_ROOTS:
+    for root in LIBRARY_ROOTS:
         if normalized.startswith(root):
             return _first_part(normalized[len(root):])
     return _first_part(os.path.basename(normalized))

@@ -19,10 +19,10 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import sysconfig
 import threading
 import time
 
+from stallscope.constants import LIBRARY_ROOTS
 from stallscope.recorder import events
 
 _perf = time.perf_counter_ns
@@ -47,7 +47,6 @@ _thread_lines: dict[int, dict[tuple[str, int, str], int]] = {}
 _names: dict[int, tuple[str, str]] = {}
 _looked: dict[int, int] = {}  # a thread's CPU clock when its frame was last looked at
 _WAITING = (f"{os.sep}threading.py", f"{os.sep}queue.py", f"{os.sep}selectors.py")
-_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _registered = False
 
 
@@ -161,7 +160,7 @@ def count_frames() -> None:
         if not ran or frame is None or frame.f_code.co_filename.endswith(_WAITING):
             continue  # asleep now (a lock, a condition, a queue)
         innermost = frame
-        while frame is not None and frame.f_code.co_filename.startswith(_STDLIB):
+        while frame is not None and frame.f_code.co_filename.startswith(LIBRARY_ROOTS):
             frame = frame.f_back
         frame = frame or innermost
         code = frame.f_code

@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import sysconfig
 import threading
 import time
 from typing import Any
+
+from stallscope.constants import is_user_file
 
 _perf = time.perf_counter_ns
 #: Tensor methods that read back from the device (or, for ``__getitem__``, may: a boolean mask).
@@ -27,8 +28,6 @@ _CALL_NAMES = {"__bool__": "bool(tensor)", "__repr__": "print(tensor)", "__forma
                "__getitem__": "tensor[mask]"}
 #: Sites kept per window (by time).
 TOP_SITES = 20
-_LIBRARY = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 _installed: list[tuple[Any, str, Any, bool]] = []  # (owner, name, original, the owner's own attribute)
@@ -135,7 +134,7 @@ def _count(call: str, spent: int, device: str) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def _not_users(path: str) -> bool:
-    return path.startswith((_STDLIB, _OWN)) or any(part in path for part in _LIBRARY) or path.startswith("<")
+    return not is_user_file(path) or path.startswith(_OWN)
 
 
 def _compiling() -> bool:
