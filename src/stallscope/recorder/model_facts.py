@@ -149,12 +149,17 @@ def patch_ddp(module: Any) -> None:
 
 def _report(model: Any, row: list[int]) -> None:
     try:
-        data = model._get_ddp_logging_data() if hasattr(model, "_get_ddp_logging_data") else {}
+        import torch.distributed as dist
+
+        # DDP's logger only while its process group lives: at exit, after destroy_process_group, the reducer's
+        # C++ side is not ours to touch (an abort there would end the rank)
+        alive = dist.is_available() and dist.is_initialized()
+        data = model._get_ddp_logging_data() if alive and hasattr(model, "_get_ddp_logging_data") else {}
         params = [p for p in model.module.parameters() if p.requires_grad]
         info = {"find_unused_parameters": bool(getattr(model, "find_unused_parameters", False)),
                 "static_graph": bool(getattr(model, "static_graph", False)),
                 "unused_parameter_size": data.get("unused_parameter_size"),
-                "bucket_cap_bytes": data.get("bucket_cap_bytes"),
+                "bucket_cap_bytes": data.get("bucket_cap_bytes", getattr(model, "bucket_bytes_cap", None)),
                 "gradient_as_bucket_view": bool(getattr(model, "gradient_as_bucket_view", False)),
                 "parameters": len(params), "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params)),
                 "device": params[0].device.type if params else None,
