@@ -135,6 +135,10 @@ def test_a_rank_that_lost_its_peer_is_not_the_failure_the_rank_that_crashed_is()
     found = failure(dataclasses.replace(_session([lost, crash]), ranks=ranks))
     assert (found.type, found.message, found.rank, found.cause) == ("RuntimeError", crash.message, 1, None)
     assert failures.failure_place(found) == "rank 1"
+    # torchrun ended rank 0 before it recorded its lost connection: the launcher's ChildFailedError is not the failure
+    launcher = ErrorRecord("main", PID - 1, 10, "ChildFailedError", "\n=== ddp_train.py FAILED ===", None, "")
+    session = dataclasses.replace(_session([launcher, crash]), ranks=ranks)
+    assert (failure(session).message, failure(session).rank) == (crash.message, 1)
     # one node's session holds rank 0 only: its error is the consequence of a rank elsewhere, and said so
     alone = failure(dataclasses.replace(_session([lost]), ranks=ranks[:1]))
     assert (alone.cause, alone.rank) == ("peer-lost", 0)

@@ -107,10 +107,12 @@ def failure(session: Session) -> Failure | None:
     in_main = [e for e in session.errors if e.where == "main" and e.type != "SystemExit"]
     main_errors = _job_errors(session, in_main)
     ranks = {r.pid: r.rank for r in session.ranks}
-    if main_errors and peer_lost(main_errors[0].message or ""):  # the rank that failed first on its own, if recorded
-        first = min((e for e in in_main if e.pid in ranks and not peer_lost(e.message or "")), key=lambda e: e.t_ns,
-                    default=None)
-        main_errors = [first, *main_errors] if first is not None else main_errors
+    # a distributed job failed of the rank that failed first on its own: not of a rank that then lost its connection
+    # to it, nor of the launcher's ChildFailedError (torchrun may end the other ranks before they record theirs)
+    first = min((e for e in in_main if e.pid in ranks and not peer_lost(e.message or "")), key=lambda e: e.t_ns,
+                default=None)
+    if first is not None:
+        main_errors = [first, *(e for e in main_errors if e is not first)]
     wrapped = _unwrapped(main_errors[0].message) if main_errors else None
     if worker_errors:
         e = _the_worker_error(worker_errors, wrapped[3] if wrapped else None)
