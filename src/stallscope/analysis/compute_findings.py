@@ -37,6 +37,7 @@ from typing import Any
 from stallscope.analysis.findings import Recommendation, StepStats
 from stallscope.analysis.fixes import advise
 from stallscope.analysis.operators import Operators, operators
+from stallscope.analysis.pipeline import interpreter_wait_ns
 from stallscope.constants import is_user_file
 from stallscope.session import Session
 
@@ -202,12 +203,7 @@ def _threads(facts: list[dict[str, Any]], computing: float, loading: float = 0.0
 def _loading_share(session: Session, stats: StepStats) -> float:
     """The share of step time the training process's own batch loading waited for the interpreter lock."""
     t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
-    waited = 0
-    for f in session.fetches:
-        if f.pid != session.main_pid or f.threads_cpu_ns <= 0 or not t0 <= f.start_ns < t1:
-            continue
-        off_cpu = max(0, f.end_ns - f.start_ns - max(0, f.cpu_ns))
-        waited += min(f.threads_cpu_ns, max(0, off_cpu - max(0, f.runqueue_ns)))
+    waited = sum(interpreter_wait_ns(f) for f in session.fetches if f.pid == session.main_pid and t0 <= f.start_ns < t1)
     return waited / 1e9 / stats.wall_s
 
 

@@ -70,9 +70,20 @@ def _with_off_cpu(fetch: FetchRecord, cpu_by_node: dict[str, int], wall: int,
     sleeps: storage's)."""
     off_cpu = wall - cpu
     runqueue = min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0
-    if fetch.threads_cpu_ns > 0:
-        runqueue += min(fetch.threads_cpu_ns, off_cpu - runqueue)
+    runqueue += interpreter_wait_ns(fetch, off_cpu - runqueue)
     return cpu_by_node, runqueue, off_cpu - runqueue
+
+
+def interpreter_wait_ns(fetch: FetchRecord, waiting_ns: int | None = None) -> int:
+    """A batch the training process loaded itself: its wait for the interpreter lock, the part of its time off the
+    CPU and out of the run queue (``waiting_ns``) up to its other Python threads' CPU meanwhile; 0 elsewhere."""
+    if fetch.threads_cpu_ns <= 0:
+        return 0
+    if waiting_ns is None:
+        wall = max(0, fetch.end_ns - fetch.start_ns)
+        off_cpu = wall - min(max(0, fetch.cpu_ns), wall)
+        waiting_ns = off_cpu - (min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0)
+    return min(fetch.threads_cpu_ns, max(0, waiting_ns))
 
 
 def cpu_shares(fetches: list[FetchRecord]) -> dict[str, float] | None:
