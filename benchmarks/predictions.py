@@ -155,7 +155,9 @@ large JPEGs 1->2 workers 1.75x vs 1.89x (-7%); HTTP latency 1->8 workers 8.00x v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -169,6 +171,9 @@ from stallscope.demo.scenarios import LARGE, REFERENCE_SCRIPT
 from stallscope.history.store import list_runs
 from stallscope.session import Session
 from stallscope.settings import format_value
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.object_store import DelayProxy, seaweedfs, upload_folder, weed_binary  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
 
@@ -192,6 +197,10 @@ def scenarios() -> dict[str, list[str]]:
                                          "--data", images, "--workers", "0", "--batch-size", "16"],
         # compute-bound: a worker more cannot help
         "heavy model (1 worker)": [sys.executable, str(TESTS / "scenario_heavy_model.py"), "1"],
+        # JPEGs in a real S3 server (SeaweedFS on loopback, 20 ms a request through a proxy), a boto3 GET each:
+        # run only where the `weed` binary is installed (main() starts the server and sets the environment)
+        **({"S3 GETs (1 worker, 20 ms)": [sys.executable, str(TESTS / "s3_images.py"), "--workers", "1",
+                                          "--steps", "100000"]} if weed_binary() else {}),
         # short epochs (a loop that breaks after 5 batches): every epoch starts the workers and drops what is in flight
         "short epochs (0 workers)": [*ref, "--data", images, "--workers", "0", "--batch-size", "32",
                                      "--max-batches", "5", "--epochs", "1000"],
@@ -223,9 +232,15 @@ def main() -> int:
     if args.rescore:
         return print_table(rescore(args.rescore))
     rows = []
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as servers:
         store = args.store or scratch
         Path(store).mkdir(parents=True, exist_ok=True)
+        if weed_binary() and (not args.only or any("S3 GETs".startswith(o) or o.startswith("S3") for o in args.only)):
+            server = servers.enter_context(seaweedfs(Path(scratch) / "weed"))
+            upload_folder(server, demo_dataset(DatasetSpec()), "images")
+            proxy = DelayProxy(server.endpoint, 0.02)
+            servers.callback(proxy.close)
+            os.environ.update({**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint})
         out = Path(scratch) / "summary.json"
         for name, command in scenarios().items():
             if args.only and not any(name.startswith(o) for o in args.only):

@@ -144,6 +144,8 @@ class FetchRecord:
     ``threads_cpu_ns``: for a batch the training process loaded itself, the CPU its other Python threads (a logger,
     a metrics exporter) took meanwhile, -1 where none ran or it was not read: the batch waited for the interpreter
     lock while they ran Python (``analysis.pipeline.fetch_parts``).
+    ``requests``: the batch's HTTP requests, ``[requests, first-byte ns, body ns, body bytes, failed, connections
+    opened, connect ns]`` (``recorder/http_requests.py``); None where it made none or its calls were not timed.
     """
     loader_id: int
     iter_id: int
@@ -161,6 +163,7 @@ class FetchRecord:
     timed: bool = True
     minflt: int = -1
     threads_cpu_ns: int = -1
+    requests: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope.analysis.frameworks import CodeSite
+from stallscope.analysis.store_requests import RequestStats
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class WorkerPipeline:
     fresh_pages: int | None = None
     #: The node of each call of ``by_call`` (whose seconds are its share of that node's, so never more than it).
     call_node: dict[str, str] = field(default_factory=dict)
+    #: The batches' HTTP requests (an object store), None where they made none (``store_requests.py``).
+    requests: RequestStats | None = None
 
 
 @dataclass(frozen=True)

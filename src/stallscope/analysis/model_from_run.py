@@ -36,7 +36,9 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
         return None
     cost = {node: seconds / pipeline.samples for node, seconds in pipeline.node_cpu_s.items() if node != "storage"}
-    cost["storage"] = (pipeline.blocked_s + pipeline.node_cpu_s.get("storage", 0.0)) / pipeline.samples
+    cost["storage"] = pipeline.blocked_s / pipeline.samples
+    if pipeline.node_cpu_s.get("storage", 0.0) > 0:  # a client's CPU in storage's calls takes a core like decoding
+        cost["storage_cpu"] = pipeline.node_cpu_s["storage"] / pipeline.samples
     workers = pipeline.num_workers
     if workers > 0 and 0.0 < warmup_share < 1.0:
         cost = {node: seconds * (1.0 - warmup_share) if node in CPU_STAGES else seconds

@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from stallscope.analysis.findings import WorkerPipeline
+from stallscope.analysis.store_requests import request_stats
 from stallscope.session import FetchRecord, LoaderRecord, Session
 
 
@@ -210,6 +211,7 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
         if loader and loader.config.get("pin_memory") else 0.0
     errors = sum(1 for e in session.errors
                  if e.where == "worker" and e.loader_id in ids and not foreign.has(e.pid, e.worker))
+    samples = _samples_fetched(session, fetches, ids, owner, loader)
     return WorkerPipeline(
         loader_id=loader_id,
         num_workers=num_workers,
@@ -218,7 +220,7 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
         busy_s=busy / 1e9,
         node_s={k: v / 1e9 for k, v in sorted(node_ns.items())},
         node_cpu_s={k: v / 1e9 for k, v in sorted(node_cpu_ns.items())},
-        samples=_samples_fetched(session, fetches, ids, owner, loader),
+        samples=samples,
         direct_s=direct / 1e9,
         cpu_s=cpu / 1e9,
         blocked_s=blocked / 1e9,
@@ -234,6 +236,7 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
         pin_s=pin,
         errors=errors,
         fresh_pages=sum(f.minflt for f in fetches) if all(f.minflt >= 0 for f in fetches) else None,
+        requests=request_stats(fetches, samples, node_ns.get("storage", 0) / 1e9),
     )
 
 

@@ -486,6 +486,7 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
     # Where the cores give out, the CPU stage that wants the most of them; elsewhere blocked storage counts too.
     stages = CPU_STAGES if limit in ("cores", "no-worker-helps") else (*CPU_STAGES, "storage")
     first = max(stages, key=lambda n: moved.cost_s.get(n, 0.0))
+    first = "storage" if first == "storage_cpu" else first  # a node id: an object-store client's CPU is storage's
     fixes = [] if needed is not None else _fixes(moved, target, ceiling, best, normalize_fraction)
     recorded: dict[str, object] = {"cpus_free": model.usable_cpus, "workers": model.workers,
                                    "samples_per_s": model.measured_samples_per_s, "samples_per_step": samples_per_step,

@@ -28,6 +28,7 @@ from stallscope.analysis.findings import (
 )
 from stallscope.analysis.fixes import FIXES, MAX_NORMALIZE_CUT, advise
 from stallscope.analysis.sample_costs import OVERSUBSCRIBED_THREAD_COST, RECEIVED_BATCH_READS
+from stallscope.analysis.store_requests import NETWORK_SHARE, RequestStats
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.analysis.throughput_rates import THREADED_OCCUPANCY
 
@@ -35,6 +36,9 @@ MIN_GAIN = 1.05
 #: Code changes are predicted under an assumption (the stage gets twice as cheap); a configuration change
 #: is predicted from measured costs alone. Ranking discounts the former so a comparable measured fix wins.
 SPECULATIVE_DISCOUNT = 0.8
+#: The most threads advised for fetching one batch's objects at once: past a few, the worker's interpreter (the
+#: client's CPU runs one thread at a time) and the store's per-client limits decide, not the latency.
+MAX_REQUEST_THREADS = 8
 NORMALIZE_CALLS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "F.to_tensor", "F.normalize")
 
 
@@ -438,7 +442,33 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
                 recs.append(priced("cheaper-transforms", halved,
                                    {"share": share, "costliest_calls": transform_calls[:3]}))
         elif node == "storage":
-            recs.append(priced("pack-dataset", halved, {"share": share, "blocked_s": pipeline.blocked_s}))
+            requests = pipeline.requests
+            if requests is not None and requests.network_share >= NETWORK_SHARE:
+                advice = _requests_in_flight(requests, model, workers, share)
+                if advice is not None:
+                    recs.append(advice)
+            else:
+                recs.append(priced("pack-dataset", halved, {"share": share, "blocked_s": pipeline.blocked_s}))
         else:
             recs.append(priced("cheaper-collate", halved, {"share": share}))
     return recs
+
+
+def _requests_in_flight(requests: RequestStats, model: ThroughputModel | None, workers: int,
+                        share: float) -> Recommendation | None:
+    """Data on the network (an object store): more requests in flight from each worker, a batch's objects fetched
+    on threads, priced by cutting the requests' latency and body time (not the client's CPU, which the threads
+    share) by the thread count; packing files into shards is not the advice for data that lives in a bucket."""
+    batch = requests.per_sample * (requests.samples / max(1, requests.batches))
+    threads = max(2, min(MAX_REQUEST_THREADS, math.floor(batch)))
+    if batch < 2:
+        return None
+    network_s = requests.first_byte_s + requests.connect_s + requests.body_s
+    blocked_s = model.cost_s.get("storage", 0.0) * requests.samples if model is not None else 0.0
+    kept = 1.0 - (network_s * (1 - 1 / threads)) / blocked_s if blocked_s > 0 else 1.0
+    scale = {"storage": max(0.0, kept), "storage_cpu": 1.0}
+    fallback = round(1.0 / (1.0 - share * (1 - 1 / threads)), 2)
+    facts = {"threads": threads, "requests_per_sample": requests.per_sample, "latency_ms": 1e3 * requests.latency_s,
+             "request_ms": 1e3 * requests.request_s, "in_flight": requests.in_flight, "bound": requests.bound,
+             "share": share, "max_pool_connections": max(10, threads)}
+    return advise("requests-in-flight", _gain(model, workers, scale, fallback), facts=facts)

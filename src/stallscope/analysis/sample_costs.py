@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from stallscope.analysis.capacity import ThroughputModel
 
-#: The input stages that burn a worker's CPU; ``storage`` is the time it spends blocked.
-CPU_STAGES = ("decode", "transform", "loader")
+#: The input stages that burn a worker's CPU; ``storage`` is the time it spends blocked, ``storage_cpu`` the CPU of
+#: storage's own calls (an object-store client signing requests, parsing answers, checksumming bodies), scaled with
+#: ``storage`` unless a scale names it.
+CPU_STAGES = ("decode", "transform", "loader", "storage_cpu")
 #: Seconds per byte to fill a fresh shared-memory segment, and to map it again, read it once and free it, over
 #: ordinary memory: for a run whose recorder could not measure them at exit (calibration: cap-shm-typical).
 TYPICAL_SHM_WRITE_S_PER_BYTE = 0.72e-9
@@ -41,7 +43,8 @@ def stage_costs(model: ThroughputModel, scale: dict[str, float] | None,
     memory estimated for a 0-worker run counts only where there are workers."""
     scale = scale or {}
     workers = model.workers if workers is None else workers
-    cpu = sum(model.cost_s.get(n, 0.0) * scale.get(n, 1.0) for n in CPU_STAGES)
+    cpu = sum(model.cost_s.get(n, 0.0) * scale.get(n, scale.get("storage", 1.0) if n == "storage_cpu" else 1.0)
+              for n in CPU_STAGES)
     if workers > 0:
         cpu += model.shm_write_per_sample_s * scale.get("loader", 1.0)
     blocked = model.cost_s.get("storage", 0.0) * scale.get("storage", 1.0)

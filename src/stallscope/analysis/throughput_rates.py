@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stallscope.analysis.sample_costs import CPU_STAGES
-
 if TYPE_CHECKING:
     from stallscope.analysis.capacity import ThroughputModel
 
@@ -180,8 +178,8 @@ def stage_capacity(model: ThroughputModel) -> dict[str, float | None]:
     workers = max(1, model.workers)
     cores = model.core_capacity(min(workers, model.usable_cpus)) if model.workers > 0 else 1.0
     out: dict[str, float | None] = {}
-    for stage in (*CPU_STAGES, "storage"):
-        cost = model.cost_s.get(stage, 0.0)
+    for stage in ("decode", "transform", "loader", "storage"):
+        cost = model.cost_s.get(stage, 0.0) + (model.cost_s.get("storage_cpu", 0.0) if stage == "storage" else 0.0)
         parallel = workers if stage == "storage" else cores
         out[stage] = parallel / cost if cost > 0 else None
     out["compute"] = model.compute_rate() if model.compute_per_sample_s > 0 else None

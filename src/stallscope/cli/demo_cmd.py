@@ -20,6 +20,7 @@ from stallscope.demo.changes import (
     APPLY,
     LOADER_BUILT_ONCE,
     NO_DATASET_CODE,
+    NO_REQUESTS,
     NUMERICS,
     ONE_PROCESS,
     PLANTED_LATENCY,
@@ -181,6 +182,8 @@ NOT_APPLIED = {
     LOADER_BUILT_ONCE: "the reference script builds its DataLoader once already",
     NO_DATASET_CODE: "the reference script's dataset is torchvision's ImageFolder, with no Python code of its own to "
                      "speed up",
+    NO_REQUESTS: "the reference script reads files from a local disk: it makes no request to an object store to "
+                 "put in flight beside another",
     PLANTED_LATENCY: "the reference script's storage latency is planted on every file it reads: a packed dataset "
                      "would skip the plant, not the latency of a real file system, so measuring it would prove nothing",
     STEP_CODE: "it is a change to the training step's own code, and the reference script carries one version of it",

@@ -42,6 +42,7 @@ How = ThroughSet | ScriptFlags | NothingToChange | NotApplied
 ONE_PROCESS = "one-process"  # advice for the ranks of a distributed job: the reference training is one process
 LOADER_BUILT_ONCE = "loader-built-once"  # the reference script builds its DataLoader once already
 NO_DATASET_CODE = "no-dataset-code"  # its dataset is torchvision's ImageFolder: no Python of its own to speed up
+NO_REQUESTS = "no-requests"  # its files are on a local disk: no request to put in flight beside another
 PLANTED_LATENCY = "planted-latency"  # its storage latency is planted per file read: packing would skip the plant
 STEP_CODE = "step-code"  # a change inside the training step's own code: the reference script has one version of it
 NUMERICS = "numerics"  # a change to what the training computes (precision, layout): never made without being asked
@@ -74,6 +75,7 @@ APPLY: dict[str, How] = {
     "no-predicted-gain": NothingToChange(),
     # what the demo cannot apply
     "pack-dataset": NotApplied(PLANTED_LATENCY),
+    "requests-in-flight": NotApplied(NO_REQUESTS),
     "dataset-code": NotApplied(NO_DATASET_CODE),
     "build-loader-once": NotApplied(LOADER_BUILT_ONCE),
     "distributed-sampler": NotApplied(ONE_PROCESS),

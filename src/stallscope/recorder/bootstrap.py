@@ -26,6 +26,7 @@ from stallscope.recorder import (
     trackers,
     transfer,
 )
+from stallscope.recorder.http_requests import REQUEST_PATCHES
 from stallscope.recorder.libraries import LIBRARY_PATCHES, patch_torch
 from stallscope.settings import (
     ENV_BENCH,
@@ -55,6 +56,7 @@ PATCHES: dict[str, Any] = {
     "wandb": trackers.patch_wandb,
     "torch.utils.tensorboard.writer": trackers.patch_tensorboard,
     **LIBRARY_PATCHES,
+    **REQUEST_PATCHES,
 }
 _installed = False
 _patches_registered = False

@@ -34,7 +34,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     # DataLoader workers (and the training process for num_workers=0)
     "worker_start": ("loader_id", "iter_id", "worker", "pid", "created_ns", "entered_ns", "ready_ns", "threads"),
     "fetch": ("loader_id", "iter_id", "worker", "seq", "start_ns", "end_ns", "cpu_ns", "runqueue_ns", "items",
-              "by_node", "by_name", "outcome", "timed", "minflt", "threads_cpu_ns"),  # -1 unknown; absent in older runs
+              "by_node", "by_name", "outcome", "timed", "minflt", "threads_cpu_ns",  # -1 unknown; absent in older runs
+              "requests"),  # HTTP requests: recorder/http_requests.py's tally, None where none was made
     # an exception in a worker: in a fetch, or in the script's worker_init_fn
     "fetch_error": ("loader_id", "iter_id", "worker", "worker_pid", "t_ns", "type", "message", "traceback"),
     "lmdb_open": ("pid", "t_ns", "path"),

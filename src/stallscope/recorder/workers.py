@@ -190,10 +190,11 @@ def timed_fetch(original: Any) -> Any:
             stacks.fetch_ended()
             if account is not None:
                 calls.end_fetch()
-                by_node, by_name = account.by_node, account.by_name
+                by_node, by_name, requests = account.by_node, account.by_name, account.requests
                 _next_timed_seq[ctx] = seq + calls.timing_interval(account, t1 - t0)
             else:
                 by_node = by_name = {}
+                requests = None
             rq1, pf1 = read_runqueue_wait_ns(), read_minor_faults()
             others1 = step_threads.others_cpu_ns() if others0 >= 0 else -1
             try:
@@ -202,7 +203,8 @@ def timed_fetch(original: Any) -> Any:
                 items = 1
             events.emit("fetch", ctx[0], ctx[1], ctx[2], seq, t0, t1, c1 - c0,
                         rq1 - rq0 if rq0 >= 0 and rq1 >= 0 else -1, items, by_node, by_name, outcome, timed,
-                        pf1 - pf0 if pf0 >= 0 and pf1 >= 0 else -1, others1 - others0 if others1 >= 0 else -1)
+                        pf1 - pf0 if pf0 >= 0 and pf1 >= 0 else -1, others1 - others0 if others1 >= 0 else -1,
+                        requests)
             if ctx is worker_context and t1 - _last_written[0] > WORKER_WRITE_EVERY_NS:
                 # Written out as it goes, the sampled stacks too: a worker can end without running any Python
                 # (persistent workers are terminated by multiprocessing at the job's exit, and torch's own SIGTERM

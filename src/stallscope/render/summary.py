@@ -43,7 +43,8 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
             "share": round(analysis.bottleneck_share, 4),
             "evidence": words.evidence(analysis),
         },
-        "nodes": _nodes_dict(analysis.node_seconds, compute_parts=_parts_dict(stats)),
+        "nodes": _nodes_dict(analysis.node_seconds, compute_parts=_parts_dict(stats),
+                             storage_requests=_storage_requests_dict(analysis)),
         "recommendations": [_recommendation_dict(r) for r in analysis.recommendations],
         "not_recommended": [_not_recommended_dict(n) for n in analysis.not_recommended],
         "hotspots": [h.to_dict() for h in analysis.hotspots],
@@ -68,14 +69,26 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
     }
 
 
-def _nodes_dict(seconds: dict[str, float], compute_parts: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+def _nodes_dict(seconds: dict[str, float], compute_parts: dict[str, Any] | None = None,
+                storage_requests: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     share = shares(seconds)
     nodes: dict[str, dict[str, Any]] = {
         node: {"seconds": round(seconds.get(node, 0.0), 4), "share": round(share.get(node, 0.0), 4)}
         for node in NODE_IDS}
     if compute_parts is not None:
         nodes["compute"]["parts"] = compute_parts
+    if storage_requests is not None:
+        nodes["storage"]["requests"] = storage_requests
     return nodes
+
+
+def _storage_requests_dict(analysis: Any) -> dict[str, Any] | None:
+    """The training loader's requests (an object store), with those the compute's rate would need in flight."""
+    train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
+    if train is None or train.pipeline is None or train.pipeline.requests is None:
+        return None
+    model = analysis.capacity.model if analysis.capacity is not None else None
+    return train.pipeline.requests.to_dict(model.compute_rate() if model is not None else None)
 
 
 def _parts_dict(stats: Any) -> dict[str, Any] | None:
@@ -178,6 +191,7 @@ def _loader_dict(ld: LoaderSummary) -> dict[str, Any]:
             "empty_queue_fraction": round(p.empty_queue_fraction, 4) if p.empty_queue_fraction is not None else None,
             "pin_memory_thread_s": round(p.pin_s, 4),
             "worker_errors": p.errors,
+            "requests": p.requests.to_dict() if p.requests is not None else None,
         }
     return {"id": ld.loader_id, "loader_ids": list(ld.ids), "role": ld.role, "site": ld.site,
             "code": ld.code.to_dict() if ld.code else None, "config": ld.config, "overrides": ld.overrides,

@@ -196,6 +196,21 @@ def _pack_dataset(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> 
             "time; predicted for a third of the blocking")
 
 
+def _requests_in_flight(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    threads = f["threads"]
+    bound = {"latency": "waiting for the store to answer", "bandwidth": "reading answers' bodies",
+             "client-cpu": "the client's own CPU"}.get(f["bound"], f["bound"])
+    return (f"Fetch each batch's objects on {threads} threads",
+            f"define `__getitems__(self, indices)` on the dataset to fetch a batch's objects with a "
+            f"`concurrent.futures.ThreadPoolExecutor({threads})` (the DataLoader hands it the whole batch), and let "
+            f"the client keep as many connections (boto3: `botocore.config.Config(max_pool_connections="
+            f"{f['max_pool_connections']})`); packing does not apply to data that stays in a bucket",
+            f"storage is {100 * f['share']:.0f}% of step time and its requests' time is mostly {bound}: "
+            f"{f['requests_per_sample']:.1f} requests a sample, {f['latency_ms']:.1f} ms to the first byte "
+            f"({f['request_ms']:.1f} ms in all), {f['in_flight']:.1f} in flight on average; predicted for the "
+            f"requests' time cut {threads}-fold, the client's CPU unchanged")
+
+
 def _cheaper_collate(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     return ("Make batches cheaper to assemble",
             "return one stacked tensor per field instead of many small tensors; avoid per-sample Python objects",
@@ -261,6 +276,7 @@ _SAYS = {
     "dataset-code": _dataset_code,
     "cheaper-transforms": _cheaper_transforms,
     "pack-dataset": _pack_dataset,
+    "requests-in-flight": _requests_in_flight,
     "cheaper-collate": _cheaper_collate,
     "distributed-sampler": _distributed_sampler,
     "uneven-shards": _uneven_shards,

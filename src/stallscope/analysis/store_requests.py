@@ -1,0 +1,120 @@
+"""What a loader's HTTP requests (an object store, a web server) cost its batches, and what limits them.
+
+The recorder tallies each batch's requests (``recorder/http_requests.py``); here they are summed over the batches
+whose calls were timed and scaled to all of them, and ``storage`` is split into what more requests in flight would
+hide (the wait for the first byte, connecting: latency), what a faster link would (reading bodies: bandwidth) and
+what more cores would (the client's own CPU in storage's calls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stallscope.session import FetchRecord
+
+#: A loader whose requests hold at least this share of its storage time has its data on the network: the advice is
+#: about requests in flight, not about files on a disk.
+NETWORK_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """One loader's requests, over all of its batches (scaled from those whose calls were timed)."""
+    requests: float
+    samples: int
+    batches: int
+    first_byte_s: float  # the requests sent to their answers' headers: the store's latency and the network's
+    body_s: float  # reading the answers' bodies
+    connect_s: float  # opening connections
+    body_bytes: float
+    failed: float
+    connections: float
+    client_cpu_s: float  # CPU inside storage's timed calls (a client's signing, parsing, checksums)
+    storage_s: float  # the workers' storage seconds these are part of
+    loading_s: float  # the span the loader's workers fetched in (first fetch's start to last fetch's end)
+
+    @property
+    def per_sample(self) -> float:
+        return self.requests / self.samples if self.samples else 0.0
+
+    @property
+    def latency_s(self) -> float:
+        """Per request: connecting and waiting for the first byte."""
+        return (self.first_byte_s + self.connect_s) / self.requests if self.requests else 0.0
+
+    @property
+    def request_s(self) -> float:
+        """Per request: its whole time on the network (latency and body)."""
+        return (self.first_byte_s + self.connect_s + self.body_s) / self.requests if self.requests else 0.0
+
+    @property
+    def in_flight(self) -> float:
+        """Requests on the network at once, on average over the loading span."""
+        return (self.first_byte_s + self.connect_s + self.body_s) / self.loading_s if self.loading_s > 0 else 0.0
+
+    @property
+    def body_bytes_per_s(self) -> float | None:
+        return self.body_bytes / self.body_s if self.body_s > 0 else None
+
+    @property
+    def parts(self) -> dict[str, float]:
+        """Storage's seconds by what would shrink them: latency, bandwidth, client CPU."""
+        return {"latency": self.first_byte_s + self.connect_s, "bandwidth": self.body_s,
+                "client-cpu": self.client_cpu_s}
+
+    @property
+    def bound(self) -> str:
+        """The largest of ``parts``: latency-bound, bandwidth-bound or client-CPU-bound."""
+        parts = self.parts
+        return max(parts, key=lambda k: parts[k])
+
+    @property
+    def network_share(self) -> float:
+        """The share of the loader's storage seconds spent in requests."""
+        return min(1.0, sum(self.parts.values()) / self.storage_s) if self.storage_s > 0 else 0.0
+
+    def needed_in_flight(self, samples_per_s: float) -> float:
+        """Requests that must be in flight at once to feed ``samples_per_s`` (Little's law: arrival rate times the
+        time each spends on the network)."""
+        return samples_per_s * self.per_sample * self.request_s
+
+    def to_dict(self, target_samples_per_s: float | None = None) -> dict[str, object]:
+        """The summary's ``nodes.storage.requests``; ``target_samples_per_s``: the rate the compute could take,
+        for the requests it would need in flight."""
+        rate = self.body_bytes_per_s
+        needed = self.needed_in_flight(target_samples_per_s) if target_samples_per_s else None
+        return {
+            "requests": round(self.requests), "per_sample": round(self.per_sample, 3),
+            "latency_ms": round(1e3 * self.latency_s, 3), "request_ms": round(1e3 * self.request_s, 3),
+            "bytes_per_request": round(self.body_bytes / self.requests) if self.requests else None,
+            "body_mb_per_s": round(rate / 1e6, 2) if rate is not None else None,
+            "in_flight": round(self.in_flight, 2), "needed_in_flight": round(needed, 1) if needed else None,
+            "connections_opened": round(self.connections), "failed": round(self.failed),
+            "seconds": {k: round(v, 4) for k, v in self.parts.items()}, "bound": self.bound,
+            "share_of_storage": round(self.network_share, 4),
+        }
+
+
+def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) -> RequestStats | None:
+    """The loader's requests from its batches (``fetches``, StopIterations left out by the caller), None where none
+    made any. ``samples``: the batches' samples; ``storage_s``: the pipeline's storage seconds."""
+    timed = [f for f in fetches if f.timed]
+    with_requests = [f for f in timed if f.requests]
+    if not with_requests:
+        return None
+    scale = len(fetches) / len(timed)
+    totals = [0] * 7
+    client_cpu = 0
+    for f in with_requests:
+        assert f.requests is not None
+        for i, value in enumerate(f.requests[:7]):
+            totals[i] += int(value)
+        client_cpu += max(0, int((f.by_node.get("storage") or [0, 0])[1]))
+    requests, first_byte, body, nbytes, failed, connects, connect = totals
+    loading = max(f.end_ns for f in fetches) - min(f.start_ns for f in fetches)
+    return RequestStats(
+        requests=requests * scale, samples=samples, batches=len(fetches), first_byte_s=first_byte * scale / 1e9,
+        body_s=body * scale / 1e9,
+        connect_s=connect * scale / 1e9, body_bytes=nbytes * scale, failed=failed * scale,
+        connections=connects * scale, client_cpu_s=client_cpu * scale / 1e9, storage_s=storage_s,
+        loading_s=loading / 1e9)

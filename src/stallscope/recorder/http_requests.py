@@ -1,0 +1,188 @@
+"""The HTTP requests a fetch makes, seen from inside: object stores (boto3), ``requests``, ``urllib``.
+
+Every synchronous Python HTTP client ends in ``http.client`` (urllib3, and so botocore and ``requests``, subclass
+its connection), so its connect, ``getresponse`` and body reads are where a request is timed, whatever library
+made it: per fetch, the requests, their wait for the first byte (the request sent to the response's headers: the
+store's latency and the network's), the time reading bodies, the bytes read, the connections opened and the
+requests that failed. The client libraries' own calls are timed as ``storage`` too (``S3 GetObject``), so their
+CPU (signing, parsing, checksums) is the store's, not the dataset's.
+
+Outside a fetch each wrapper is one attribute read and a call.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stallscope.recorder.calls import current_account, timed_call
+
+_perf = time.perf_counter_ns
+
+#: Positions in a fetch's request tally (``FetchAccount.requests``, the ``fetch`` event's ``requests`` field).
+REQUESTS, FIRST_BYTE_NS, BODY_NS, BODY_BYTES, FAILED, CONNECTS, CONNECT_NS = range(7)
+#: An HTTP status at or above this is a failed request (throttling and server errors among them).
+FAILED_STATUS = 400
+
+
+def _tally(account: Any) -> list[int]:
+    tally = account.requests
+    if tally is None:
+        tally = account.requests = [0, 0, 0, 0, 0, 0, 0]
+    return tally
+
+
+def _wrap_getresponse(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def getresponse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        account = current_account()
+        if account is None:
+            return original(self, *args, **kwargs)
+        t0 = _perf()
+        failed = True
+        try:
+            response = original(self, *args, **kwargs)
+            failed = getattr(response, "status", 0) >= FAILED_STATUS
+            return response
+        finally:
+            tally = _tally(account)
+            tally[REQUESTS] += 1
+            tally[FIRST_BYTE_NS] += _perf() - t0
+            tally[FAILED] += failed
+    getresponse.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    return getresponse
+
+
+def _wrap_connect(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def connect(self: Any, *args: Any, **kwargs: Any) -> Any:
+        account = current_account()
+        if account is None or account.connecting:
+            return original(self, *args, **kwargs)
+        account.connecting = True
+        t0 = _perf()
+        failed = True
+        try:
+            result = original(self, *args, **kwargs)
+            failed = False
+            return result
+        finally:
+            account.connecting = False
+            tally = _tally(account)
+            tally[CONNECTS] += 1
+            tally[CONNECT_NS] += _perf() - t0
+            if failed:  # refused, unreachable, timed out: a request that never got as far as being sent
+                tally[REQUESTS] += 1
+                tally[FAILED] += 1
+    connect.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    return connect
+
+
+def _wrap_body_read(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A body read: its bytes (``read``'s length or ``readinto``'s count) and wall time; one read made inside
+    another (a buffered ``read`` calling ``readinto``) is the outer one's."""
+    @functools.wraps(original)
+    def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        account = current_account()
+        if account is None or account.reading:
+            return original(self, *args, **kwargs)
+        account.reading = True
+        t0 = _perf()
+        result = None
+        try:
+            result = original(self, *args, **kwargs)
+            return result
+        finally:
+            account.reading = False
+            tally = _tally(account)
+            tally[BODY_NS] += _perf() - t0
+            if isinstance(result, int):
+                tally[BODY_BYTES] += result
+            elif result is not None:
+                try:
+                    tally[BODY_BYTES] += len(result)
+                except TypeError:
+                    pass
+    read.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    return read
+
+
+def _patch(cls: type, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = cls.__dict__.get(name)
+    if original is not None and callable(original) and not getattr(original, "__stallscope_wrapped__", False):
+        setattr(cls, name, wrap(original))
+
+
+def patch_http_client(module: Any) -> None:
+    _patch(module.HTTPConnection, "connect", _wrap_connect)
+    _patch(module.HTTPConnection, "getresponse", _wrap_getresponse)
+    for name in ("read", "readinto", "read1"):
+        _patch(module.HTTPResponse, name, _wrap_body_read)
+
+
+def patch_urllib3_connection(module: Any) -> None:
+    """urllib3's connections open their socket themselves, not through http.client's ``connect``."""
+    for cls_name in ("HTTPConnection", "HTTPSConnection"):
+        cls = getattr(module, cls_name, None)
+        if cls is not None:
+            _patch(cls, "connect", _wrap_connect)
+
+
+def patch_botocore_client(module: Any) -> None:
+    """A boto3/botocore call (``get_object``): its whole time, the client's CPU included, is storage's, labelled by
+    its service and operation (``S3 GetObject``)."""
+    cls = module.BaseClient
+    original = cls.__dict__.get("_make_api_call")
+    if original is None or getattr(original, "__stallscope_wrapped__", False):
+        return
+    labels: dict[tuple[str, str], Callable[..., Any]] = {}
+
+    @functools.wraps(original)
+    def make_api_call(self: Any, operation_name: str, api_params: Any) -> Any:
+        if current_account() is None:
+            return original(self, operation_name, api_params)
+        try:
+            service = self.meta.service_model.service_id.upper() if hasattr(self.meta, "service_model") else "AWS"
+        except Exception:  # noqa: BLE001 (a label is not worth failing the user's call)
+            service = "AWS"
+        key = (service, str(operation_name))
+        timed = labels.get(key)
+        if timed is None:
+            timed = labels[key] = timed_call(original, "storage", f"{service} {operation_name}")
+        return timed(self, operation_name, api_params)
+
+    make_api_call.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    cls._make_api_call = make_api_call
+
+
+def patch_botocore_response(module: Any) -> None:
+    cls = module.StreamingBody
+    for name in ("read", "readinto"):
+        original = cls.__dict__.get(name)
+        if original is not None and not getattr(original, "__stallscope_wrapped__", False):
+            setattr(cls, name, timed_call(original, "storage", f"S3 body {name}"))
+
+
+def patch_requests_sessions(module: Any) -> None:
+    original = module.Session.__dict__.get("request")
+    if original is not None:
+        module.Session.request = timed_call(original, "storage", "requests.Session.request")
+
+
+def patch_urllib_request(module: Any) -> None:
+    original = module.OpenerDirector.__dict__.get("open")
+    if original is not None:
+        module.OpenerDirector.open = timed_call(original, "storage", "urllib.request.urlopen")
+
+
+#: module name -> patch, applied right after that module is imported (``recorder/libraries.py`` holds the rest).
+REQUEST_PATCHES: dict[str, Any] = {
+    "http.client": patch_http_client,
+    "urllib3.connection": patch_urllib3_connection,
+    "botocore.client": patch_botocore_client,
+    "botocore.response": patch_botocore_response,
+    "requests.sessions": patch_requests_sessions,
+    "urllib.request": patch_urllib_request,
+}

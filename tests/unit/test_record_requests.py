@@ -1,0 +1,148 @@
+"""HTTP requests made inside a fetch, counted from inside http.client against a real local server: requests,
+bytes, connections, failures; and what the analysis makes of a loader's tallies."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from stallscope.analysis.store_requests import RequestStats, request_stats
+from stallscope.recorder import calls, http_requests
+from stallscope.recorder.http_requests import BODY_BYTES, CONNECTS, FAILED, REQUESTS
+from stallscope.session import FetchRecord
+
+PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so one connection can carry several requests
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        status = {"/missing": 404, "/busy": 503}.get(self.path, 200)
+        body = PAYLOAD if status == 200 else b"no"
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def patched(monkeypatch):
+    """http.client and urllib.request as the recorder patches them, put back after the test."""
+    for cls, name, wrap in ((http.client.HTTPConnection, "connect", http_requests._wrap_connect),
+                            (http.client.HTTPConnection, "getresponse", http_requests._wrap_getresponse),
+                            (http.client.HTTPResponse, "read", http_requests._wrap_body_read),
+                            (http.client.HTTPResponse, "readinto", http_requests._wrap_body_read),
+                            (http.client.HTTPResponse, "read1", http_requests._wrap_body_read)):
+        monkeypatch.setattr(cls, name, wrap(cls.__dict__[name]))
+    opener = urllib.request.OpenerDirector.__dict__["open"]
+    monkeypatch.setattr(urllib.request.OpenerDirector, "open",
+                        calls.timed_call(opener, "storage", "urllib.request.urlopen"))
+    yield
+    calls.end_fetch()
+
+
+def test_each_request_is_counted_with_its_bytes_and_connection(server, patched):
+    account = calls.begin_fetch()
+    for _ in range(3):
+        with urllib.request.urlopen(f"http://{server}/sample", timeout=10) as answer:
+            assert answer.read() == PAYLOAD
+    calls.end_fetch()
+    assert account.requests is not None
+    assert account.requests[REQUESTS] == 3
+    assert account.requests[CONNECTS] == 3  # urllib opens a connection per request
+    assert account.requests[BODY_BYTES] == 3 * len(PAYLOAD)
+    assert account.requests[FAILED] == 0
+    assert account.by_name["urllib.request.urlopen"][2] == 3
+    assert account.by_name["urllib.request.urlopen"][3] == "storage"
+
+
+def test_a_kept_alive_connection_is_opened_once_and_chunked_reads_count_once(server, patched):
+    account = calls.begin_fetch()
+    connection = http.client.HTTPConnection(server, timeout=10)
+    for _ in range(2):
+        connection.request("GET", "/sample")
+        answer = connection.getresponse()
+        received = b""
+        while chunk := answer.read(1000):  # read(amt) may call readinto inside: counted once
+            received += chunk
+        assert received == PAYLOAD
+    connection.close()
+    calls.end_fetch()
+    assert account.requests is not None
+    assert (account.requests[REQUESTS], account.requests[CONNECTS]) == (2, 1)
+    assert account.requests[BODY_BYTES] == 2 * len(PAYLOAD)
+
+
+def test_failed_requests_are_counted_errors_and_refusals_alike(server, patched):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]  # nothing listens there once the socket closes
+    account = calls.begin_fetch()
+    for path in ("/missing", "/busy"):
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"http://{server}{path}", timeout=10)
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{closed_port}/sample", timeout=10)
+    calls.end_fetch()
+    assert account.requests is not None
+    assert account.requests[REQUESTS] == 3
+    assert account.requests[FAILED] == 3
+
+
+def test_requests_outside_a_fetch_are_not_counted(server, patched):
+    with urllib.request.urlopen(f"http://{server}/sample", timeout=10) as answer:
+        assert answer.read() == PAYLOAD
+    assert calls.current_account() is None
+
+
+def _fetch(start_ms: float, end_ms: float, requests: list[int] | None, timed: bool = True,
+           storage_cpu_ns: int = 0) -> FetchRecord:
+    by_node = {"storage": [0, storage_cpu_ns, 1]} if storage_cpu_ns else {}
+    return FetchRecord(0, 0, 0, 0, int(start_ms * 1e6), int(end_ms * 1e6), 0, -1, 4, by_node, {}, None, 1,
+                       timed=timed, requests=requests)
+
+
+def test_a_loaders_requests_are_scaled_from_its_timed_batches_and_split_by_what_limits_them():
+    # two timed batches of 4 requests (20 ms to the first byte each, 1 ms of body, 4 KB), one untimed batch
+    tally = [4, 80_000_000, 4_000_000, 16_000, 0, 1, 2_000_000]
+    fetches = [_fetch(0, 90, tally, storage_cpu_ns=3_000_000), _fetch(90, 180, tally, storage_cpu_ns=3_000_000),
+               _fetch(180, 270, None, timed=False)]
+    stats = request_stats(fetches, samples=12, storage_s=0.26)
+    assert stats is not None
+    assert stats.requests == pytest.approx(12)  # 8 counted in 2 of 3 batches
+    assert stats.per_sample == pytest.approx(1.0)
+    assert stats.latency_s == pytest.approx((80e-3 + 2e-3) / 4)  # the first byte and the connect, per request
+    assert stats.body_bytes_per_s == pytest.approx(16_000 / 4e-3)
+    assert stats.bound == "latency"
+    assert stats.in_flight == pytest.approx(3 * 86e-3 / 0.27)  # one at a time, most of the loading span
+    assert stats.needed_in_flight(100.0) == pytest.approx(100 * 1.0 * 86e-3 / 4)
+
+
+def test_a_loader_that_made_no_request_has_no_request_stats():
+    assert request_stats([_fetch(0, 10, None)], samples=4, storage_s=0.0) is None
+
+
+def test_bodies_that_take_longer_than_the_answers_are_bandwidth_bound():
+    stats = RequestStats(requests=10, samples=10, batches=1, first_byte_s=0.01, body_s=0.5, connect_s=0.0,
+                         body_bytes=50e6, failed=0, connections=1, client_cpu_s=0.02, storage_s=0.55, loading_s=1.0)
+    assert stats.bound == "bandwidth"
+    assert stats.network_share == pytest.approx(0.53 / 0.55)
