@@ -470,5 +470,5 @@ def _requests_in_flight(requests: RequestStats, model: ThroughputModel | None, w
     fallback = round(1.0 / (1.0 - share * (1 - 1 / threads)), 2)
     facts = {"threads": threads, "requests_per_sample": requests.per_sample, "latency_ms": 1e3 * requests.latency_s,
              "request_ms": 1e3 * requests.request_s, "in_flight": requests.in_flight, "bound": requests.bound,
-             "share": share, "max_pool_connections": max(10, threads)}
+             "share": share, "client": requests.client, "connections": threads}
     return advise("requests-in-flight", _gain(model, workers, scale, fallback), facts=facts)

@@ -32,6 +32,7 @@ class RequestStats:
     client_cpu_s: float  # CPU inside storage's timed calls (a client's signing, parsing, checksums)
     storage_s: float  # the workers' storage seconds these are part of
     loading_s: float  # the span the loader's workers fetched in (first fetch's start to last fetch's end)
+    client: str = "http"  # the library that made them, from its timed calls: "boto3", "requests", "urllib", "http"
 
     @property
     def per_sample(self) -> float:
@@ -111,10 +112,22 @@ def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) ->
             totals[i] += int(value)
         client_cpu += max(0, int((f.by_node.get("storage") or [0, 0])[1]))
     requests, first_byte, body, nbytes, failed, connects, connect = totals
+    names = {name for f in with_requests for name in f.by_name}
     loading = max(f.end_ns for f in fetches) - min(f.start_ns for f in fetches)
     return RequestStats(
         requests=requests * scale, samples=samples, batches=len(fetches), first_byte_s=first_byte * scale / 1e9,
         body_s=body * scale / 1e9,
         connect_s=connect * scale / 1e9, body_bytes=nbytes * scale, failed=failed * scale,
         connections=connects * scale, client_cpu_s=client_cpu * scale / 1e9, storage_s=storage_s,
-        loading_s=loading / 1e9)
+        loading_s=loading / 1e9, client=client_of(names))
+
+
+def client_of(call_names: set[str]) -> str:
+    """The HTTP client a loader's timed calls name (``recorder/http_requests.py``'s labels)."""
+    if any(name.startswith("S3 ") for name in call_names):
+        return "boto3"
+    if "requests.Session.request" in call_names:
+        return "requests"
+    if "urllib.request.urlopen" in call_names:
+        return "urllib"
+    return "http"

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 from stallscope.cli.args import at_least, output_error
@@ -58,6 +59,7 @@ def with_store_checks(report: DoctorReport, url: str, rate: float | None, second
         import boto3  # noqa: F401
     except ImportError:
         raise ImportError("doctor s3://... needs boto3: pip install 'stallscope[s3]'") from None
+    start = time.perf_counter()
     try:
         checks = store_checks(probe_store(url, seconds=max(2.0, seconds)), rate)
     except (ValueError, ImportError):
@@ -65,7 +67,8 @@ def with_store_checks(report: DoctorReport, url: str, rate: float | None, second
     except Exception as exc:  # noqa: BLE001 (botocore's errors: unreachable, refused, no credentials)
         checks = [store_unreachable(url, exc)]
     kept = tuple(c for c in report.checks if c.id != "dataset")
-    return dataclasses.replace(report, checks=kept + tuple(checks), data_dir=url)
+    return dataclasses.replace(report, checks=kept + tuple(checks), data_dir=url,
+                               elapsed_s=report.elapsed_s + time.perf_counter() - start)
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -69,7 +69,28 @@ def evidence(analysis: Analysis) -> list[str]:
         if pipeline.blocked_s > 0.2 * pipeline.busy_s:
             lines.append(f"workers were blocked (I/O, sleeps, network) "
                          f"{100 * pipeline.blocked_s / pipeline.busy_s:.0f}% of their busy time")
+        if pipeline.requests is not None:
+            model = analysis.capacity.model if analysis.capacity is not None else None
+            lines.append(requests_line(pipeline.requests, model.compute_rate() if model is not None else None))
     return lines
+
+
+def requests_line(requests: Any, compute_samples_per_s: float | None) -> str:
+    """A loader's HTTP requests in one line: how many, how long, how many at once, and what bounds them."""
+    parts = requests.parts
+    total = sum(parts.values()) or 1.0
+    bound = {"latency": "the wait for the first byte", "bandwidth": "reading bodies",
+             "client-cpu": "the client's own CPU"}[requests.bound]
+    size = requests.body_bytes / requests.requests if requests.requests else 0.0
+    rate = requests.body_bytes_per_s
+    needed = requests.needed_in_flight(compute_samples_per_s) if compute_samples_per_s else None
+    failed = f"; {requests.failed:.0f} failed" if requests.failed else ""
+    return (f"requests: {requests.per_sample:.1f} a sample, {1e3 * requests.latency_s:.1f} ms to the first byte "
+            f"({1e3 * requests.request_s:.1f} ms in all, {size / 1e3:.0f} KB"
+            + (f" at {rate / 1e6:.0f} MB/s" if rate else "") + f"), {requests.in_flight:.1f} in flight on average"
+            + (f", {needed:.0f} needed for the compute's rate" if needed else "")
+            + f"; {100 * parts[requests.bound] / total:.0f}% of their time is {bound} ({requests.bound}-bound)"
+            + failed)
 
 
 def straggler_short(findings: Any) -> str:

@@ -196,15 +196,29 @@ def _pack_dataset(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> 
             "time; predicted for a third of the blocking")
 
 
+#: The connections boto3's and requests' pools keep by default.
+POOL_DEFAULT = 10
+#: How each HTTP client is given as many connections as threads (urllib opens one per request: nothing to say).
+_CONNECTIONS = {
+    "boto3": "boto3: `botocore.config.Config(max_pool_connections={n})` for the client, whose default is 10",
+    "requests": "requests: `session.mount('https://', requests.adapters.HTTPAdapter(pool_maxsize={n}))`, whose "
+                "default is 10",
+}
+
+
 def _requests_in_flight(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     threads = f["threads"]
     bound = {"latency": "waiting for the store to answer", "bandwidth": "reading answers' bodies",
              "client-cpu": "the client's own CPU"}.get(f["bound"], f["bound"])
+    client, connections = f.get("client", ""), f.get("connections", threads)
+    pool = _CONNECTIONS.get(client, "") if connections > POOL_DEFAULT else ""
     return (f"Fetch each batch's objects on {threads} threads",
             f"define `__getitems__(self, indices)` on the dataset to fetch a batch's objects with a "
-            f"`concurrent.futures.ThreadPoolExecutor({threads})` (the DataLoader hands it the whole batch), and let "
-            f"the client keep as many connections (boto3: `botocore.config.Config(max_pool_connections="
-            f"{f['max_pool_connections']})`); packing does not apply to data that stays in a bucket",
+            f"`concurrent.futures.ThreadPoolExecutor({threads})` (the DataLoader hands it the whole batch)"
+            + (f", and let the client keep as many connections ({pool.format(n=connections)})" if pool
+               else f" ({client}'s default pool of {POOL_DEFAULT} connections holds them)" if client in _CONNECTIONS
+               else "")
+            + "; packing does not apply to data that stays in a bucket",
             f"storage is {100 * f['share']:.0f}% of step time and its requests' time is mostly {bound}: "
             f"{f['requests_per_sample']:.1f} requests a sample, {f['latency_ms']:.1f} ms to the first byte "
             f"({f['request_ms']:.1f} ms in all), {f['in_flight']:.1f} in flight on average; predicted for the "
