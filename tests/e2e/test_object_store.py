@@ -111,3 +111,52 @@ def test_doctor_refuses_an_address_that_is_not_a_bucket(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2
     assert "not an s3://bucket/prefix address" in proc.stderr
+
+
+def test_the_fast_path_reads_a_pack_from_the_bucket_record_for_record_as_from_disk(tmp_path, store, image_folder,
+                                                                                   monkeypatch):
+    import torch
+    from torch.utils.data import DataLoader
+
+    from stallscope.data import PackedImageDataset, PackedImageIterable
+    from stallscope.data.crops import ResizeCenterCrop
+    from stallscope.data.packing import PackOptions, pack
+
+    local = tmp_path / "pack"
+    pack(image_folder, local, PackOptions(format="wds", shard_size=150))
+    upload_folder(store, local, "packs/photos")
+    proxy = DelayProxy(store.endpoint, LATENCY_S)
+    for key, value in {**store.env(), "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    try:
+        near, far = PackedImageDataset(local), PackedImageDataset("s3://data/packs/photos/")
+        assert len(far) == len(near) and far.classes == near.classes
+        assert all(far.raw(i) == near.raw(i) for i in (0, 1, len(near) // 2, len(near) - 1))  # one GET a record
+
+        def labels(path: str) -> list[int]:  # 2 workers (fork), each reading its span in ranged GETs
+            loader = DataLoader(PackedImageIterable(path, shuffle=False), batch_size=None, num_workers=2)
+            return [int(label) for _, label in loader]
+
+        assert labels("s3://data/packs/photos") == labels(str(local))
+        center = ResizeCenterCrop()  # a crop that takes no random draw: the same pixels from the same bytes
+        far_images = [image for image, _ in PackedImageIterable("s3://data/packs/photos", center, shuffle=False)]
+        near_images = [image for image, _ in PackedImageIterable(str(local), center, shuffle=False)]
+        assert all(torch.equal(a, b) for a, b in zip(far_images, near_images, strict=True))  # the same pixels
+    finally:
+        proxy.close()
+
+
+def test_an_lmdb_pack_in_a_bucket_is_refused_with_the_format_to_use(tmp_path, store, image_folder, monkeypatch):
+    from stallscope.data import PackedImageDataset
+    from stallscope.data.index import PackFormatError
+    from stallscope.data.packing import PackOptions, pack
+
+    local = tmp_path / "pack"
+    pack(image_folder, local, PackOptions(format="lmdb"))
+    upload_folder(store, local, "packs/db")
+    for key, value in store.env().items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(PackFormatError, match="--format wds"):
+        PackedImageDataset("s3://data/packs/db")
+    with pytest.raises(PackFormatError, match="cannot read stallscope-index.json"):
+        PackedImageDataset("s3://data/packs/none")

@@ -71,3 +71,26 @@ def test_packed_and_folder_agree_on_samples(packs):
         packed = PackedImageDataset(packs[fmt])
         assert packed.targets == folder.targets and packed.classes == folder.classes
         assert packed.raw(11)[0] == open(folder.samples[11][0], "rb").read()
+
+
+def test_remote_reads_are_runs_of_neighbouring_records_cut_at_the_chunk_limit():
+    from stallscope.data.remote import chunks
+
+    # records 0-3 in shard 0 (512-byte tar headers between them), 4-5 in shard 1
+    shards = [0, 0, 0, 0, 1, 1]
+    offsets = [512, 2048, 3584, 5120, 512, 2048]
+    sizes = [1000, 1000, 1000, 1000, 1000, 1000]
+    plan = chunks([0, 1, 2, 3, 4, 5], shards, offsets, sizes, limit=3000)
+    assert plan == [(0, 512, 3048, [0, 1]), (0, 3584, 6120, [2, 3]), (1, 512, 3048, [4, 5])]
+    # out of storage order (a shuffled block order): a new range wherever the next record is not further on
+    assert [p[3] for p in chunks([2, 0, 1], shards, offsets, sizes, limit=1 << 20)] == [[2], [0, 1]]
+    # a record larger than the limit is one range of its own
+    assert chunks([0], shards, offsets, [5000, 0, 0, 0, 0, 0], limit=3000) == [(0, 512, 5512, [0])]
+
+
+def test_a_pass_starts_with_a_small_range_and_doubles_up_to_the_limit():
+    from stallscope.data.remote import chunks
+
+    n = 40
+    plan = chunks(list(range(n)), [0] * n, [1024 * i for i in range(n)], [1024] * n, limit=8192, first=2048)
+    assert [stop - start for _, start, stop, _ in plan] == [2048, 4096, 8192, 8192, 8192, 8192, 2048]  # 40 KB

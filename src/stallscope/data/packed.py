@@ -21,14 +21,16 @@ from stallscope.data._decoding import DecodingMixin, MapDecodingMixin
 from stallscope.data._lmdb import lmdb_env
 from stallscope.data.crops import CropSpec
 from stallscope.data.decoders import Decoder
-from stallscope.data.index import PackIndex, load_index
+from stallscope.data.index import PackFormatError, PackIndex, load_index
+from stallscope.data.remote import FIRST_CHUNK_BYTES, RemotePack, chunks, is_remote, stream
 
 
 class _PackReader:
     """Byte access to records by position; holds no open handle across a fork or a pickle."""
 
-    def __init__(self, path: Path, index: PackIndex) -> None:
+    def __init__(self, path: Path, index: PackIndex, remote: RemotePack | None = None) -> None:
         self.path = path
+        self.remote = remote
         self.format = index.format
         self.keys = [r.key.encode("ascii") for r in index.records]
         self.shard_names = list(index.shards)
@@ -57,6 +59,9 @@ class _PackReader:
                 raise KeyError(f"{self.path}: record {self.keys[i].decode()} missing (run stallscope pack --verify)")
             return data
         shard = int(self.shards[i])
+        if self.remote is not None:
+            offset = int(self.offsets[i])
+            return self.remote.read(self.shard_names[shard], offset, offset + int(self.sizes[i]))
         fd = self._fds.get(shard)
         if fd is None:
             fd = self._fds[shard] = os.open(self.path / self.shard_names[shard], os.O_RDONLY)
@@ -80,13 +85,17 @@ class PackedImageDataset(MapDecodingMixin, Dataset):
                  decoder: str | Decoder = "auto", dct_scaling: bool = True, recycle_batches: bool = True) -> None:
         self._init_decoding(crop, decoder, dct_scaling)
         self.recycle_batches = recycle_batches
-        self.path = Path(path)
-        index = load_index(self.path)
+        remote = RemotePack(str(path)) if is_remote(path) else None
+        self.path: Path | str = str(path) if remote is not None else Path(path)
+        index = remote.index() if remote is not None else load_index(self.path)
+        if remote is not None and index.format != "wds":
+            raise PackFormatError(f"{path}: an {index.format} pack is one database file, not shards to read by "
+                                  "range: pack with --format wds for an object store")
         self.format = index.format
         self.classes = list(index.classes)
         self.targets = [r.label for r in index.records]
         self.sources = [r.source for r in index.records]
-        self._reader = _PackReader(self.path, index)
+        self._reader = _PackReader(Path(self.path), index, remote)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -113,7 +122,8 @@ def _worker_split(n: int, rank: int, world: int) -> tuple[int, int]:
 class PackedImageIterable(DecodingMixin, IterableDataset):
     """Iterable variant: each worker (and rank) reads its own contiguous span sequentially.
 
-    Sequential reads are what object stores and spinning disks want; randomness comes from
+    Sequential reads are what object stores and spinning disks want (from ``s3://bucket/prefix``, a few large
+    ranged GETs in flight ahead of the decoding: ``data/remote.py``); randomness comes from
     shuffling the order of blocks (shards, or runs of ``block`` LMDB records) and a shuffle
     buffer. Call ``set_epoch(e)`` each epoch for a new order. Every record is yielded exactly
     once per epoch across all workers and ranks.
@@ -155,18 +165,30 @@ class PackedImageIterable(DecodingMixin, IterableDataset):
     def _decoded(self, i: int, data: bytes, label: int) -> tuple[torch.Tensor, int]:
         return self._decode_sample(data, f"{self._map.path} record {i} ({self._map.sources[i]})"), label
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
-        positions = self._positions()
-        if not self.shuffle:
+    def _records(self, positions: Iterator[int]) -> Iterator[tuple[int, bytes, int]]:
+        """(position, stored bytes, label) in ``positions``' order: from the local pack one read each, from an object
+        store in ranged reads running ahead."""
+        reader, targets = self._map._reader, self._map.targets
+        if reader.remote is None:
             for i in positions:
-                yield self._decoded(i, *self._map.raw(i))
+                yield i, *self._map.raw(i)
+            return
+        plan = chunks(list(positions), reader.shards, reader.offsets, reader.sizes, first=FIRST_CHUNK_BYTES)
+        for i, data in stream(reader.remote, reader.shard_names, plan, reader.offsets, reader.sizes):
+            yield i, data, targets[i]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
+        records = self._records(self._positions())
+        if not self.shuffle:
+            for i, data, label in records:
+                yield self._decoded(i, data, label)
             return
         info = get_worker_info()
         rng = random.Random(hash((self.seed, self.epoch, self.rank, info.id if info else 0)))
         # The buffer holds bytes read in storage order; only decoding happens in shuffled order.
         buffer: list[tuple[int, bytes, int]] = []
-        for i in positions:
-            buffer.append((i, *self._map.raw(i)))
+        for record in records:
+            buffer.append(record)
             if len(buffer) >= self.shuffle_buffer:
                 j = rng.randrange(len(buffer))
                 buffer[j], buffer[-1] = buffer[-1], buffer[j]
