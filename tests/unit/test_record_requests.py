@@ -58,25 +58,28 @@ def patched(monkeypatch):
                         calls.timed_call(opener, "storage", "urllib.request.urlopen"))
     yield
     calls.end_fetch()
+    http_requests.end_batch()
 
 
 def test_each_request_is_counted_with_its_bytes_and_connection(server, patched):
     account = calls.begin_fetch()
+    http_requests.begin_batch()
     for _ in range(3):
         with urllib.request.urlopen(f"http://{server}/sample", timeout=10) as answer:
             assert answer.read() == PAYLOAD
     calls.end_fetch()
-    assert account.requests is not None
-    assert account.requests[REQUESTS] == 3
-    assert account.requests[CONNECTS] == 3  # urllib opens a connection per request
-    assert account.requests[BODY_BYTES] == 3 * len(PAYLOAD)
-    assert account.requests[FAILED] == 0
+    tally = http_requests.end_batch()
+    assert tally is not None
+    assert tally[REQUESTS] == 3
+    assert tally[CONNECTS] == 3  # urllib opens a connection per request
+    assert tally[BODY_BYTES] == 3 * len(PAYLOAD)
+    assert tally[FAILED] == 0
     assert account.by_name["urllib.request.urlopen"][2] == 3
     assert account.by_name["urllib.request.urlopen"][3] == "storage"
 
 
 def test_a_kept_alive_connection_is_opened_once_and_chunked_reads_count_once(server, patched):
-    account = calls.begin_fetch()
+    http_requests.begin_batch()  # a batch whose calls are not timed still counts its requests
     connection = http.client.HTTPConnection(server, timeout=10)
     for _ in range(2):
         connection.request("GET", "/sample")
@@ -86,32 +89,33 @@ def test_a_kept_alive_connection_is_opened_once_and_chunked_reads_count_once(ser
             received += chunk
         assert received == PAYLOAD
     connection.close()
-    calls.end_fetch()
-    assert account.requests is not None
-    assert (account.requests[REQUESTS], account.requests[CONNECTS]) == (2, 1)
-    assert account.requests[BODY_BYTES] == 2 * len(PAYLOAD)
+    tally = http_requests.end_batch()
+    assert tally is not None
+    assert (tally[REQUESTS], tally[CONNECTS]) == (2, 1)
+    assert tally[BODY_BYTES] == 2 * len(PAYLOAD)
 
 
 def test_failed_requests_are_counted_errors_and_refusals_alike(server, patched):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]  # nothing listens there once the socket closes
-    account = calls.begin_fetch()
+    http_requests.begin_batch()
     for path in ("/missing", "/busy"):
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"http://{server}{path}", timeout=10)
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{closed_port}/sample", timeout=10)
-    calls.end_fetch()
-    assert account.requests is not None
-    assert account.requests[REQUESTS] == 3
-    assert account.requests[FAILED] == 3
+    tally = http_requests.end_batch()
+    assert tally is not None
+    assert tally[REQUESTS] == 3
+    assert tally[FAILED] == 3
 
 
-def test_requests_outside_a_fetch_are_not_counted(server, patched):
+def test_requests_outside_a_fetch_are_not_counted_and_a_batch_without_any_has_no_tally(server, patched):
     with urllib.request.urlopen(f"http://{server}/sample", timeout=10) as answer:
         assert answer.read() == PAYLOAD
-    assert calls.current_account() is None
+    http_requests.begin_batch()
+    assert http_requests.end_batch() is None
 
 
 def _fetch(start_ms: float, end_ms: float, requests: list[int] | None, timed: bool = True,
@@ -121,14 +125,15 @@ def _fetch(start_ms: float, end_ms: float, requests: list[int] | None, timed: bo
                        timed=timed, requests=requests)
 
 
-def test_a_loaders_requests_are_scaled_from_its_timed_batches_and_split_by_what_limits_them():
-    # two timed batches of 4 requests (20 ms to the first byte each, 1 ms of body, 4 KB), one untimed batch
+def test_a_loaders_requests_are_summed_and_split_by_what_limits_them():
+    # three batches of 4 requests (20 ms to the first byte each, 1 ms of body, 4 KB); the third's calls not timed
     tally = [4, 80_000_000, 4_000_000, 16_000, 0, 1, 2_000_000]
     fetches = [_fetch(0, 90, tally, storage_cpu_ns=3_000_000), _fetch(90, 180, tally, storage_cpu_ns=3_000_000),
-               _fetch(180, 270, None, timed=False)]
+               _fetch(180, 270, tally, timed=False)]
     stats = request_stats(fetches, samples=12, storage_s=0.26)
     assert stats is not None
-    assert stats.requests == pytest.approx(12)  # 8 counted in 2 of 3 batches
+    assert stats.requests == 12
+    assert stats.client_cpu_s == pytest.approx(9e-3)  # the timed batches' 6 ms, scaled to all three
     assert stats.per_sample == pytest.approx(1.0)
     assert stats.latency_s == pytest.approx((80e-3 + 2e-3) / 4)  # the first byte and the connect, per request
     assert stats.body_bytes_per_s == pytest.approx(16_000 / 4e-3)

@@ -19,7 +19,7 @@ NETWORK_SHARE = 0.5
 
 @dataclass(frozen=True)
 class RequestStats:
-    """One loader's requests, over all of its batches (scaled from those whose calls were timed)."""
+    """One loader's requests, over all of its batches."""
     requests: float
     samples: int
     batches: int
@@ -98,28 +98,26 @@ class RequestStats:
 
 def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) -> RequestStats | None:
     """The loader's requests from its batches (``fetches``, StopIterations left out by the caller), None where none
-    made any. ``samples``: the batches' samples; ``storage_s``: the pipeline's storage seconds."""
-    timed = [f for f in fetches if f.timed]
-    with_requests = [f for f in timed if f.requests]
+    made any. ``samples``: the batches' samples; ``storage_s``: the pipeline's storage seconds. Every batch counts
+    its requests; the client's CPU is in the timed calls, so it is scaled from the batches whose calls were timed."""
+    with_requests = [f for f in fetches if f.requests]
     if not with_requests:
         return None
-    scale = len(fetches) / len(timed)
     totals = [0] * 7
-    client_cpu = 0
     for f in with_requests:
         assert f.requests is not None
         for i, value in enumerate(f.requests[:7]):
             totals[i] += int(value)
-        client_cpu += max(0, int((f.by_node.get("storage") or [0, 0])[1]))
+    timed = [f for f in fetches if f.timed]
+    scale = len(fetches) / len(timed) if timed else 0.0
+    client_cpu = sum(max(0, int((f.by_node.get("storage") or [0, 0])[1])) for f in timed) * scale
     requests, first_byte, body, nbytes, failed, connects, connect = totals
-    names = {name for f in with_requests for name in f.by_name}
+    names = {name for f in timed for name in f.by_name}
     loading = max(f.end_ns for f in fetches) - min(f.start_ns for f in fetches)
     return RequestStats(
-        requests=requests * scale, samples=samples, batches=len(fetches), first_byte_s=first_byte * scale / 1e9,
-        body_s=body * scale / 1e9,
-        connect_s=connect * scale / 1e9, body_bytes=nbytes * scale, failed=failed * scale,
-        connections=connects * scale, client_cpu_s=client_cpu * scale / 1e9, storage_s=storage_s,
-        loading_s=loading / 1e9, client=client_of(names))
+        requests=requests, samples=samples, batches=len(fetches), first_byte_s=first_byte / 1e9, body_s=body / 1e9,
+        connect_s=connect / 1e9, body_bytes=nbytes, failed=failed, connections=connects, client_cpu_s=client_cpu / 1e9,
+        storage_s=storage_s, loading_s=loading / 1e9, client=client_of(names))
 
 
 def client_of(call_names: set[str]) -> str:

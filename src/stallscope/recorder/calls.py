@@ -52,7 +52,7 @@ class FetchAccount:
     """What one batch fetch spent, per call name (and so per node). Plain lists keep it cheap: each name's row is
     ``[wall_ns, cpu_ns, calls, node]``."""
 
-    __slots__ = ("stack", "by_name", "mark_wall", "mark_cpu", "requests", "reading", "connecting")
+    __slots__ = ("stack", "by_name", "mark_wall", "mark_cpu")
 
     def __init__(self) -> None:
         # Each frame: [node, child_wall, child_cpu] (see _timed_invoke)
@@ -61,9 +61,6 @@ class FetchAccount:
         # The last (wall, CPU) clock pair read in this fetch: see CPU_CLOCK_REUSE_NS.
         self.mark_wall = -CPU_CLOCK_REUSE_NS
         self.mark_cpu = 0
-        # The fetch's HTTP requests (``recorder/http_requests.py``): None until it makes one.
-        self.requests: list[int] | None = None
-        self.reading = self.connecting = False  # inside a body read or a connect: a nested one is the outer one's
 
     @property
     def by_node(self) -> dict[str, list[int]]:

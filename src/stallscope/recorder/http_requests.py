@@ -7,12 +7,14 @@ store's latency and the network's), the time reading bodies, the bytes read, the
 requests that failed. The client libraries' own calls are timed as ``storage`` too (``S3 GetObject``), so their
 CPU (signing, parsing, checksums) is the store's, not the dataset's.
 
-Outside a fetch each wrapper is one attribute read and a call.
+Every batch counts its requests, whether or not its calls are timed (a failed request is rare and must not fall
+in a batch whose calls went untimed). Outside a fetch each wrapper is one attribute read and a call.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,18 +29,34 @@ REQUESTS, FIRST_BYTE_NS, BODY_NS, BODY_BYTES, FAILED, CONNECTS, CONNECT_NS = ran
 FAILED_STATUS = 400
 
 
-def _tally(account: Any) -> list[int]:
-    tally = account.requests
-    if tally is None:
-        tally = account.requests = [0, 0, 0, 0, 0, 0, 0]
-    return tally
+class _BatchLocal(threading.local):
+    """Per thread: the tally of the batch being fetched (None outside a fetch), and whether a body read or a connect
+    is in progress (one nested in another is the outer one's). Class defaults make a thread that never fetched read
+    None without a miss."""
+    tally: list[int] | None = None
+    reading = False
+    connecting = False
+
+
+_local = _BatchLocal()
+
+
+def begin_batch() -> None:
+    """A fetch starts: its requests are counted from here (``recorder/workers.py``)."""
+    _local.tally = [0, 0, 0, 0, 0, 0, 0]
+
+
+def end_batch() -> list[int] | None:
+    """A fetch ends: its tally, None where it made no request."""
+    tally, _local.tally = _local.tally, None
+    return tally if tally and (tally[REQUESTS] or tally[CONNECTS]) else None
 
 
 def _wrap_getresponse(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def getresponse(self: Any, *args: Any, **kwargs: Any) -> Any:
-        account = current_account()
-        if account is None:
+        tally = _local.tally
+        if tally is None:
             return original(self, *args, **kwargs)
         t0 = _perf()
         failed = True
@@ -47,7 +65,6 @@ def _wrap_getresponse(original: Callable[..., Any]) -> Callable[..., Any]:
             failed = getattr(response, "status", 0) >= FAILED_STATUS
             return response
         finally:
-            tally = _tally(account)
             tally[REQUESTS] += 1
             tally[FIRST_BYTE_NS] += _perf() - t0
             tally[FAILED] += failed
@@ -58,10 +75,10 @@ def _wrap_getresponse(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_connect(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def connect(self: Any, *args: Any, **kwargs: Any) -> Any:
-        account = current_account()
-        if account is None or account.connecting:
+        tally = _local.tally
+        if tally is None or _local.connecting:
             return original(self, *args, **kwargs)
-        account.connecting = True
+        _local.connecting = True
         t0 = _perf()
         failed = True
         try:
@@ -69,8 +86,7 @@ def _wrap_connect(original: Callable[..., Any]) -> Callable[..., Any]:
             failed = False
             return result
         finally:
-            account.connecting = False
-            tally = _tally(account)
+            _local.connecting = False
             tally[CONNECTS] += 1
             tally[CONNECT_NS] += _perf() - t0
             if failed:  # refused, unreachable, timed out: a request that never got as far as being sent
@@ -85,18 +101,17 @@ def _wrap_body_read(original: Callable[..., Any]) -> Callable[..., Any]:
     another (a buffered ``read`` calling ``readinto``) is the outer one's."""
     @functools.wraps(original)
     def read(self: Any, *args: Any, **kwargs: Any) -> Any:
-        account = current_account()
-        if account is None or account.reading:
+        tally = _local.tally
+        if tally is None or _local.reading:
             return original(self, *args, **kwargs)
-        account.reading = True
+        _local.reading = True
         t0 = _perf()
         result = None
         try:
             result = original(self, *args, **kwargs)
             return result
         finally:
-            account.reading = False
-            tally = _tally(account)
+            _local.reading = False
             tally[BODY_NS] += _perf() - t0
             if isinstance(result, int):
                 tally[BODY_BYTES] += result

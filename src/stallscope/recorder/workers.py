@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any
 
-from stallscope.recorder import calls, events, stacks, step_parts, step_threads
+from stallscope.recorder import calls, events, http_requests, stacks, step_parts, step_threads
 
 _perf = time.perf_counter_ns
 _cpu = time.thread_time_ns
@@ -171,6 +171,7 @@ def timed_fetch(original: Any) -> Any:
         in_process = ctx is not worker_context
         others0 = step_threads.others_cpu_ns() if in_process else -1
         account = calls.begin_fetch() if timed else None
+        http_requests.begin_batch()
         stacks.fetch_started(ctx[0])
         t0, c0 = _perf(), _cpu()
         if account is not None:
@@ -190,11 +191,11 @@ def timed_fetch(original: Any) -> Any:
             stacks.fetch_ended()
             if account is not None:
                 calls.end_fetch()
-                by_node, by_name, requests = account.by_node, account.by_name, account.requests
+                by_node, by_name = account.by_node, account.by_name
                 _next_timed_seq[ctx] = seq + calls.timing_interval(account, t1 - t0)
             else:
                 by_node = by_name = {}
-                requests = None
+            requests = http_requests.end_batch()
             rq1, pf1 = read_runqueue_wait_ns(), read_minor_faults()
             others1 = step_threads.others_cpu_ns() if others0 >= 0 else -1
             try:
