@@ -53,9 +53,10 @@ def _free_ports(count: int) -> list[int]:
 
 @dataclass
 class S3Server:
-    endpoint: str  # the proxy's address when one is in front, else the server's
+    endpoint: str  # the S3 API's address
     process: subprocess.Popen[bytes]
     directory: Path
+    filer: str = ""  # the filer's plain HTTP address: GET {filer}/buckets/{bucket}/{key} needs no signature
 
     def env(self) -> dict[str, str]:
         """The environment a script needs to reach the bucket with boto3's defaults."""
@@ -87,7 +88,8 @@ def seaweedfs(directory: Path) -> Iterator[S3Server]:
     log = open(directory / "weed.log", "wb")  # noqa: SIM115 (closed below, after the server)
     process = subprocess.Popen(args, cwd=directory, stdout=log, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True)
-    server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", process, directory)
+    server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", process, directory,
+                      f"http://127.0.0.1:{ports['filer.port']}")
     try:
         _wait_until_writable(server)
         yield server

@@ -184,7 +184,14 @@ def test_hangup_and_quit_end_the_job_like_plain_python_and_save_it(tmp_path, sig
     try:
         pids = _job_pids(store)
         proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=60)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # say which process still ran, and what stallscope had said, then fail
+            alive = {pid: _state(pid) for pid in [proc.pid, *pids] if process_alive(pid)}
+            proc.kill()
+            _, stderr = proc.communicate(timeout=30)
+            raise AssertionError(f"no end 60 s after {signal.Signals(sig).name}; still running (pid: state): "
+                                 f"{alive}; launcher pid {proc.pid}; stderr: {stderr[-3000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -28,9 +28,8 @@ def store(tmp_path_factory, image_folder):
         yield server
 
 
-def _run(tmp_path: Path, *script_args: str, steps: int = 25):
-    return run_cli(tmp_path, ["--steps", str(steps), "--", sys.executable, str(SCRIPTS / "s3_images.py"),
-                              *script_args])
+def _run(tmp_path: Path, *script_args: str, steps: int = 25, script: str = "s3_images.py"):
+    return run_cli(tmp_path, ["--steps", str(steps), "--", sys.executable, str(SCRIPTS / script), *script_args])
 
 
 def test_a_latency_bound_bucket_is_named_with_its_requests_and_advised_requests_in_flight(tmp_path, store,
@@ -160,3 +159,26 @@ def test_an_lmdb_pack_in_a_bucket_is_refused_with_the_format_to_use(tmp_path, st
         PackedImageDataset("s3://data/packs/db")
     with pytest.raises(PackFormatError, match="cannot read stallscope-index.json"):
         PackedImageDataset("s3://data/packs/none")
+
+
+def test_webdataset_shards_by_url_count_a_request_a_shard_and_are_not_told_to_pack(tmp_path, store, image_folder):
+    from stallscope.data.packing import PackOptions, pack
+
+    local = tmp_path / "pack"
+    pack(image_folder, local, PackOptions(format="wds", shard_size=100))
+    shards = sorted(p.name for p in local.glob("shard-*.tar"))
+    upload_folder(store, local, "shards")
+    proxy = DelayProxy(store.filer, LATENCY_S)  # WebDataset's curl GETs the filer's plain HTTP, 20 ms slower
+    try:
+        url = f"{proxy.endpoint}/buckets/data/shards/shard-{{000000..{len(shards) - 1:06d}}}.tar"
+        result = _run(tmp_path, url, "--workers", "2", steps=20, script="wds_url.py")
+    finally:
+        proxy.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    requests = result.summary["nodes"]["storage"]["requests"]
+    assert 1 <= requests["requests"] <= len(shards)  # one request a shard opened, none a sample
+    assert requests["per_sample"] < 0.05
+    assert requests["bytes_per_request"] > 100_000  # whole shards, read as one stream each
+    assert requests["failed"] == 0
+    ids = {r["id"] for r in result.summary["recommendations"]}
+    assert not ids & {"pack-dataset", "requests-in-flight"}  # packed already, and no per-sample requests to overlap

@@ -47,9 +47,10 @@ def begin_batch() -> None:
 
 
 def end_batch() -> list[int] | None:
-    """A fetch ends: its tally, None where it made no request."""
+    """A fetch ends: its tally, None where it made no request and read nothing from one (a stream opened in an earlier
+    batch, a WebDataset shard, is read over many)."""
     tally, _local.tally = _local.tally, None
-    return tally if tally and (tally[REQUESTS] or tally[CONNECTS]) else None
+    return tally if tally and any(tally) else None
 
 
 def _wrap_getresponse(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -192,6 +193,61 @@ def patch_urllib_request(module: Any) -> None:
         module.OpenerDirector.open = timed_call(original, "storage", "urllib.request.urlopen")
 
 
+def patch_webdataset_gopen(module: Any) -> None:
+    """WebDataset opens a shard by URL through a child process (``curl`` for http(s), the command of a ``pipe:``
+    URL, ``gsutil``, ...) and reads its output: each open is a request, the wait for its first read the time to the
+    first byte, the reads its body, a child that exits with an error a failed request. The child's own CPU is not
+    the worker's."""
+    pipe = module.Pipe
+    init, read, check = pipe.__dict__.get("__init__"), pipe.__dict__.get("read"), pipe.__dict__.get("check_status")
+    if init is None or read is None or getattr(read, "__stallscope_wrapped__", False):
+        return
+
+    @functools.wraps(init)
+    def opened(self: Any, *args: Any, **kwargs: Any) -> None:
+        tally = _local.tally
+        t0 = _perf()
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            self._stallscope_unread = True
+            if tally is not None:
+                tally[REQUESTS] += 1
+                tally[CONNECTS] += 1
+                tally[CONNECT_NS] += _perf() - t0
+
+    @functools.wraps(read)
+    def read_output(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tally = _local.tally
+        if tally is None:
+            return read(self, *args, **kwargs)
+        t0 = _perf()
+        data = read(self, *args, **kwargs)
+        took = _perf() - t0
+        if getattr(self, "_stallscope_unread", False):  # the first read waits for the source to answer
+            self._stallscope_unread = False
+            tally[FIRST_BYTE_NS] += took
+        else:
+            tally[BODY_NS] += took
+        tally[BODY_BYTES] += len(data) if data else 0
+        return data
+
+    pipe.__init__ = opened
+    pipe.read = read_output
+    read_output.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    if check is not None:
+        @functools.wraps(check)
+        def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return check(self, *args, **kwargs)
+            except BaseException:
+                tally = _local.tally
+                if tally is not None:
+                    tally[FAILED] += 1
+                raise
+        pipe.check_status = checked
+
+
 #: module name -> patch, applied right after that module is imported (``recorder/libraries.py`` holds the rest).
 REQUEST_PATCHES: dict[str, Any] = {
     "http.client": patch_http_client,
@@ -200,4 +256,5 @@ REQUEST_PATCHES: dict[str, Any] = {
     "botocore.response": patch_botocore_response,
     "requests.sessions": patch_requests_sessions,
     "urllib.request": patch_urllib_request,
+    "webdataset.gopen": patch_webdataset_gopen,
 }

@@ -85,10 +85,14 @@ def requests_line(requests: Any, compute_samples_per_s: float | None) -> str:
     rate = requests.body_bytes_per_s
     needed = requests.needed_in_flight(compute_samples_per_s) if compute_samples_per_s else None
     failed = f"; {requests.failed:.0f} failed" if requests.failed else ""
-    return (f"requests: {requests.per_sample:.1f} a sample, {1e3 * requests.latency_s:.1f} ms to the first byte "
-            f"({1e3 * requests.request_s:.1f} ms in all, {size / 1e3:.0f} KB"
+    often = (f"{requests.per_sample:.1f} a sample" if requests.per_sample >= 0.1 or requests.per_sample <= 0
+             else f"one per {1 / requests.per_sample:.0f} samples")
+    return (f"requests: {often}, {1e3 * requests.latency_s:.1f} ms to the first byte "
+            f"({1e3 * requests.request_s:.1f} ms in all, "
+            + (f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} KB")
             + (f" at {rate / 1e6:.0f} MB/s" if rate else "") + f"), {requests.in_flight:.1f} in flight on average"
-            + (f", {needed:.0f} needed for the compute's rate" if needed else "")
+            + (f", {needed:.1f} needed for the compute's rate" if needed and needed < 10
+               else f", {needed:.0f} needed for the compute's rate" if needed else "")
             + f"; {100 * parts[requests.bound] / total:.0f}% of their time is {bound} ({requests.bound}-bound)"
             + failed)
 
