@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -65,10 +64,12 @@ def test_a_store_that_goes_away_mid_run_keeps_the_exit_code_and_counts_the_faile
         monkeypatch.setenv(key, value)
     out = tmp_path / "summary.json"
     cmd = [sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store", str(tmp_path / "store"), "--",
-           sys.executable, str(SCRIPTS / "s3_images.py"), "--workers", "0", "--batch-size", "4", "--steps", "100000"]
+           sys.executable, str(SCRIPTS / "s3_images.py"), "--workers", "0", "--batch-size", "4", "--steps", "100000",
+           "--print-steps"]
     process = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(8)  # the script starts and reads some batches (if not yet, its first request fails instead)
+        for _ in range(3):  # some batches read from the store
+            assert process.stdout is not None and process.stdout.readline().startswith("step"), process.stderr
         proxy.close()  # the store goes away: open connections reset, new ones refused
         _, stderr = process.communicate(timeout=180)
     finally:

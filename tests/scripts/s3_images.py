@@ -56,6 +56,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--print-steps", action="store_true", help="print 'step N' after each step, flushed")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -75,6 +76,8 @@ def main() -> int:
             loss.backward()
             opt.step()
             step += 1
+            if args.print_steps:
+                print(f"step {step}", flush=True)
             if step >= args.steps:
                 break
     return 0
