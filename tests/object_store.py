@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,10 +124,14 @@ class DelayProxy:
     request's round trip), and answers flow back at most ``bandwidth`` bytes/s per connection (None: unlimited).
     One thread pair per connection: the suite's loaders keep a few connections each."""
 
-    def __init__(self, upstream: str, latency_s: float, bandwidth: float | None = None) -> None:
+    def __init__(self, upstream: str, latency_s: float, bandwidth: float | None = None,
+                 busy_every: int = 0) -> None:
         host, port = upstream.removeprefix("http://").split(":")
         self.upstream = (host, int(port))
         self.latency_s, self.bandwidth = latency_s, bandwidth
+        self.busy_every = busy_every  # answer every n-th GET with 503 Slow Down instead of passing it on (0: never)
+        self._gets = 0
+        self._lock = threading.Lock()
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -156,11 +160,24 @@ class DelayProxy:
             for s in (client, server):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._open += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, self.latency_s, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, server, self.latency_s, None, self._refuse),
+                             daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, 0.0, self.bandwidth), daemon=True).start()
 
+    def _refuse(self, chunk: bytes, client: socket.socket) -> bool:
+        """Answer this request with a 503 (a throttling store) where it is a GET whose turn it is."""
+        if not self.busy_every or not chunk.startswith(b"GET "):
+            return False
+        with self._lock:
+            self._gets += 1
+            busy = self._gets % self.busy_every == 0
+        if busy:
+            client.sendall(b"HTTP/1.1 503 Slow Down\r\nContent-Length: 0\r\nConnection: keep-alive\r\n\r\n")
+        return busy
+
     @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket, latency_s: float, bandwidth: float | None) -> None:
+    def _pump(source: socket.socket, sink: socket.socket, latency_s: float, bandwidth: float | None,
+              refuse: Callable[[bytes, socket.socket], bool] | None = None) -> None:
         """Copy ``source`` to ``sink``; with a latency, a second thread sends each chunk when it is due (its
         arrival plus the latency), so chunks that follow each other are not delayed one after the other."""
         chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
@@ -184,6 +201,8 @@ class DelayProxy:
         try:
             while True:
                 chunk = source.recv(65536)
+                if refuse is not None and chunk and refuse(chunk, source):
+                    continue
                 if sender is not None:
                     chunks.put((time.monotonic() + latency_s, chunk))
                     if not chunk:

@@ -183,3 +183,20 @@ def test_webdataset_shards_by_url_count_a_request_a_shard_and_are_not_told_to_pa
     assert requests["failed"] == 0
     ids = {r["id"] for r in result.summary["recommendations"]}
     assert not ids & {"pack-dataset", "requests-in-flight"}  # packed already, and no per-sample requests to overlap
+
+
+def test_a_store_that_answers_503_to_some_requests_finishes_with_them_counted_and_named(tmp_path, store,
+                                                                                       monkeypatch):
+    proxy = DelayProxy(store.endpoint, 0.0, busy_every=7)  # every 7th GET: 503 Slow Down, which boto3 retries
+    for key, value in {**store.env(), "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    try:
+        result = _run(tmp_path, "--workers", "1", "--batch-size", "8", steps=15)
+    finally:
+        proxy.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    requests = result.summary["nodes"]["storage"]["requests"]
+    assert requests["failed"] >= 1
+    assert requests["requests"] >= 15 * 8 + requests["failed"]  # every sample's GET, and the retried ones besides
+    assert any(line.startswith("requests:") and f"{requests['failed']} failed" in line
+               for line in result.summary["bottleneck"]["evidence"])
