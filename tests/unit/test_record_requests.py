@@ -13,8 +13,9 @@ import urllib.request
 import pytest
 
 from stallscope.analysis.store_requests import RequestStats, request_stats
+from stallscope.constants import DOWNLOAD_LIBRARIES
 from stallscope.recorder import calls, http_requests
-from stallscope.recorder.http_requests import BODY_BYTES, CONNECTS, FAILED, REQUESTS
+from stallscope.recorder.http_requests import BACKGROUND, BODIES, BODY_BYTES, CONNECTS, FAILED, LIBRARY, REQUESTS
 from stallscope.session import FetchRecord
 
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
@@ -30,6 +31,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_HEAD(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PAYLOAD)))
+        self.end_headers()
 
     def log_message(self, *args):
         pass
@@ -72,6 +78,7 @@ def test_each_request_is_counted_with_its_bytes_and_connection(server, patched):
     assert tally is not None
     assert tally[REQUESTS] == 3
     assert tally[CONNECTS] == 3  # urllib opens a connection per request
+    assert tally[BODIES] == 3
     assert tally[BODY_BYTES] == 3 * len(PAYLOAD)
     assert tally[FAILED] == 0
     assert account.by_name["urllib.request.urlopen"][2] == 3
@@ -88,10 +95,12 @@ def test_a_kept_alive_connection_is_opened_once_and_chunked_reads_count_once(ser
         while chunk := answer.read(1000):  # read(amt) may call readinto inside: counted once
             received += chunk
         assert received == PAYLOAD
+    connection.request("HEAD", "/sample")  # a HEAD's answer has headers only, as a download's first request
+    assert connection.getresponse().read() == b""
     connection.close()
     tally = http_requests.end_batch()
     assert tally is not None
-    assert (tally[REQUESTS], tally[CONNECTS]) == (2, 1)
+    assert (tally[REQUESTS], tally[CONNECTS], tally[BODIES]) == (3, 1, 2)
     assert tally[BODY_BYTES] == 2 * len(PAYLOAD)
 
 
@@ -151,3 +160,129 @@ def test_bodies_that_take_longer_than_the_answers_are_bandwidth_bound():
                          body_bytes=50e6, failed=0, connections=1, client_cpu_s=0.02, storage_s=0.55, loading_s=1.0)
     assert stats.bound == "bandwidth"
     assert stats.network_share == pytest.approx(0.53 / 0.55)
+
+
+@pytest.fixture
+def loader_threads(patched, monkeypatch):
+    """Thread starts watched as the recorder watches them; the registry of background tallies emptied after."""
+    monkeypatch.setattr(threading.Thread, "start", threading.Thread.__dict__["start"])
+    http_requests.watch_thread_starts(threading)
+    yield
+    http_requests._background.clear()
+    http_requests._in_loader_worker[0] = False
+
+
+def _library_code(package: str) -> dict:
+    """Functions whose frames say they are ``package``'s code, as a streaming library's are."""
+    namespace: dict = {"__name__": f"{package}.base.download", "threading": threading, "urllib": urllib}
+    exec(  # noqa: S102 (code compiled under another module's name, to be seen as that library's frames)
+        "def download(url, times):\n"
+        "    for _ in range(times):\n"
+        "        with urllib.request.urlopen(url, timeout=10) as answer:\n"
+        "            answer.read()\n"
+        "def start_downloads(url, times):\n"
+        "    thread = threading.Thread(target=download, args=(url, times))\n"
+        "    thread.start()\n"
+        "    return thread\n", namespace)
+    return namespace
+
+
+def test_a_thread_a_library_starts_inside_a_batch_counts_its_requests_as_that_librarys(server, loader_threads):
+    streaming = _library_code("streaming")
+    http_requests.begin_batch()
+    streaming["start_downloads"](f"http://{server}/sample", 3).join()
+    with urllib.request.urlopen(f"http://{server}/sample", timeout=10) as answer:  # and one of the batch's own
+        answer.read()
+    tally = http_requests.end_batch()
+    assert tally is not None
+    assert tally[REQUESTS] == 4
+    assert tally[BODY_BYTES] == 4 * len(PAYLOAD)
+    assert tally[BACKGROUND] == 3
+    assert DOWNLOAD_LIBRARIES[tally[LIBRARY]] == "streaming"
+
+
+def test_a_workers_threads_count_in_the_batches_their_requests_overlap_and_no_other(server, loader_threads):
+    http_requests.in_loader_worker()
+    gate, done = threading.Event(), threading.Event()
+
+    def downloads():  # started before any batch, as a library's prefetch thread is at its dataset's __iter__
+        gate.wait(10)
+        for _ in range(2):
+            with urllib.request.urlopen(f"http://{server}/sample", timeout=10) as answer:
+                answer.read()
+        done.set()
+
+    thread = threading.Thread(target=downloads)
+    thread.start()
+    http_requests.begin_batch()
+    assert http_requests.end_batch() is None  # nothing requested yet
+    http_requests.begin_batch()
+    gate.set()
+    assert done.wait(10)
+    tally = http_requests.end_batch()
+    thread.join()
+    assert tally is not None
+    assert (tally[REQUESTS], tally[BACKGROUND], tally[LIBRARY]) == (2, 2, 0)  # started by the test: no library
+    http_requests.begin_batch()
+    assert http_requests.end_batch() is None
+
+
+def test_a_thread_started_outside_the_loader_is_not_counted(server, loader_threads):
+    thread = threading.Thread(target=lambda: urllib.request.urlopen(f"http://{server}/sample", timeout=10).read())
+    thread.start()  # not in a batch, not in a worker: a logger's or a tracker's thread
+    http_requests.begin_batch()
+    thread.join()
+    assert http_requests.end_batch() is None
+
+
+def test_a_thread_started_by_a_librarys_thread_inherits_its_library(server, loader_threads):
+    litdata = _library_code("litdata")
+    outer_done: list[threading.Thread] = []
+    http_requests.begin_batch()
+
+    def outer():  # a library thread that hands its downloads to a pool of its own threads
+        outer_done.append(threading.Thread(target=litdata["download"], args=(f"http://{server}/sample", 2)))
+        outer_done[0].start()
+        outer_done[0].join()
+
+    with_library = {"__name__": "litdata.streaming.reader", "threading": threading, "outer": outer}
+    exec("def start():\n    t = threading.Thread(target=outer)\n    t.start()\n    return t\n",  # noqa: S102
+         with_library)
+    with_library["start"]().join()
+    tally = http_requests.end_batch()
+    assert tally is not None
+    assert (tally[REQUESTS], tally[BACKGROUND]) == (2, 2)
+    assert DOWNLOAD_LIBRARIES[tally[LIBRARY]] == "litdata"
+
+
+def test_requests_made_on_a_librarys_threads_are_summed_with_that_library():
+    streaming = DOWNLOAD_LIBRARIES.index("streaming")
+    # a HEAD and a GET each download; one GET of the fetch's own, in a session recorded before bodies were counted
+    fetches = [_fetch(0, 90, [2, 40_000_000, 1_000_000, 300_000, 0, 1, 1_000_000, 1, 2, streaming]),
+               _fetch(90, 180, [1, 20_000_000, 500_000, 150_000, 0, 0, 0]),
+               _fetch(180, 270, [2, 40_000_000, 1_000_000, 300_000, 0, 0, 0, 1, 1, streaming])]
+    stats = request_stats(fetches, samples=48, storage_s=0.25)
+    assert stats is not None
+    assert (stats.requests, stats.background, stats.library) == (5, 3, "streaming")
+    assert stats.background_share == pytest.approx(0.6)
+    assert stats.bodies == 3 and stats.bytes_per_body == pytest.approx(250_000)
+    assert stats.to_dict()["library"] == "streaming"
+
+
+def test_a_latency_bound_librarys_downloads_are_advised_larger_shards_and_a_bandwidth_bound_ones_are_not():
+    from stallscope.analysis.recommend import MAX_SHARD_FACTOR, _larger_shards
+
+    # 100 downloads of 100 KB: 20 ms to the first byte, 0.1 ms of body each (1 GB/s): latency is nearly all of it
+    waiting = RequestStats(requests=100, samples=800, batches=50, first_byte_s=2.0, body_s=0.01, connect_s=0.0,
+                           body_bytes=100 * 100_000, failed=0, connections=1, client_cpu_s=0.05, storage_s=2.1,
+                           loading_s=3.0, background=90, library="streaming", bodies=100)
+    advice = _larger_shards(waiting, None, 1, share=0.6)
+    assert advice is not None and advice.id == "larger-shards"
+    assert advice.facts["factor"] == MAX_SHARD_FACTOR  # a body 4x the latency would need 800x: capped
+    assert advice.facts["target_bytes"] == pytest.approx(MAX_SHARD_FACTOR * 100_000)
+    assert advice.predicted_speedup == pytest.approx(round(1 / (1 - 0.6 * (1 - 1 / MAX_SHARD_FACTOR)), 2))
+    # the same downloads, 10 MB each at 100 MB/s: the body is the time, and larger shards would not shorten it
+    reading = RequestStats(requests=100, samples=800, batches=50, first_byte_s=2.0, body_s=10.0, connect_s=0.0,
+                           body_bytes=100 * 10e6, failed=0, connections=1, client_cpu_s=0.05, storage_s=12.0,
+                           loading_s=13.0, background=90, library="streaming", bodies=100)
+    assert _larger_shards(reading, None, 1, share=0.6) is None

@@ -61,6 +61,7 @@ _CATALOGUE = (
     # the stages' own costs, priced by scaling them in the model
     Fix("pack-dataset", "storage", {"storage": 0.3}, planned=True),
     Fix("requests-in-flight", "storage"),  # priced by the requests' own wait (recommend.py)
+    Fix("larger-shards", "storage"),  # priced by the requests' latency (recommend.py)
     Fix("reduced-size-decode", "decode", {"decode": 0.5}, planned=True),
     Fix("uint8-device-normalize", "transform", planned=True),
     Fix("cheaper-transforms", "transform", {"transform": 0.5}),

@@ -28,7 +28,7 @@ from stallscope.analysis.findings import (
 )
 from stallscope.analysis.fixes import FIXES, MAX_NORMALIZE_CUT, advise
 from stallscope.analysis.sample_costs import OVERSUBSCRIBED_THREAD_COST, RECEIVED_BATCH_READS
-from stallscope.analysis.store_requests import NETWORK_SHARE, RequestStats
+from stallscope.analysis.store_requests import BACKGROUND_SHARE, NETWORK_SHARE, RequestStats
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.analysis.throughput_rates import THREADED_OCCUPANCY
 
@@ -39,6 +39,11 @@ SPECULATIVE_DISCOUNT = 0.8
 #: The most threads advised for fetching one batch's objects at once: past a few, the worker's interpreter (the
 #: client's CPU runs one thread at a time) and the store's per-client limits decide, not the latency.
 MAX_REQUEST_THREADS = 8
+#: Shards at most this many times larger, and no larger than this (MosaicML Streaming's default ``size_limit`` is
+#: 64 MiB): a larger shard is a longer first wait and a coarser shuffle.
+MAX_SHARD_FACTOR, MAX_SHARD_BYTES = 16, 1 << 27
+#: A shard large enough that reading its body takes this many times its latency.
+LATENCY_FACTOR = 4
 NORMALIZE_CALLS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "F.to_tensor", "F.normalize")
 
 
@@ -444,7 +449,9 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
         elif node == "storage":
             requests = pipeline.requests
             if requests is not None and requests.network_share >= NETWORK_SHARE:
-                advice = _requests_in_flight(requests, model, workers, share)
+                advice = (_larger_shards(requests, model, workers, share)
+                          if requests.background_share >= BACKGROUND_SHARE
+                          else _requests_in_flight(requests, model, workers, share))
                 if advice is not None:
                     recs.append(advice)
             else:
@@ -472,3 +479,29 @@ def _requests_in_flight(requests: RequestStats, model: ThroughputModel | None, w
              "request_ms": 1e3 * requests.request_s, "in_flight": requests.in_flight, "bound": requests.bound,
              "share": share, "client": requests.client, "connections": threads}
     return advise("requests-in-flight", _gain(model, workers, scale, fallback), facts=facts)
+
+
+def _larger_shards(requests: RequestStats, model: ThroughputModel | None, workers: int,
+                   share: float) -> Recommendation | None:
+    """Downloads on a streaming library's own threads (one shard at a time per worker, as MosaicML Streaming's
+    are): threads in the dataset would not add requests in flight, more workers do (``num-workers``), and each
+    request's latency is paid once a shard, so larger shards cut it. Priced by the requests' latency seconds cut
+    by the size factor, their bodies unchanged; None where the requests are not latency-bound."""
+    if requests.bound != "latency" or requests.requests <= 0 or requests.body_bytes <= 0:
+        return None
+    size = requests.bytes_per_body  # a shard's size: a HEAD before each download has no body
+    rate = requests.body_bytes_per_s or size / max(requests.request_s, 1e-9)
+    # a request whose body takes LATENCY_FACTOR times its latency pays the latency on a fifth of its time
+    factor = max(2, min(MAX_SHARD_FACTOR, math.ceil(LATENCY_FACTOR * requests.latency_s * rate / size),
+                        math.floor(MAX_SHARD_BYTES / size)))
+    if factor < 2 or size * 2 > MAX_SHARD_BYTES:
+        return None
+    latency_s = requests.first_byte_s + requests.connect_s
+    blocked_s = model.cost_s.get("storage", 0.0) * requests.samples if model is not None else 0.0
+    kept = 1.0 - (latency_s * (1 - 1 / factor)) / blocked_s if blocked_s > 0 else 1.0
+    scale = {"storage": max(0.0, kept), "storage_cpu": 1.0}
+    fallback = round(1.0 / (1.0 - share * (1 - 1 / factor)), 2)
+    facts = {"factor": factor, "shard_bytes": size, "target_bytes": size * factor, "library": requests.library,
+             "latency_ms": 1e3 * requests.latency_s, "request_ms": 1e3 * requests.request_s,
+             "background_share": requests.background_share, "in_flight": requests.in_flight, "share": share}
+    return advise("larger-shards", _gain(model, workers, scale, fallback), facts=facts)

@@ -8,13 +8,18 @@ what more cores would (the client's own CPU in storage's calls).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
+from stallscope.constants import DOWNLOAD_LIBRARIES
 from stallscope.session import FetchRecord
 
 #: A loader whose requests hold at least this share of its storage time has its data on the network: the advice is
 #: about requests in flight, not about files on a disk.
 NETWORK_SHARE = 0.5
+#: Requests made at least this much on the loader's own threads are a streaming library's downloads: its shards and
+#: its workers are the knobs, not threads in the dataset.
+BACKGROUND_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,20 @@ class RequestStats:
     storage_s: float  # the workers' storage seconds these are part of
     loading_s: float  # the span the loader's workers fetched in (first fetch's start to last fetch's end)
     client: str = "http"  # the library that made them, from its timed calls: "boto3", "requests", "urllib", "http"
+    background: float = 0.0  # those the loader's own threads made (a streaming library's downloads)
+    bodies: float = 0.0  # those answered with a body (a GET's object, not a HEAD's headers); 0: not counted
+    library: str = ""  # the library that started those threads (``constants.DOWNLOAD_LIBRARIES``), "" if unknown
+
+    @property
+    def bytes_per_body(self) -> float:
+        """An answer's body, on average over the answers that had one: an object's or a shard's size."""
+        answered = self.bodies or self.requests
+        return self.body_bytes / answered if answered else 0.0
+
+    @property
+    def background_share(self) -> float:
+        """The share of the requests made on the loader's own threads rather than in the fetches' calls."""
+        return min(1.0, self.background / self.requests) if self.requests else 0.0
 
     @property
     def per_sample(self) -> float:
@@ -88,11 +107,13 @@ class RequestStats:
             "requests": round(self.requests), "per_sample": round(self.per_sample, 3),
             "latency_ms": round(1e3 * self.latency_s, 3), "request_ms": round(1e3 * self.request_s, 3),
             "bytes_per_request": round(self.body_bytes / self.requests) if self.requests else None,
+            "bytes_per_body": round(self.bytes_per_body) if self.requests else None,
             "body_mb_per_s": round(rate / 1e6, 2) if rate is not None else None,
             "in_flight": round(self.in_flight, 2), "needed_in_flight": round(needed, 1) if needed else None,
             "connections_opened": round(self.connections), "failed": round(self.failed),
             "seconds": {k: round(v, 4) for k, v in self.parts.items()}, "bound": self.bound,
             "share_of_storage": round(self.network_share, 4),
+            "background_share": round(self.background_share, 4), "library": self.library or None,
         }
 
 
@@ -103,21 +124,36 @@ def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) ->
     with_requests = [f for f in fetches if f.requests]
     if not with_requests:
         return None
-    totals = [0] * 7
+    totals = [0] * 8
+    background = 0
+    libraries: Counter[int] = Counter()
     for f in with_requests:
         assert f.requests is not None
-        for i, value in enumerate(f.requests[:7]):
+        for i, value in enumerate(f.requests[:8]):
             totals[i] += int(value)
+        if len(f.requests) < 8:  # recorded before answers with a body were told apart: take them all as such
+            totals[7] += int(f.requests[0])
+        if len(f.requests) > 9:
+            background += int(f.requests[8])
+            libraries[int(f.requests[9])] += int(f.requests[8])
     timed = [f for f in fetches if f.timed]
     scale = len(fetches) / len(timed) if timed else 0.0
     client_cpu = sum(max(0, int((f.by_node.get("storage") or [0, 0])[1])) for f in timed) * scale
-    requests, first_byte, body, nbytes, failed, connects, connect = totals
+    requests, first_byte, body, nbytes, failed, connects, connect, bodies = totals
     names = {name for f in timed for name in f.by_name}
     loading = max(f.end_ns for f in fetches) - min(f.start_ns for f in fetches)
     return RequestStats(
         requests=requests, samples=samples, batches=len(fetches), first_byte_s=first_byte / 1e9, body_s=body / 1e9,
         connect_s=connect / 1e9, body_bytes=nbytes, failed=failed, connections=connects, client_cpu_s=client_cpu / 1e9,
-        storage_s=storage_s, loading_s=loading / 1e9, client=client_of(names))
+        storage_s=storage_s, loading_s=loading / 1e9, client=client_of(names), background=background,
+        bodies=bodies, library=_library_name(libraries))
+
+
+def _library_name(requests_by_library: Counter[int]) -> str:
+    """The library whose threads made most of the background requests, by name; "" where none is known."""
+    named = [(count, index) for index, count in requests_by_library.items()
+             if 0 < index < len(DOWNLOAD_LIBRARIES) and count > 0]
+    return DOWNLOAD_LIBRARIES[max(named)[1]] if named else ""
 
 
 def client_of(call_names: set[str]) -> str:

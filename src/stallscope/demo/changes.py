@@ -76,6 +76,7 @@ APPLY: dict[str, How] = {
     # what the demo cannot apply
     "pack-dataset": NotApplied(PLANTED_LATENCY),
     "requests-in-flight": NotApplied(NO_REQUESTS),
+    "larger-shards": NotApplied(NO_REQUESTS),
     "dataset-code": NotApplied(NO_DATASET_CODE),
     "build-loader-once": NotApplied(LOADER_BUILT_ONCE),
     "distributed-sampler": NotApplied(ONE_PROCESS),

@@ -26,7 +26,7 @@ from stallscope.recorder import (
     trackers,
     transfer,
 )
-from stallscope.recorder.http_requests import REQUEST_PATCHES
+from stallscope.recorder.http_requests import REQUEST_PATCHES, watch_thread_starts
 from stallscope.recorder.libraries import LIBRARY_PATCHES, patch_torch
 from stallscope.settings import (
     ENV_BENCH,
@@ -57,6 +57,7 @@ PATCHES: dict[str, Any] = {
     "torch.utils.tensorboard.writer": trackers.patch_tensorboard,
     **LIBRARY_PATCHES,
     **REQUEST_PATCHES,
+    "threading": watch_thread_starts,
 }
 _installed = False
 _patches_registered = False

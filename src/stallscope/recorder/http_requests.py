@@ -9,22 +9,36 @@ CPU (signing, parsing, checksums) is the store's, not the dataset's.
 
 Every batch counts its requests, whether or not its calls are timed (a failed request is rare and must not fall
 in a batch whose calls went untimed). Outside a fetch each wrapper is one attribute read and a call.
+
+Streaming libraries download from their own threads (MosaicML Streaming's shard downloads, LitData's chunk
+prefetch, boto3's ``download_file``): a thread started inside a fetch, by such a thread, or in a DataLoader worker
+is the loader's, and its requests count in whichever batches they overlap, as made in the background, with the
+library that started it.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
+from stallscope.constants import DOWNLOAD_LIBRARIES
 from stallscope.recorder.calls import current_account, timed_call
 
 _perf = time.perf_counter_ns
 
 #: Positions in a fetch's request tally (``FetchAccount.requests``, the ``fetch`` event's ``requests`` field).
-REQUESTS, FIRST_BYTE_NS, BODY_NS, BODY_BYTES, FAILED, CONNECTS, CONNECT_NS = range(7)
+REQUESTS, FIRST_BYTE_NS, BODY_NS, BODY_BYTES, FAILED, CONNECTS, CONNECT_NS, BODIES = range(8)
+FIELDS = 8
+#: Then, where the loader's own threads made some of them in the background: how many, and which library started
+#: those threads (an index into ``DOWNLOAD_LIBRARIES``).
+BACKGROUND, LIBRARY = 8, 9
+#: Modules a thread's start passes through that do not say who started it.
+_PLUMBING = ("threading", "concurrent", "stallscope", "multiprocessing", "queue", "asyncio")
 #: An HTTP status at or above this is a failed request (throttling and server errors among them).
 FAILED_STATUS = 400
 
@@ -36,21 +50,100 @@ class _BatchLocal(threading.local):
     tally: list[int] | None = None
     reading = False
     connecting = False
+    background: list[int] | None = None  # a loader's own thread: what it has requested so far
+    resolved = False  # whether this thread has been looked at for being the loader's
+    base: list[int] | None = None  # the background threads' totals when this thread's batch began
 
 
 _local = _BatchLocal()
+#: Every background thread's tally, in the order the threads first made a request (summed at a batch's ends).
+_background: list[list[int]] = []
+_in_loader_worker = [False]
 
 
 def begin_batch() -> None:
     """A fetch starts: its requests are counted from here (``recorder/workers.py``)."""
-    _local.tally = [0, 0, 0, 0, 0, 0, 0]
+    _local.tally = [0] * FIELDS
+    _local.base = _background_totals() if _background else None
 
 
 def end_batch() -> list[int] | None:
     """A fetch ends: its tally, None where it made no request and read nothing from one (a stream opened in an earlier
-    batch, a WebDataset shard, is read over many)."""
+    batch, a WebDataset shard, is read over many). The loader's own threads' requests meanwhile are added in, their
+    count and library after the seven fields."""
     tally, _local.tally = _local.tally, None
+    if tally is not None and _background:
+        base, now = _local.base or [0] * (FIELDS + 2), _background_totals()
+        made = [now[i] - base[i] for i in range(FIELDS)]
+        if any(made):
+            tally = [tally[i] + made[i] for i in range(FIELDS)] + [made[REQUESTS], now[LIBRARY]]
     return tally if tally and any(tally) else None
+
+
+def _background_totals() -> list[int]:
+    """The background threads' fields summed, then their library (the first one named)."""
+    totals = [0] * (FIELDS + 2)
+    for counts in list(_background):
+        for i in range(FIELDS):
+            totals[i] += counts[i]
+        totals[LIBRARY] = totals[LIBRARY] or counts[LIBRARY]
+    return totals
+
+
+def _this_thread_tally() -> list[int] | None:
+    """Outside a batch: this thread's background tally where it is one of the loader's threads, else None.
+    Looked up once a thread."""
+    local = _local
+    if local.background is not None or local.resolved:
+        return local.background
+    local.resolved = True
+    library = getattr(threading.current_thread(), "_stallscope_loader_thread", None)
+    if library is not None:
+        local.background = [0] * FIELDS + [0, library]
+        _background.append(local.background)
+    return local.background
+
+
+def in_loader_worker() -> None:
+    """This process is a DataLoader worker: every thread it starts from now on is the loader's."""
+    _in_loader_worker[0] = True
+
+
+def _starting_library() -> int:
+    """The library whose code starts a thread (its index in ``DOWNLOAD_LIBRARIES``), from the caller's frames."""
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(24):
+        if frame is None:
+            break
+        top = str(frame.f_globals.get("__name__", "")).partition(".")[0]
+        if top not in _PLUMBING:
+            return DOWNLOAD_LIBRARIES.index(top) if top in DOWNLOAD_LIBRARIES else 0
+        frame = frame.f_back
+    return 0
+
+
+def watch_thread_starts(module: Any) -> None:
+    """Mark the threads the loader starts (inside a fetch, from one of its threads, in a worker) so that their
+    requests count as its background requests. A thread start is rare: a frame walk each is nothing."""
+    cls = module.Thread
+    original = cls.__dict__.get("start")
+    if original is None or getattr(original, "__stallscope_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def start(self: Any) -> Any:
+        own = _this_thread_tally()
+        parent = own[LIBRARY] if own is not None else None
+        if parent is None and (_local.tally is not None or _in_loader_worker[0]):
+            parent = _starting_library()
+        elif parent == 0:
+            parent = _starting_library()
+        if parent is not None:
+            self._stallscope_loader_thread = parent
+        return original(self)
+
+    start.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
+    cls.start = start
 
 
 def _wrap_getresponse(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -58,7 +151,9 @@ def _wrap_getresponse(original: Callable[..., Any]) -> Callable[..., Any]:
     def getresponse(self: Any, *args: Any, **kwargs: Any) -> Any:
         tally = _local.tally
         if tally is None:
-            return original(self, *args, **kwargs)
+            tally = _this_thread_tally()
+            if tally is None:
+                return original(self, *args, **kwargs)
         t0 = _perf()
         failed = True
         try:
@@ -77,6 +172,8 @@ def _wrap_connect(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def connect(self: Any, *args: Any, **kwargs: Any) -> Any:
         tally = _local.tally
+        if tally is None:
+            tally = _this_thread_tally()
         if tally is None or _local.connecting:
             return original(self, *args, **kwargs)
         _local.connecting = True
@@ -103,6 +200,8 @@ def _wrap_body_read(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def read(self: Any, *args: Any, **kwargs: Any) -> Any:
         tally = _local.tally
+        if tally is None:
+            tally = _this_thread_tally()
         if tally is None or _local.reading:
             return original(self, *args, **kwargs)
         _local.reading = True
@@ -114,13 +213,18 @@ def _wrap_body_read(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _local.reading = False
             tally[BODY_NS] += _perf() - t0
+            got = 0
             if isinstance(result, int):
-                tally[BODY_BYTES] += result
+                got = result
             elif result is not None:
                 try:
-                    tally[BODY_BYTES] += len(result)
+                    got = len(result)
                 except TypeError:
                     pass
+            tally[BODY_BYTES] += got
+            if got and not getattr(self, "_stallscope_bodied", False):  # an answer with a body (not a HEAD's)
+                self._stallscope_bodied = True
+                tally[BODIES] += 1
     read.__stallscope_wrapped__ = True  # type: ignore[attr-defined]
     return read
 
@@ -213,6 +317,7 @@ def patch_webdataset_gopen(module: Any) -> None:
             self._stallscope_unread = True
             if tally is not None:
                 tally[REQUESTS] += 1
+                tally[BODIES] += 1
                 tally[CONNECTS] += 1
                 tally[CONNECT_NS] += _perf() - t0
 

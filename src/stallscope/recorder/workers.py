@@ -97,6 +97,7 @@ class WorkerInit:
         events.set_role("worker")
         events.flush_at_process_exit()
         step_parts.leave_worker()
+        http_requests.in_loader_worker()
         threads = _thread_settings()
         if self.user_fn is not None:
             try:

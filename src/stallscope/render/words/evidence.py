@@ -11,6 +11,7 @@ from stallscope.analysis.pipeline import calls_in_step_time
 from stallscope.analysis.steps import FEW_STEADY_STEPS
 from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS
 from stallscope.render.words.phrases import PART_LABELS
+from stallscope.render.words.recommendations import library_words
 
 
 def beside_compute(analysis: Analysis) -> str:
@@ -81,10 +82,12 @@ def requests_line(requests: Any, compute_samples_per_s: float | None) -> str:
     total = sum(parts.values()) or 1.0
     bound = {"latency": "the wait for the first byte", "bandwidth": "reading bodies",
              "client-cpu": "the client's own CPU"}[requests.bound]
-    size = requests.body_bytes / requests.requests if requests.requests else 0.0
+    size = requests.bytes_per_body  # an answer's body (a HEAD has none)
     rate = requests.body_bytes_per_s
     needed = requests.needed_in_flight(compute_samples_per_s) if compute_samples_per_s else None
     failed = f"; {requests.failed:.0f} failed" if requests.failed else ""
+    background = (f"; {100 * requests.background_share:.0f}% made by {library_words(requests.library)} download "
+                  "threads, which the batches waited on" if requests.background_share >= 0.05 else "")
     often = (f"{requests.per_sample:.1f} a sample" if requests.per_sample >= 0.1 or requests.per_sample <= 0
              else f"one per {1 / requests.per_sample:.0f} samples")
     return (f"requests: {often}, {1e3 * requests.latency_s:.1f} ms to the first byte "
@@ -94,7 +97,7 @@ def requests_line(requests: Any, compute_samples_per_s: float | None) -> str:
             + (f", {needed:.1f} needed for the compute's rate" if needed and needed < 10
                else f", {needed:.0f} needed for the compute's rate" if needed else "")
             + f"; {100 * parts[requests.bound] / total:.0f}% of their time is {bound} ({requests.bound}-bound)"
-            + failed)
+            + failed + background)
 
 
 def straggler_short(findings: Any) -> str:

