@@ -40,7 +40,7 @@ class Images(StreamingDataset):
 def train(remote: str, workers: int, batch_size: int, steps: int, predownload: int | None,
           cache: str | None, persistent: bool = False, validate: bool = False) -> int:
     torch.set_num_threads(1)
-    with (contextlib.nullcontext(cache) if cache else tempfile.TemporaryDirectory()) as local:
+    with (contextlib.nullcontext(cache) if cache else tempfile.TemporaryDirectory(ignore_cleanup_errors=True)) as local:
         dataset = Images(remote=remote, local=local, batch_size=batch_size, shuffle=True, shuffle_seed=1,
                          predownload=predownload, validate_hash="xxh64" if validate else None)
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers,

@@ -3,6 +3,7 @@ bytes, connections, failures; and what the analysis makes of a loader's tallies.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import http.server
 import socket
@@ -270,7 +271,7 @@ def test_requests_made_on_a_librarys_threads_are_summed_with_that_library():
 
 
 def test_a_latency_bound_librarys_downloads_are_advised_larger_shards_and_a_bandwidth_bound_ones_are_not():
-    from stallscope.analysis.recommend import MAX_SHARD_FACTOR, _larger_shards
+    from stallscope.analysis.recommend import MAX_SHARD_FACTOR, _larger_shards, network_fix
 
     # 100 downloads of 100 KB: 20 ms to the first byte, 0.1 ms of body each (1 GB/s): latency is nearly all of it
     waiting = RequestStats(requests=100, samples=800, batches=50, first_byte_s=2.0, body_s=0.01, connect_s=0.0,
@@ -286,3 +287,7 @@ def test_a_latency_bound_librarys_downloads_are_advised_larger_shards_and_a_band
                            body_bytes=100 * 10e6, failed=0, connections=1, client_cpu_s=0.05, storage_s=12.0,
                            loading_s=13.0, background=90, library="streaming", bodies=100)
     assert _larger_shards(reading, None, 1, share=0.6) is None
+    assert network_fix(waiting, None, 1, share=0.6).id == "larger-shards"
+    # the same requests from threads the dataset started itself (a pool in __getitems__): no library's shards
+    own_pool = dataclasses.replace(waiting, library="")
+    assert network_fix(own_pool, None, 1, share=0.6).id == "requests-in-flight"

@@ -39,6 +39,9 @@ SPECULATIVE_DISCOUNT = 0.8
 #: The most threads advised for fetching one batch's objects at once: past a few, the worker's interpreter (the
 #: client's CPU runs one thread at a time) and the store's per-client limits decide, not the latency.
 MAX_REQUEST_THREADS = 8
+#: More threads are advised for a batch's requests only where they would be this many times those a fetch already
+#: overlaps (a pool the dataset runs itself).
+NEW_THREADS_MARGIN = 1.5
 #: Shards at most this many times larger, and no larger than this (MosaicML Streaming's default ``size_limit`` is
 #: 64 MiB): a larger shard is a longer first wait and a coarser shuffle.
 MAX_SHARD_FACTOR, MAX_SHARD_BYTES = 16, 1 << 27
@@ -449,9 +452,7 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
         elif node == "storage":
             requests = pipeline.requests
             if requests is not None and requests.network_share >= NETWORK_SHARE:
-                advice = (_larger_shards(requests, model, workers, share)
-                          if requests.background_share >= BACKGROUND_SHARE
-                          else _requests_in_flight(requests, model, workers, share))
+                advice = network_fix(requests, model, workers, share)
                 if advice is not None:
                     recs.append(advice)
             else:
@@ -459,6 +460,15 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
         else:
             recs.append(priced("cheaper-collate", halved, {"share": share}))
     return recs
+
+
+def network_fix(requests: RequestStats, model: ThroughputModel | None, workers: int,
+                share: float) -> Recommendation | None:
+    """Storage that is requests: a download library's shards where its threads made them, else more requests in
+    flight from the dataset's own calls (threads the dataset starts itself, a pool in ``__getitems__``, included)."""
+    if requests.background_share >= BACKGROUND_SHARE and requests.library:
+        return _larger_shards(requests, model, workers, share)
+    return _requests_in_flight(requests, model, workers, share)
 
 
 def _requests_in_flight(requests: RequestStats, model: ThroughputModel | None, workers: int,
@@ -472,12 +482,16 @@ def _requests_in_flight(requests: RequestStats, model: ThroughputModel | None, w
         return None
     network_s = requests.first_byte_s + requests.connect_s + requests.body_s
     blocked_s = model.cost_s.get("storage", 0.0) * requests.samples if model is not None else 0.0
-    kept = 1.0 - (network_s * (1 - 1 / threads)) / blocked_s if blocked_s > 0 else 1.0
+    # requests a fetch already overlaps (a pool of the dataset's own): the threads advised add only the rest
+    concurrent = max(1.0, network_s / blocked_s) if blocked_s > 0 else max(1.0, requests.in_flight)
+    if threads < NEW_THREADS_MARGIN * concurrent:
+        return None
+    kept = 1.0 - (network_s / concurrent) * (1 - concurrent / threads) / blocked_s if blocked_s > 0 else 1.0
     scale = {"storage": max(0.0, kept), "storage_cpu": 1.0}
-    fallback = round(1.0 / (1.0 - share * (1 - 1 / threads)), 2)
+    fallback = round(1.0 / (1.0 - share * (1 - concurrent / threads)), 2)
     facts = {"threads": threads, "requests_per_sample": requests.per_sample, "latency_ms": 1e3 * requests.latency_s,
              "request_ms": 1e3 * requests.request_s, "in_flight": requests.in_flight, "bound": requests.bound,
-             "share": share, "client": requests.client, "connections": threads}
+             "share": share, "client": requests.client, "connections": threads, "concurrent": concurrent}
     return advise("requests-in-flight", _gain(model, workers, scale, fallback), facts=facts)
 
 

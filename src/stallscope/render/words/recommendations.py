@@ -212,7 +212,9 @@ def _requests_in_flight(rec: Recommendation, f: dict[str, Any], o: dict[str, Any
              "client-cpu": "the client's own CPU"}.get(f["bound"], f["bound"])
     client, connections = f.get("client", ""), f.get("connections", threads)
     pool = _CONNECTIONS.get(client, "") if connections > POOL_DEFAULT else ""
-    return (f"Fetch each batch's objects on {threads} threads",
+    now = f.get("concurrent", 1.0)
+    return (f"Fetch each batch's objects on {threads} threads"
+            + (f" (about {now:.1f} at once now)" if now >= 1.5 else ""),
             f"define `__getitems__(self, indices)` on the dataset to fetch a batch's objects with a "
             f"`concurrent.futures.ThreadPoolExecutor({threads})` (the DataLoader hands it the whole batch)"
             + (f", and let the client keep as many connections ({pool.format(n=connections)})" if pool
@@ -222,7 +224,7 @@ def _requests_in_flight(rec: Recommendation, f: dict[str, Any], o: dict[str, Any
             f"storage is {100 * f['share']:.0f}% of step time and its requests' time is mostly {bound}: "
             f"{f['requests_per_sample']:.1f} requests a sample, {f['latency_ms']:.1f} ms to the first byte "
             f"({f['request_ms']:.1f} ms in all), {f['in_flight']:.1f} in flight on average; predicted for the "
-            f"requests' time cut {threads}-fold, the client's CPU unchanged")
+            f"requests' time cut {threads / now:.1f}-fold, the client's CPU unchanged")
 
 
 #: How each streaming library names the size of the shards it writes ({n}: bytes), and the library in words.
