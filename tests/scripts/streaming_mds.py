@@ -38,11 +38,13 @@ class Images(StreamingDataset):
 
 
 def train(remote: str, workers: int, batch_size: int, steps: int, predownload: int | None,
-          cache: str | None, persistent: bool = False, validate: bool = False) -> int:
+          cache: str | None, persistent: bool = False, validate: bool = False,
+          cache_limit: int | None = None) -> int:
     torch.set_num_threads(1)
     with (contextlib.nullcontext(cache) if cache else tempfile.TemporaryDirectory(ignore_cleanup_errors=True)) as local:
         dataset = Images(remote=remote, local=local, batch_size=batch_size, shuffle=True, shuffle_seed=1,
-                         predownload=predownload, validate_hash="xxh64" if validate else None)
+                         predownload=predownload, validate_hash="xxh64" if validate else None,
+                         cache_limit=cache_limit)
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers,
                             persistent_workers=persistent and workers > 0)
         model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(),
@@ -75,13 +77,14 @@ def main() -> int:
     training.add_argument("--steps", type=int, default=100000)
     training.add_argument("--predownload", type=int, default=None)
     training.add_argument("--persistent-workers", action="store_true")
+    training.add_argument("--cache-limit", type=int, default=None, help="bytes the local cache may hold")
     training.add_argument("--validate", action="store_true", help="check each downloaded shard's xxh64")
     training.add_argument("--cache", help="the local cache, kept after the run (default: a temporary folder)")
     args = parser.parse_args()
     if args.verb == "write":
         return write(args.folder, args.out, args.size_limit)
     return train(args.remote, args.workers, args.batch_size, args.steps, args.predownload, args.cache,
-                 args.persistent_workers, args.validate)
+                 args.persistent_workers, args.validate, args.cache_limit)
 
 
 if __name__ == "__main__":

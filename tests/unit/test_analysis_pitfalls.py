@@ -223,3 +223,14 @@ def test_the_worker_pitfall_and_the_worker_advice_name_one_count():
     fix = words.pitfall(pitfall).fix
     assert fix.startswith(f"use {count} worker{'s' if count != 1 else ''},"), fix
     assert f"Use {count} worker{'s' if count != 1 else ''} instead of 200" == words.recommendation(advice).title
+
+
+def test_a_streaming_cache_smaller_than_its_shards_is_named_and_one_that_holds_them_is_not():
+    def cache(limit):
+        return {"cache_limit": limit, "shards": 200, "dataset_bytes": 200 * 64 * MIB, "predownload": 128}
+
+    small = analyze(base(streaming_cache=cache(4096 * MIB)))
+    found = next(p for p in small.pitfalls if p.id == "streaming-cache-limit")
+    assert (found.facts["cache_limit"], found.facts["dataset_bytes"]) == (4096 * MIB, 200 * 64 * MIB)
+    assert "streaming-cache-limit" not in ids(base(streaming_cache=cache(200 * 64 * MIB)))
+    assert "streaming-cache-limit" not in ids(base(streaming_cache=cache(None)))  # no limit: the disk's

@@ -32,7 +32,8 @@ def find_pitfalls(session: Session, loaders: list[LoaderSummary], system: System
                   usable_cpus: int) -> list[Pitfall]:
     found: list[Pitfall] = []
     for check in (_rss_growth, _shm_headroom, _workers_above_cores, _thread_oversubscription, _unpinnable_batch,
-                  _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits, _loader_stalled, _shm_exhausted):
+                  _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits, _loader_stalled, _shm_exhausted,
+                  _streaming_cache_limit):
         found.extend(check(session, loaders, system, usable_cpus))
     if any(p.id == "shm-exhausted" for p in found):  # the same cause, seen failing: said once
         found = [p for p in found if p.id != "shm-headroom"]
@@ -188,6 +189,21 @@ def _lmdb_before_fork(session: Session, loaders: list[LoaderSummary], system: Sy
     if forked and not reopened and first_iter is not None and main_opens[0]["t_ns"] < first_iter:
         return [Pitfall("lmdb-before-fork", "storage", {"path": main_opens[0]["path"]})]
     return []
+
+
+def _streaming_cache_limit(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                           cpus: int) -> list[Pitfall]:
+    """A streaming dataset whose local cache is smaller than its shards: each epoch evicts the coldest shards and
+    downloads them again, so the data comes from the store every epoch instead of the first only."""
+    found = []
+    for ld in loaders:
+        cache = ld.config.get("streaming_cache") or {}
+        limit, size = cache.get("cache_limit"), cache.get("dataset_bytes")
+        if limit and size and size > limit:
+            found.append(Pitfall("streaming-cache-limit", "storage",
+                                 {"cache_limit": limit, "dataset_bytes": size, "shards": cache.get("shards"),
+                                  "loader": ld.role}))
+    return found[:1]
 
 
 def _out_of_order_waits(session: Session, loaders: list[LoaderSummary], system: SystemSummary,

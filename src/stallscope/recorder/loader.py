@@ -99,10 +99,29 @@ def _describe(loader: Any) -> dict[str, Any]:
     except Exception:
         config["batches_per_epoch"] = None
     config["start_method"] = _start_method(config["multiprocessing_context"])
+    streaming = _streaming_cache(dataset)
+    if streaming is not None:
+        config["streaming_cache"] = streaming
     torch_import = importhook.import_seconds.get("torch")
     if torch_import is not None:
         config["torch_import_s"] = round(torch_import, 3)
     return config
+
+
+def _streaming_cache(dataset: Any) -> dict[str, Any] | None:
+    """A MosaicML Streaming dataset's local cache: its limit and what the dataset's shards would keep in it (bytes),
+    read from the attributes it sets in its constructor; None for any other dataset, or where they cannot be read."""
+    if not type(dataset).__module__.startswith("streaming.") and not any(
+            c.__module__.startswith("streaming.") for c in type(dataset).__mro__):
+        return None
+    try:
+        keep_zip = bool(getattr(dataset, "keep_zip", False))
+        shards = list(dataset.shards)
+        return {"cache_limit": getattr(dataset, "cache_limit", None) or None, "shards": len(shards),
+                "dataset_bytes": int(sum(shard.get_persistent_size(keep_zip) for shard in shards)),
+                "predownload": getattr(dataset, "predownload", None)}
+    except Exception:
+        return None
 
 
 def _start_method(context: str | None) -> str:

@@ -99,6 +99,16 @@ def _lmdb_before_fork(f: dict[str, Any]) -> tuple[str, str, str]:
             "open the environment lazily in __getitem__ (once per worker process), not in __init__")
 
 
+def _streaming_cache_limit(f: dict[str, Any]) -> tuple[str, str, str]:
+    limit, size = f["cache_limit"], f["dataset_bytes"]
+    return ("The streaming cache is smaller than the dataset: every epoch downloads it again",
+            f"StreamingDataset(cache_limit={limit / 1e6:.0f} MB) for {f.get('shards') or '?'} shards of "
+            f"{size / 1e6:.0f} MB in all: the coldest shards are evicted and fetched again each epoch",
+            f"raise `cache_limit` to at least {size / 1e6:.0f} MB (or leave it unset) where the local disk holds "
+            "it, so only the first epoch reads from the store; else keep the shards the epochs share on a faster "
+            "store")
+
+
 def _slow_worker(f: dict[str, Any]) -> tuple[str, str, str]:
     return ("Batches wait in order behind one slow worker",
             f"worker {f['worker']}'s median batch takes {f['slowest_batch_ns'] / 1e6:.0f} ms vs "
@@ -134,6 +144,7 @@ _SAYS = {
     "unpinnable-batch": _unpinnable_batch,
     "cuda-in-forked-worker": _cuda_in_forked_worker,
     "lmdb-before-fork": _lmdb_before_fork,
+    "streaming-cache-limit": _streaming_cache_limit,
     "slow-worker": _slow_worker,
     "loader-stalled": _loader_stalled,
 }
