@@ -66,11 +66,16 @@ same photos in 204 MDS shards of about 160 KB (8 photos a shard: small enough th
 | 50 ms | 1 | storage | latency | 96% | 52.2 | 0.92 | size_limit=2275842 | 7.64 | 9.43 | -19% |
 
 `larger-shards` within 5% and 19% (an earlier run sized the shards from every request's mean body, HEADs included,
-wrote shards 7x larger where 16x was priced, and came out +12%). Adding workers measured more than predicted: the
-1-worker baseline's CPU per sample includes Streaming's threads polling (``sleep(TICK)`` loops) while they wait for
-downloads, which the model takes for work that 8 workers would each repeat. At 7-8 workers on this small set
-Streaming 0.13 itself failed one round in two ("Relative sample index N is not present in the shard") and once hung,
-with and without stallscope (without: 1 failure and 1 hang in 10 runs): the benchmark reports such a round and goes on.
+wrote shards 7x larger where 16x was priced, and came out +12%). Adding workers measured more than predicted, not
+within 20%; not yet explained. Not the baseline's CPU: Streaming's threads polling while they wait did not inflate
+it (decode and transform 2.13 ms a sample with 1 worker, 2.44 ms with 7, on 400 photos). The candidate left: in a
+60-step run 8 workers fill 16 batches (256 samples) before the measured window, which 8.3-9.7x over 155 samples/s on
+2 cores (about 1.3 ms of CPU a sample, against 2.1 ms of decode and transform alone) points to. ``--steps 150`` on
+2,560 photos, to show it: the larger shards 4.08x predicted, 4.73x measured (-14%); both 8-worker rounds failed in
+Streaming itself.
+At 7-8 workers on these sets Streaming 0.13 raises "Relative sample index N is not present in the shard" or hangs,
+with or without stallscope (8 workers, 1,120 photos: 3 of 4 runs failed without it, 3 of 4 under it; with
+``--validate``, an xxh64 of every download, none failed a checksum): the benchmark reports such a round and goes on.
 """
 
 from __future__ import annotations

@@ -170,6 +170,7 @@ def loader_threads(patched, monkeypatch):
     http_requests.watch_thread_starts(threading)
     yield
     http_requests._background.clear()
+    http_requests._retired[:] = [0] * len(http_requests._retired)
     http_requests._in_loader_worker[0] = False
 
 
@@ -291,3 +292,16 @@ def test_a_latency_bound_librarys_downloads_are_advised_larger_shards_and_a_band
     # the same requests from threads the dataset started itself (a pool in __getitems__): no library's shards
     own_pool = dataclasses.replace(waiting, library="")
     assert network_fix(own_pool, None, 1, share=0.6).id == "requests-in-flight"
+
+
+def test_ended_download_threads_are_folded_and_their_requests_still_count_once(server, loader_threads):
+    streaming = _library_code("streaming")
+    http_requests.begin_batch()
+    for _ in range(3):  # a thread an epoch, each ended before the next starts
+        streaming["start_downloads"](f"http://{server}/sample", 1).join()
+    tally = http_requests.end_batch()
+    assert tally is not None and (tally[REQUESTS], tally[BACKGROUND]) == (3, 3)
+    assert len(http_requests._background) == 1  # the two ended before the last registered are folded
+    assert http_requests._retired[REQUESTS] == 2
+    http_requests.begin_batch()
+    assert http_requests.end_batch() is None  # folding moved counts, it did not add any

@@ -19,6 +19,7 @@ library that started it.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -56,8 +57,20 @@ class _BatchLocal(threading.local):
 
 
 _local = _BatchLocal()
-#: Every background thread's tally, in the order the threads first made a request (summed at a batch's ends).
-_background: list[list[int]] = []
+#: Every live background thread with its tally (summed at a batch's ends); a thread that has ended is folded into
+#: ``_retired`` when the next one registers, so a run that starts a thread an epoch keeps a short list.
+_background: list[tuple[threading.Thread, list[int]]] = []
+_retired = [0] * (FIELDS + 2)
+_registry_lock = threading.Lock()  # a fold moves counts from a thread's tally to _retired: never seen half done
+
+
+def _new_lock_after_fork() -> None:
+    """A worker forked while a loader thread held the lock gets one of its own, not one no thread will release."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 _in_loader_worker = [False]
 
 
@@ -70,7 +83,7 @@ def begin_batch() -> None:
 def end_batch() -> list[int] | None:
     """A fetch ends: its tally, None where it made no request and read nothing from one (a stream opened in an earlier
     batch, a WebDataset shard, is read over many). The loader's own threads' requests meanwhile are added in, their
-    count and library after the seven fields."""
+    count and library after the tally's own fields."""
     tally, _local.tally = _local.tally, None
     if tally is not None and _background:
         base, now = _local.base or [0] * (FIELDS + 2), _background_totals()
@@ -82,11 +95,12 @@ def end_batch() -> list[int] | None:
 
 def _background_totals() -> list[int]:
     """The background threads' fields summed, then their library (the first one named)."""
-    totals = [0] * (FIELDS + 2)
-    for counts in list(_background):
-        for i in range(FIELDS):
-            totals[i] += counts[i]
-        totals[LIBRARY] = totals[LIBRARY] or counts[LIBRARY]
+    with _registry_lock:
+        totals = list(_retired)
+        for _, counts in _background:
+            for i in range(FIELDS):
+                totals[i] += counts[i]
+            totals[LIBRARY] = totals[LIBRARY] or counts[LIBRARY]
     return totals
 
 
@@ -100,8 +114,20 @@ def _this_thread_tally() -> list[int] | None:
     library = getattr(threading.current_thread(), "_stallscope_loader_thread", None)
     if library is not None:
         local.background = [0] * FIELDS + [0, library]
-        _background.append(local.background)
+        _register(local.background)
     return local.background
+
+
+def _register(tally: list[int]) -> None:
+    """Add this thread's tally to the registry, folding those of threads that have ended into ``_retired`` (an
+    ended thread's tally no longer changes)."""
+    with _registry_lock:
+        for entry in [entry for entry in _background if not entry[0].is_alive()]:
+            for i in range(FIELDS):
+                _retired[i] += entry[1][i]
+            _retired[LIBRARY] = _retired[LIBRARY] or entry[1][LIBRARY]
+            _background.remove(entry)
+        _background.append((threading.current_thread(), tally))
 
 
 def in_loader_worker() -> None:
@@ -134,10 +160,8 @@ def watch_thread_starts(module: Any) -> None:
     def start(self: Any) -> Any:
         own = _this_thread_tally()
         parent = own[LIBRARY] if own is not None else None
-        if parent is None and (_local.tally is not None or _in_loader_worker[0]):
-            parent = _starting_library()
-        elif parent == 0:
-            parent = _starting_library()
+        if parent == 0 or (parent is None and (_local.tally is not None or _in_loader_worker[0])):
+            parent = _starting_library()  # started by the loader: whose code (a known library's, or 0)
         if parent is not None:
             self._stallscope_loader_thread = parent
         return original(self)
