@@ -56,6 +56,25 @@ def test_a_latency_bound_bucket_is_named_with_its_requests_and_advised_requests_
     assert names.get("S3 GetObject") == "storage"  # boto3's own CPU is the store's, not the dataset's
 
 
+def test_a_pool_the_dataset_runs_itself_is_seen_and_only_more_threads_than_it_has_are_advised(tmp_path, store,
+                                                                                             monkeypatch):
+    proxy = DelayProxy(store.endpoint, LATENCY_S)
+    for key, value in {**store.env(), "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    result = _run(tmp_path, "--workers", "1", "--batch-size", "8", "--threads", "4")  # __getitems__ on 4 threads
+    proxy.close()
+    assert result.returncode == 0, result.stderr[-3000:]
+    requests = result.summary["nodes"]["storage"]["requests"]
+    assert requests["per_sample"] == pytest.approx(1.0, abs=0.01)  # the pool's GETs, each counted once
+    assert requests["background_share"] > 0.9 and requests["library"] is None  # threads the dataset started
+    assert requests["in_flight"] > 1.5  # the pool overlaps them
+    rec = next(r for r in result.summary["recommendations"] if r["id"] == "requests-in-flight")
+    assert rec["facts"]["concurrent"] > 1.5  # priced from the overlap it has, not from one request at a time
+    assert rec["facts"]["threads"] >= 1.5 * rec["facts"]["concurrent"]
+    assert "at once now" in rec["title"]
+    assert "made on threads the loader started" in result.stderr
+
+
 def test_a_store_that_goes_away_mid_run_keeps_the_exit_code_and_counts_the_failed_requests(tmp_path, store,
                                                                                          monkeypatch):
     proxy = DelayProxy(store.endpoint, 0.0)

@@ -508,7 +508,7 @@ def _larger_shards(requests: RequestStats, model: ThroughputModel | None, worker
     # a request whose body takes LATENCY_FACTOR times its latency pays the latency on a fifth of its time
     factor = max(2, min(MAX_SHARD_FACTOR, math.ceil(LATENCY_FACTOR * requests.latency_s * rate / size),
                         math.floor(MAX_SHARD_BYTES / size)))
-    if factor < 2 or size * 2 > MAX_SHARD_BYTES:
+    if size * 2 > MAX_SHARD_BYTES:  # already as large as advised
         return None
     latency_s = requests.first_byte_s + requests.connect_s
     blocked_s = model.cost_s.get("storage", 0.0) * requests.samples if model is not None else 0.0
