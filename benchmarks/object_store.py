@@ -250,18 +250,27 @@ def streaming_main(args: argparse.Namespace) -> int:
     print("| latency | workers | stage | storage bound | background | ms/request | in flight | change | predicted "
           "| measured | error |")
     print("|--:|--:|---|---|--:|--:|--:|---|--:|--:|--:|")
-    errors = []
+    errors: list[float] = []
     for latency, workers, base, requests, _, label, predicted, measured in rows:
-        error = predicted / measured - 1 if predicted and measured else None
-        if error is not None:
-            errors.append(abs(error))
         print(f"| {latency:g} ms | {workers} | {base['bottleneck']['node']} | {requests.get('bound', '-')} | "
               f"{100 * (requests.get('background_share') or 0):.0f}% | {requests.get('request_ms', '-')} | "
               f"{requests.get('in_flight', '-')} | {label} | {predicted or '-'} | {measured:.2f} | "
-              f"{f'{100 * error:+.0f}%' if error is not None else '-'} |")
+              f"{error_cell(predicted, measured, errors)} |")
+    print_errors(errors)
+    return 0
+
+
+def error_cell(predicted: float | None, measured: float | None, errors: list[float]) -> str:
+    """A row's prediction error in the table, kept in ``errors`` for the summary line."""
+    if not predicted or not measured:
+        return "-"
+    errors.append(abs(predicted / measured - 1))
+    return f"{100 * (predicted / measured - 1):+.0f}%"
+
+
+def print_errors(errors: list[float]) -> None:
     if errors:
         print(f"\nmedian error {100 * statistics.median(errors):.0f}%, worst {100 * max(errors):.0f}%")
-    return 0
 
 
 def main() -> int:
@@ -327,17 +336,13 @@ def main() -> int:
     print("| latency | workers | verdict | stage | storage bound | ms/request | in flight | change | predicted "
           "| measured | error |")
     print("|--:|--:|---|---|---|--:|--:|---|--:|--:|--:|")
-    errors = []
+    errors: list[float] = []
     for latency, workers, base, requests, change, predicted, measured in rows:
-        error = (predicted / measured - 1) if predicted and measured else None
-        if error is not None:
-            errors.append(abs(error))
         print(f"| {latency:g} ms | {workers} | {base['verdict']} | {base['bottleneck']['node']} | "
               f"{requests.get('bound', '-')} | {requests.get('request_ms', '-')} | {requests.get('in_flight', '-')} | "
               f"{change} | {predicted or '-'} | {f'{measured:.2f}' if measured else '-'} | "
-              f"{f'{100 * error:+.0f}%' if error is not None else '-'} |")
-    if errors:
-        print(f"\nmedian error {100 * statistics.median(errors):.0f}%, worst {100 * max(errors):.0f}%")
+              f"{error_cell(predicted, measured, errors)} |")
+    print_errors(errors)
     return 0
 
 
