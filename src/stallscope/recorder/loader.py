@@ -111,8 +111,7 @@ def _describe(loader: Any) -> dict[str, Any]:
 def _streaming_cache(dataset: Any) -> dict[str, Any] | None:
     """A MosaicML Streaming dataset's local cache: its limit and what the dataset's shards would keep in it (bytes),
     read from the attributes it sets in its constructor; None for any other dataset, or where they cannot be read."""
-    if not type(dataset).__module__.startswith("streaming.") and not any(
-            c.__module__.startswith("streaming.") for c in type(dataset).__mro__):
+    if not any(c.__module__.startswith("streaming.") for c in type(dataset).__mro__):  # the class or a base
         return None
     try:
         keep_zip = bool(getattr(dataset, "keep_zip", False))

@@ -86,11 +86,11 @@ def requests_line(requests: Any, compute_samples_per_s: float | None) -> str:
     rate = requests.body_bytes_per_s
     needed = requests.needed_in_flight(compute_samples_per_s) if compute_samples_per_s else None
     failed = f"; {requests.failed:.0f} failed" if requests.failed else ""
-    background = ("" if requests.background_share < 0.05
-                  else f"; {100 * requests.background_share:.0f}% made by {library_words(requests.library)} download "
-                  "threads, which the batches waited on" if requests.library
-                  else f"; {100 * requests.background_share:.0f}% made on threads the loader started (a pool in the "
-                  "dataset)")
+    background = ""
+    if requests.background_share >= 0.05:
+        made = (f"made by {library_words(requests.library)} download threads, which the batches waited on"
+                if requests.library else "made on threads the loader started (a pool in the dataset)")
+        background = f"; {100 * requests.background_share:.0f}% {made}"
     often = (f"{requests.per_sample:.1f} a sample" if requests.per_sample >= 0.1 or requests.per_sample <= 0
              else f"one per {1 / requests.per_sample:.0f} samples")
     return (f"requests: {often}, {1e3 * requests.latency_s:.1f} ms to the first byte "
