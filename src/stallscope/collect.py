@@ -12,10 +12,12 @@ import json
 import os
 import platform
 import signal
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from stallscope.constants import SESSION_SCHEMA
+from stallscope.folding import FoldedRun, read_run
 from stallscope.recorder.schema import fields_of
 from stallscope.session import (
     RECORD_LISTS,
@@ -48,46 +50,26 @@ _COMPUTE_FACTS = ("optimizer_info", "model_info", "ddp_info", "threads_info", "a
 
 
 def read_event_files(events_dir: Path) -> list[tuple[dict[str, Any], list[list[Any]]]]:
-    """[(header, records)] for every process that wrote events."""
-    return [(f.header, f.records) for f in _read_events(events_dir)]
+    """[(header, records)] for every process that wrote events (its segments joined) into a run's ``events_dir``."""
+    return [(f.header, f.records) for f in _read_events(read_run(events_dir.parent))]
 
 
 class EventFile(NamedTuple):
-    path: Path
     header: dict[str, Any]
     records: list[list[Any]]
     damaged: int  # lines that could not be read: cut short by a kill or a full disk
-
-    @property
-    def last_write_ns(self) -> int:
-        """When the process last wrote, on its monotonic clock (the header maps wall to monotonic)."""
-        return int(self.header["mono_ns"]) + self.path.stat().st_mtime_ns - int(self.header["wall_ns"])
+    last_write_ns: int  # when the process last wrote, on its monotonic clock
 
 
-def _read_events(events_dir: Path) -> list[EventFile]:
-    """Every process's event file; a line cut short by a kill or a full disk is skipped and counted, so
-    the session can say that process's last events are missing."""
+def _read_events(run: FoldedRun) -> list[EventFile]:
+    """Every process's events: what was folded and kept, and the raw segments beyond it (``folding.py``); a line cut
+    short by a kill or a full disk is skipped and counted, so the session can say that process's last events are
+    missing."""
     result = []
-    for path in sorted(events_dir.glob("*.jsonl")):
-        header: dict[str, Any] | None = None
-        records: list[list[Any]] = []
-        damaged = 0
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    damaged += 1
-                    continue
-                if isinstance(item, dict) and "header" in item:
-                    header = header or item["header"]
-                elif isinstance(item, list) and item:
-                    if isinstance(item[0], list):  # a line of records (a record starts with its kind)
-                        records.extend(r for r in item if isinstance(r, list) and r)
-                    else:
-                        records.append(item)
-        if header is not None:
-            result.append(EventFile(path, header, records, damaged))
+    for pid in sorted(run.headers):
+        header = run.headers[pid]
+        last = run.last_write.get(pid, int(header["mono_ns"]))
+        result.append(EventFile(header, run.records.get(pid, []), run.damaged.get(pid, 0), last))
     return result
 
 
@@ -103,7 +85,10 @@ _BY_NAME: dict[str, tuple[str, type]] = {
 }
 
 
-def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
+def build_session(run_dir: Path, meta: dict[str, Any], run: FoldedRun | None = None) -> Session:
+    """The session of ``run_dir``: ``run``, what the launcher's folder holds at the end, or read from the folder
+    (``folding.read_run``)."""
+    run = run if run is not None else read_run(run_dir)
     lists: dict[str, list[Any]] = {name: [] for name in RECORD_LISTS if name != "ranks"}
     ranks: dict[int, RankRecord] = {}
     notes: list[str] = []
@@ -119,9 +104,9 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
     thread_sampled: dict[str, list[int]] = {}  # why the thread sampler ran -> processes
     step_limit_hit = False
     cut_short: set[int] = set()
-    files = _read_events(run_dir / "events")
+    files = _read_events(run)
     recorded = {int(f.header["pid"]) for f in files}
-    for _, header, records, damaged in files:
+    for header, records, damaged, _ in files:
         pid = int(header["pid"])
         if damaged:
             notes.append(f"{damaged} line(s) of process {pid}'s events were cut short (killed mid-write, or the "
@@ -249,6 +234,8 @@ def build_session(run_dir: Path, meta: dict[str, Any]) -> Session:
         checks=meta.get("checks", []),
         system_samples=meta.get("system_samples", {}),
         pauses=list(meta.get("pauses") or []),
+        windows=run.rows,
+        recording=run.recording(),
         notes=notes + meta.get("notes", []),
         batch_info=batch_info,
         lmdb_opens=lmdb_opens,
@@ -323,23 +310,25 @@ class RecoveryError(ValueError):
     """A run directory that cannot be rebuilt into a session (no run.json, or its run still in progress)."""
 
 
-def recover_session(run_dir: Path) -> Session:
+def recover_session(run_dir: Path, *, running: bool = False) -> Session:
     """Rebuild the session of a run whose launcher ended before saving it (killed, or the disk was full),
     from its ``run.json`` and raw event files. What only the launcher knew is inferred and said so: the
     exit code from the main process's last events, the end from the event files' last writes; the
-    system samples are lost."""
+    system samples are lost. ``running``: a run still in progress is read as it stands (the summary so far,
+    ``ended_by`` "running"), without writing anything into its folder; otherwise it raises RecoveryError."""
     try:
         meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise RecoveryError(f"{run_dir} cannot be rebuilt: no readable run.json ({exc})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("run_id"), str):
         raise RecoveryError(f"{run_dir} cannot be rebuilt: run.json is not a stallscope run description")
-    launcher = meta.get("launcher_pid")
-    if _locked(run_dir / "run.json") or (
-            isinstance(launcher, int) and launcher != os.getpid() and _alive(launcher) and _same_host(meta)):
-        raise RecoveryError(f"{run_dir} is a run still in progress (stallscope process {launcher}); "
-                            "report it once it has ended")
-    processes = _read_events(run_dir / "events") if (run_dir / "events").is_dir() else []
+    if in_progress(run_dir, meta):
+        if not running:
+            raise RecoveryError(f"{run_dir} is a run still in progress (stallscope process "
+                                f"{meta.get('launcher_pid')}); report it once it has ended")
+        return _session_so_far(run_dir, meta)
+    run = read_run(run_dir)
+    processes = _read_events(run)
     recorded = {int(f.header["pid"]) for f in processes}
     main = next((f for f in processes if _header_role(f.header, recorded) == "main"), None)
     ends = [f.last_write_ns for f in processes]
@@ -363,7 +352,30 @@ def recover_session(run_dir: Path) -> Session:
                f"be saved); the exit code {exit_code} is inferred ({how}); no system samples")
     meta = {**meta, "start_ns": start_ns, "end_ns": end_ns, "exit_code": exit_code, "ended_by": "recovered",
             "notes": [*meta.get("notes", []), why]}
-    return build_session(run_dir, meta)
+    return build_session(run_dir, meta, run)
+
+
+def in_progress(run_dir: Path, meta: dict[str, Any]) -> bool:
+    """Whether a launcher still records the run: it holds the lock, or its process lives on this host."""
+    launcher = meta.get("launcher_pid")
+    return _locked(run_dir / "run.json") or (
+        isinstance(launcher, int) and launcher != os.getpid() and _alive(launcher) and _same_host(meta))
+
+
+def _session_so_far(run_dir: Path, meta: dict[str, Any]) -> Session:
+    """The session of a run still going, up to now: read, never written (``folding.read_run``)."""
+    run = read_run(run_dir)
+    recorded_start = meta.get("start_ns")
+    start_ns: int = recorded_start if isinstance(recorded_start, int) else min(
+        (int(h["mono_ns"]) for h in run.headers.values()), default=0)
+    end_ns: int = max([start_ns, *run.last_write.values()])
+    if _same_host(meta):
+        end_ns = max(end_ns, time.perf_counter_ns())
+    note = ("the run is still going: this is its summary so far, read from its events without changing them; the "
+            "exit code is not known yet (-1) and there are no system samples")
+    meta = {**meta, "start_ns": start_ns, "end_ns": end_ns, "exit_code": -1, "ended_by": "running",
+            "notes": [*meta.get("notes", []), note]}
+    return build_session(run_dir, meta, run)
 
 
 def _recorded_ending(run_dir: Path) -> dict[str, Any] | None:

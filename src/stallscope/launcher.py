@@ -33,6 +33,7 @@ import stallscope
 from stallscope import environment, paths
 from stallscope.collect import build_session
 from stallscope.constants import EVENTS_LOST_NOTE, HISTORY_FILENAME
+from stallscope.folding import FOLDED_DIR, FoldingThread
 from stallscope.sample import SystemSampler
 from stallscope.session import Session
 from stallscope.settings import (
@@ -323,6 +324,7 @@ def save_session(session: Session, run_dir: Path) -> tuple[Path | None, str | No
         reason = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (exc.strerror or str(exc))
         return None, f"the session could not be saved in {run_dir}: {reason}"
     shutil.rmtree(run_dir / "events", ignore_errors=True)
+    shutil.rmtree(run_dir / FOLDED_DIR, ignore_errors=True)
     (run_dir / ENDING_FILE).unlink(missing_ok=True)
     return path, None
 
@@ -495,6 +497,8 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
     sampler = SystemSampler(child.pid, sample_interval_s) if sample_interval_s > 0 else None
     if sampler is not None:
         sampler.start()
+    folding = FoldingThread(run_dir)
+    folding.start()
     with _SignalForwarder(child) as forwarder:
         while True:
             try:
@@ -516,7 +520,7 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
                 "so what was measured is lost but for events written after, in a folder made anew")
         meta["notes"] = [*meta["notes"], f"{EVENTS_LOST_NOTE} ({run_dir}): the events recorded in it went with it, "
                          f"{what}; the script's exit code is kept"]
-    session = build_session(run_dir, meta)
+    session = build_session(run_dir, meta, folding.finish())
     session_path, save_error = save_session(session, run_dir)
     if save_error and run_dir.is_dir():
         write_ending(run_dir, meta)

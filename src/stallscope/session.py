@@ -345,6 +345,13 @@ class Session:
     #: the whole job stopped (Ctrl-Z, SIGTSTP) and continued: {start_ns, end_ns}, the launcher's clock (monotonic,
     #: as every process's); steps leave these out (``analysis/steps.py``)
     pauses: list[dict[str, Any]] = field(default_factory=list)
+    #: the run's time cut into windows (``folding.py``): per window and process, its steps, batches, samples, data
+    #: wait, fetches, forward/backward/optimizer time, epochs, stalls, errors; every window of the run, whether its
+    #: records were kept or folded
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    #: how the run was kept over time: {window_ns, folded: [[start_ns, end_ns], ...] spans whose records were folded
+    #: into ``windows`` alone, kept_windows: {why: count}}; empty in sessions recorded before it was
+    recording: dict[str, Any] = field(default_factory=dict)
 
     @functools.cached_property
     def system(self) -> SystemSamples:

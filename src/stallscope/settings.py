@@ -43,6 +43,12 @@ ENV_TRIAL_FIGURES = "STALLSCOPE_TRIAL_FIGURES"
 ENV_STACK_SAMPLE_HZ = "STALLSCOPE_STACK_SAMPLE_HZ"
 #: "0": no profiler window in the run (recorder/op_window.py).
 ENV_OP_WINDOW = "STALLSCOPE_OP_WINDOW"
+#: Bytes of one raw event file before the process starts the next (``recorder/events.py``); the folder folds the
+#: finished ones as the run goes (``folding.py``). Tests set it small to fold within seconds.
+ENV_SEGMENT_BYTES = "STALLSCOPE_SEGMENT_BYTES"
+#: Tests only: the folding's sizes, "window_ms=500,lead=2000,trail=2000,anomaly=1000,period_ms=200,lag_ms=300"
+#: (``folding.Limits``), so that a run of seconds folds as one of days would.
+ENV_FOLDING = "STALLSCOPE_FOLDING"
 #: Tests only: seconds ``pack`` sleeps per record, so a test can kill it mid-way.
 ENV_PACK_THROTTLE = "STALLSCOPE_PACK_THROTTLE_S"
 

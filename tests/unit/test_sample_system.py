@@ -145,3 +145,25 @@ def test_proc_stat_reads_cpu_and_rss_and_treats_an_exiting_process_as_gone():
     for line in (_stat_line("R", 0x400004, 388), _stat_line("D", 0x400000, 0), _stat_line("Z", 0, 0)):
         with pytest.raises(psutil.NoSuchProcess):
             system._proc_stat(42, _OneStatFile(line))
+
+
+def test_a_long_run_keeps_at_most_max_ticks_spread_over_it(monkeypatch):
+    """Past MAX_TICKS every other tick goes and the interval doubles: the samples stay bounded, still read the same
+    way (every series one value per tick, a process's values at its own ticks, cumulative CPU never decreasing)."""
+    from stallscope.sample import system
+    from stallscope.system_samples import SystemSamples
+
+    monkeypatch.setattr(system, "MAX_TICKS", 16)
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nend=time.time()+2.0\nx=0\nwhile time.time()<end: x+=1\n"])
+    sampler = SystemSampler(child.pid, interval_s=0.02, gpu=False)
+    sampler.start()
+    child.wait()
+    result = sampler.stop()
+    assert 8 <= len(result["t_ns"]) < 16 and result["interval_s"] >= 0.04
+    assert all(len(values) == len(result["t_ns"]) for values in result["system"].values())
+    assert result["t_ns"] == sorted(result["t_ns"])
+    entry = result["processes"][str(child.pid)]
+    assert len(entry["ticks"]) == len(entry["cpu_s"]) and max(entry["ticks"]) < len(result["t_ns"])
+    assert entry["cpu_s"] == sorted(entry["cpu_s"]) and entry["cpu_s"][-1] > 0.2  # 2 s busy, on a loaded machine
+    assert SystemSamples.read(result).processes  # the reader takes it as any other run's

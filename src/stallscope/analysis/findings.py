@@ -65,6 +65,14 @@ class StepStats:
     parts_s: dict[str, float] | None = None
     #: indices of steps left out of every figure: the profiler window's, and the one its folding landed in
     left_out: frozenset[int] = frozenset()
+    #: indices of steps across a span whose records were folded (a long run, ``folding.py``): their bounds are
+    #: minutes apart
+    across_folded: frozenset[int] = frozenset()
+    #: where records were folded, the run's steps and samples as its windows counted them (the recorder's rule: an
+    #: optimizer step after any batch), and the steps inside the folded spans; None where nothing was folded
+    window_steps: int | None = None
+    window_samples: int | None = None
+    folded_steps: int = 0
 
     @property
     def profiled_steps(self) -> int:
@@ -78,7 +86,13 @@ class StepStats:
     def steady(self) -> list[Step]:
         """The steps after the warm-up, less the profiler window's."""
         after = self.steps[self.warmup_steps:]
-        return [s for s in after if s.index not in self.left_out] if self.left_out else after
+        out = self.left_out | self.across_folded
+        return [s for s in after if s.index not in out] if out else after
+
+    @property
+    def run_steps(self) -> int:
+        """Every training step of the run: those recorded, or where records were folded, those its windows counted."""
+        return self.window_steps if self.window_steps is not None else len(self.steps)
 
     @property
     def data_wait_fraction(self) -> float:
@@ -221,6 +235,9 @@ class Analysis:
     not_recommended: list[Any] = field(default_factory=list)
     #: operators.Operators: the run's profiler window folded (top operators by part, its cost); None without one
     operators: Any = None
+    #: over_time.OverTime: the run's windows, a slowdown or speed-up beyond noise and memory that grew; None for a
+    #: session recorded before windows were
+    over_time: Any = None
 
     @property
     def train_loader(self) -> LoaderSummary | None:

@@ -23,6 +23,7 @@ from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
 from stallscope.analysis.model_from_run import build_model
 from stallscope.analysis.operators import operators
+from stallscope.analysis.over_time import over_time
 from stallscope.analysis.pipeline import fetch_stages, worker_pipeline
 from stallscope.analysis.pitfalls import agreeing_with, find_pitfalls
 from stallscope.analysis.ranks import DistributedFindings, RankSummary
@@ -263,6 +264,7 @@ def _analyze_process(session: Session, cpus: int | None = None, verdict: str | N
         hotspots=spots,
         other_cpus=other,
         not_recommended=left_out,
+        over_time=over_time(session),
     )
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from stallscope.analysis.findings import Step, StepStats
 from stallscope.analysis.spans import SpanIndex, index_of
@@ -263,7 +264,9 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     # left out of the steady ones
     profiled_ids = frozenset(s.index for s in steps
                              if profiled.spans and profiled.overlapping(s.start_ns, s.end_ns))
-    kept = [s for s in steps if s.index not in profiled_ids]
+    folded = index_of((int(a), int(b)) for a, b in session.recording.get("folded", []))
+    across_folded = frozenset(s.index for s in steps if folded.spans and folded.overlapping(s.start_ns, s.end_ns))
+    kept = [s for s in steps if s.index not in profiled_ids | across_folded]
     warm = _warm_up(kept, warmup, _first_round(session, pid, train_ids))
     steady = kept[warm:]
     warm = steps.index(steady[0]) if steady else len(steps)  # the warm-up, counted in the recorded steps
@@ -296,7 +299,22 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
         paired_loader_ids=paired_ids,
         left_out=profiled_ids,
         parts_s=_parts_s(steady) if parts.recorded else None,
+        across_folded=across_folded,
+        **_window_counts(session, pid, bool(folded.spans)),
     )
+
+
+def _window_counts(session: Session, pid: int | None, folded: bool) -> dict[str, Any]:
+    """Where records were folded: the run's steps and samples as its windows counted them, and the steps inside
+    the folded spans (``Session.windows``, ``Session.recording``)."""
+    if not folded:
+        return {}
+    rows = [r for r in session.windows if r.get("pid") == pid]
+    known = all(r.get("samples_known", True) for r in rows if r.get("batches"))
+    folded_counts = session.recording.get("folded_counts", {}).get(str(pid), {})
+    return {"window_steps": sum(int(r.get("steps", 0)) for r in rows),
+            "window_samples": sum(int(r.get("samples", 0)) for r in rows) if known else None,
+            "folded_steps": int(folded_counts.get("steps", 0))}
 
 
 def _parts_s(steady: list[Step]) -> dict[str, float]:

@@ -61,8 +61,12 @@ def _fail(message: str) -> int:
 
 def _recover(run_dir: Path, verb: str = "report") -> tuple[Session, Path]:
     """Rebuild a run that was never saved from its raw events, save it, and add it to the history; said as
-    ``stallscope VERB``."""
-    session = recover_session(run_dir)
+    ``stallscope VERB``. A run still going is read as it stands, and nothing is saved."""
+    session = recover_session(run_dir, running=True)
+    if session.ended_by == "running":
+        print(printable(f"stallscope {verb}: {run_dir} is still running: its summary so far (nothing saved; "
+                        "report it again once it has ended for the whole run)"), file=sys.stderr)
+        return session, run_dir
     saved, error = save_session(session, run_dir)
     if error:  # a read-only store, a full disk: show it all the same, and keep the raw events for a later try
         print(printable(f"stallscope {verb}: {run_dir} had no saved session; rebuilt it from its raw events, but "

@@ -26,6 +26,7 @@ from stallscope.constants import NODE_IDS
 from stallscope.paths import write_file
 from stallscope.render import hotspots_html, words
 from stallscope.render.words import failures
+from stallscope.render.words import over_time as over_time_words
 from stallscope.session import Session
 from stallscope.system_samples import SystemSamples
 
@@ -161,6 +162,32 @@ def step_figure(analysis: Analysis) -> dict[str, Any] | None:
         title += " (shaded: warm-up, not counted)"
     return {"data": data, "layout": _layout(title, barmode="stack", shapes=shapes, bargap=0.1,
                                             xaxis={"title": {"text": "step"}}, yaxis={"title": {"text": "ms"}})}
+
+
+def over_time_figure(session: Session, analysis: Analysis) -> dict[str, Any] | None:
+    """The whole run, window by window (``analysis/over_time.py``): steps/s, and the data wait's share on a second
+    axis; where the run slowed or sped up, a line at the window it began."""
+    found = analysis.over_time
+    shown = [w for w in found.windows if w.steps_per_s is not None] if found is not None else []
+    if found is None or len(shown) < 2:
+        return None
+    minutes = [(w.start_ns - session.start_ns) / 6e10 for w in shown]
+    data = [{"type": "scatter", "mode": "lines", "name": "steps/s", "x": minutes, "y": [w.steps_per_s for w in shown],
+             "line": {"color": NODE_COLORS["compute"]}},
+            {"type": "scatter", "mode": "lines", "name": "data wait (% of step time)", "x": minutes, "yaxis": "y2",
+             "y": [100 * (w.data_wait_fraction or 0.0) for w in shown], "line": {"color": WAIT_COLOR}}]
+    shapes = []
+    if found.change is not None:
+        at = (found.change.began_ns - session.start_ns) / 6e10
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": at, "x1": at, "y0": 0, "y1": 1,
+                       "line": {"color": "#d62728", "dash": "dot"}})
+    title = f"the run over time, per {found.window_s:g}-second window"
+    if found.change is not None:
+        title += f" (dotted: the run {'slowed' if found.change.direction == 'slower' else 'sped up'} from here)"
+    return {"data": data, "layout": _layout(title, shapes=shapes, xaxis={"title": {"text": "minutes"}},
+                                            yaxis={"title": {"text": "steps/s"}, "rangemode": "tozero"},
+                                            yaxis2={"title": {"text": "data wait %"}, "overlaying": "y",
+                                                    "side": "right", "range": [0, 100]})}
 
 
 def node_figure(analysis: Analysis) -> dict[str, Any] | None:
@@ -304,7 +331,7 @@ def _run_section(session: Session, analysis: Analysis) -> str:
     return "<h2 id=run>Run</h2>" + _table(rows, raw=True)
 
 
-def _findings_section(analysis: Analysis) -> str:
+def _findings_section(analysis: Analysis, origin_ns: int = 0) -> str:
     stats = analysis.steps
     parts = ["<h2 id=findings>Findings</h2>",
              f"<p><span class='verdict v-{_e(analysis.verdict)}'>{_e(analysis.verdict)}</span> "]
@@ -318,7 +345,7 @@ def _findings_section(analysis: Analysis) -> str:
     if analysis.bottleneck_node:
         parts.append(f"<p>limiting stage: <b>{_e(analysis.bottleneck_node)}</b> "
                      f"({100 * analysis.bottleneck_share:.0f}% of step time)</p>")
-    evidence = words.evidence(analysis)
+    evidence = words.evidence(analysis) + over_time_words.lines(analysis.over_time, origin_ns)
     if evidence:
         parts.append("<p>evidence:</p><ul>" + "".join(f"<li>{_e(line)}</li>" for line in evidence) + "</ul>")
     for pitfall in analysis.pitfalls:
@@ -437,10 +464,12 @@ def render(session: Session, analysis: Analysis, plotly_js: str | None = None) -
         "<a href=#nodes>stages</a><a href=#hotspots>hotspots</a><a href=#workers>workers</a>"
         "<a href=#system>system</a><a href=#run>run</a></nav>",
         "<pre id=report-errors hidden></pre>",
-        _findings_section(analysis),
+        _findings_section(analysis, session.start_ns),
         _recommendations_section(analysis),
         "<h2 id=steps>Steps</h2>",
         _chart("chart-steps", step_figure(analysis), figures, "no training step was recorded"),
+        _chart("chart-over-time", over_time_figure(session, analysis), figures,
+               "no over-time figures: a run too short for two windows, or recorded before windows were"),
         "<h2 id=nodes>Where step time went</h2>",
         _chart("chart-nodes", node_figure(analysis), figures, "no steady steps to split"),
         _nodes_table(analysis),

@@ -10,12 +10,61 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.analysis import Analysis, shares
-from stallscope.analysis.findings import LoaderSummary
+from stallscope.analysis.findings import LoaderSummary, StepStats
 from stallscope.constants import NODE_IDS, SUMMARY_SCHEMA
 from stallscope.paths import write_file
 from stallscope.render import words
 from stallscope.render.words import failures
+from stallscope.render.words import over_time as over_time_words
 from stallscope.session import Session
+
+
+def _run_samples(stats: StepStats) -> int | None:
+    """The run's samples: those of its recorded steps, or where records were folded, those its windows counted."""
+    if stats.window_steps is not None:
+        return stats.window_samples
+    if not stats.steps or any(s.samples is None for s in stats.steps):
+        return None
+    return sum(s.samples or 0 for s in stats.steps)
+
+
+def recording_dict(session: Session, stats: StepStats) -> dict[str, Any] | None:
+    """How a long run was kept (``folding.py``): the window, the time whose records were folded into per-window
+    figures and the steps counted there; None where nothing was folded."""
+    folded = session.recording.get("folded") or []
+    if not folded:
+        return None
+    return {"window_s": session.recording.get("window_ns", 0) / 1e9,
+            "folded_s": round(sum(b - a for a, b in folded) / 1e9, 3),
+            "folded_spans": len(folded), "steps_folded": stats.folded_steps,
+            "steps_in_detail": len(stats.steps), "kept_windows": session.recording.get("kept_windows", {})}
+
+
+def over_time_dict(session: Session, analysis: Analysis) -> dict[str, Any] | None:
+    """The run's windows (throughput, data wait, memory) and what changed over them, with its words."""
+    found = analysis.over_time
+    if found is None:
+        return None
+    origin = session.start_ns
+    windows = [{"start_s": round((w.start_ns - origin) / 1e9, 3), "steps": w.steps,
+                "steps_per_s": round(w.steps_per_s, 4) if w.steps_per_s is not None else None,
+                "data_wait_fraction": round(w.data_wait_fraction, 4) if w.data_wait_fraction is not None else None,
+                "rss_mib": round(w.rss_bytes / 2**20, 1) if w.rss_bytes is not None else None}
+               for w in found.windows]
+    change = None
+    if found.change is not None:
+        c = found.change
+        change = {"direction": c.direction, "ratio": round(c.ratio, 4),
+                  "began_s": round((c.began_ns - origin) / 1e9, 3),
+                  "early_steps_per_s": round(c.early_steps_per_s, 4), "late_steps_per_s": round(c.late_steps_per_s, 4),
+                  "part": c.part, "cause": c.cause,
+                  "per_step_ms": {k: [round(a, 4), round(b, 4)] for k, (a, b) in c.per_step_ms.items()},
+                  "evidence": {k: list(v) for k, v in c.evidence.items()},
+                  "said": over_time_words.change(c, origin)}
+    memory = [{"who": m.who, "early_mib": round(m.early_bytes / 2**20, 1), "late_mib": round(m.late_bytes / 2**20, 1),
+               "began_s": round((m.began_ns - origin) / 1e9, 3), "said": over_time_words.memory(m, origin)}
+              for m in found.memory]
+    return {"window_s": found.window_s, "windows": windows, "change": change, "memory_growth": memory}
 
 
 def summary_dict(session: Session, analysis: Analysis, session_path: str | os.PathLike[str] | None) -> dict[str, Any]:
@@ -24,11 +73,10 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         "schema": SUMMARY_SCHEMA,
         "exit_code": session.exit_code,
         "ended_by": session.ended_by,
-        "steps": len(stats.steps),
+        "steps": stats.run_steps,
         "steady_steps": len(stats.steady),
         "step_boundary": stats.boundary,
-        "samples": sum(s.samples for s in stats.steps) if stats.steps and all(
-            s.samples is not None for s in stats.steps) else None,
+        "samples": _run_samples(stats),
         "wall_s": round(session.wall_s, 4),
         "verdict": analysis.verdict,
         "data_wait_fraction": round(analysis.data_wait_fraction, 4),
@@ -36,6 +84,8 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
             "steps_per_s": round(analysis.steps_per_s, 4),
             "samples_per_s": round(analysis.samples_per_s, 3) if analysis.samples_per_s is not None else None,
         },
+        "recording": recording_dict(session, stats),
+        "over_time": over_time_dict(session, analysis),
         "step_time_s": {"median": stats.median_step_s, "p90": stats.p90_step_s, "first": stats.first_step_s},
         "receive_s": {"wall": round(stats.unpickle_s, 4), "cpu": round(stats.unpickle_cpu_s, 4)},
         "bottleneck": {

@@ -13,7 +13,9 @@ from stallscope.analysis.hotspots import top_of_stage
 from stallscope.constants import NODE_IDS
 from stallscope.render import words
 from stallscope.render.safe_text import terminal_console
+from stallscope.render.summary import recording_dict
 from stallscope.render.words import failures
+from stallscope.render.words import over_time as over_time_words
 from stallscope.session import Session
 
 _VERDICT_STYLE = {"input-bound": "bold red", "compute-bound": "bold green", "balanced": "bold yellow",
@@ -42,6 +44,10 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
                       f"{stats.warmup_steps} warm-up; "
                       f"median step {1000 * (stats.median_step_s or 0):.1f} ms; steps end at each "
                       f"{'optimizer step' if stats.boundary == 'optimizer' else 'batch'})")
+    if (kept := words.recording(recording_dict(session, stats))) is not None:
+        console.print(f"  • {kept}", markup=False, highlight=False)
+    for line in over_time_words.lines(analysis.over_time, session.start_ns):
+        console.print(f"  • {line}", markup=False, highlight=False)
     for line in words.training_process(analysis.training_process):
         console.print(f"  • {line}", markup=False, highlight=False)
     total = sum(analysis.node_seconds.values())

@@ -310,6 +310,18 @@ def _system_counters(ev: _Events, session: Session) -> None:
                 ev.counter(SYSTEM_PID, f"gpu {name}", t_ns, args)
 
 
+def _window_counters(ev: _Events, analysis: Analysis) -> None:
+    """The run over time (``analysis/over_time.py``): steps/s and the data wait per window, on the training process."""
+    if analysis.over_time is None:
+        return
+    for w in analysis.over_time.windows:
+        if w.steps_per_s is not None:
+            ev.counter(MAIN_PID, "steps/s (per window)", w.start_ns, {"value": round(w.steps_per_s, 3)})
+        if w.data_wait_fraction is not None:
+            ev.counter(MAIN_PID, "data wait % (per window)", w.start_ns,
+                       {"value": round(100 * w.data_wait_fraction, 2)})
+
+
 def render(session: Session, analysis: Analysis) -> dict[str, Any]:
     """The trace as a dict (``{"traceEvents": [...], ...}``) with times relative to ``session.start_ns``."""
     ev = _Events(session.start_ns)
@@ -319,6 +331,7 @@ def render(session: Session, analysis: Analysis) -> dict[str, Any]:
     _stack_tracks(ev, session, analysis)
     _queue_counters(ev, session)
     _system_counters(ev, session)
+    _window_counters(ev, analysis)
     meta = [e for e in ev.events if e["ph"] == "M"]
     timed = sorted((e for e in ev.events if e["ph"] != "M"), key=lambda e: (e["ts"], -e.get("dur", 0)))
     return {

@@ -78,7 +78,7 @@ class ProgressTally:
         self.clock = clock
         self.started_ns = clock()
         self._tails: dict[Path, _Tail] = {}
-        self._counted: Path | None = None  # the training process whose batches and steps are counted
+        self._counted: str | None = None  # the pid of the training process whose batches and steps are counted
         self._steps = 0
         self._batches = 0
         self._batches_since_step = 0
@@ -98,13 +98,17 @@ class ProgressTally:
         for path in paths:
             tail = self._tails.setdefault(path, _Tail(path))
             records = tail.new_records()
+            pid = path.name.split(".", 1)[0]  # a process's segments (recorder/events.py) are one process
             if self._counted is None and tail.role in ("main", "rank", "child") \
                     and any(r[0] == "next" for r in records):
                 # the script itself, a program it started (a launcher script's python train.py), or under
                 # torchrun / mp.spawn the first rank seen taking batches; never a DataLoader worker
-                self._counted = path
+                self._counted = pid
             for record in records:
-                self._add(record, is_main=path == self._counted)
+                self._add(record, is_main=pid == self._counted)
+        present = set(paths)
+        for path in [p for p in self._tails if p not in present]:  # folded and deleted (folding.py)
+            del self._tails[path]
         now = self.clock()
         steps = self._steps if self._saw_optimizer else self._batches
         if self._rates and steps < self._rates[-1][1]:  # the first optimizer step: batches were not steps

@@ -38,6 +38,11 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PF_EXITING = 0x4  # task flag in /proc/PID/stat: the process has begun exiting (linux/sched.h)
 
 
+#: Ticks kept at most (20 minutes at the default 10 Hz): beyond, every other one is dropped and the interval doubles
+#: (``SystemSampler.thin``), so the launcher's memory and the session stay bounded however long the run.
+MAX_TICKS = 12_000
+
+
 class SystemSampler:
     def __init__(self, root_pid: int, interval_s: float = 0.1, nvml: Any | None = None,
                  gpu: bool = True, shm_path: str = "/dev/shm") -> None:
@@ -142,10 +147,30 @@ class SystemSampler:
                 if self._gpu is not None and self._gpu.handles:
                     for key, values in self._gpu.read(with_pcie=tick % PCIE_EVERY_TICKS == 0).items():
                         self.gpu_series.setdefault(key, []).append(values)
+                if len(self.t_ns) >= MAX_TICKS:
+                    self.thin()
         finally:
             self._files.close()
             self._cost_cpu_s = time.thread_time() - cpu0
             self._wall_s = time.perf_counter() - wall0
+
+    def thin(self) -> None:
+        """Every other tick dropped and the interval doubled: a run of days keeps at most ``MAX_TICKS`` ticks, spread
+        evenly over it. Cumulative figures (a process's CPU seconds, bytes read) lose nothing; a per-tick rate stays
+        the rate over its own interval."""
+        self.t_ns[:] = self.t_ns[::2]
+        for name, values in self.system.items():
+            self.system[name] = values[::2]
+        for name, values in self.gpu_series.items():
+            self.gpu_series[name] = values[::2]
+        for entry in self.processes.values():
+            kept = [i for i, tick in enumerate(entry["ticks"]) if tick % 2 == 0]
+            for name in ("cpu_s", "rss_bytes", "read_bytes"):
+                entry[name] = [entry[name][i] for i in kept]
+            entry["ticks"] = [entry["ticks"][i] // 2 for i in kept]
+            entry["uss_ticks"] = [tick // 2 for tick in entry["uss_ticks"]]
+            entry["first"] = entry["first"] // 2
+        self.interval_s *= 2
 
     def _may_read_uss(self, proc: psutil.Process) -> bool:
         """Not for training processes: the root, and torchrun's ranks (each walk of their mappings holds

@@ -17,6 +17,7 @@ from stallscope.render.words.evidence import (
     notes,
     operators,
     rate,
+    recording,
     straggler_short,
     training_process,
 )
@@ -26,4 +27,4 @@ from stallscope.render.words.recommendations import Said, created_at, hotspot, n
 
 __all__ = ["CONDITIONS", "MIB", "NO_SAMPLES", "PART_LABELS", "PitfallSaid", "Said", "beside_compute", "created_at",
            "evidence", "facts_text", "gain", "gpu_timing", "hotspot", "not_recommended", "notes", "operators",
-           "overrides", "pitfall", "rate", "recommendation", "straggler_short", "training_process"]
+           "overrides", "pitfall", "rate", "recommendation", "recording", "straggler_short", "training_process"]

@@ -235,6 +235,18 @@ def rate(analysis: Analysis) -> str:
     return text
 
 
+def recording(recorded: dict[str, Any] | None) -> str | None:
+    """How a long run was kept (``render.summary.recording_dict``), in one line; None where nothing was folded."""
+    if not recorded:
+        return None
+    kept = recorded.get("kept_windows", {})
+    anomalies = kept.get("anomaly", 0)
+    which = "the first and the last" + (f" and {anomalies} with an anomaly" if anomalies else "")
+    return (f"long run: {recorded['steps_in_detail']:,} steps recorded in detail ({which} seconds), the figures "
+            f"above rest on them; {recorded['steps_folded']:,} steps over {recorded['folded_s'] / 60:.1f} min between "
+            f"were folded into {recorded['window_s']:g}-second windows, counted in the steps and the over-time figures")
+
+
 def operators(ops: Any, shown: int = 3) -> list[str]:
     """The profiler window's top operators under the limiting stage: one line of how, then one per operator."""
     on_device = ops.self_device_s > 0

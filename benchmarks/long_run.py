@@ -1,0 +1,153 @@
+"""Long runs under the recorder: the session's size, the time ``report`` takes, the launcher's peak memory (it is
+also the collector: it folds the run as it goes and builds the session at the end) and the recorder's overhead.
+
+Each size runs ``tests/scripts/long_steps.py`` (tiny steps on in-memory data, an epoch every 5,000 steps) under
+``stallscope run``; the launcher's peak resident memory is its VmHWM, read from /proc while it runs (it holds its
+peak until it exits). The overhead pairs run the same script bare and recorded, alternating, at ``--step-ms``
+steps (a busy loop pads each step), and compare the milliseconds per step the script itself prints.
+
+Run:  python benchmarks/long_run.py                      (100k and 1M steps in the training process, 100k with 2
+                                                          workers, 3 overhead pairs of 20k steps at 1 ms)
+      python benchmarks/long_run.py --sizes 20000 --workers-steps 0 --pairs 1   (a quick look)
+
+Measured on the 2-core development VM (2026-12-06), chunks of 1 s, windows of 10 s, detail budgets 30,000 /
+30,000 / 15,000 records (docs/calibration.md, fold-*):
+- 100,000 steps (0.66 ms each): session 9.3 MB, 14,518 steps in detail; report 2.43 s (its peak 83 MB); the
+  launcher's peak 114 MB; summary steps 100,000; balanced, data wait 26.3%.
+- 1,000,000 steps (668 s): session 10.3 MB, 15,256 steps in detail; report 2.27 s (peak 89 MB); the launcher's
+  peak 115 MB (flat from 100k); summary steps 1,000,000; balanced, data wait 26.1%.
+- 100,000 steps with 2 workers (252 s): session 9.9 MB, 12,833 steps in detail; report 3.03 s (peak 88 MB); the
+  launcher's peak 109 MB; input-bound, data wait 67.0%.
+- Overhead at 1 ms steps (1.10-1.12 ms as padded): median +0.5% over 3 pairs of 20,000 steps (-1.3% to +1.3%).
+- Before folding (same VM, same script): 20,000 steps made a 13.2 MB session and report took 2.5-3.3 s; the issue
+  measured 97 MB and 28 s at 200,000 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = str(ROOT / "tests" / "scripts" / "long_steps.py")
+
+
+def _peak_kb(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"VmHWM:\s+(\d+) kB", text)
+    return int(found.group(1)) if found else None
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, its own
+
+
+def watched(command: list[str]) -> tuple[subprocess.CompletedProcess, float, int | None, float | None]:
+    """(the finished process, its wall seconds, its own peak resident kB and CPU seconds, children not included)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = cpu = None
+    while proc.poll() is None:
+        found, used = _peak_kb(proc.pid), _cpu_s(proc.pid)
+        peak = max(peak or 0, found) if found is not None else peak
+        cpu = used if used is not None else cpu
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    done = subprocess.CompletedProcess(command, proc.returncode, out, err)
+    return done, time.perf_counter() - started, peak, cpu
+
+
+def recorded(steps: int, workers: int, where: Path) -> dict:
+    store = where / f"store-{steps}-{workers}"
+    summary_path = where / f"s-{steps}-{workers}.json"
+    done, wall, peak, cpu = watched([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(store),
+                                     "--json", str(summary_path), "--", sys.executable, SCRIPT, "--steps", str(steps),
+                                     "--workers", str(workers)])
+    if done.returncode != 0:
+        raise SystemExit(f"the recorded run failed:\n{done.stderr[-3000:]}")
+    summary = json.loads(summary_path.read_text())
+    session = Path(summary["session"])
+    report, report_s, report_peak, _ = watched([sys.executable, "-m", "stallscope", "report", str(session), "--json",
+                                             os.devnull])
+    if report.returncode != 0:
+        raise SystemExit(f"report failed:\n{report.stderr[-3000:]}")
+    recording = summary.get("recording") or {}
+    return {"steps": steps, "workers": workers, "wall_s": wall, "launcher_peak_mb": (peak or 0) / 1024,
+            "launcher_core": (cpu or 0) / wall,
+            "session_mb": session.stat().st_size / 2**20, "report_s": report_s,
+            "report_peak_mb": (report_peak or 0) / 1024, "summary_steps": summary["steps"],
+            "steps_in_detail": recording.get("steps_in_detail", summary["steps"]),
+            "window_s": recording.get("window_s"), "verdict": summary["verdict"],
+            "data_wait": summary["data_wait_fraction"]}
+
+
+def ms_per_step(command: list[str]) -> float:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    found = re.search(r"\(([\d.]+) ms a step\)", done.stdout)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"no step time from {command}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return float(found.group(1))
+
+
+def overhead(pairs: int, steps: int, step_ms: float, where: Path) -> list[tuple[float, float]]:
+    bare = [sys.executable, SCRIPT, "--steps", str(steps), "--step-ms", str(step_ms)]
+    under = [sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(where / "overhead"), "--", *bare]
+    results = []
+    for i in range(pairs):
+        order = (bare, under) if i % 2 == 0 else (under, bare)
+        times = {id(cmd): ms_per_step(cmd) for cmd in order}
+        results.append((times[id(bare)], times[id(under)]))
+        print(f"  pair {i + 1}: bare {results[-1][0]:.3f} ms a step, recorded {results[-1][1]:.3f} ms", flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000],
+                        help="steps of each recorded run in the training process (num_workers=0)")
+    parser.add_argument("--workers-steps", type=int, default=100_000, help="steps of a run with 2 workers; 0: none")
+    parser.add_argument("--pairs", type=int, default=3, help="overhead pairs (bare, recorded); 0: none")
+    parser.add_argument("--pair-steps", type=int, default=20_000)
+    parser.add_argument("--step-ms", type=float, default=1.0)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="stallscope-long-") as tmp:
+        where = Path(tmp)
+        runs = [(n, 0) for n in args.sizes] + ([(args.workers_steps, 2)] if args.workers_steps else [])
+        for steps, workers in runs:
+            print(f"recording {steps:,} steps with {workers} workers...", flush=True)
+            rows.append(recorded(steps, workers, where))
+            r = rows[-1]
+            print(f"  {r['wall_s']:.0f} s; session {r['session_mb']:.1f} MB; report {r['report_s']:.2f} s "
+                  f"(peak {r['report_peak_mb']:.0f} MB); launcher peak {r['launcher_peak_mb']:.0f} MB, "
+                  f"{r['launcher_core']:.1%} of a core; summary "
+                  f"steps {r['summary_steps']:,} ({r['steps_in_detail']:,} in detail, window {r['window_s']} s); "
+                  f"{r['verdict']}, data wait {r['data_wait']:.1%}", flush=True)
+        pairs = overhead(args.pairs, args.pair_steps, args.step_ms, where) if args.pairs else []
+    print("\nsteps      workers  session MB  report s  launcher peak MB  report peak MB  steps counted")
+    for r in rows:
+        print(f"{r['steps']:>9,}  {r['workers']:>7}  {r['session_mb']:>10.1f}  {r['report_s']:>8.2f}  "
+              f"{r['launcher_peak_mb']:>16.0f}  {r['report_peak_mb']:>14.0f}  {r['summary_steps']:>13,}")
+    if pairs:
+        ratios = [under / bare for bare, under in pairs]
+        print(f"overhead at {args.step_ms} ms steps: median {statistics.median(ratios) - 1:+.1%} over {len(pairs)} "
+              f"pairs (each {args.pair_steps:,} steps; min {min(ratios) - 1:+.1%}, max {max(ratios) - 1:+.1%})")
+
+
+if __name__ == "__main__":
+    main()

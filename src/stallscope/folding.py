@@ -1,0 +1,684 @@
+"""Fold a long run's raw events into per-window figures as it goes, keeping full detail only where it tells.
+
+A run of days at ten steps a second writes gigabytes of raw events, and reading them back takes minutes and
+memory in proportion. So the launcher folds them while the job runs (``Folder.poll``). The run's time is cut into
+chunks (``CHUNK_NS``); a chunk closes once no process can still write into it (``LAG_NS``), and its records are
+counted into its window's row of figures per process (steps, batches, samples, data wait, fetches,
+forward/backward/optimizer time, epochs, stalls, errors). Windows are ``WINDOW_NS`` long, doubled with their
+neighbours' rows merged whenever there would be more than ``MAX_WINDOWS``, so the rows stay bounded however long
+the run. A closed chunk's records are kept in full only where they tell: the leading chunks (the first
+``LEAD_RECORDS`` records), chunks holding an anomaly (a later epoch's start, a stall, an error, a step
+``SLOW_STEP_FACTOR`` times the recent ones; up to ``ANOMALY_RECORDS``) and the trailing chunks (the last
+``TRAIL_RECORDS``); the others' detail is dropped once later chunks push them out of the trailing ones, and their
+spans are listed as folded. Raw segments (``recorder/events.py``) whose records all lie in closed chunks are
+deleted. Records that say what the run is (a loader, an epoch, an error, a rank) are always kept.
+
+Everything lives in the run's ``folded/`` folder, written so that a launcher killed at any moment leaves a state
+that reads back whole: ``state.json`` (replaced atomically) names the chunks closed so far; a chunk's kept records
+are in its own folder, written before the state names it; the always-kept records are appended tagged with their
+chunk, and read back only for closed ones; records of chunks not yet closed are still in the raw segments, and
+:func:`read_run` takes from those only what lies beyond the closed chunks, folding it in memory without writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope.background import start_thread
+from stallscope.paths import write_file
+from stallscope.recorder.schema import fields_of
+from stallscope.settings import ENV_FOLDING
+
+WINDOW_NS = 10_000_000_000
+CHUNK_NS = 1_000_000_000
+MAX_WINDOWS = 1024
+#: A kept entry (a folder of records) takes in the next chunk kept for the same reason up to this many records.
+GROUP_RECORDS = 4000
+#: A chunk closes once the clock is this far past its end: processes write their records out at least every half
+#: second (``recorder/events.py``), so none can still arrive for it but from a process stalled that long.
+LAG_NS = 5_000_000_000
+LEAD_RECORDS = 30_000
+TRAIL_RECORDS = 30_000
+ANOMALY_RECORDS = 15_000
+SLOW_STEP_FACTOR = 4.0
+#: Record kinds written per step or per batch: what a window's figures sum up, and what folding drops.
+HIGH_VOLUME = frozenset({"next", "fetch", "send", "opt", "fwd", "bwd", "pin", "h2d", "gpu_span", "coll", "ddp_wait",
+                         "ddp", "stack_samples", "step_samples", "threads_info"})
+#: Fields that date a record, in order of preference; a record without any takes the time of the one before it.
+_TIME_FIELDS = ("start_ns", "t_ns", "created_ns", "started_ns", "launched_ns")
+_SEGMENT = re.compile(r"^(\d+)(?:\.(\d+))?\.jsonl$")
+FOLDED_DIR = "folded"
+STATE_FILE = "state.json"
+
+
+def record_time(record: list[Any]) -> int | None:
+    kind, values = fields_of(record)
+    for name in _TIME_FIELDS:
+        value = values.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def segment_of(path: Path) -> tuple[int, int] | None:
+    """(pid, segment) of a raw event file's name; None for any other file."""
+    match = _SEGMENT.match(path.name)
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
+
+
+def parse_lines(lines: Iterable[bytes | str]) -> tuple[dict[str, Any] | None, list[list[Any]], int]:
+    """(header, records, damaged lines) of event-file lines: a line of records, one record, or the header."""
+    header: dict[str, Any] | None = None
+    records: list[list[Any]] = []
+    damaged = 0
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            damaged += 1
+            continue
+        if isinstance(item, dict) and "header" in item:
+            header = header or item["header"]
+        elif isinstance(item, list) and item:
+            if isinstance(item[0], list):
+                records.extend(r for r in item if isinstance(r, list) and r)
+            else:
+                records.append(item)
+    return header, records, damaged
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The folding's sizes; tests shrink them through ``ENV_FOLDING`` ("window_ms=500,lead=2000,..."), so that a run
+    of seconds folds as one of days would."""
+    window_ns: int = WINDOW_NS
+    chunk_ns: int = CHUNK_NS
+    lead: int = LEAD_RECORDS
+    trail: int = TRAIL_RECORDS
+    anomaly: int = ANOMALY_RECORDS
+    period_s: float = 10.0
+    lag_ns: int = LAG_NS
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        values: dict[str, Any] = {}
+        for item in os.environ.get(ENV_FOLDING, "").split(","):
+            name, _, value = item.partition("=")
+            with contextlib.suppress(ValueError):
+                if name in ("window_ms", "chunk_ms"):
+                    values[name.replace("_ms", "_ns")] = int(float(value) * 1e6)
+                elif name in ("lead", "trail", "anomaly"):
+                    values[name] = int(value)
+                elif name == "period_ms":
+                    values["period_s"] = float(value) / 1e3
+                elif name == "lag_ms":
+                    values["lag_ns"] = int(float(value) * 1e6)
+        return cls(**values)
+
+
+@dataclass
+class _Tail:
+    """One raw segment, read up to its last whole line."""
+    path: Path
+    pid: int
+    segment: int
+    offset: int = 0
+    last_ns: int | None = None  # the latest record time read from it
+    header: dict[str, Any] | None = None
+
+    def read(self, whole: bool) -> tuple[list[list[Any]], int]:
+        """(records, damaged lines) appended since the last read; ``whole``: the writer has ended, so a last line
+        without its end is read too (and counted as damaged)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return [], 0
+        end = len(chunk) if whole else chunk.rfind(b"\n") + 1
+        self.offset += end
+        header, records, damaged = parse_lines(chunk[:end].splitlines())
+        self.header = self.header or header
+        return records, damaged
+
+    def last_write_ns(self) -> int | None:
+        """When the process last wrote this file, on its monotonic clock (the header maps wall to monotonic)."""
+        if self.header is None:
+            return None
+        try:
+            return int(self.header["mono_ns"]) + self.path.stat().st_mtime_ns - int(self.header["wall_ns"])
+        except (OSError, KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass
+class _StepState:
+    """A process's step rule (``recorder/steps.py``): a step ends at an optimizer step after a batch."""
+    batches_since: int = 0
+    saw_optimizer: bool = False
+    last_end_ns: int | None = None
+    recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))
+
+
+#: A window's figures that are also summed over the folded spans (``Session.recording``'s ``folded_counts``).
+_COUNTED = ("steps", "batches", "samples", "wait_ns", "step_ns")
+
+
+def _new_row(pid: int, start: int, end: int) -> dict[str, Any]:
+    return {"pid": pid, "start_ns": start, "end_ns": end, "steps": 0, "batches": 0, "samples": 0,
+            "samples_known": True, "wait_ns": 0, "step_ns": 0, "max_step_ns": 0, "fetches": 0, "fetch_ns": 0,
+            "fetch_cpu_ns": 0, "forward_ns": 0, "backward_ns": 0, "optimizer_ns": 0, "h2d_bytes": 0, "epochs": 0,
+            "stalls": 0, "errors": 0, "records": 0}
+
+
+class Folder:
+    """The folding of one run directory. ``persist``: write ``folded/`` and delete folded raw segments (the
+    launcher); otherwise everything stays in memory and the run directory is only read (a report on a run still
+    going, or one rebuilt after a kill)."""
+
+    def __init__(self, run_dir: Path, *, persist: bool, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits.from_env()
+        window_ns = self.limits.window_ns
+        #: the span whose records are kept or folded together: a window's detail can be kept in part, and a long
+        #: run's doubled windows never make the detail kept at once larger
+        self.chunk_ns = min(self.limits.chunk_ns, window_ns)
+        self.run_dir = run_dir
+        self.persist = persist
+        self._mem: dict[str, dict[int, list[list[Any]]]] = {}
+        self.folded_dir = run_dir / FOLDED_DIR
+        self.window_ns = window_ns
+        self.origin_ns: int | None = None
+        self.closed_until: int | None = None
+        self.rows: dict[tuple[int, int], dict[str, Any]] = {}  # (window start, pid) -> figures
+        #: kept entries: consecutive closed chunks kept for one reason, {start_ns, end_ns, why, records, dir, counts}
+        self.kept: list[dict[str, Any]] = []
+        self.folded: list[list[int]] = []  # [start, end] of closed chunks whose detail was dropped
+        self.headers: dict[int, dict[str, Any]] = {}
+        self.budgets = {"lead": 0, "anomaly": 0}
+        self.trailing: deque[dict[str, Any]] = deque()  # kept for being recent: dropped when pushed out
+        self.steps: dict[int, _StepState] = {}
+        self.tails: dict[Path, _Tail] = {}
+        self.open: dict[int, dict[int, list[list[Any]]]] = {}  # chunk start -> pid -> records
+        self.anomalous: set[int] = set()
+        self.damaged: dict[int, int] = {}
+        self.saved_until: int | None = None  # the closed chunks the state on disk names: what its files may hold
+        self.folded_counts: dict[str, list[int]] = {}  # pid -> _COUNTED summed over the folded windows
+        self.last_write: dict[int, int] = {}  # pid -> the latest time it is known to have written
+        self._load_state()
+        if self.origin_ns is None:
+            self.origin_ns = _run_start(run_dir)
+
+    # --- reading -------------------------------------------------------------------------------------------
+    def poll(self, now_ns: int | None = None, *, final: bool = False) -> None:
+        """Read what the processes wrote since the last poll and close the chunks no process can still write into
+        (``final``: every chunk, the job has ended)."""
+        self._read_raw(final)
+        now = time.perf_counter_ns() if now_ns is None else now_ns
+        horizon = None if final else now - self.limits.lag_ns
+        while self.open:
+            start = min(self.open)
+            if horizon is not None and start + self.chunk_ns > horizon:
+                break
+            self._close(start)
+        if self.persist:
+            self._save_state()
+            self._delete_folded_raw(final)
+
+    def _read_raw(self, final: bool) -> None:
+        events = self.run_dir / "events"
+        try:
+            paths = sorted(events.glob("*.jsonl"), key=lambda p: segment_of(p) or (0, 0))
+        except OSError:
+            return
+        for path in paths:
+            named = segment_of(path)
+            if named is None:
+                continue
+            tail = self.tails.get(path)
+            if tail is None:
+                tail = self.tails[path] = _Tail(path, *named)
+            records, damaged = tail.read(final)
+            if damaged:
+                self.damaged[tail.pid] = self.damaged.get(tail.pid, 0) + damaged
+            if final and (written := tail.last_write_ns()) is not None:
+                self.last_write[tail.pid] = max(self.last_write.get(tail.pid, written), written)
+            if tail.header is not None:
+                self.headers.setdefault(tail.pid, tail.header)
+                if self.origin_ns is None:
+                    self.origin_ns = int(tail.header.get("mono_ns") or 0)  # no run.json start: a run's first process
+            t = tail.last_ns if tail.last_ns is not None else (tail.header or {}).get("mono_ns")
+            for record in records:
+                when = record_time(record)
+                t = when if when is not None else t
+                if t is None:
+                    continue
+                tail.last_ns = max(tail.last_ns or t, t)
+                self.last_write[tail.pid] = max(self.last_write.get(tail.pid, t), t)
+                if self.closed_until is not None and t < self.closed_until:
+                    self._late(tail.pid, record, t)  # its chunk has closed: it counts, its detail goes
+                    continue
+                self._feed(tail.pid, record, t)
+
+    def _window_start(self, t: int) -> int:
+        origin = self.origin_ns or 0
+        return origin + (t - origin) // self.window_ns * self.window_ns
+
+    def _chunk_start(self, t: int) -> int:
+        origin = self.origin_ns or 0
+        return origin + (t - origin) // self.chunk_ns * self.chunk_ns
+
+    def _feed(self, pid: int, record: list[Any], t: int) -> None:
+        self.open.setdefault(self._chunk_start(t), {}).setdefault(pid, []).append(record)
+
+    def _late(self, pid: int, record: list[Any], t: int) -> None:
+        """A record for a chunk already closed: counted there, its detail dropped, but for what is always kept. A
+        reader of a run folded before (not ``persist``) met it then: skipped."""
+        if not self.persist:
+            return
+        chunk = self._chunk_start(t)
+        if record[0] not in HIGH_VOLUME:
+            self._write_always(chunk, {pid: [record]})
+        self._count(pid, record, chunk)
+
+    def _row(self, pid: int, start: int) -> dict[str, Any]:
+        row = self.rows.get((start, pid))
+        if row is None:
+            row = self.rows[(start, pid)] = _new_row(pid, start, start + self.window_ns)
+        return row
+
+    def _count(self, pid: int, record: list[Any], start: int) -> None:
+        """Count a record of the chunk beginning at ``start`` into its window's row."""
+        kind, f = fields_of(record)
+        row = self._row(pid, self._window_start(start))
+        row["records"] += 1
+        try:
+            if kind == "next":
+                state = self.steps.setdefault(pid, _StepState())
+                state.batches_since += 1
+                row["batches"] += 1
+                row["wait_ns"] += int(f["end_ns"]) - int(f["start_ns"])
+                size = f.get("batch_size")
+                if isinstance(size, int):
+                    row["samples"] += size
+                else:
+                    row["samples_known"] = False
+            elif kind == "opt":
+                state = self.steps.setdefault(pid, _StepState())
+                state.saw_optimizer = True
+                row["optimizer_ns"] += int(f["end_ns"]) - int(f["start_ns"])
+                if state.batches_since > 0:
+                    self._step(pid, state, row, int(f["end_ns"]), start)
+            elif kind == "fetch":
+                row["fetches"] += 1
+                row["fetch_ns"] += int(f["end_ns"]) - int(f["start_ns"])
+                row["fetch_cpu_ns"] += max(0, int(f.get("cpu_ns") or 0))
+            elif kind in ("fwd", "bwd"):
+                row["forward_ns" if kind == "fwd" else "backward_ns"] += int(f["end_ns"]) - int(f["start_ns"])
+            elif kind == "h2d":
+                row["h2d_bytes"] += int(f.get("nbytes") or 0)
+            elif kind == "iter":
+                row["epochs"] += 1
+                if row["epochs"] == 1 and self.steps.get(pid) and self.steps[pid].last_end_ns is not None:
+                    self.anomalous.add(start)  # a later epoch's start (the first is in the leading windows)
+            elif kind == "next_stall":
+                row["stalls"] += 1
+                self.anomalous.add(start)
+            elif kind in ("exception", "fetch_error"):
+                row["errors"] += 1
+                self.anomalous.add(start)
+        except (KeyError, TypeError, ValueError):
+            pass
+
+    def _step(self, pid: int, state: _StepState, row: dict[str, Any], end: int, start: int) -> None:
+        state.batches_since = 0
+        row["steps"] += 1
+        if state.last_end_ns is not None:
+            duration = end - state.last_end_ns
+            row["step_ns"] += duration
+            row["max_step_ns"] = max(row["max_step_ns"], duration)
+            if len(state.recent) >= 8 and duration > SLOW_STEP_FACTOR * statistics.median(state.recent):
+                self.anomalous.add(start)
+            state.recent.append(duration)
+        state.last_end_ns = end
+
+    # --- closing windows -----------------------------------------------------------------------------------
+    def _close(self, start: int) -> None:
+        by_pid = self.open.pop(start)
+        end = start + self.chunk_ns
+        counts: dict[str, list[int]] = {}
+        for pid, records in by_pid.items():
+            row = self._row(pid, self._window_start(start))
+            before = [row[name] for name in _COUNTED]
+            for record in records:
+                self._count(pid, record, start)
+            counts[str(pid)] = [row[name] - was for name, was in zip(_COUNTED, before)]
+        always = {pid: [r for r in records if r[0] not in HIGH_VOLUME] for pid, records in by_pid.items()}
+        detail = {pid: [r for r in records if r[0] in HIGH_VOLUME] for pid, records in by_pid.items()}
+        count = sum(len(records) for records in detail.values())
+        self._write_always(start, always)
+        why = self._why_kept(start, count)
+        if count:
+            entry = self._group(start, end, why, count, counts)
+            self._write_detail(entry["dir"], start, detail)
+            if why == "trailing":
+                if not self.trailing or self.trailing[-1] is not entry:
+                    self.trailing.append(entry)
+                held = sum(e["records"] for e in self.trailing)
+                while len(self.trailing) > 1 and held > self.limits.trail:
+                    dropped = self.trailing.popleft()
+                    held -= dropped["records"]
+                    self._drop(dropped)
+        self.anomalous.discard(start)
+        self.closed_until = end
+        if len({s for s, _ in self.rows}) > MAX_WINDOWS:
+            self._coarsen()
+
+    def _group(self, start: int, end: int, why: str, count: int, counts: dict[str, list[int]]) -> dict[str, Any]:
+        """The kept entry a closed chunk joins: the last one, where it was kept for the same reason, ends where the
+        chunk begins and holds fewer than ``GROUP_RECORDS`` records, and a quarter of its reason's budget (a slow run's
+        chunks would each be a folder of a few records otherwise); else a new one."""
+        last = self.kept[-1] if self.kept else None
+        budget = {"leading": self.limits.lead, "anomaly": self.limits.anomaly, "trailing": self.limits.trail}[why]
+        if (last is not None and last["why"] == why and last["end_ns"] == start
+                and last["records"] < min(GROUP_RECORDS, budget // 4)):
+            last["end_ns"] = end
+            last["records"] += count
+            for pid, values in counts.items():
+                into = last["counts"].setdefault(pid, [0] * len(_COUNTED))
+                last["counts"][pid] = [a + b for a, b in zip(into, values)]
+            return last
+        entry: dict[str, Any] = {"start_ns": start, "end_ns": end, "why": why, "records": count, "dir": f"w{start}",
+                                 "counts": counts}
+        self.kept.append(entry)
+        return entry
+
+    def _why_kept(self, start: int, count: int) -> str:
+        if self.budgets["lead"] < self.limits.lead:
+            self.budgets["lead"] += count
+            return "leading"
+        if start in self.anomalous and self.budgets["anomaly"] + count <= self.limits.anomaly:
+            self.budgets["anomaly"] += count
+            return "anomaly"
+        return "trailing"
+
+    def _drop(self, entry: dict[str, Any]) -> None:
+        self.kept.remove(entry)
+        for pid, counts in entry.get("counts", {}).items():
+            into = self.folded_counts.setdefault(pid, [0] * len(_COUNTED))
+            self.folded_counts[pid] = [a + b for a, b in zip(into, counts)]
+        if self.persist:
+            shutil.rmtree(self.folded_dir / entry["dir"], ignore_errors=True)
+        else:
+            self._memory.pop(entry["dir"], None)
+        if self.folded and self.folded[-1][1] == entry["start_ns"]:
+            self.folded[-1][1] = entry["end_ns"]
+        else:
+            self.folded.append([entry["start_ns"], entry["end_ns"]])
+
+    def _coarsen(self) -> None:
+        """Twice the window, neighbours' rows merged: the rows stay under ``MAX_WINDOWS`` however long the run.
+        Kept detail and folded spans keep their own bounds."""
+        self.window_ns *= 2
+        merged: dict[tuple[int, int], dict[str, Any]] = {}
+        for (start, pid), row in sorted(self.rows.items()):
+            key = (self._window_start(start), pid)
+            into = merged.get(key)
+            if into is None:
+                merged[key] = {**row, "start_ns": key[0], "end_ns": key[0] + self.window_ns}
+                continue
+            for name, value in row.items():
+                if name == "max_step_ns":
+                    into[name] = max(into[name], value)
+                elif name == "samples_known":
+                    into[name] = into[name] and value
+                elif name not in ("pid", "start_ns", "end_ns"):
+                    into[name] += value
+        self.rows = merged
+
+    # --- storage -------------------------------------------------------------------------------------------
+    @property
+    def _memory(self) -> dict[str, dict[int, list[list[Any]]]]:
+        return self._mem
+
+    def _write_always(self, start: int, always: dict[int, list[list[Any]]]) -> None:
+        for pid, records in always.items():
+            if not records:
+                continue
+            if not self.persist:
+                self._memory.setdefault("always", {}).setdefault(pid, []).extend(records)
+                continue
+            path = self.folded_dir / "always" / f"{pid}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"window": start, "records": records}, separators=(",", ":")) + "\n")
+
+    def _write_detail(self, name: str, chunk: int, detail: dict[int, list[list[Any]]]) -> None:
+        """Append a closed chunk's records to its kept entry's folder, each line tagged with the chunk: a line of a
+        chunk the state does not name as closed yet (the launcher was killed between the two) is not read back."""
+        if not self.persist:
+            for pid, records in detail.items():
+                self._memory.setdefault(name, {}).setdefault(pid, []).extend(records)
+            return
+        folder = self.folded_dir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for pid, records in detail.items():
+            if records:
+                with open(folder / f"{pid}.jsonl", "a", encoding="utf-8") as f:
+                    for i in range(0, len(records), 256):
+                        f.write(json.dumps({"chunk": chunk, "records": records[i:i + 256]}, separators=(",", ":"))
+                                + "\n")
+
+    def _save_state(self) -> None:
+        state = {"window_ns": self.window_ns, "origin_ns": self.origin_ns, "closed_until": self.closed_until,
+                 "rows": [r for r in self.rows.values() if r["start_ns"] < (self.closed_until or 0)],
+                 "kept": self.kept, "folded": self.folded,
+                 "headers": {str(pid): h for pid, h in self.headers.items()}, "budgets": self.budgets,
+                 "damaged": {str(pid): n for pid, n in self.damaged.items()}, "folded_counts": self.folded_counts,
+                 "last_write": {str(pid): n for pid, n in self.last_write.items()},
+                 "trailing": [e["dir"] for e in self.trailing],
+                 "steps": {str(pid): [s.batches_since, s.saw_optimizer, s.last_end_ns, list(s.recent)]
+                           for pid, s in self.steps.items()}}
+        self.folded_dir.mkdir(exist_ok=True)
+        write_file(self.folded_dir / STATE_FILE, json.dumps(state, separators=(",", ":")))
+        self.saved_until = self.closed_until
+
+    def _load_state(self) -> None:
+        try:
+            state = json.loads((self.folded_dir / STATE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if not isinstance(state, dict):
+            return
+        self.window_ns = int(state.get("window_ns") or self.window_ns)
+        self.origin_ns = state.get("origin_ns")
+        self.closed_until = state.get("closed_until")
+        self.saved_until = self.closed_until
+        self.rows = {(int(r["start_ns"]), int(r["pid"])): r for r in state.get("rows", [])}
+        self.kept = list(state.get("kept", []))
+        self.folded = [list(span) for span in state.get("folded", [])]
+        self.headers = {int(pid): h for pid, h in state.get("headers", {}).items()}
+        self.budgets = {**self.budgets, **state.get("budgets", {})}
+        self.damaged = {int(pid): int(n) for pid, n in state.get("damaged", {}).items()}
+        self.folded_counts = dict(state.get("folded_counts", {}))
+        self.last_write = {int(pid): int(n) for pid, n in state.get("last_write", {}).items()}
+        trailing = set(state.get("trailing", []))
+        self.trailing = deque(e for e in self.kept if e["dir"] in trailing)
+        for pid, (since, saw, last, recent) in state.get("steps", {}).items():
+            self.steps[int(pid)] = _StepState(since, saw, last, deque(recent, maxlen=64))
+
+    def _delete_folded_raw(self, final: bool) -> None:
+        """Raw segments every record of which lies in a closed chunk: finished (the process writes a later one,
+        or has ended) and read to their end."""
+        if self.closed_until is None:
+            return
+        newest: dict[int, int] = {}
+        for tail in self.tails.values():
+            newest[tail.pid] = max(newest.get(tail.pid, -1), tail.segment)
+        for path, tail in list(self.tails.items()):
+            finished = final or tail.segment < newest[tail.pid] or not _alive(tail.pid)
+            if not finished or (tail.last_ns is not None and tail.last_ns >= self.closed_until):
+                continue
+            try:
+                if path.stat().st_size != tail.offset:
+                    continue
+                path.unlink()
+            except OSError:
+                continue
+            del self.tails[path]
+
+    # --- the result ----------------------------------------------------------------------------------------
+    def result(self) -> FoldedRun:
+        """Every process's records (kept windows, the open ones, what no window closed over), the rows and the
+        folded spans: what ``collect`` builds the session from."""
+        records: dict[int, list[list[Any]]] = {}
+        for pid, always in self._always_records().items():
+            records.setdefault(pid, []).extend(always)
+        for entry in self.kept:
+            for pid, detail in self._detail_records(entry["dir"]).items():
+                records.setdefault(pid, []).extend(detail)
+        for by_pid in (self.open[s] for s in sorted(self.open)):
+            for pid, open_records in by_pid.items():
+                records.setdefault(pid, []).extend(open_records)
+        rows = sorted(self.rows.values(), key=lambda r: (r["start_ns"], r["pid"]))
+        return FoldedRun(self.headers, records, rows, [(int(a), int(b)) for a, b in self.folded], self.window_ns,
+                         [{k: e[k] for k in ("start_ns", "end_ns", "why", "records")} for e in self.kept],
+                         self.damaged, self.last_write,
+                         {pid: dict(zip(_COUNTED, counts)) for pid, counts in self.folded_counts.items()})
+
+    def _always_records(self) -> dict[int, list[list[Any]]]:
+        found = {pid: list(r) for pid, r in self._memory.get("always", {}).items()}
+        folder = self.folded_dir / "always"
+        if not folder.is_dir():
+            return found
+        for path in folder.glob("*.jsonl"):
+            found.setdefault(int(path.stem), []).extend(_tagged_records(path, "window", self.saved_until))
+        return found
+
+    def _detail_records(self, name: str) -> dict[int, list[list[Any]]]:
+        """A kept entry's records: those written to its folder for chunks the saved state names as closed, then
+        those this folder added in memory."""
+        found: dict[int, list[list[Any]]] = {}
+        folder = self.folded_dir / name
+        if folder.is_dir():
+            for path in folder.glob("*.jsonl"):
+                found[int(path.stem)] = list(_tagged_records(path, "chunk", self.saved_until))
+        for pid, records in self._memory.get(name, {}).items():
+            found.setdefault(pid, []).extend(records)
+        return found
+
+
+def _tagged_records(path: Path, tag: str, until: int | None) -> Iterable[list[Any]]:
+    """The records of a folded file's lines (``{tag: chunk start, "records": [...]}``) whose chunk lies before
+    ``until``: a line cut by a kill, or written for a chunk the saved state does not name as closed, is left out (its
+    records are still in the raw segments)."""
+    if until is None:
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                item = json.loads(line)
+                if int(item[tag]) < until:
+                    yield from item["records"]
+            except (ValueError, KeyError, TypeError):
+                continue
+
+
+@dataclass(frozen=True)
+class FoldedRun:
+    headers: dict[int, dict[str, Any]]
+    records: dict[int, list[list[Any]]]
+    rows: list[dict[str, Any]]
+    folded: list[tuple[int, int]]
+    window_ns: int
+    kept: list[dict[str, Any]]
+    damaged: dict[int, int]  # pid -> lines that could not be read
+    last_write: dict[int, int]  # pid -> when it last wrote (monotonic)
+    folded_counts: dict[str, dict[str, int]]  # pid -> steps, batches, samples, wait_ns in the folded spans
+
+    def recording(self) -> dict[str, Any]:
+        """``Session.recording``: the window, the spans whose records were folded, the kept windows by why."""
+        kept: dict[str, int] = {}
+        for entry in self.kept:
+            kept[entry["why"]] = kept.get(entry["why"], 0) + 1
+        return {"window_ns": self.window_ns, "folded": [list(span) for span in self.folded], "kept_windows": kept,
+                "folded_counts": self.folded_counts}
+
+
+def read_run(run_dir: Path) -> FoldedRun:
+    """Everything a run directory holds, without changing it: what the launcher folded, and the raw events beyond
+    it folded in memory (a run still going, or one whose launcher was killed)."""
+    folder = Folder(run_dir, persist=False)
+    folder.poll(final=True)
+    return folder.result()
+
+
+def _run_start(run_dir: Path) -> int | None:
+    try:
+        start = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("start_ns")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return start if isinstance(start, int) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    with contextlib.suppress(OSError):
+        status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return status != "Z"
+    return True
+
+
+class FoldingThread:
+    """The launcher's folding while the job runs. A write that fails (a full disk, the run's folder removed) stops
+    the folding where it stands: the state on disk is the last whole one, and the raw events beyond it stay."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.folder = Folder(run_dir, persist=True)
+        self.period_s = self.folder.limits.period_s
+        self.failed: OSError | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = start_thread(self._loop, "stallscope-fold")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s) and self._poll():
+            pass
+
+    def _poll(self, final: bool = False) -> bool:
+        with self._lock:
+            if self.failed is not None:
+                return False
+            try:
+                self.folder.poll(final=final)
+            except OSError as exc:
+                self.failed = exc
+                return False
+            return True
+
+    def finish(self) -> FoldedRun | None:
+        """Fold what is left (the job has ended) and give the run; None where folding failed (``collect`` then
+        reads the run directory as it stands)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return self.folder.result() if self._poll(final=True) else None

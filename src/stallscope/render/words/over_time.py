@@ -1,0 +1,75 @@
+"""The run over time in words (``analysis/over_time.py``): a slowdown or speed-up with where it began, the part of
+the step that changed and its cause; memory that kept growing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stallscope.render.words.phrases import MIB, PART_LABELS
+
+_PART = {**PART_LABELS, "data_wait": "data wait", "several": "several parts of the step"}
+
+
+def when(t_ns: int, origin_ns: int) -> str:
+    """A moment of the run, from its start: seconds, minutes or hours."""
+    s = max(0.0, (t_ns - origin_ns) / 1e9)
+    if s < 120:
+        return f"{s:.0f} s"
+    return f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _cause(change: Any) -> str:
+    ev = change.evidence
+    if change.cause == "page-cache":
+        a, b = ev["disk_read_bytes_per_s"]
+        iowait = ev.get("iowait_percent")
+        waited = f", iowait {iowait[0]:.0f}% -> {iowait[1]:.0f}%" if iowait else ""
+        return (f"the machine now reads the data from disk ({a / MIB:.1f} -> {b / MIB:.1f} MiB/s{waited}): the page "
+                "cache no longer holds the dataset, which outgrew the memory the cache may use; give the job more "
+                "memory, or read a smaller or packed copy of the data (stallscope pack), or from faster storage")
+    if change.cause == "input":
+        fetch = ev.get("fetch_ms")
+        took = f" (a batch took {fetch[0]:.1f} -> {fetch[1]:.1f} ms to load)" if fetch else ""
+        return f"the input pipeline got slower{took}: the data changed, or the storage under it slowed"
+    if change.cause == "memory-growth":
+        a, b = ev["rss_bytes"]
+        return (f"the training process's memory kept growing ({a / MIB:,.0f} -> {b / MIB:,.0f} MiB): the loop keeps "
+                "more at every step (tensors kept in a list with their graphs, a cache without a bound), and the step "
+                "works over what it keeps or the garbage collector walks it at every collection; keep plain numbers "
+                "(loss.item(), or computed under torch.no_grad()) and bound what the loop keeps")
+    if change.cause == "compute":
+        return ("the model's forward and backward take longer per step: inputs that grew over the run (sequence "
+                "lengths, image sizes) or a device that slowed (clocks falling as it heats)")
+    if change.cause == "step-code":
+        return "the step's own Python code takes longer per step"
+    return ""
+
+
+def change(found: Any, origin_ns: int) -> str:
+    """One line: how the rate changed, from when, which part of the step, and why where the evidence says."""
+    early, late = found.per_step_ms.get(found.part, (None, None))
+    part = _PART.get(found.part, found.part)
+    grew = "grew" if found.direction == "slower" else "shrank"
+    text = (f"over time: the run {'slowed' if found.direction == 'slower' else 'sped up'}, "
+            f"{found.early_steps_per_s:.2f} -> {found.late_steps_per_s:.2f} steps/s ({found.ratio:.2f}x), from "
+            f"{when(found.began_ns, origin_ns)} on")
+    if early is not None and found.part != "several":
+        text += f"; the {part} per step {grew} from {early:.2f} to {late:.2f} ms"
+    elif found.part == "several":
+        text += "; several parts of the step changed together"
+    cause = _cause(found)
+    return f"{text}; {cause}" if cause else text
+
+
+def memory(found: Any, origin_ns: int) -> str:
+    return (f"memory grew over time: the training process {found.early_bytes / MIB:,.0f} -> "
+            f"{found.late_bytes / MIB:,.0f} MiB resident, from {when(found.began_ns, origin_ns)} on: what the loop "
+            "keeps from step to step (a list of tensors, a cache, a history of metrics) grows with the run")
+
+
+def lines(found: Any, origin_ns: int) -> list[str]:
+    """Every over-time finding of a run (``analysis.over_time``), one line each; none for a run without any."""
+    if found is None:
+        return []
+    said = [change(found.change, origin_ns)] if found.change is not None else []
+    return said + [memory(m, origin_ns) for m in found.memory]

@@ -1,0 +1,102 @@
+"""The run over time (analysis/over_time.py) on sessions built window by window: a change called only beyond noise,
+where it began, the part of the step that changed and its cause; memory that grew."""
+
+from __future__ import annotations
+
+import random
+
+from stallscope.analysis.over_time import over_time
+from stallscope.render.words import over_time as said
+from stallscope.session import Session
+
+S = 1_000_000_000
+PID = 100
+
+
+def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03, seed=1) -> Session:
+    """A run of 10-second windows, one per rate (steps/s); ``parts(i)`` gives the window's (wait, forward, backward,
+    optimizer) shares of each step; ``disk(i)`` its disk read bytes/s, ``rss(i)`` the training process's RSS."""
+    rng = random.Random(seed)
+    rows, ticks, disk_values, rss_values = [], [], [], []
+    for i, rate in enumerate(rates):
+        rate *= 1 + rng.uniform(-noise, noise)
+        steps = int(rate * 10)
+        step_ns = int(10 * S)
+        wait, fwd, bwd, opt = parts(i) if parts else (0.1, 0.3, 0.4, 0.1)
+        rows.append({"pid": PID, "start_ns": i * 10 * S, "end_ns": (i + 1) * 10 * S, "steps": steps, "batches": steps,
+                     "samples": steps * 8, "samples_known": True, "wait_ns": int(wait * step_ns),
+                     "step_ns": step_ns, "max_step_ns": 0, "fetches": 0, "fetch_ns": 0, "fetch_cpu_ns": 0,
+                     "forward_ns": int(fwd * step_ns), "backward_ns": int(bwd * step_ns),
+                     "optimizer_ns": int(opt * step_ns), "h2d_bytes": 0, "epochs": 0, "stalls": 0, "errors": 0,
+                     "records": steps * 3})
+        for k in range(5):  # samples every 2 s
+            ticks.append(i * 10 * S + k * 2 * S)
+            disk_values.append(disk(i) if disk else 0.0)
+            rss_values.append(int(rss(i)) if rss else 500 << 20)
+    samples = {"t_ns": ticks, "interval_s": 2.0,
+               "system": {"disk_read_bytes_per_s": disk_values, "iowait_percent": [1.0] * len(ticks)},
+               "processes": {str(PID): {"ticks": list(range(len(ticks))), "cpu_s": [0.0] * len(ticks),
+                                        "rss_bytes": rss_values, "read_bytes": [None] * len(ticks)}}}
+    return Session(schema="stallscope.session/1", run_id="r", command=["python"], cwd=".", started_wall=0.0,
+                   start_ns=0, end_ns=len(rates) * 10 * S, exit_code=0, ended_by="exit", overrides={},
+                   max_steps=None, environment={}, system_samples=samples, windows=rows,
+                   recording={"window_ns": 10 * S, "folded": [], "kept_windows": {}})
+
+
+def test_a_steady_run_with_noise_has_no_change():
+    found = over_time(_session([100.0] * 40, noise=0.1), PID)
+    assert found is not None and found.change is None and found.memory == []
+    assert len(found.windows) == 40 and abs(found.windows[5].steps_per_s - 100) < 11
+
+
+def test_a_run_that_reads_from_disk_from_epoch_two_slowed_for_its_data():
+    def parts(i):  # the data wait per step triples from window 20 on, the rest the same per step
+        return (0.1, 0.3, 0.4, 0.1) if i < 20 else (0.55, 0.15, 0.2, 0.05)
+
+    rates = [100.0 if i < 20 else 50.0 for i in range(40)]
+    found = over_time(_session(rates, parts=parts, disk=lambda i: 0.0 if i < 20 else 80 << 20), PID).change
+    assert found is not None and found.direction == "slower" and 0.45 < found.ratio < 0.55
+    assert 19 * 10 * S <= found.began_ns <= 21 * 10 * S
+    assert found.part == "data_wait" and found.cause == "page-cache"
+    line = said.change(found, 0)
+    assert "from 3.3 min on" in line and "page cache" in line and "data wait per step grew" in line
+
+
+def test_a_run_whose_model_slowed_gradually_names_the_compute():
+    rates = [100.0 / (1 + max(0, i - 10) * 0.05) for i in range(40)]
+
+    def parts(i):
+        grow = 1 + max(0, i - 10) * 0.05  # forward and backward per step grow; wait and optimizer per step stay
+        return (0.1 / grow, 0.3 * (1 + 1.6 * (grow - 1)) / grow, 0.4 * (1 + 1.6 * (grow - 1)) / grow, 0.1 / grow)
+
+    found = over_time(_session(rates, parts=parts), PID).change
+    assert found is not None and found.direction == "slower"
+    assert found.part in ("forward", "backward") and found.cause == "compute"
+    assert 8 * 10 * S <= found.began_ns <= 13 * 10 * S
+
+
+def test_a_loop_that_keeps_more_every_step_is_named_by_its_memory():
+    rates = [100.0 / (1 + i * 0.04) for i in range(40)]
+
+    def parts(i):
+        grow = 1 + i * 0.04
+        return (0.1 / grow, 0.3 / grow, 0.4 / grow, 0.1 / grow)  # the rest: step code, growing
+
+    session = _session(rates, parts=parts, rss=lambda i: (600 << 20) + i * (20 << 20))
+    found = over_time(session, PID)
+    assert found.change is not None and found.change.part == "step_code" and found.change.cause == "memory-growth"
+    [memory] = found.memory
+    assert memory.who == "training" and memory.late_bytes > 1.5 * memory.early_bytes
+    assert "memory grew over time: the training process" in said.memory(memory, 0)
+
+
+def test_a_run_that_sped_up_says_so_without_a_cause():
+    rates = [50.0 if i < 15 else 100.0 for i in range(40)]
+    found = over_time(_session(rates), PID).change
+    assert found is not None and found.direction == "faster" and found.ratio > 1.8 and found.cause == "unknown"
+    assert said.change(found, 0).startswith("over time: the run sped up")
+
+
+def test_too_few_windows_or_a_small_change_are_not_called():
+    assert over_time(_session([100.0] * 5 + [50.0] * 5), PID).change is None  # 10 windows: too few
+    assert over_time(_session([100.0] * 20 + [92.0] * 20, noise=0.0), PID).change is None  # 8%: under CHANGE_AT
