@@ -86,7 +86,7 @@ def _shift(record: Any, offset: int, pids: dict[int, int]) -> Any:
 
 
 #: Lists of plain dicts with a pid and points on its clock: each node's kept, shifted and renumbered as records are.
-DICT_LISTS = ("compute_facts", "op_windows")
+DICT_LISTS = ("compute_facts", "op_windows", "windows")
 _DICT_CLOCK_KEYS = ("t_ns", "start_ns", "opened_ns", "stop_ns", "end_ns")
 
 
@@ -165,6 +165,7 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
     alignment: list[dict[str, Any]] = []
     starts, ends, notes = [], [], []
     pauses: list[dict[str, int]] = []  # each node's Ctrl-Z stops, on the reference's clock
+    recording: dict[str, Any] = {}  # each node's folded spans (a long run), on the reference's clock
     for node, s in enumerate(ordered):
         offset, low, high = (0, 0, 0) if s is reference else clock_offset(reference, s)
         pauses += [{"start_ns": p["start_ns"] - offset, "end_ns": p["end_ns"] - offset} for p in s.pauses]
@@ -181,6 +182,7 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
             lists[name].extend(_shift(r, offset, pids) for r in getattr(s, name))
         for name in DICT_LISTS:
             lists[name].extend(_shift_dict(row, offset, pids) for row in getattr(s, name))
+        _merge_recording(recording, s.recording, offset, pids)
         starts.append(s.start_ns - offset)
         ends.append(s.end_ns - offset)
         host = s.ranks[0].host if s.ranks else s.environment.get("hostname")
@@ -202,5 +204,22 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
                                    f" +/- {a['uncertainty_ns'] / 1e6:.3f})" for a in alignment)],
         clock_alignment=alignment,
         pauses=sorted(pauses, key=lambda p: p["start_ns"]),
+        recording=recording,
         **lists,
     )
+
+
+def _merge_recording(into: dict[str, Any], recording: dict[str, Any], offset: int, pids: dict[int, int]) -> None:
+    """A node's ``Session.recording`` added to the job's: its folded spans shifted to the reference's clock (each
+    rank's steps across any of them are left out, conservatively), its counts under the renumbered pids."""
+    if not recording:
+        return
+    into.setdefault("window_ns", recording.get("window_ns"))
+    shifted = [[a - offset, b - offset] for a, b in recording.get("folded", [])]
+    into["folded"] = sorted([*into.get("folded", []), *shifted])
+    kept = into.setdefault("kept_windows", {})
+    for why, count in recording.get("kept_windows", {}).items():
+        kept[why] = kept.get(why, 0) + count
+    counts = into.setdefault("folded_counts", {})
+    for pid, values in recording.get("folded_counts", {}).items():
+        counts[str(pids.get(int(pid), int(pid)))] = values

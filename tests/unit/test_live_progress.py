@@ -22,7 +22,7 @@ class Clock:
 def _write(path, *lines, role="main", header=True):
     with open(path, "a", encoding="utf-8") as f:
         if header:
-            f.write(json.dumps({"header": {"pid": int(path.stem), "role": role}}) + "\n")
+            f.write(json.dumps({"header": {"pid": int(path.name.split(".")[0]), "role": role}}) + "\n")
         f.writelines(json.dumps(line) + "\n" for line in lines)
 
 
@@ -132,3 +132,38 @@ def test_rate_restarts_when_the_first_optimizer_step_turns_batches_into_steps(tm
     _write(main, [_next(80 + 10 * k, 85 + 10 * k) for k in range(8)] + [_opt(170)], header=False)
     clock.now = 1200 * MS
     assert tally.poll().steps_per_s == 1.0
+
+
+def test_a_run_that_slows_says_so_in_the_status_line_after_three_minutes(tmp_path):
+    """Steps at 10/s for 2 minutes, then at 5/s: from 3 minutes on, the line says 0.5x its first minute; a steady
+    run says nothing. One segment per poll, as the recorder writes segments (recorder/events.py)."""
+    clock = Clock()
+    tally = ProgressTally(tmp_path, clock=clock)
+    t_ms, seen = 0, []
+    for second in range(1, 241):
+        rate = 10 if second <= 120 else 5
+        lines = []
+        for _ in range(rate):
+            t_ms += 1000 // rate
+            lines.append([_next(t_ms - 10, t_ms - 5), _opt(t_ms)])
+        _write(tmp_path / f"100.{second}.jsonl", *lines, header=True)
+        clock.now = t_ms * MS
+        seen.append(tally.poll())
+    assert seen[-1].steps == 120 * 10 + 120 * 5  # every segment of the process counted
+    assert all(p.trend is None for p in seen[:179])  # not before 3 minutes
+    assert seen[-1].trend is not None and 0.45 < seen[-1].trend < 0.55
+    line = re.sub(r"\x1b\[[0-9;]*m", "", render_status(seen[-1], 200).decode())
+    assert "slower: 0.50x its first minute" in line or "slower: 0.5" in line
+
+
+def test_a_steady_run_shows_no_trend(tmp_path):
+    clock = Clock()
+    tally = ProgressTally(tmp_path, clock=clock)
+    t_ms = 0
+    for second in range(1, 301):
+        _write(tmp_path / f"100.{second}.jsonl", *[[_next(t_ms + k * 100 + 90, t_ms + k * 100 + 95),
+                                                     _opt(t_ms + k * 100 + 100)] for k in range(10)])
+        t_ms += 1000
+        clock.now = t_ms * MS
+        progress = tally.poll()
+    assert progress.steps == 3000 and progress.trend is None

@@ -249,6 +249,24 @@ def test_merge_keeps_every_nodes_compute_facts_and_profiler_window_on_the_refere
     assert b.op_windows[0]["start_ns"] == 3_010 * MS  # the node's own session is left as it was
 
 
+def test_merge_keeps_every_nodes_windows_and_folded_spans_on_the_reference_clock():
+    """Long runs fold per node (folding.py): the job's session keeps each node's window rows and folded spans,
+    shifted and renumbered as its records are."""
+    a, b = _node(100, 0, 0), _node(100, 1, 3_000 * MS)
+    for node, shift in ((a, 0), (b, 3_000 * MS)):
+        node.windows.append({"pid": 100, "start_ns": shift + 10 * MS, "end_ns": shift + 20 * MS, "steps": 7})
+        node.recording.update({"window_ns": 10 * MS, "folded": [[shift + 12 * MS, shift + 14 * MS]],
+                               "kept_windows": {"leading": 1}, "folded_counts": {"100": [3, 3, 0, 0, 0]}})
+    merged = merge_sessions([a, b])
+    offset = merged.clock_alignment[1]["offset_ns"]
+    node_b = next(r.pid for r in merged.ranks if r.rank == 1)
+    assert sorted(w["pid"] for w in merged.windows) == sorted([100, node_b])
+    assert {w["start_ns"] for w in merged.windows if w["pid"] == node_b} == {3_010 * MS - offset}
+    assert merged.recording["folded"] == sorted([[12 * MS, 14 * MS], [3_012 * MS - offset, 3_014 * MS - offset]])
+    assert merged.recording["kept_windows"] == {"leading": 2}
+    assert set(merged.recording["folded_counts"]) == {"100", str(node_b)}
+
+
 def test_merge_refuses_the_nodes_of_different_jobs():
     """Two runs of a job recorded one after the other share no rendezvous: merged, they made a 'clock offset' of
     minutes and a straggler that was not one."""

@@ -58,6 +58,9 @@ def status_text(progress: Progress) -> Text:
     text.append(f"step {progress.steps:,}")
     if progress.steps_per_s is not None:
         text.append(f" · {progress.steps_per_s:.1f} steps/s")
+    if progress.trend is not None:
+        said = f"{'slower' if progress.trend < 1 else 'faster'}: {progress.trend:.2f}x its first minute"
+        text.append(f" ({said})", style="bold yellow" if progress.trend < 1 else "green")
     if progress.data_wait_fraction is not None:
         wait = progress.data_wait_fraction
         text.append(" · data wait ")

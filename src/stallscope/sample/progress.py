@@ -25,6 +25,13 @@ from stallscope.recorder.schema import fields_of
 COMPUTE_LEADS_BELOW = 0.10
 #: Steps per second are measured over about this much recent time.
 RATE_WINDOW_NS = 5_000_000_000
+#: The trend compares the steps/s of the last minute with those of the first minute after the first step's
+#: ``TREND_SKIP_NS`` (start-up), once ``TREND_AFTER_NS`` have passed since the first step; shown from a change of
+#: ``TREND_SHOWN`` (the over-time finding's ``CHANGE_AT`` and more, so a minute's noise is not said).
+TREND_MINUTE_NS = 60_000_000_000
+TREND_SKIP_NS = 10_000_000_000
+TREND_AFTER_NS = 180_000_000_000
+TREND_SHOWN = 0.2
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,9 @@ class Progress:
     data_wait_fraction: float | None  # of the time since the first batch arrived; None before that
     leading: str | None  # node id leading so far; None before the first batch
     elapsed_s: float
+    #: the recent minute's steps/s over the first steady minute's, where they differ by ``TREND_SHOWN`` or more after
+    #: ``TREND_AFTER_NS`` of steps (the over-time finding as it appears; the summary at the end says why)
+    trend: float | None = None
 
 
 class _Tail:
@@ -89,6 +99,9 @@ class ProgressTally:
         self._seen_iters: set[tuple[Any, Any]] = set()
         self._input_ns: dict[str, int] = {}
         self._rates: deque[tuple[int, int]] = deque()
+        self._first_step: tuple[int, int] | None = None  # (time, steps) at the first poll that saw a step
+        self._first_minute: float | None = None  # steps/s over the first steady minute
+        self._minute: deque[tuple[int, int]] = deque()  # (time, steps) over about the last minute
 
     def poll(self) -> Progress:
         try:
@@ -119,7 +132,30 @@ class ProgressTally:
                 self._rates.popleft()
         t0, s0 = self._rates[0] if self._rates else (now, steps)
         rate = (steps - s0) * 1e9 / (now - t0) if now > t0 else None
-        return Progress(steps, rate, self._wait_fraction(), self._leading(), (now - self.started_ns) / 1e9)
+        return Progress(steps, rate, self._wait_fraction(), self._leading(), (now - self.started_ns) / 1e9,
+                        self._trend(now, steps))
+
+    def _trend(self, now: int, steps: int) -> float | None:
+        """The last minute's rate over the first steady minute's, where it moved by ``TREND_SHOWN`` or more."""
+        if not steps:
+            return None
+        if self._first_step is None or steps < self._first_step[1]:
+            self._first_step, self._first_minute = (now, steps), None
+            self._minute.clear()
+        self._minute.append((now, steps))
+        while len(self._minute) > 2 and now - self._minute[1][0] >= TREND_MINUTE_NS:
+            self._minute.popleft()
+        t0, s0 = self._first_step
+        if self._first_minute is None:
+            begun = [(t, s) for t, s in self._minute if t - t0 >= TREND_SKIP_NS]
+            if begun and now - begun[0][0] >= TREND_MINUTE_NS:
+                self._first_minute = (steps - begun[0][1]) * 1e9 / (now - begun[0][0])
+            return None
+        ta, sa = self._minute[0]
+        if now - t0 < TREND_AFTER_NS or now <= ta or self._first_minute <= 0:
+            return None
+        ratio = (steps - sa) * 1e9 / (now - ta) / self._first_minute
+        return ratio if abs(ratio - 1) >= TREND_SHOWN else None
 
     def _add(self, record: list[Any], *, is_main: bool) -> None:
         kind, f = fields_of(record)
