@@ -38,7 +38,7 @@ from typing import Any
 
 from stallscope.background import start_thread
 from stallscope.paths import write_file
-from stallscope.recorder.schema import fields_of
+from stallscope.recorder.schema import EVENT_FIELDS
 from stallscope.settings import ENV_FOLDING
 
 WINDOW_NS = 10_000_000_000
@@ -63,13 +63,37 @@ FOLDED_DIR = "folded"
 STATE_FILE = "state.json"
 
 
+def _position(kind: str, name: str) -> int | None:
+    """Where a field of an event kind sits in its record (``recorder/schema.py``): the kind is at 0."""
+    names = EVENT_FIELDS.get(kind, ())
+    return names.index(name) + 1 if name in names else None
+
+
+#: kind -> the position of the field that dates it (the first of ``_TIME_FIELDS`` it has), read by position
+#: because this runs for every record of a run.
+_TIME_AT: dict[str, int] = {kind: at for kind in EVENT_FIELDS
+                            if (at := next((p for n in _TIME_FIELDS if (p := _position(kind, n))), None))}
+def _at(kind: str, name: str) -> int:
+    at = _position(kind, name)
+    if at is None:
+        raise KeyError(f"recorder/schema.py names no {name} in {kind} events")
+    return at
+
+
+#: the positions ``_count`` reads, per kind
+_START = {kind: _at(kind, "start_ns") for kind in ("next", "opt", "fetch", "fwd", "bwd")}
+_END = {kind: _at(kind, "end_ns") for kind in _START}
+_BATCH_SIZE = _at("next", "batch_size")
+_FETCH_CPU = _at("fetch", "cpu_ns")
+_H2D_BYTES = _at("h2d", "nbytes")
+
+
 def record_time(record: list[Any]) -> int | None:
-    kind, values = fields_of(record)
-    for name in _TIME_FIELDS:
-        value = values.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
+    at = _TIME_AT.get(record[0])
+    if at is None or len(record) <= at:
+        return None
+    value = record[at]
+    return value if type(value) is int else None
 
 
 def segment_of(path: Path) -> tuple[int, int] | None:
@@ -170,6 +194,8 @@ class _StepState:
     saw_optimizer: bool = False
     last_end_ns: int | None = None
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))
+    typical: float | None = None  # the median of ``recent``, renewed every 8 steps (a median a step would cost)
+    since_typical: int = 0
 
 
 #: A window's figures that are also summed over the folded spans (``Session.recording``'s ``folded_counts``).
@@ -259,17 +285,28 @@ class Folder:
                 if self.origin_ns is None:
                     self.origin_ns = int(tail.header.get("mono_ns") or 0)  # no run.json start: a run's first process
             t = tail.last_ns if tail.last_ns is not None else (tail.header or {}).get("mono_ns")
+            latest = tail.last_ns
+            closed = self.closed_until if self.closed_until is not None else -1
+            chunk_start, chunk_end, chunk = 0, -1, None  # the chunk the last record went to: most records share one
+            pid = tail.pid
             for record in records:
                 when = record_time(record)
                 t = when if when is not None else t
                 if t is None:
                     continue
-                tail.last_ns = max(tail.last_ns or t, t)
-                self.last_write[tail.pid] = max(self.last_write.get(tail.pid, t), t)
-                if self.closed_until is not None and t < self.closed_until:
-                    self._late(tail.pid, record, t)  # its chunk has closed: it counts, its detail goes
+                if latest is None or t > latest:
+                    latest = t
+                if t < closed:
+                    self._late(pid, record, t)  # its chunk has closed: it counts, its detail goes
                     continue
-                self._feed(tail.pid, record, t)
+                if chunk is None or not chunk_start <= t < chunk_end:
+                    chunk_start = self._chunk_start(t)
+                    chunk_end = chunk_start + self.chunk_ns
+                    chunk = self.open.setdefault(chunk_start, {}).setdefault(pid, [])
+                chunk.append(record)
+            if latest is not None:
+                tail.last_ns = latest
+                self.last_write[pid] = max(self.last_write.get(pid, latest), latest)
 
     def _window_start(self, t: int) -> int:
         origin = self.origin_ns or 0
@@ -278,9 +315,6 @@ class Folder:
     def _chunk_start(self, t: int) -> int:
         origin = self.origin_ns or 0
         return origin + (t - origin) // self.chunk_ns * self.chunk_ns
-
-    def _feed(self, pid: int, record: list[Any], t: int) -> None:
-        self.open.setdefault(self._chunk_start(t), {}).setdefault(pid, []).append(record)
 
     def _late(self, pid: int, record: list[Any], t: int) -> None:
         """A record for a chunk already closed: counted there, its detail dropped, but for what is always kept. A
@@ -298,47 +332,50 @@ class Folder:
             row = self.rows[(start, pid)] = _new_row(pid, start, start + self.window_ns)
         return row
 
-    def _count(self, pid: int, record: list[Any], start: int) -> None:
-        """Count a record of the chunk beginning at ``start`` into its window's row."""
-        kind, f = fields_of(record)
-        row = self._row(pid, self._window_start(start))
+    def _count(self, pid: int, record: list[Any], start: int, row: dict[str, Any] | None = None) -> None:
+        """Count a record of the chunk beginning at ``start`` into its window's ``row``. Fields are read by
+        position (``recorder/schema.py``): this runs for every record of the run."""
+        kind = record[0]
+        row = row if row is not None else self._row(pid, self._window_start(start))
         row["records"] += 1
         try:
-            if kind == "next":
-                state = self.steps.setdefault(pid, _StepState())
-                state.batches_since += 1
-                row["batches"] += 1
-                row["wait_ns"] += int(f["end_ns"]) - int(f["start_ns"])
-                size = f.get("batch_size")
-                if isinstance(size, int):
-                    row["samples"] += size
+            if kind in _START:
+                took = record[_END[kind]] - record[_START[kind]]
+                if kind == "next":
+                    state = self.steps.get(pid) or self.steps.setdefault(pid, _StepState())
+                    state.batches_since += 1
+                    row["batches"] += 1
+                    row["wait_ns"] += took
+                    size = record[_BATCH_SIZE] if len(record) > _BATCH_SIZE else None
+                    if type(size) is int:
+                        row["samples"] += size
+                    else:
+                        row["samples_known"] = False
+                elif kind == "opt":
+                    state = self.steps.get(pid) or self.steps.setdefault(pid, _StepState())
+                    state.saw_optimizer = True
+                    row["optimizer_ns"] += took
+                    if state.batches_since > 0:
+                        self._step(pid, state, row, record[_END[kind]], start)
+                elif kind == "fetch":
+                    row["fetches"] += 1
+                    row["fetch_ns"] += took
+                    row["fetch_cpu_ns"] += max(0, record[_FETCH_CPU] or 0)
                 else:
-                    row["samples_known"] = False
-            elif kind == "opt":
-                state = self.steps.setdefault(pid, _StepState())
-                state.saw_optimizer = True
-                row["optimizer_ns"] += int(f["end_ns"]) - int(f["start_ns"])
-                if state.batches_since > 0:
-                    self._step(pid, state, row, int(f["end_ns"]), start)
-            elif kind == "fetch":
-                row["fetches"] += 1
-                row["fetch_ns"] += int(f["end_ns"]) - int(f["start_ns"])
-                row["fetch_cpu_ns"] += max(0, int(f.get("cpu_ns") or 0))
-            elif kind in ("fwd", "bwd"):
-                row["forward_ns" if kind == "fwd" else "backward_ns"] += int(f["end_ns"]) - int(f["start_ns"])
+                    row["forward_ns" if kind == "fwd" else "backward_ns"] += took
             elif kind == "h2d":
-                row["h2d_bytes"] += int(f.get("nbytes") or 0)
+                row["h2d_bytes"] += int(record[_H2D_BYTES] or 0)
             elif kind == "iter":
                 row["epochs"] += 1
                 if row["epochs"] == 1 and self.steps.get(pid) and self.steps[pid].last_end_ns is not None:
-                    self.anomalous.add(start)  # a later epoch's start (the first is in the leading windows)
+                    self.anomalous.add(start)  # a later epoch's start (the first is in the leading chunks)
             elif kind == "next_stall":
                 row["stalls"] += 1
                 self.anomalous.add(start)
             elif kind in ("exception", "fetch_error"):
                 row["errors"] += 1
                 self.anomalous.add(start)
-        except (KeyError, TypeError, ValueError):
+        except (IndexError, TypeError, ValueError):
             pass
 
     def _step(self, pid: int, state: _StepState, row: dict[str, Any], end: int, start: int) -> None:
@@ -348,9 +385,12 @@ class Folder:
             duration = end - state.last_end_ns
             row["step_ns"] += duration
             row["max_step_ns"] = max(row["max_step_ns"], duration)
-            if len(state.recent) >= 8 and duration > SLOW_STEP_FACTOR * statistics.median(state.recent):
+            if state.typical is not None and duration > SLOW_STEP_FACTOR * state.typical:
                 self.anomalous.add(start)
             state.recent.append(duration)
+            state.since_typical += 1
+            if state.since_typical >= 8:
+                state.typical, state.since_typical = statistics.median(state.recent), 0
         state.last_end_ns = end
 
     # --- closing windows -----------------------------------------------------------------------------------
@@ -362,7 +402,7 @@ class Folder:
             row = self._row(pid, self._window_start(start))
             before = [row[name] for name in _COUNTED]
             for record in records:
-                self._count(pid, record, start)
+                self._count(pid, record, start, row)
             counts[str(pid)] = [row[name] - was for name, was in zip(_COUNTED, before)]
         always = {pid: [r for r in records if r[0] not in HIGH_VOLUME] for pid, records in by_pid.items()}
         detail = {pid: [r for r in records if r[0] in HIGH_VOLUME] for pid, records in by_pid.items()}
