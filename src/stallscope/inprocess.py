@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from stallscope import launcher
 from stallscope.api import RunResult, conclude
 from stallscope.collect import build_session
+from stallscope.folding import FoldingThread
 from stallscope.launcher import RunOutcome
 from stallscope.recorder import bootstrap, cuda_timing, events, loader, steps, transfer
 from stallscope.sample import SystemSampler
@@ -87,6 +88,7 @@ class Recording:
         self._meta: dict[str, Any] = {}
         self._lock: contextlib.ExitStack | None = None
         self._sampler: SystemSampler | None = None
+        self._folding: FoldingThread | None = None
         self._saved_environ: dict[str, str | None] = {}
         self._saved_overrides: dict[str, Any] | None = None
         self._saved_max_steps: int | None = None
@@ -135,6 +137,8 @@ class Recording:
         if self.sample_interval_s > 0:
             self._sampler = SystemSampler(os.getpid(), self.sample_interval_s)
             self._sampler.start()
+        self._folding = FoldingThread(self.run_dir)  # a block of days is folded as it goes, as a launched run
+        self._folding.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -194,7 +198,8 @@ class Recording:
     def _conclude(self) -> RunResult:
         assert self.run_dir is not None
         try:
-            session = build_session(self.run_dir, self._meta)
+            session = build_session(self.run_dir, self._meta,
+                                    self._folding.finish() if self._folding is not None else None)
             session_path, save_error = launcher.save_session(session, self.run_dir)
             if save_error:
                 launcher.write_ending(self.run_dir, self._meta)
