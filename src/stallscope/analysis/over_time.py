@@ -214,10 +214,11 @@ def _mean_part(windows: list[WindowFigures], part: str) -> float:
     return statistics.fmean(values) if values else 0.0
 
 
-def _onset(windows: list[WindowFigures]) -> int:
-    """Where the change began: the split of the rates into a level (the windows before) and a straight line (from
-    there on) with the least squared error; of splits within 1% of the best, the earliest."""
-    rates = [w.steps_per_s or 0.0 for w in windows]
+def _onset(windows: list[WindowFigures], values: list[float] | None = None) -> int:
+    """Where a change began: the split of ``values`` (the windows' rates by default) into a level (the windows
+    before) and a straight line (from there on) with the least squared error; of splits within 1% of the best, the
+    earliest."""
+    rates = values if values is not None else [w.steps_per_s or 0.0 for w in windows]
     errors = [_level_error(rates[:i]) + _line_error(rates[i:]) for i in range(len(rates) - 2)]
     best = min(errors)
     first = next(i for i, e in enumerate(errors) if e <= best * 1.01 + 1e-12)
@@ -290,6 +291,5 @@ def _memory(windows: list[WindowFigures]) -> list[MemoryGrowth]:
     a, b = _mean([w.rss_bytes for w in early]), _mean([w.rss_bytes for w in late])
     if a is None or b is None or not _grew((a, b), MEMORY_GROWTH, MEMORY_GROWTH_FLOOR):
         return []
-    mark = a + (b - a) / 4  # where a quarter of the growth was reached
-    began = next((w.start_ns for w in windows if (w.rss_bytes or 0) >= mark), windows[-1].start_ns)
-    return [MemoryGrowth("training", int(a), int(b), began)]
+    read = [w for w in windows if w.rss_bytes is not None]
+    return [MemoryGrowth("training", int(a), int(b), _onset(read, [float(w.rss_bytes or 0) for w in read]))]
