@@ -9,6 +9,10 @@ steps (a busy loop pads each step), and compare the milliseconds per step the sc
 Run:  python benchmarks/long_run.py                      (100k and 1M steps in the training process, 100k with 2
                                                           workers, 3 overhead pairs of 20k steps at 1 ms)
       python benchmarks/long_run.py --sizes 20000 --workers-steps 0 --pairs 1   (a quick look)
+      python benchmarks/long_run.py --planted [--planted-seconds 240]   (the over-time findings on planted jobs,
+          each several minutes at the default 10-second windows: tests/scripts/drifting_job.py's leak,
+          growing-inputs and none; as root with a cgroup v1 memory controller, also tests/scripts/page_cache_job.py
+          in a 900 MiB cgroup over a 1 GiB file, warm at first, its page cache dropped a third of the way in)
 
 Measured on the 2-core development VM (2026-12-06), chunks of 1 s, windows of 10 s, detail budgets 30,000 /
 30,000 / 15,000 records (docs/calibration.md, fold-*):
@@ -26,6 +30,7 @@ Measured on the 2-core development VM (2026-12-06), chunks of 1 s, windows of 10
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -116,6 +121,63 @@ def overhead(pairs: int, steps: int, step_ms: float, where: Path) -> list[tuple[
     return results
 
 
+CGROUP = Path("/sys/fs/cgroup/memory/stallscope_page_cache")
+
+
+def planted(name: str, job: list[str], where: Path, seconds: float, in_cgroup: bool = False) -> dict:
+    """Run a planted job under stallscope run; the page-cache one in a memory-limited cgroup, its file's cache dropped
+    (as memory pressure would) a third of the way in."""
+    summary_path = where / f"planted-{name}.json"
+    if in_cgroup:
+        job = ["sh", "-c", f'echo $$ > {CGROUP}/cgroup.procs && exec "$@"', "job", *job]
+    proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(where / "planted"),
+                             "--json", str(summary_path), "--", *job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    if in_cgroup:
+        time.sleep(seconds / 3)
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"the planted {name} run failed:\n{err[-3000:]}")
+    over = json.loads(summary_path.read_text())["over_time"] or {}
+    return {"name": name, "change": (over.get("change") or {}).get("said"),
+            "memory": [m["said"] for m in over.get("memory_growth", [])], "windows": len(over.get("windows", []))}
+
+
+PLANTS = ("leak", "growing-inputs", "none", "page-cache")
+
+
+def run_planted(seconds: float, where: Path, plants: tuple[str, ...] = PLANTS) -> None:
+    drifting = str(ROOT / "tests" / "scripts" / "drifting_job.py")
+    results = [planted(plant, [sys.executable, drifting, "--plant", plant, "--seconds", str(seconds)], where, seconds)
+               for plant in plants if plant != "page-cache"]
+    memory = Path("/sys/fs/cgroup/memory")
+    if "page-cache" not in plants:
+        pass
+    elif os.geteuid() == 0 and memory.is_dir():
+        CGROUP.mkdir(exist_ok=True)
+        (CGROUP / "memory.limit_in_bytes").write_text(str(900 << 20))
+        data = where / "records.bin"
+        subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "page_cache_job.py"), "--file", str(data),
+                        "--make", "1024", "--seconds", "0"], check=True, capture_output=True)
+        with open(data, "rb") as f:  # warm: read once outside the cgroup
+            while f.read(1 << 24):
+                pass
+        job = [sys.executable, str(ROOT / "tests" / "scripts" / "page_cache_job.py"), "--file", str(data),
+               "--seconds", str(seconds)]
+        try:
+            results.append(planted("page-cache", job, where, seconds, in_cgroup=True))
+        finally:
+            with contextlib.suppress(OSError):
+                CGROUP.rmdir()
+    else:
+        print("page-cache plant skipped: it needs root and a cgroup v1 memory controller")
+    for r in results:
+        print(f"{r['name']} ({r['windows']} windows): {r['change'] or 'no change called'}")
+        for line in r["memory"]:
+            print(f"  {line}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000],
@@ -124,7 +186,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3, help="overhead pairs (bare, recorded); 0: none")
     parser.add_argument("--pair-steps", type=int, default=20_000)
     parser.add_argument("--step-ms", type=float, default=1.0)
+    parser.add_argument("--planted", action="store_true", help="run the planted over-time jobs instead")
+    parser.add_argument("--planted-seconds", type=float, default=240.0)
+    parser.add_argument("--plants", nargs="+", choices=PLANTS, default=list(PLANTS))
     args = parser.parse_args()
+    if args.planted:
+        with tempfile.TemporaryDirectory(prefix="stallscope-planted-") as tmp:
+            run_planted(args.planted_seconds, Path(tmp), tuple(args.plants))
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="stallscope-long-") as tmp:
         where = Path(tmp)
