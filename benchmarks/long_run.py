@@ -10,7 +10,7 @@ Run:  python benchmarks/long_run.py                      (100k and 1M steps in t
                                                           workers, 3 overhead pairs of 20k steps at 1 ms)
       python benchmarks/long_run.py --sizes 20000 --workers-steps 0 --pairs 1   (a quick look)
       python benchmarks/long_run.py --planted [--planted-seconds 240]   (the over-time findings on planted jobs,
-          each several minutes at the default 10-second windows: tests/scripts/drifting_job.py's leak,
+          each several minutes at the default 10-second windows: tests/scripts/drifting_job.py's leak, python-leak,
           growing-inputs and none; as root with a cgroup v1 memory controller, also tests/scripts/page_cache_job.py
           in a 900 MiB cgroup over a 1 GiB file, warm at first, its page cache dropped a third of the way in)
 
@@ -144,7 +144,7 @@ def planted(name: str, job: list[str], where: Path, seconds: float, in_cgroup: b
             "memory": [m["said"] for m in over.get("memory_growth", [])], "windows": len(over.get("windows", []))}
 
 
-PLANTS = ("leak", "growing-inputs", "none", "page-cache")
+PLANTS = ("leak", "python-leak", "growing-inputs", "none", "page-cache")
 
 
 def run_planted(seconds: float, where: Path, plants: tuple[str, ...] = PLANTS) -> None:

@@ -55,7 +55,7 @@ ANOMALY_RECORDS = 15_000
 SLOW_STEP_FACTOR = 4.0
 #: Record kinds written per step or per batch: what a window's figures sum up, and what folding drops.
 HIGH_VOLUME = frozenset({"next", "fetch", "send", "opt", "fwd", "bwd", "pin", "h2d", "gpu_span", "coll", "ddp_wait",
-                         "ddp", "stack_samples", "step_samples", "threads_info"})
+                         "ddp", "stack_samples", "step_samples", "threads_info", "gc"})
 #: Fields that date a record, in order of preference; a record without any takes the time of the one before it.
 _TIME_FIELDS = ("start_ns", "t_ns", "created_ns", "started_ns", "launched_ns")
 _SEGMENT = re.compile(r"^(\d+)(?:\.(\d+))?\.jsonl$")
@@ -86,6 +86,9 @@ _END = {kind: _at(kind, "end_ns") for kind in _START}
 _BATCH_SIZE = _at("next", "batch_size")
 _FETCH_CPU = _at("fetch", "cpu_ns")
 _H2D_BYTES = _at("h2d", "nbytes")
+_GC_NS = _at("gc", "total_ns")
+_GC_COUNT = _at("gc", "collections")
+_GC_LONGEST = _at("gc", "longest_ns")
 
 
 def record_time(record: list[Any]) -> int | None:
@@ -196,6 +199,8 @@ class _StepState:
     recent: deque[int] = field(default_factory=lambda: deque(maxlen=64))
     typical: float | None = None  # the median of ``recent``, renewed every 8 steps (a median a step would cost)
     since_typical: int = 0
+    gc_ns: int = 0  # the process's garbage collection totals last seen (recorder/gc_timing.py)
+    gc_count: int = 0
 
 
 #: A window's figures that are also summed over the folded spans (``Session.recording``'s ``folded_counts``).
@@ -206,7 +211,8 @@ def _new_row(pid: int, start: int, end: int) -> dict[str, Any]:
     return {"pid": pid, "start_ns": start, "end_ns": end, "steps": 0, "batches": 0, "samples": 0,
             "samples_known": True, "wait_ns": 0, "step_ns": 0, "max_step_ns": 0, "fetches": 0, "fetch_ns": 0,
             "fetch_cpu_ns": 0, "forward_ns": 0, "backward_ns": 0, "optimizer_ns": 0, "h2d_bytes": 0, "epochs": 0,
-            "stalls": 0, "errors": 0, "records": 0}
+            "stalls": 0, "errors": 0, "records": 0, "gc_ns": 0, "gc_collections": 0,
+            "gc_longest_ns": 0}
 
 
 class Folder:
@@ -365,6 +371,14 @@ class Folder:
                     row["forward_ns" if kind == "fwd" else "backward_ns"] += took
             elif kind == "h2d":
                 row["h2d_bytes"] += int(record[_H2D_BYTES] or 0)
+            elif kind == "gc":  # cumulative: this window gets what grew since the process's last one
+                state = self.steps.get(pid) or self.steps.setdefault(pid, _StepState())
+                total, count = int(record[_GC_NS]), int(record[_GC_COUNT])
+                row["gc_ns"] = row.get("gc_ns", 0) + max(0, total - state.gc_ns)
+                row["gc_collections"] = row.get("gc_collections", 0) + max(0, count - state.gc_count)
+                state.gc_ns, state.gc_count = total, count
+                if len(record) > _GC_LONGEST:
+                    row["gc_longest_ns"] = max(row.get("gc_longest_ns", 0), int(record[_GC_LONGEST] or 0))
             elif kind == "iter":
                 row["epochs"] += 1
                 if row["epochs"] == 1 and self.steps.get(pid) and self.steps[pid].last_end_ns is not None:
@@ -479,12 +493,12 @@ class Folder:
                 merged[key] = {**row, "start_ns": key[0], "end_ns": key[0] + self.window_ns}
                 continue
             for name, value in row.items():
-                if name == "max_step_ns":
-                    into[name] = max(into[name], value)
+                if name in ("max_step_ns", "gc_longest_ns"):
+                    into[name] = max(into.get(name, 0), value)
                 elif name == "samples_known":
                     into[name] = into[name] and value
                 elif name not in ("pid", "start_ns", "end_ns"):
-                    into[name] += value
+                    into[name] = into.get(name, 0) + value
         self.rows = merged
 
     # --- storage -------------------------------------------------------------------------------------------
@@ -528,8 +542,8 @@ class Folder:
                  "damaged": {str(pid): n for pid, n in self.damaged.items()}, "folded_counts": self.folded_counts,
                  "last_write": {str(pid): n for pid, n in self.last_write.items()},
                  "trailing": [e["dir"] for e in self.trailing],
-                 "steps": {str(pid): [s.batches_since, s.saw_optimizer, s.last_end_ns, list(s.recent)]
-                           for pid, s in self.steps.items()}}
+                 "steps": {str(pid): [s.batches_since, s.saw_optimizer, s.last_end_ns, list(s.recent), s.gc_ns,
+                                      s.gc_count] for pid, s in self.steps.items()}}
         self.folded_dir.mkdir(exist_ok=True)
         write_file(self.folded_dir / STATE_FILE, json.dumps(state, separators=(",", ":")))
         self.saved_until = self.closed_until
@@ -555,8 +569,10 @@ class Folder:
         self.last_write = {int(pid): int(n) for pid, n in state.get("last_write", {}).items()}
         trailing = set(state.get("trailing", []))
         self.trailing = deque(e for e in self.kept if e["dir"] in trailing)
-        for pid, (since, saw, last, recent) in state.get("steps", {}).items():
-            self.steps[int(pid)] = _StepState(since, saw, last, deque(recent, maxlen=64))
+        for pid, (since, saw, last, recent, *gc_seen) in state.get("steps", {}).items():
+            gc_ns, gc_count = (gc_seen + [0, 0])[:2]
+            self.steps[int(pid)] = _StepState(since, saw, last, deque(recent, maxlen=64), gc_ns=gc_ns,
+                                              gc_count=gc_count)
 
     def _delete_folded_raw(self, final: bool) -> None:
         """Raw segments every record of which lies in a closed chunk: finished (the process writes a later one,

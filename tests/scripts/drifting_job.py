@@ -3,6 +3,8 @@
 --plant leak            the loop computes a metric with a second forward outside torch.no_grad and keeps it,
                         graph and all, logging the running mean with torch.cat each step: the step's own code slows
                         as the list grows, and memory grows with it
+--plant python-leak     the loop keeps 200 small Python dicts a step (a per-step record that is never dropped): each
+                        full garbage collection walks more of them, so its pauses grow
 --plant growing-inputs  samples grow longer over the run (a curriculum): forward and backward take longer per step
 --plant copy-on-read    the dataset holds its index as Python dicts; the workers, reading it in order, copy its
                         pages one by one as they touch the objects' reference counts: their memory grows
@@ -53,7 +55,7 @@ class Indexed(Dataset):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--plant", choices=("leak", "growing-inputs", "copy-on-read", "none"), default="none")
+    parser.add_argument("--plant", choices=("leak", "python-leak", "growing-inputs", "copy-on-read", "none"), default="none")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--items", type=int, default=400_000)
     args = parser.parse_args()
@@ -69,6 +71,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     kept: list[torch.Tensor] = []
+    history: list[list[dict[str, object]]] = []
     started = time.perf_counter()
     steps = 0
     for x, y in loader:
@@ -81,6 +84,8 @@ def main() -> None:
             kept.append(model(x).mean(dim=1))  # its graph holds the activations: a classic, kept "for logging"
             running = torch.cat(kept).mean().item()
             assert running == running
+        elif args.plant == "python-leak":
+            history.append([{"step": steps, "values": [k]} for k in range(200)])
         elif args.plant == "copy-on-read":
             end = time.perf_counter() + 0.002  # a step's compute, so the epoch lasts the run
             while time.perf_counter() < end:

@@ -130,3 +130,30 @@ def test_a_slow_run_keeps_its_detail_in_few_folders(run_dir):
     assert 2 <= len(folders) <= 12, len(folders)
     reread = read_run(run_dir)  # the grouped folders read back the same
     assert sorted(map(tuple, reread.records[os.getpid()])) == sorted(map(tuple, run.records[os.getpid()]))
+
+
+def test_the_garbage_collectors_cumulative_totals_are_counted_by_difference(run_dir):
+    import gc
+
+    from stallscope.recorder import gc_timing
+
+    gc_timing.install()
+    try:
+        for _ in range(3):
+            gc.collect()
+        gc_timing.emit()
+        events.flush()
+    finally:
+        gc_timing.uninstall()
+    [(_, records)] = read_event_files(run_dir / "events")
+    totals = [r for r in records if r[0] == "gc"]  # one a second at most from the callback, then emit()'s
+    (_, t_ns, count, total, full, full_ns, longest) = totals[-1]
+    assert count >= 3 and full >= 3 and 0 < longest <= total and full_ns <= total
+    assert all(a[2] <= b[2] and a[3] <= b[3] for a, b in zip(totals, totals[1:]))  # cumulative
+    folder = Folder(run_dir, persist=False, limits=LIMITS)
+    events.emit("gc", t_ns + 200 * MS, count + 5, total + 7 * MS, full, full_ns, 3 * MS)  # a later window's totals
+    events.flush()
+    folder.poll(final=True)
+    rows = sorted((r for r in folder.result().rows if r.get("gc_collections")), key=lambda r: r["start_ns"])
+    assert sum(r["gc_collections"] for r in rows[:-1]) == count and rows[-1]["gc_collections"] == 5
+    assert rows[-1]["gc_ns"] == 7 * MS and rows[-1]["gc_longest_ns"] == 3 * MS

@@ -13,7 +13,7 @@ S = 1_000_000_000
 PID = 100
 
 
-def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03, seed=1) -> Session:
+def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03, seed=1, gc_longest=None) -> Session:
     """A run of 10-second windows, one per rate (steps/s); ``parts(i)`` gives the window's (wait, forward, backward,
     optimizer) shares of each step; ``disk(i)`` its disk read bytes/s, ``rss(i)`` the training process's RSS."""
     rng = random.Random(seed)
@@ -28,7 +28,8 @@ def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03,
                      "step_ns": step_ns, "max_step_ns": 0, "fetches": 0, "fetch_ns": 0, "fetch_cpu_ns": 0,
                      "forward_ns": int(fwd * step_ns), "backward_ns": int(bwd * step_ns),
                      "optimizer_ns": int(opt * step_ns), "h2d_bytes": 0, "epochs": 0, "stalls": 0, "errors": 0,
-                     "records": steps * 3})
+                     "records": steps * 3, "gc_ns": 0,
+                     "gc_longest_ns": int(gc_longest(i) * 1e6) if gc_longest else 0})
         for k in range(5):  # samples every 2 s
             ticks.append(i * 10 * S + k * 2 * S)
             disk_values.append(disk(i) if disk else 0.0)
@@ -100,3 +101,14 @@ def test_a_run_that_sped_up_says_so_without_a_cause():
 def test_too_few_windows_or_a_small_change_are_not_called():
     assert over_time(_session([100.0] * 5 + [50.0] * 5), PID).change is None  # 10 windows: too few
     assert over_time(_session([100.0] * 20 + [92.0] * 20, noise=0.0), PID).change is None  # 8%: under CHANGE_AT
+
+
+def test_full_collections_that_grow_longer_are_named_without_a_slowdown():
+    """A leak of Python objects on 3.11: the collector's total time stays, each full collection grows (a window
+    without one shows only young collections: the quarter's longest is compared)."""
+    found = over_time(_session([100.0] * 40, gc_longest=lambda i: (40 + 12 * i) if i % 3 == 0 else 1.5), PID)
+    assert found.change is None and found.gc_pauses is not None
+    assert found.gc_pauses.late_ms > 2 * found.gc_pauses.early_ms
+    assert "garbage collection pauses grew" in said.gc_pauses(found.gc_pauses, 0)
+    steady = over_time(_session([100.0] * 40, gc_longest=lambda i: 60.0 if i % 3 == 0 else 1.5), PID)
+    assert steady.gc_pauses is None

@@ -7,8 +7,9 @@ compared; a change is called only beyond ``CHANGE_AT``, and only where the two q
 ``SEPARATION`` of the pairs of an early and a late window, the late one is on the same side): a spread measured
 around the early median counts a trend that begins early as noise. Where it began is the change point of a level
 followed by a line that fits the rates best. Its cause is the part of the step whose time per step grew the most,
-read with what the samples say: a disk read rate that rose (the page cache no longer holds the data), a training
-process whose memory kept growing (a loop that keeps more at every step).
+read with what the samples say: a disk read rate that rose (the page cache no longer holds the data), garbage
+collections that take half the growth (``recorder/gc_timing.py``), a training process whose memory kept growing (a
+loop that keeps more at every step).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ PART_SHARE = 0.5
 #: page cache.
 DISK_READ_RISE = 4.0
 DISK_READ_FLOOR = 1 << 20
+#: Garbage collection pauses: the late quarter's longest collection at least this many times the early quarter's, and
+#: at least ``GC_PAUSE_FLOOR_MS`` (a full collection walks the whole heap: its length follows what the process keeps).
+GC_PAUSE_GROWTH = 2.0
+GC_PAUSE_FLOOR_MS = 50.0
 #: Memory growth: late windows' resident memory at least this many times the early ones', and by at least
 #: ``MEMORY_GROWTH_FLOOR`` bytes.
 MEMORY_GROWTH = 1.25
@@ -49,6 +54,8 @@ class WindowFigures:
     data_wait_fraction: float | None
     per_step_ms: dict[str, float]  # PARTS -> milliseconds per step
     fetch_ms: float | None  # the input pipeline's time per fetched batch (workers, or the training process)
+    gc_ms: float | None  # the training process's garbage collections per step (inside whichever part ran them)
+    gc_longest_ms: float | None  # its longest collection in the window
     rss_bytes: int | None  # the training process, mean over the window's samples
     #: the other processes of the job (the DataLoader workers), summed: each its unique memory (USS) where read,
     #: else its RSS, mean over the window's samples
@@ -66,7 +73,7 @@ class RunChange:
     late_steps_per_s: float
     began_ns: int
     part: str  # one of PARTS, or "several"
-    cause: str  # page-cache, input, memory-growth, compute, step-code, unknown
+    cause: str  # page-cache, input, gc, memory-growth, compute, step-code, unknown
     per_step_ms: dict[str, tuple[float, float]]  # part -> (early, late)
     evidence: dict[str, Any] = field(default_factory=dict)
 
@@ -81,11 +88,20 @@ class MemoryGrowth:
 
 
 @dataclass(frozen=True)
+class GcPauses:
+    """The training process's longest garbage collections, grown: the early windows' against the late ones'."""
+    early_ms: float
+    late_ms: float
+    began_ns: int
+
+
+@dataclass(frozen=True)
 class OverTime:
     window_s: float
     windows: list[WindowFigures]
     change: RunChange | None
     memory: list[MemoryGrowth]
+    gc_pauses: GcPauses | None = None
 
 
 def over_time(session: Session, pid: int | None = None) -> OverTime | None:
@@ -98,7 +114,7 @@ def over_time(session: Session, pid: int | None = None) -> OverTime | None:
     figures = [_figures(start, rows, pid, window_ns, samples.get(start, {}))
                for start, rows in sorted(_rows_by_window(session.windows).items())]
     steady = [w for w in figures if w.steps_per_s][1:]  # the first window holds the start-up
-    return OverTime(window_ns / 1e9, figures, _change(steady), _memory(steady))
+    return OverTime(window_ns / 1e9, figures, _change(steady), _memory(steady), _gc_pauses(steady))
 
 
 def _typical_width(rows: list[dict[str, Any]]) -> int:
@@ -126,10 +142,12 @@ def _figures(start: int, rows: list[dict[str, Any]], pid: int | None, window_ns:
                  "backward": own.get("backward_ns", 0), "optimizer": own.get("optimizer_ns", 0)}
         parts = {name: int(ns) / steps / 1e6 for name, ns in timed.items()}
         parts["step_code"] = max(0.0, step_ns / steps / 1e6 - sum(parts.values()))
+    gc_ms = int(own.get("gc_ns", 0)) / steps / 1e6 if own and steps and "gc_ns" in own else None
+    longest = int(own.get("gc_longest_ns", 0)) / 1e6 if own and own.get("gc_longest_ns") else None
     return WindowFigures(
         start, start + window_ns, steps, steps * 1e9 / step_ns if steps and step_ns > 0 else None,
-        min(1.0, int(own.get("wait_ns", 0)) / step_ns) if own and step_ns > 0 else None, parts, fetch_ms,
-        _int(samples.get("rss")), _int(samples.get("workers_rss")), samples.get("disk"), samples.get("iowait"))
+        min(1.0, int(own.get("wait_ns", 0)) / step_ns) if own and step_ns > 0 else None, parts, fetch_ms, gc_ms,
+        longest, _int(samples.get("rss")), _int(samples.get("workers_rss")), samples.get("disk"), samples.get("iowait"))
 
 
 def _int(value: float | None) -> int | None:
@@ -205,8 +223,11 @@ def _change(windows: list[WindowFigures]) -> RunChange | None:
     leading = max(growth, key=lambda p: sign * growth[p])
     part = leading if total and growth[leading] / total >= PART_SHARE else "several"
     evidence = _evidence(early, late)
-    return RunChange("slower" if ratio < 1 else "faster", ratio, base, last, _onset(windows), part,
-                     _cause(part, ratio, evidence), per_step, evidence)
+    gc = evidence.get("gc_ms")
+    cause = ("gc" if ratio < 1 and gc is not None and total > 0 and gc[1] - gc[0] >= PART_SHARE * total
+             else _cause(part, ratio, evidence))
+    return RunChange("slower" if ratio < 1 else "faster", ratio, base, last, _onset(windows), part, cause, per_step,
+                     evidence)
 
 
 def _mean_part(windows: list[WindowFigures], part: str) -> float:
@@ -252,7 +273,8 @@ def _mean(values: list[float | int | None]) -> float | None:
 def _evidence(early: list[WindowFigures], late: list[WindowFigures]) -> dict[str, Any]:
     """What the machine and the input pipeline showed, early and late: (early, late) per figure that was read."""
     found: dict[str, Any] = {}
-    for name, read in (("fetch_ms", lambda w: w.fetch_ms), ("rss_bytes", lambda w: w.rss_bytes),
+    for name, read in (("fetch_ms", lambda w: w.fetch_ms), ("gc_ms", lambda w: w.gc_ms),
+                       ("rss_bytes", lambda w: w.rss_bytes),
                        ("workers_rss_bytes", lambda w: w.workers_rss_bytes),
                        ("disk_read_bytes_per_s", lambda w: w.disk_read_bytes_per_s),
                        ("iowait_percent", lambda w: w.iowait_percent)):
@@ -293,3 +315,17 @@ def _memory(windows: list[WindowFigures]) -> list[MemoryGrowth]:
         return []
     read = [w for w in windows if w.rss_bytes is not None]
     return [MemoryGrowth("training", int(a), int(b), _onset(read, [float(w.rss_bytes or 0) for w in read]))]
+
+
+def _gc_pauses(windows: list[WindowFigures]) -> GcPauses | None:
+    """Longest collections that grew (a leak of Python objects): the late quarter's longest against the early
+    quarter's (a window without a full collection has only short ones, so a median would read those)."""
+    timed = [w for w in windows if w.gc_longest_ms is not None]
+    if len(timed) < MIN_WINDOWS:
+        return None
+    early, late = _quarters(timed)
+    a = max(w.gc_longest_ms or 0.0 for w in early)
+    b = max(w.gc_longest_ms or 0.0 for w in late)
+    if b < GC_PAUSE_FLOOR_MS or b < GC_PAUSE_GROWTH * max(a, 1e-3):
+        return None
+    return GcPauses(a, b, _onset(timed, [w.gc_longest_ms or 0.0 for w in timed]))

@@ -17,6 +17,7 @@ from stallscope.recorder import (
     distributed,
     events,
     frameworks,
+    gc_timing,
     importhook,
     loader,
     model_facts,
@@ -146,6 +147,7 @@ def _start_process_recording() -> None:
     _recording_pid = os.getpid()
     events.emit("process_start", time.perf_counter_ns(), sys.argv[:32])
     events.start_background_flusher()
+    gc_timing.install()
     _install_exit_recording()
 
 
@@ -189,6 +191,7 @@ def _install_exit_recording() -> None:
             measured = shm_cost.measure(shm_cost.calibration_bytes(loader.main_batch_nbytes()))
             if measured:
                 events.emit("calibration", time.perf_counter_ns(), "shared_memory", measured)
+        gc_timing.emit()
         events.emit("process_exit", time.perf_counter_ns(), None)
 
     atexit.register(at_exit)

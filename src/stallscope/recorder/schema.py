@@ -61,6 +61,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "ddp_info": ("t_ns", "info"),
     # the training process's other Python threads while its step computes (recorder/step_threads.py), cumulative
     "threads_info": ("t_ns", "info"),
+    # the garbage collector's collections in a recorded process so far (recorder/gc_timing.py), cumulative
+    "gc": ("t_ns", "collections", "total_ns", "full_collections", "full_ns", "longest_ns"),
     # the CUDA caching allocator's counters at exit (recorder/model_facts.py)
     "allocator_info": ("t_ns", "info"),
     # the profiler window (recorder/op_window.py): ops [[part, name, calls, self CPU ns, self device ns], ...]

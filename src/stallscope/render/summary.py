@@ -64,7 +64,13 @@ def over_time_dict(session: Session, analysis: Analysis) -> dict[str, Any] | Non
     memory = [{"who": m.who, "early_mib": round(m.early_bytes / 2**20, 1), "late_mib": round(m.late_bytes / 2**20, 1),
                "began_s": round((m.began_ns - origin) / 1e9, 3), "said": over_time_words.memory(m, origin)}
               for m in found.memory]
-    return {"window_s": found.window_s, "windows": windows, "change": change, "memory_growth": memory}
+    pauses = None
+    if found.gc_pauses is not None:
+        g = found.gc_pauses
+        pauses = {"early_ms": round(g.early_ms, 3), "late_ms": round(g.late_ms, 3),
+                  "began_s": round((g.began_ns - origin) / 1e9, 3), "said": over_time_words.gc_pauses(g, origin)}
+    return {"window_s": found.window_s, "windows": windows, "change": change, "memory_growth": memory,
+            "gc_pauses": pauses}
 
 
 def summary_dict(session: Session, analysis: Analysis, session_path: str | os.PathLike[str] | None) -> dict[str, Any]:

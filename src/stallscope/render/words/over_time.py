@@ -31,6 +31,13 @@ def _cause(change: Any) -> str:
         fetch = ev.get("fetch_ms")
         took = f" (a batch took {fetch[0]:.1f} -> {fetch[1]:.1f} ms to load)" if fetch else ""
         return f"the input pipeline got slower{took}: the data changed, or the storage under it slowed"
+    if change.cause == "gc":
+        a, b = ev["gc_ms"]
+        memory = ev.get("rss_bytes")
+        grew = f", its memory {memory[0] / MIB:,.0f} -> {memory[1] / MIB:,.0f} MiB" if memory else ""
+        return (f"the garbage collector takes {a:.2f} -> {b:.2f} ms per step{grew}: the loop keeps more Python "
+                "objects alive at every step (a list that grows, a cache without a bound), and every full collection "
+                "walks them all; bound what the loop keeps, or gc.freeze() what must stay")
     if change.cause == "memory-growth":
         a, b = ev["rss_bytes"]
         return (f"the training process's memory kept growing ({a / MIB:,.0f} -> {b / MIB:,.0f} MiB): the loop keeps "
@@ -67,9 +74,17 @@ def memory(found: Any, origin_ns: int) -> str:
             "keeps from step to step (a list of tensors, a cache, a history of metrics) grows with the run")
 
 
+def gc_pauses(found: Any, origin_ns: int) -> str:
+    return (f"garbage collection pauses grew: the longest {found.early_ms:,.0f} -> {found.late_ms:,.0f} ms, from "
+            f"{when(found.began_ns, origin_ns)} on: the training process keeps more Python objects alive as it goes "
+            "(a list that grows every step, a cache without a bound), and each full collection walks them all; "
+            "bound what the loop keeps, or gc.freeze() what must stay")
+
+
 def lines(found: Any, origin_ns: int) -> list[str]:
     """Every over-time finding of a run (``analysis.over_time``), one line each; none for a run without any."""
     if found is None:
         return []
     said = [change(found.change, origin_ns)] if found.change is not None else []
-    return said + [memory(m, origin_ns) for m in found.memory]
+    said += [memory(m, origin_ns) for m in found.memory]
+    return said + ([gc_pauses(found.gc_pauses, origin_ns)] if found.gc_pauses is not None else [])
