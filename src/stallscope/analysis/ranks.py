@@ -136,7 +136,7 @@ def summarize_rank(record: RankRecord, analysis: Analysis, session: Session) -> 
     return RankSummary(
         rank=record.rank, local_rank=record.local_rank, node_rank=record.node_rank, host=record.host,
         pid=record.pid, world_size=record.world_size, verdict=verdict, bottleneck_node=node, bottleneck_share=share,
-        data_wait_fraction=stats.data_wait_fraction, sync_fraction=stats.sync_fraction, steps=len(stats.steps),
+        data_wait_fraction=stats.data_wait_fraction, sync_fraction=stats.sync_fraction, steps=stats.run_steps,
         steps_per_s=analysis.steps_per_s, samples_per_s=analysis.samples_per_s, median_step_s=stats.median_step_s,
         own_step_s=statistics.median(own) if own else None, node_seconds=dict(analysis.node_seconds),
         num_workers=int(train.config.get("num_workers") or 0) if train else None,

@@ -112,7 +112,7 @@ def row_values(session: Session, analysis: Analysis, session_path: str | os.Path
         "ended_by": session.ended_by,
         "verdict": analysis.verdict,
         "bottleneck": analysis.bottleneck_node,
-        "steps": len(stats.steps),
+        "steps": stats.run_steps,
         "steady_steps": len(stats.steady),
         "wall_s": session.wall_s,
         "step_median_s": stats.median_step_s,
