@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "long_steps.py")
 SHRUNK = {"STALLSCOPE_SEGMENT_BYTES": "65536",
           "STALLSCOPE_FOLDING": "window_ms=250,chunk_ms=250,lead=3000,trail=3000,anomaly=1500,period_ms=200,lag_ms=300"}
@@ -123,3 +125,46 @@ def test_a_steady_job_shows_its_windows_and_no_change(tmp_path):
     assert found["change"] is None and found["memory_growth"] == []
     rates = [w["steps_per_s"] for w in found["windows"] if w["steps_per_s"]]
     assert len(rates) >= 15 and min(rates) > 0
+
+
+MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not MEMORY_CGROUPS.is_dir(),
+                    reason="needs root and a cgroup v1 memory controller (to limit the page cache a job may use)")
+def test_a_dataset_the_page_cache_no_longer_holds_is_named(tmp_path):
+    """A 1 GiB file read at random by a job in a 900 MiB memory cgroup: warm at first (read outside it), its cache
+    dropped a third of the way in, as memory pressure would, and never whole again under the limit."""
+    cgroup = MEMORY_CGROUPS / f"stallscope-test-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(900 << 20))
+        data = tmp_path / "records.bin"
+        with open(data, "wb") as f:
+            for _ in range(1024):
+                f.write(os.urandom(1 << 20))
+        with open(data, "rb") as f:  # warm, charged to this process's cgroup, not the job's
+            while f.read(1 << 24):
+                pass
+        job = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "job", sys.executable,
+               str(Path(__file__).parent.parent / "scripts" / "page_cache_job.py"), "--file", str(data),
+               "--seconds", "30"]
+        proc = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", "st", "--json",
+                                 "s.json", "--", *job], cwd=tmp_path, env=WINDOWED, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(14)  # start-up and 10 s warm
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        for _ in range(50):  # the job's processes leave the cgroup as they exit
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    change = json.loads((tmp_path / "s.json").read_text())["over_time"]["change"]
+    assert change is not None and change["direction"] == "slower" and change["part"] == "data_wait", change
+    assert change["cause"] == "page-cache", change
+    disk = change["evidence"]["disk_read_bytes_per_s"]
+    assert disk[1] > 4 * max(disk[0], 1.0)

@@ -34,7 +34,7 @@ PART_SHARE = 0.5
 #: page cache.
 DISK_READ_RISE = 4.0
 DISK_READ_FLOOR = 1 << 20
-#: Garbage collection pauses: the late quarter's longest collection at least this many times the early quarter's, and
+#: Garbage collection pauses: the last half's longest collection at least this many times the first quarter's, and
 #: at least ``GC_PAUSE_FLOOR_MS`` (a full collection walks the whole heap: its length follows what the process keeps).
 GC_PAUSE_GROWTH = 2.0
 GC_PAUSE_FLOOR_MS = 50.0
@@ -318,14 +318,16 @@ def _memory(windows: list[WindowFigures]) -> list[MemoryGrowth]:
 
 
 def _gc_pauses(windows: list[WindowFigures]) -> GcPauses | None:
-    """Longest collections that grew (a leak of Python objects): the late quarter's longest against the early
-    quarter's (a window without a full collection has only short ones, so a median would read those)."""
+    """Longest collections that grew (a leak of Python objects): the last half's longest against the first
+    quarter's. Maxima, since a window without a full collection has only short ones; the last half, since full
+    collections come less often as the heap grows (Python's threshold is a share of it): a last quarter may hold
+    only one."""
     timed = [w for w in windows if w.gc_longest_ms is not None]
     if len(timed) < MIN_WINDOWS:
         return None
-    early, late = _quarters(timed)
+    early, _ = _quarters(timed)
     a = max(w.gc_longest_ms or 0.0 for w in early)
-    b = max(w.gc_longest_ms or 0.0 for w in late)
+    b = max(w.gc_longest_ms or 0.0 for w in timed[len(timed) // 2:])
     if b < GC_PAUSE_FLOOR_MS or b < GC_PAUSE_GROWTH * max(a, 1e-3):
         return None
     return GcPauses(a, b, _onset(timed, [w.gc_longest_ms or 0.0 for w in timed]))
