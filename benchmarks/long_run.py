@@ -63,24 +63,29 @@ def _cpu_s(pid: int) -> float | None:
 
 
 def watched(command: list[str]) -> tuple[subprocess.CompletedProcess, float, int | None, float | None]:
-    """(the finished process, its wall seconds, its own peak resident kB and CPU seconds, children not included)."""
+    """(the finished process, its wall seconds, its own peak resident kB, and its CPU per second over the middle half
+    of its life: the launcher's cost while the job runs, without its start-up and the analysis at the end)."""
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = cpu = None
+    peak = None
+    used: list[tuple[float, float]] = []
     while proc.poll() is None:
-        found, used = _peak_kb(proc.pid), _cpu_s(proc.pid)
+        found, cpu = _peak_kb(proc.pid), _cpu_s(proc.pid)
         peak = max(peak or 0, found) if found is not None else peak
-        cpu = used if used is not None else cpu
+        if cpu is not None:
+            used.append((time.perf_counter() - started, cpu))
         time.sleep(0.05)
     out, err = proc.communicate()
-    done = subprocess.CompletedProcess(command, proc.returncode, out, err)
-    return done, time.perf_counter() - started, peak, cpu
+    wall = time.perf_counter() - started
+    middle = [(t, c) for t, c in used if wall / 4 <= t <= 3 * wall / 4]
+    rate = (middle[-1][1] - middle[0][1]) / (middle[-1][0] - middle[0][0]) if len(middle) > 1 else None
+    return subprocess.CompletedProcess(command, proc.returncode, out, err), wall, peak, rate
 
 
 def recorded(steps: int, workers: int, where: Path) -> dict:
     store = where / f"store-{steps}-{workers}"
     summary_path = where / f"s-{steps}-{workers}.json"
-    done, wall, peak, cpu = watched([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(store),
+    done, wall, peak, core = watched([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(store),
                                      "--json", str(summary_path), "--", sys.executable, SCRIPT, "--steps", str(steps),
                                      "--workers", str(workers)])
     if done.returncode != 0:
@@ -93,7 +98,7 @@ def recorded(steps: int, workers: int, where: Path) -> dict:
         raise SystemExit(f"report failed:\n{report.stderr[-3000:]}")
     recording = summary.get("recording") or {}
     return {"steps": steps, "workers": workers, "wall_s": wall, "launcher_peak_mb": (peak or 0) / 1024,
-            "launcher_core": (cpu or 0) / wall,
+            "launcher_core": core or 0.0,
             "session_mb": session.stat().st_size / 2**20, "report_s": report_s,
             "report_peak_mb": (report_peak or 0) / 1024, "summary_steps": summary["steps"],
             "steps_in_detail": recording.get("steps_in_detail", summary["steps"]),
@@ -135,6 +140,7 @@ def planted(name: str, job: list[str], where: Path, seconds: float, in_cgroup: b
                             text=True)
     if in_cgroup:
         time.sleep(seconds / 3)
+        os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("1\n")
     out, err = proc.communicate()
     if proc.returncode != 0:
@@ -204,7 +210,7 @@ def main() -> None:
             r = rows[-1]
             print(f"  {r['wall_s']:.0f} s; session {r['session_mb']:.1f} MB; report {r['report_s']:.2f} s "
                   f"(peak {r['report_peak_mb']:.0f} MB); launcher peak {r['launcher_peak_mb']:.0f} MB, "
-                  f"{r['launcher_core']:.1%} of a core; summary "
+                  f"{r['launcher_core']:.1%} of a core while the job ran; summary "
                   f"steps {r['summary_steps']:,} ({r['steps_in_detail']:,} in detail, window {r['window_s']} s); "
                   f"{r['verdict']}, data wait {r['data_wait']:.1%}", flush=True)
         pairs = overhead(args.pairs, args.pair_steps, args.step_ms, where) if args.pairs else []

@@ -143,6 +143,8 @@ def test_a_dataset_the_page_cache_no_longer_holds_is_named(tmp_path):
         with open(data, "wb") as f:
             for _ in range(1024):
                 f.write(os.urandom(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())  # written back: dropping the cache drops only clean pages
         with open(data, "rb") as f:  # warm, charged to this process's cgroup, not the job's
             while f.read(1 << 24):
                 pass
@@ -153,6 +155,7 @@ def test_a_dataset_the_page_cache_no_longer_holds_is_named(tmp_path):
                                  "s.json", "--", *job], cwd=tmp_path, env=WINDOWED, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         time.sleep(14)  # start-up and 10 s warm
+        os.sync()
         Path("/proc/sys/vm/drop_caches").write_text("1\n")
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-3000:]

@@ -48,6 +48,8 @@ def main() -> None:
         with open(args.file, "wb") as f:
             for _ in range(args.make):
                 f.write(os.urandom(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())  # written back: a cache dropped later drops all of it
     torch.manual_seed(0)
     torch.set_num_threads(1)
     loader = DataLoader(Records(args.file, args.record_kb << 10), batch_size=8)
