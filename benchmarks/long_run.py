@@ -25,6 +25,12 @@ Measured on the 2-core development VM (2026-12-06), chunks of 1 s, windows of 10
 - Overhead at 1 ms steps (1.10-1.12 ms as padded): median +0.5% over 3 pairs of 20,000 steps (-1.3% to +1.3%).
 - Before folding (same VM, same script): 20,000 steps made a 13.2 MB session and report took 2.5-3.3 s; the issue
   measured 97 MB and 28 s at 200,000 steps.
+- After folding read fields by position (same day): 100,000 steps, the launcher 3.7% of a core over the middle half
+  of the run (folding, sampling), peak 109 MB; session 8.8 MB, report 2.64 s.
+- --planted, 240 s each at 10-second windows: leak 0.29x from 30 s, step code 10.4 -> 38.3 ms a step, memory
+  1,225 -> 2,100 MiB; growing-inputs 0.45x, compute (backward 11.2 -> 31.4 ms a step); none: nothing called
+  (606-888 steps/s per window); page-cache 0.46x from 80 s (the drop), data wait 0.73 -> 2.38 ms a step, disk
+  2.4 -> 841 MiB/s; python-leak: memory 1,748 -> 6,294 MiB, and (run again by hand) GC pauses 1.4 -> 4.5 s.
 """
 
 from __future__ import annotations
