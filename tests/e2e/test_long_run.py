@@ -102,6 +102,7 @@ def _drifting(tmp_path: Path, plant: str) -> dict:
     return json.loads((tmp_path / "s.json").read_text())["over_time"]
 
 
+@pytest.mark.speed  # the rates per window are what this machine measured
 def test_a_loop_that_keeps_every_steps_metric_slows_and_is_named_by_its_memory(tmp_path):
     found = _drifting(tmp_path, "leak")
     change = found["change"]
@@ -113,6 +114,7 @@ def test_a_loop_that_keeps_every_steps_metric_slows_and_is_named_by_its_memory(t
     assert 0 < change["began_s"] < 25 and len(found["windows"]) >= 15
 
 
+@pytest.mark.speed  # the rates per window are what this machine measured
 def test_inputs_that_grow_over_the_run_slow_the_compute(tmp_path):
     change = _drifting(tmp_path, "growing-inputs")["change"]
     assert change is not None and change["direction"] == "slower" and change["cause"] == "compute", change
@@ -120,6 +122,7 @@ def test_inputs_that_grow_over_the_run_slow_the_compute(tmp_path):
     assert "inputs that grew over the run" in change["said"]
 
 
+@pytest.mark.speed  # the rates per window are what this machine measured
 def test_a_steady_job_shows_its_windows_and_no_change(tmp_path):
     found = _drifting(tmp_path, "none")
     assert found["change"] is None and found["memory_growth"] == []
@@ -130,6 +133,7 @@ def test_a_steady_job_shows_its_windows_and_no_change(tmp_path):
 MEMORY_CGROUPS = Path("/sys/fs/cgroup/memory")
 
 
+@pytest.mark.speed  # the rates per window are what this machine measured
 @pytest.mark.skipif(os.geteuid() != 0 or not MEMORY_CGROUPS.is_dir(),
                     reason="needs root and a cgroup v1 memory controller (to limit the page cache a job may use)")
 def test_a_dataset_the_page_cache_no_longer_holds_is_named(tmp_path):

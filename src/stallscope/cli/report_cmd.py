@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from stallscope import paths
-from stallscope.analysis import analyze
+from stallscope.analysis import Analysis, analyze
 from stallscope.api import record_history
 from stallscope.cli.args import folder, output_error
 from stallscope.cli.common import HISTORY_REBUILD_HINT, load_error
@@ -77,11 +77,26 @@ def _recover(run_dir: Path, verb: str = "report") -> tuple[Session, Path]:
           file=sys.stderr)
     if run_dir.parent.name != "runs":  # not in a store (a copied run folder): no history to add it to
         return session, saved
-    history_error = record_history(run_dir.parent.parent, session, analyze(session), saved)
+    history_error = record_history(run_dir.parent.parent, session, analysis_of(session), saved)
     if history_error:
         print(printable(f"stallscope {verb}: warning: the run was not added to the history: {history_error}"
                         f"{HISTORY_REBUILD_HINT}"), file=sys.stderr)
     return session, saved
+
+
+#: The analysis of the session ``_recover`` rebuilt last (a rebuilt run is analysed for its history row, then for the
+#: report: once is enough; a run of days takes seconds to analyse).
+_analysed: list[tuple[Session, Analysis]] = []
+
+
+def analysis_of(session: Session) -> Analysis:
+    """``analyze(session)``, once per session this command rebuilt."""
+    for known, analysis in _analysed:
+        if known is session:
+            return analysis
+    analysis = analyze(session)
+    _analysed[:] = [(session, analysis)]
+    return analysis
 
 
 def load_run(run: str, store: str | None, verb: str = "report") -> tuple[Session, Path]:
@@ -116,7 +131,7 @@ def handle(args: argparse.Namespace) -> int:
     if problem := (output_error([args.json], args.store, path, dash_is_stdout=True)
                    or output_error([args.trace, args.speedscope, args.html], args.store, path)):
         return _fail(problem)
-    analysis = analyze(session)
+    analysis = analysis_of(session)
     written: list[str] = []
     target = ""
     stacks = None
