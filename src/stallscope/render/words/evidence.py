@@ -241,8 +241,10 @@ def recording(recorded: dict[str, Any] | None) -> str | None:
         return None
     kept = recorded.get("kept_windows", {})
     anomalies = kept.get("anomaly", 0)
-    which = "the first and the last" + (f" and {anomalies} with an anomaly" if anomalies else "")
-    return (f"long run: {recorded['steps_in_detail']:,} steps recorded in detail ({which} seconds), the figures "
+    which = "its first and last stretches" + (
+        f", and {anomalies} stretch{'es' if anomalies > 1 else ''} with an anomaly: an epoch start, a slow step, a "
+        "stall, an error" if anomalies else "")
+    return (f"long run: {recorded['steps_in_detail']:,} steps recorded in detail ({which}), the figures "
             f"above rest on them; {recorded['steps_folded']:,} steps over {recorded['folded_s'] / 60:.1f} min between "
             f"were folded into {recorded['window_s']:g}-second windows, counted in the steps and the over-time figures")
 
