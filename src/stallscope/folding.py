@@ -294,6 +294,7 @@ class Folder:
             latest = tail.last_ns
             closed = self.closed_until if self.closed_until is not None else -1
             chunk_start, chunk_end, chunk = 0, -1, None  # the chunk the last record went to: most records share one
+            late: list[tuple[list[Any], int]] = []
             pid = tail.pid
             for record in records:
                 when = record_time(record)
@@ -303,13 +304,15 @@ class Folder:
                 if latest is None or t > latest:
                     latest = t
                 if t < closed:
-                    self._late(pid, record, t)  # its chunk has closed: it counts, its detail goes
+                    late.append((record, t))  # its chunk has closed already
                     continue
                 if chunk is None or not chunk_start <= t < chunk_end:
                     chunk_start = self._chunk_start(t)
                     chunk_end = chunk_start + self.chunk_ns
                     chunk = self.open.setdefault(chunk_start, {}).setdefault(pid, [])
                 chunk.append(record)
+            if late:
+                self._late(pid, late)
             if latest is not None:
                 tail.last_ns = latest
                 self.last_write[pid] = max(self.last_write.get(pid, latest), latest)
@@ -322,15 +325,20 @@ class Folder:
         origin = self.origin_ns or 0
         return origin + (t - origin) // self.chunk_ns * self.chunk_ns
 
-    def _late(self, pid: int, record: list[Any], t: int) -> None:
-        """A record for a chunk already closed: counted there, its detail dropped, but for what is always kept. A
-        reader of a run folded before (not ``persist``) met it then: skipped."""
+    def _late(self, pid: int, records: list[tuple[list[Any], int]]) -> None:
+        """Records for chunks already closed (a process that could not write for seconds: a loaded machine, an
+        import holding the interpreter): counted there, and kept with what is always kept unless their chunk was
+        folded. A reader of a run folded before (not ``persist``) met them then: skipped."""
         if not self.persist:
             return
-        chunk = self._chunk_start(t)
-        if record[0] not in HIGH_VOLUME:
-            self._write_always(chunk, {pid: [record]})
-        self._count(pid, record, chunk)
+        by_chunk: dict[int, list[list[Any]]] = {}
+        for record, t in records:
+            chunk = self._chunk_start(t)
+            self._count(pid, record, chunk)
+            if record[0] not in HIGH_VOLUME or not any(a <= t < b for a, b in reversed(self.folded)):
+                by_chunk.setdefault(chunk, []).append(record)
+        for chunk, kept in by_chunk.items():
+            self._write_always(chunk, {pid: kept})
 
     def _row(self, pid: int, start: int) -> dict[str, Any]:
         row = self.rows.get((start, pid))

@@ -157,3 +157,21 @@ def test_the_garbage_collectors_cumulative_totals_are_counted_by_difference(run_
     rows = sorted((r for r in folder.result().rows if r.get("gc_collections")), key=lambda r: r["start_ns"])
     assert sum(r["gc_collections"] for r in rows[:-1]) == count and rows[-1]["gc_collections"] == 5
     assert rows[-1]["gc_ns"] == 7 * MS and rows[-1]["gc_longest_ns"] == 3 * MS
+
+
+def test_records_that_arrive_after_their_chunk_closed_are_kept(run_dir):
+    """A process that could not write for seconds (a loaded machine): its records reach the folder after their
+    chunks closed. They are counted there and kept in detail, not lost to the analysis."""
+    folder = Folder(run_dir, persist=True, limits=LIMITS)
+    _steps(0, 200)  # 200 ms of steps, read and closed
+    folder.poll(now_ns=1000 * MS)
+    assert folder.closed_until is not None and folder.closed_until >= 200 * MS
+    events.emit("next", 0, 0, 0, 150 * MS, 150 * MS + 10, -1, 4, 0, 0)  # a batch from 150 ms, written late
+    events.emit("opt", 1, "SGD", 150 * MS + 20, 150 * MS + 30)
+    events.flush()
+    folder.poll(now_ns=2000 * MS, final=True)
+    run = folder.result()
+    starts = [r[4] for r in run.records[os.getpid()] if r[0] == "next"]
+    assert 150 * MS in starts and len(starts) == 201
+    reread = read_run(run_dir)
+    assert sorted(r[4] for r in reread.records[os.getpid()] if r[0] == "next") == sorted(starts)
