@@ -204,6 +204,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     waits_for_ranks = sync_intervals(session, pid)
 
     bounds: list[tuple[int, int]] = []
+    # spans of a long run whose records were folded (folding.py): the steps across them are left out below
+    folded = index_of((int(a), int(b)) for a, b in session.recording.get("folded", []))
     if boundary == "optimizer":
         first = min(n.start_ns for n in session.nexts if n.pid == pid and n.loader_id in {*train_ids, *paired_ids})
         start = min([first] + [it.start_ns for it in iters if it.start_ns <= first])
@@ -213,6 +215,8 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
             while i < len(nexts) and nexts[i].end_ns <= opt.start_ns:
                 seen_batch = True
                 i += 1
+            if not seen_batch and folded.spans and folded.overlapping(start, opt.start_ns):
+                seen_batch = True  # its batch was in a folded span: a step, as the folder counted it
             if seen_batch:
                 bounds.append((start, opt.end_ns))
                 start = opt.end_ns
@@ -264,7 +268,6 @@ def step_stats(session: Session, pid: int | None = None, warmup: int = 1) -> Ste
     # left out of the steady ones
     profiled_ids = frozenset(s.index for s in steps
                              if profiled.spans and profiled.overlapping(s.start_ns, s.end_ns))
-    folded = index_of((int(a), int(b)) for a, b in session.recording.get("folded", []))
     across_folded = frozenset(s.index for s in steps if folded.spans and folded.overlapping(s.start_ns, s.end_ns))
     kept = [s for s in steps if s.index not in profiled_ids | across_folded]
     warm = _warm_up(kept, warmup, _first_round(session, pid, train_ids))
