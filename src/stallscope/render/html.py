@@ -129,7 +129,8 @@ def _layout(title: str, **extra: Any) -> dict[str, Any]:
 
 def step_figure(analysis: Analysis) -> dict[str, Any] | None:
     stats = analysis.steps
-    steps = stats.steps
+    # a long run's steps across a folded span last minutes: drawn, they would flatten every other bar
+    steps = [s for s in stats.steps if s.index not in stats.across_folded] if stats.across_folded else stats.steps
     if not steps:
         return None
     stride = max(1, math.ceil(len(steps) / MAX_STEP_BARS))
