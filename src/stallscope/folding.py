@@ -483,7 +483,7 @@ class Folder:
         if self.persist:
             shutil.rmtree(self.folded_dir / entry["dir"], ignore_errors=True)
         else:
-            self._memory.pop(entry["dir"], None)
+            self._mem.pop(entry["dir"], None)
         if self.folded and self.folded[-1][1] == entry["start_ns"]:
             self.folded[-1][1] = entry["end_ns"]
         else:
@@ -510,16 +510,12 @@ class Folder:
         self.rows = merged
 
     # --- storage -------------------------------------------------------------------------------------------
-    @property
-    def _memory(self) -> dict[str, dict[int, list[list[Any]]]]:
-        return self._mem
-
     def _write_always(self, start: int, always: dict[int, list[list[Any]]]) -> None:
         for pid, records in always.items():
             if not records:
                 continue
             if not self.persist:
-                self._memory.setdefault("always", {}).setdefault(pid, []).extend(records)
+                self._mem.setdefault("always", {}).setdefault(pid, []).extend(records)
                 continue
             path = self.folded_dir / "always" / f"{pid}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -531,7 +527,7 @@ class Folder:
         chunk the state does not name as closed yet (the launcher was killed between the two) is not read back."""
         if not self.persist:
             for pid, records in detail.items():
-                self._memory.setdefault(name, {}).setdefault(pid, []).extend(records)
+                self._mem.setdefault(name, {}).setdefault(pid, []).extend(records)
             return
         folder = self.folded_dir / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -622,7 +618,7 @@ class Folder:
                          {pid: dict(zip(_COUNTED, counts)) for pid, counts in self.folded_counts.items()})
 
     def _always_records(self) -> dict[int, list[list[Any]]]:
-        found = {pid: list(r) for pid, r in self._memory.get("always", {}).items()}
+        found = {pid: list(r) for pid, r in self._mem.get("always", {}).items()}
         folder = self.folded_dir / "always"
         if not folder.is_dir():
             return found
@@ -638,7 +634,7 @@ class Folder:
         if folder.is_dir():
             for path in folder.glob("*.jsonl"):
                 found[int(path.stem)] = list(_tagged_records(path, "chunk", self.saved_until))
-        for pid, records in self._memory.get(name, {}).items():
+        for pid, records in self._mem.get(name, {}).items():
             found.setdefault(pid, []).extend(records)
         return found
 
