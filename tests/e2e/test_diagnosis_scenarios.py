@@ -132,6 +132,7 @@ for batch in loader:
     assert "lmdb-before-fork" not in {p["id"] for p in lazy.summary["pitfalls"]}
 
 
+@pytest.mark.speed  # the worker count advised rests on the cores free of other programs during the run
 def test_short_epochs_price_every_epoch_start_and_keep_the_workers_alive(tmp_path):
     """Eight epochs of six batches without workers: each new epoch would start the workers again and refill their
     queue, so the worker advice keeps them alive and its prediction counts the epoch starts it still pays."""

@@ -134,6 +134,7 @@ def test_a_new_dataloader_every_epoch_counts_every_step(tmp_path, workers):
 PAIRED = str(SCRIPTS / "paired_loaders.py")
 
 
+@pytest.mark.speed  # the worker count advised rests on the cores free of other programs during the run
 @pytest.mark.parametrize("swap", [False, True])
 def test_loaders_fed_together_with_zip_are_diagnosed_by_the_one_the_steps_wait_on(tmp_path, swap):
     """``zip(slow, cheap)``: the cheap loader's batch is the last before each optimizer step, yet the steps wait on the
