@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -156,6 +157,42 @@ def planted(name: str, job: list[str], where: Path, seconds: float, in_cgroup: b
             "memory": [m["said"] for m in over.get("memory_growth", [])], "windows": len(over.get("windows", []))}
 
 
+def killed_run(seconds: float, where: Path) -> None:
+    """Record ``long_steps.py`` for ``seconds``, SIGKILL the launcher and the job together (a preempted node, the OOM
+    killer), then time ``report RUN_DIR`` rebuilding it, and compare its last window with the kill."""
+    store = where / "killed"
+    launcher = subprocess.Popen([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(store), "--",
+                                 sys.executable, SCRIPT, "--steps", str(10**10)], start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = time.perf_counter()
+    try:
+        while time.perf_counter() - started < seconds:
+            if launcher.poll() is not None:
+                raise SystemExit(f"the recorded run ended by itself after {time.perf_counter() - started:.0f} s")
+            time.sleep(1.0)
+    finally:
+        killed_at = time.perf_counter()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    run_dir = next(store.glob("runs/*/folded/state.json")).parent.parent
+    size = sum(f.stat().st_size for f in run_dir.rglob("*") if f.is_file())
+    out = where / "killed.json"
+    report, report_s, report_peak, _ = watched([sys.executable, "-m", "stallscope", "report", str(run_dir), "--json",
+                                             str(out)])
+    if report.returncode != 0:
+        raise SystemExit(f"report failed:\n{report.stderr[-3000:]}")
+    summary = json.loads(out.read_text())
+    over = summary.get("over_time") or {}
+    windows = over.get("windows") or []
+    last_end = max((w["start_s"] for w in windows), default=0.0) + (over.get("window_s") or 0.0)
+    print(f"killed after {seconds:.0f} s: run folder {run_dir}")
+    print(f"killed after {seconds:.0f} s: run folder {size / 2**20:.1f} MB; report rebuilt it in {report_s:.2f} s "
+          f"(peak {(report_peak or 0) / 1024:.0f} MB): {summary['steps']:,} steps, ended_by {summary['ended_by']}, "
+          f"{len(windows)} windows, the last ending {last_end:.0f} s into the run "
+          f"(the kill at {killed_at - started:.0f} s after the launcher started); {summary['verdict']}")
+
+
 PLANTS = ("leak", "python-leak", "growing-inputs", "none", "page-cache")
 
 
@@ -201,7 +238,17 @@ def main() -> None:
     parser.add_argument("--planted", action="store_true", help="run the planted over-time jobs instead")
     parser.add_argument("--planted-seconds", type=float, default=240.0)
     parser.add_argument("--plants", nargs="+", choices=PLANTS, default=list(PLANTS))
+    parser.add_argument("--killed-after", type=float, metavar="SECONDS",
+                        help="record until SECONDS, SIGKILL the launcher and the job, time report's rebuild")
+    parser.add_argument("--keep", action="store_true", help="with --killed-after: keep the run's folder (printed)")
     args = parser.parse_args()
+    if args.killed_after and args.keep:
+        killed_run(args.killed_after, Path(tempfile.mkdtemp(prefix="stallscope-killed-")))
+        return
+    if args.killed_after:
+        with tempfile.TemporaryDirectory(prefix="stallscope-killed-") as tmp:
+            killed_run(args.killed_after, Path(tmp))
+        return
     if args.planted:
         with tempfile.TemporaryDirectory(prefix="stallscope-planted-") as tmp:
             run_planted(args.planted_seconds, Path(tmp), tuple(args.plants))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from stallscope.constants import SESSION_SCHEMA
-from stallscope.folding import FoldedRun, read_run
+from stallscope.folding import FoldedRun, read_run, saved_samples
 from stallscope.recorder.schema import fields_of
 from stallscope.session import (
     RECORD_LISTS,
@@ -314,8 +314,9 @@ def recover_session(run_dir: Path, *, running: bool = False) -> Session:
     """Rebuild the session of a run whose launcher ended before saving it (killed, or the disk was full),
     from its ``run.json`` and raw event files. What only the launcher knew is inferred and said so: the
     exit code from the main process's last events, the end from the event files' last writes; the
-    system samples are lost. ``running``: a run still in progress is read as it stands (the summary so far,
-    ``ended_by`` "running"), without writing anything into its folder; otherwise it raises RecoveryError."""
+    system samples are those the launcher last saved as the run went (every ``folding.SAMPLES_SAVE_S``).
+    ``running``: a run still in progress is read as it stands (the summary so far, ``ended_by`` "running"),
+    without writing anything into its folder; otherwise it raises RecoveryError."""
     try:
         meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -345,13 +346,14 @@ def recover_session(run_dir: Path, *, running: bool = False) -> Session:
             meta = {**meta, "pauses": [p for p in pauses if isinstance(p, dict)
                                        and isinstance(p.get("start_ns"), int) and isinstance(p.get("end_ns"), int)]}
         why = (f"rebuilt from raw events: the session could not be saved when the run ended; the exit code "
-               f"{exit_code} is the one stallscope recorded then; no system samples")
+               f"{exit_code} is the one stallscope recorded then")
     else:
         exit_code, how = _inferred_exit(main.records if main else [])
         why = (f"rebuilt from raw events: stallscope ended before the script did (killed, or the session could not "
-               f"be saved); the exit code {exit_code} is inferred ({how}); no system samples")
+               f"be saved); the exit code {exit_code} is inferred ({how})")
+    samples, said = _samples_left(run_dir, end_ns)
     meta = {**meta, "start_ns": start_ns, "end_ns": end_ns, "exit_code": exit_code, "ended_by": "recovered",
-            "notes": [*meta.get("notes", []), why]}
+            "notes": [*meta.get("notes", []), f"{why}; {said}"], **({"system_samples": samples} if samples else {})}
     return build_session(run_dir, meta, run)
 
 
@@ -371,11 +373,23 @@ def _session_so_far(run_dir: Path, meta: dict[str, Any]) -> Session:
     end_ns: int = max([start_ns, *run.last_write.values()])
     if _same_host(meta):
         end_ns = max(end_ns, time.perf_counter_ns())
+    samples, said = _samples_left(run_dir, end_ns)
     note = ("the run is still going: this is its summary so far, read from its events without changing them; the "
-            "exit code is not known yet (-1) and there are no system samples")
+            f"exit code is not known yet (-1); {said}")
     meta = {**meta, "start_ns": start_ns, "end_ns": end_ns, "exit_code": -1, "ended_by": "running",
-            "notes": [*meta.get("notes", []), note]}
+            "notes": [*meta.get("notes", []), note], **({"system_samples": samples} if samples else {})}
     return build_session(run_dir, meta, run)
+
+
+def _samples_left(run_dir: Path, end_ns: int) -> tuple[dict[str, Any] | None, str]:
+    """The system samples the launcher saved as the run went (``folding.saved_samples``), and what the note says of
+    them."""
+    samples = saved_samples(run_dir)
+    ticks = samples.get("t_ns") if samples else None
+    if not ticks:
+        return None, "no system samples"
+    before = max(0.0, (end_ns - int(ticks[-1])) / 1e9)
+    return samples, f"system samples up to {before:.0f} s before its end (saved as it ran)"
 
 
 def _recorded_ending(run_dir: Path) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,10 @@ _TIME_FIELDS = ("start_ns", "t_ns", "created_ns", "started_ns", "launched_ns")
 _SEGMENT = re.compile(r"^(\d+)(?:\.(\d+))?\.jsonl$")
 FOLDED_DIR = "folded"
 STATE_FILE = "state.json"
+#: The launcher's system samples so far (``SystemSampler.snapshot``), replaced every ``SAMPLES_SAVE_S``: what a
+#: launcher killed mid-run leaves of them to ``report``.
+SAMPLES_FILE = "system_samples.json"
+SAMPLES_SAVE_S = 30.0
 
 
 def _position(kind: str, name: str) -> int | None:
@@ -128,8 +132,8 @@ def parse_lines(lines: Iterable[bytes | str]) -> tuple[dict[str, Any] | None, li
 
 @dataclass(frozen=True)
 class Limits:
-    """The folding's sizes; tests shrink them through ``ENV_FOLDING`` ("window_ms=500,lead=2000,..."), so that a run
-    of seconds folds as one of days would."""
+    """The folding's sizes; tests shrink them through ``ENV_FOLDING`` ("window_ms=500,lead=2000,samples_ms=500,..."),
+    so that a run of seconds folds as one of days would."""
     window_ns: int = WINDOW_NS
     chunk_ns: int = CHUNK_NS
     lead: int = LEAD_RECORDS
@@ -137,6 +141,7 @@ class Limits:
     anomaly: int = ANOMALY_RECORDS
     period_s: float = 10.0
     lag_ns: int = LAG_NS
+    samples_s: float = SAMPLES_SAVE_S
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -148,8 +153,8 @@ class Limits:
                     values[name.replace("_ms", "_ns")] = int(float(value) * 1e6)
                 elif name in ("lead", "trail", "anomaly"):
                     values[name] = int(value)
-                elif name == "period_ms":
-                    values["period_s"] = float(value) / 1e3
+                elif name in ("period_ms", "samples_ms"):
+                    values[name.replace("_ms", "_s")] = float(value) / 1e3
                 elif name == "lag_ms":
                     values["lag_ns"] = int(float(value) * 1e6)
         return cls(**values)
@@ -684,6 +689,16 @@ def read_run(run_dir: Path) -> FoldedRun:
     return folder.result()
 
 
+def saved_samples(run_dir: Path) -> dict[str, Any] | None:
+    """The system samples the launcher last saved while the job ran (``FoldingThread``); None where it saved none
+    or they cannot be read."""
+    try:
+        samples = json.loads((run_dir / FOLDED_DIR / SAMPLES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return samples if isinstance(samples, dict) and isinstance(samples.get("t_ns"), list) else None
+
+
 def _run_start(run_dir: Path) -> int | None:
     try:
         start = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("start_ns")
@@ -709,9 +724,11 @@ class FoldingThread:
     """The launcher's folding while the job runs. A write that fails (a full disk, the run's folder removed) stops
     the folding where it stands: the state on disk is the last whole one, and the raw events beyond it stay."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, samples: Callable[[], str] | None = None) -> None:
         self.folder = Folder(run_dir, persist=True)
         self.period_s = self.folder.limits.period_s
+        self.samples = samples  # the system samples so far, as JSON (saved every SAMPLES_SAVE_S)
+        self._samples_saved = time.monotonic()
         self.failed: OSError | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -733,6 +750,11 @@ class FoldingThread:
             except OSError as exc:
                 self.failed = exc
                 return False
+            due = time.monotonic() - self._samples_saved >= self.folder.limits.samples_s
+            if self.samples is not None and due and not final:
+                self._samples_saved = time.monotonic()
+                with contextlib.suppress(OSError):  # the events matter more: their folding goes on without these
+                    write_file(self.folder.folded_dir / SAMPLES_FILE, self.samples())
             return True
 
     def finish(self) -> FoldedRun | None:

@@ -137,7 +137,8 @@ class Recording:
         if self.sample_interval_s > 0:
             self._sampler = SystemSampler(os.getpid(), self.sample_interval_s)
             self._sampler.start()
-        self._folding = FoldingThread(self.run_dir)  # a block of days is folded as it goes, as a launched run
+        # a block of days is folded as it goes, as a launched run
+        self._folding = FoldingThread(self.run_dir, self._sampler.snapshot if self._sampler is not None else None)
         self._folding.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -497,7 +497,7 @@ def _run_child(argv: list[str], run_dir: Path, meta: dict[str, Any], overrides: 
     sampler = SystemSampler(child.pid, sample_interval_s) if sample_interval_s > 0 else None
     if sampler is not None:
         sampler.start()
-    folding = FoldingThread(run_dir)
+    folding = FoldingThread(run_dir, sampler.snapshot if sampler is not None else None)
     folding.start()
     with _SignalForwarder(child) as forwarder:
         while True:

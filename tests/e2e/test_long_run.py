@@ -16,7 +16,8 @@ import pytest
 
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "long_steps.py")
 SHRUNK = {"STALLSCOPE_SEGMENT_BYTES": "65536",
-          "STALLSCOPE_FOLDING": "window_ms=250,chunk_ms=250,lead=3000,trail=3000,anomaly=1500,period_ms=200,lag_ms=300"}
+          "STALLSCOPE_FOLDING": "window_ms=250,chunk_ms=250,lead=3000,trail=3000,anomaly=1500,period_ms=200,lag_ms=300,"
+                                "samples_ms=400"}
 
 
 def stallscope(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -67,6 +68,7 @@ def test_a_run_read_while_it_goes_and_then_killed_outright_rebuilds_up_to_the_ki
         so_far = json.loads((tmp_path / "going.json").read_text())
         assert so_far["ended_by"] == "running" and so_far["exit_code"] == -1 and so_far["steps"] > 0
         assert so_far["recording"]["steps_folded"] > 0
+        assert so_far["system"]["present"], "the system samples saved as the run goes are read too"
         assert not (run_dir / "session.json").exists()
         time.sleep(1.0)
     finally:
@@ -87,6 +89,10 @@ def test_a_run_read_while_it_goes_and_then_killed_outright_rebuilds_up_to_the_ki
     # every window up to the kill: the last one ends within a window and the lag of it
     last_end = max(r["end_ns"] for r in session["windows"])
     assert killed_at - last_end < 2_000_000_000, (killed_at - last_end) / 1e9
+    # the launcher's system samples, as last saved before the kill
+    ticks = session["system_samples"]["t_ns"]
+    assert ticks and killed_at - ticks[-1] < 5_000_000_000, (killed_at - ticks[-1]) / 1e9
+    assert any("system samples up to" in note for note in after["notes"]), after["notes"]
     assert took < 60, took
 
 

@@ -167,3 +167,23 @@ def test_a_long_run_keeps_at_most_max_ticks_spread_over_it(monkeypatch):
     assert len(entry["ticks"]) == len(entry["cpu_s"]) and max(entry["ticks"]) < len(result["t_ns"])
     assert entry["cpu_s"] == sorted(entry["cpu_s"]) and entry["cpu_s"][-1] > 0.2  # 2 s busy, on a loaded machine
     assert SystemSamples.read(result).processes  # the reader takes it as any other run's
+
+
+def test_a_snapshot_taken_while_it_samples_reads_back_whole():
+    """The launcher saves ``snapshot()`` as the job runs (a killed launcher leaves it to ``report``): taken between
+    ticks, each one is whole JSON with every series one value per tick, however often it is taken."""
+    import json
+
+    from stallscope.system_samples import SystemSamples
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    sampler = SystemSampler(child.pid, interval_s=0.005, gpu=False)
+    sampler.start()
+    taken = []
+    while child.poll() is None:
+        taken.append(json.loads(sampler.snapshot()))
+    sampler.stop()
+    assert len(taken) > 10 and taken[-1]["t_ns"]
+    for snap in taken:
+        assert all(len(values) == len(snap["t_ns"]) for values in snap["system"].values())
+    assert SystemSamples.read(taken[-1]).processes

@@ -8,6 +8,7 @@ second, not every tick, which keeps the sampler itself well under 1% of a core.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -63,6 +64,7 @@ class SystemSampler:
         self._wall_s = 0.0
         self._last_uss_cost: float | None = None
         self._training: dict[int, bool] = {}  # pid -> a training process (no USS reads), decided once
+        self._tick_lock = threading.Lock()  # a tick's writes against a snapshot's read (``snapshot``)
 
     def start(self) -> None:
         self._thread = start_thread(self._loop, "stallscope-sampler")
@@ -95,6 +97,12 @@ class SystemSampler:
                      "core_fraction": round(self._cost_cpu_s / self._wall_s, 6) if self._wall_s > 0 else None},
         }
 
+    def snapshot(self) -> str:
+        """The samples so far as JSON, read between two ticks: saved beside the raw events while the job runs, so
+        a launcher killed mid-run leaves them to ``report`` (a run of days loses minutes of them, not all)."""
+        with self._tick_lock:
+            return json.dumps(self.result(), separators=(",", ":"))
+
     # -- the loop -----------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -122,37 +130,45 @@ class SystemSampler:
                 if now - refreshed > TREE_REFRESH_S:
                     tree = self._process_tree()
                     refreshed = now
-                self.t_ns.append(time.perf_counter_ns())
-                tick = len(self.t_ns) - 1
-                cpu = _per_cpu_times(self._files)
-                self._system_tick(last_cpu, cpu)
-                last_cpu = cpu
-                if tick % DISK_EVERY_TICKS == 0:
-                    disk = _disk_read_bytes()
-                    dt = now - last_t
-                    last_t = now
-                    self.system["disk_read_bytes_per_s"].append(
-                        (disk - last_disk) / dt if disk is not None and last_disk is not None and dt > 0 else None)
-                    last_disk = disk
-                else:
-                    self.system["disk_read_bytes_per_s"].append(None)
-                self.system["shm_used_bytes"].append(_shm_used(self.shm_path))
-                for proc in tree:
-                    self._process_tick(proc, tick, with_uss=self._may_read_uss(proc) and now >= uss_due.setdefault(
-                        proc.pid, now + USS_MIN_PERIOD_S), with_io=tick % IO_EVERY_TICKS == 0)
-                    if self._last_uss_cost is not None:
-                        uss_due[proc.pid] = now + max(USS_MIN_PERIOD_S,
-                                                      self._last_uss_cost * len(tree) / USS_CORE_BUDGET)
-                        self._last_uss_cost = None
-                if self._gpu is not None and self._gpu.handles:
-                    for key, values in self._gpu.read(with_pcie=tick % PCIE_EVERY_TICKS == 0).items():
-                        self.gpu_series.setdefault(key, []).append(values)
-                if len(self.t_ns) >= MAX_TICKS:
-                    self.thin()
+                with self._tick_lock:
+                    last_cpu, last_disk, last_t = self._tick(tree, uss_due, now, last_cpu, last_disk, last_t)
         finally:
             self._files.close()
             self._cost_cpu_s = time.thread_time() - cpu0
             self._wall_s = time.perf_counter() - wall0
+
+    def _tick(self, tree: list[psutil.Process], uss_due: dict[int, float], now: float,
+              last_cpu: list[tuple[int, ...]], last_disk: int | None, last_t: float
+              ) -> tuple[list[tuple[int, ...]], int | None, float]:
+        """One tick's readings appended; the previous readings the next tick's rates start from."""
+        self.t_ns.append(time.perf_counter_ns())
+        tick = len(self.t_ns) - 1
+        cpu = _per_cpu_times(self._files)
+        self._system_tick(last_cpu, cpu)
+        last_cpu = cpu
+        if tick % DISK_EVERY_TICKS == 0:
+            disk = _disk_read_bytes()
+            dt = now - last_t
+            last_t = now
+            self.system["disk_read_bytes_per_s"].append(
+                (disk - last_disk) / dt if disk is not None and last_disk is not None and dt > 0 else None)
+            last_disk = disk
+        else:
+            self.system["disk_read_bytes_per_s"].append(None)
+        self.system["shm_used_bytes"].append(_shm_used(self.shm_path))
+        for proc in tree:
+            self._process_tick(proc, tick, with_uss=self._may_read_uss(proc) and now >= uss_due.setdefault(
+                proc.pid, now + USS_MIN_PERIOD_S), with_io=tick % IO_EVERY_TICKS == 0)
+            if self._last_uss_cost is not None:
+                uss_due[proc.pid] = now + max(USS_MIN_PERIOD_S,
+                                              self._last_uss_cost * len(tree) / USS_CORE_BUDGET)
+                self._last_uss_cost = None
+        if self._gpu is not None and self._gpu.handles:
+            for key, values in self._gpu.read(with_pcie=tick % PCIE_EVERY_TICKS == 0).items():
+                self.gpu_series.setdefault(key, []).append(values)
+        if len(self.t_ns) >= MAX_TICKS:
+            self.thin()
+        return last_cpu, last_disk, last_t
 
     def thin(self) -> None:
         """Every other tick dropped and the interval doubled: a run of days keeps at most ``MAX_TICKS`` ticks, spread
