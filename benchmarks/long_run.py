@@ -193,7 +193,7 @@ def killed_run(seconds: float, where: Path) -> None:
           f"(the kill at {killed_at - started:.0f} s after the launcher started); {summary['verdict']}")
 
 
-PLANTS = ("leak", "python-leak", "growing-inputs", "none", "page-cache")
+PLANTS = ("leak", "python-leak", "growing-inputs", "copy-on-read", "none", "page-cache")
 
 
 def run_planted(seconds: float, where: Path, plants: tuple[str, ...] = PLANTS) -> None:

@@ -55,7 +55,7 @@ ANOMALY_RECORDS = 15_000
 SLOW_STEP_FACTOR = 4.0
 #: Record kinds written per step or per batch: what a window's figures sum up, and what folding drops.
 HIGH_VOLUME = frozenset({"next", "fetch", "send", "opt", "fwd", "bwd", "pin", "h2d", "gpu_span", "coll", "ddp_wait",
-                         "ddp", "stack_samples", "step_samples", "threads_info", "gc"})
+                         "ddp", "stack_samples", "step_samples", "threads_info", "gc", "batch_bytes"})
 #: Fields that date a record, in order of preference; a record without any takes the time of the one before it.
 _TIME_FIELDS = ("start_ns", "t_ns", "created_ns", "started_ns", "launched_ns")
 _SEGMENT = re.compile(r"^(\d+)(?:\.(\d+))?\.jsonl$")
@@ -93,6 +93,7 @@ _H2D_BYTES = _at("h2d", "nbytes")
 _GC_NS = _at("gc", "total_ns")
 _GC_COUNT = _at("gc", "collections")
 _GC_LONGEST = _at("gc", "longest_ns")
+_BATCH_BYTES = _at("batch_bytes", "nbytes")
 
 
 def record_time(record: list[Any]) -> int | None:
@@ -217,7 +218,7 @@ def _new_row(pid: int, start: int, end: int) -> dict[str, Any]:
             "samples_known": True, "wait_ns": 0, "step_ns": 0, "max_step_ns": 0, "fetches": 0, "fetch_ns": 0,
             "fetch_cpu_ns": 0, "forward_ns": 0, "backward_ns": 0, "optimizer_ns": 0, "h2d_bytes": 0, "epochs": 0,
             "stalls": 0, "errors": 0, "records": 0, "gc_ns": 0, "gc_collections": 0,
-            "gc_longest_ns": 0}
+            "gc_longest_ns": 0, "batch_bytes": 0, "batches_sized": 0}
 
 
 class Folder:
@@ -392,6 +393,9 @@ class Folder:
                 state.gc_ns, state.gc_count = total, count
                 if len(record) > _GC_LONGEST:
                     row["gc_longest_ns"] = max(row.get("gc_longest_ns", 0), int(record[_GC_LONGEST] or 0))
+            elif kind == "batch_bytes":
+                row["batch_bytes"] = row.get("batch_bytes", 0) + int(record[_BATCH_BYTES] or 0)
+                row["batches_sized"] = row.get("batches_sized", 0) + 1
             elif kind == "iter":
                 row["epochs"] += 1
                 if row["epochs"] == 1 and self.steps.get(pid) and self.steps[pid].last_end_ns is not None:

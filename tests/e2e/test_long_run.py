@@ -121,11 +121,12 @@ def test_a_loop_that_keeps_every_steps_metric_slows_and_is_named_by_its_memory(t
 
 
 @pytest.mark.speed  # the rates per window are what this machine measured
-def test_inputs_that_grow_over_the_run_slow_the_compute(tmp_path):
+def test_inputs_that_grow_over_the_run_slow_the_compute_and_are_named_by_the_batches_bytes(tmp_path):
     change = _drifting(tmp_path, "growing-inputs")["change"]
-    assert change is not None and change["direction"] == "slower" and change["cause"] == "compute", change
+    assert change is not None and change["direction"] == "slower" and change["cause"] == "data-growing", change
     assert change["part"] in ("forward", "backward")
-    assert "inputs that grew over the run" in change["said"]
+    early, late = change["evidence"]["batch_bytes"]
+    assert late > 1.25 * early and "the batches grew over the run" in change["said"]
 
 
 @pytest.mark.speed  # the rates per window are what this machine measured
@@ -181,3 +182,4 @@ def test_a_dataset_the_page_cache_no_longer_holds_is_named(tmp_path):
     assert change["cause"] == "page-cache", change
     disk = change["evidence"]["disk_read_bytes_per_s"]
     assert disk[1] > 4 * max(disk[0], 1.0)
+

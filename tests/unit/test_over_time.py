@@ -13,9 +13,12 @@ S = 1_000_000_000
 PID = 100
 
 
-def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03, seed=1, gc_longest=None) -> Session:
+def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03, seed=1, gc_longest=None,
+             worker_uss=None, batch_bytes=None, gpu_clock=None) -> Session:
     """A run of 10-second windows, one per rate (steps/s); ``parts(i)`` gives the window's (wait, forward, backward,
-    optimizer) shares of each step; ``disk(i)`` its disk read bytes/s, ``rss(i)`` the training process's RSS."""
+    optimizer) shares of each step; ``disk(i)`` its disk read bytes/s, ``rss(i)`` the training process's RSS,
+    ``worker_uss(i)`` a DataLoader worker's private memory (read every other sample, its RSS at 900 MiB),
+    ``batch_bytes(i)`` the bytes of the batches sized in it, ``gpu_clock(i)`` a busy GPU's SM clock."""
     rng = random.Random(seed)
     rows, ticks, disk_values, rss_values = [], [], [], []
     for i, rate in enumerate(rates):
@@ -29,7 +32,9 @@ def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03,
                      "forward_ns": int(fwd * step_ns), "backward_ns": int(bwd * step_ns),
                      "optimizer_ns": int(opt * step_ns), "h2d_bytes": 0, "epochs": 0, "stalls": 0, "errors": 0,
                      "records": steps * 3, "gc_ns": 0,
-                     "gc_longest_ns": int(gc_longest(i) * 1e6) if gc_longest else 0})
+                     "gc_longest_ns": int(gc_longest(i) * 1e6) if gc_longest else 0,
+                     "batch_bytes": int(batch_bytes(i)) * 10 if batch_bytes else 0,
+                     "batches_sized": 10 if batch_bytes else 0})
         for k in range(5):  # samples every 2 s
             ticks.append(i * 10 * S + k * 2 * S)
             disk_values.append(disk(i) if disk else 0.0)
@@ -38,6 +43,14 @@ def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03,
                "system": {"disk_read_bytes_per_s": disk_values, "iowait_percent": [1.0] * len(ticks)},
                "processes": {str(PID): {"ticks": list(range(len(ticks))), "cpu_s": [0.0] * len(ticks),
                                         "rss_bytes": rss_values, "read_bytes": [None] * len(ticks)}}}
+    if gpu_clock:
+        samples["gpu"] = {"names": ["H200", "H200"], "util_percent": [[97.0, 0.0]] * len(ticks),
+                          "sm_clock_mhz": [[gpu_clock(t // 5), 345.0] for t in range(len(ticks))]}
+    if worker_uss:
+        read = list(range(0, len(ticks), 2))
+        samples["processes"][str(PID + 1)] = {
+            "ticks": list(range(len(ticks))), "cpu_s": [0.0] * len(ticks), "rss_bytes": [900 << 20] * len(ticks),
+            "read_bytes": [None] * len(ticks), "uss_ticks": read, "uss_bytes": [int(worker_uss(t // 5)) for t in read]}
     return Session(schema="stallscope.session/1", run_id="r", command=["python"], cwd=".", started_wall=0.0,
                    start_ns=0, end_ns=len(rates) * 10 * S, exit_code=0, ended_by="exit", overrides={},
                    max_steps=None, environment={}, system_samples=samples, windows=rows,
@@ -112,3 +125,44 @@ def test_full_collections_that_grow_longer_are_named_without_a_slowdown():
     assert "garbage collection pauses grew" in said.gc_pauses(found.gc_pauses, 0)
     steady = over_time(_session([100.0] * 40, gc_longest=lambda i: 60.0 if i % 3 == 0 else 1.5), PID)
     assert steady.gc_pauses is None
+
+
+def test_workers_that_copy_the_dataset_as_they_read_it_are_named_from_where_it_began():
+    """Copy-on-read: a worker's private memory flat, then climbing from window 15 (its RSS, which counts the pages it
+    still shares, flat): the workers' growth is named, from about then; the training process's is not."""
+    found = over_time(_session([100.0] * 40, worker_uss=lambda i: (40 << 20) + max(0, i - 15) * (30 << 20)), PID)
+    assert found.change is None
+    [memory] = found.memory
+    assert memory.who == "workers" and memory.early_bytes < 50 << 20 and memory.late_bytes > 500 << 20
+    assert 13 * 10 * S <= memory.began_ns <= 17 * 10 * S
+    line = said.memory(memory, 0)
+    assert "the DataLoader workers 40 -> " in line and "copy-on-read" in line and "from 2.5 min on" in line
+
+
+def _compute_grows(i: int) -> tuple[float, float, float, float]:
+    grow = 1 + max(0, i - 10) * 0.05  # forward and backward per step grow from window 10; the rest stays
+    return (0.1 / grow, 0.3 * (1 + 1.6 * (grow - 1)) / grow, 0.4 * (1 + 1.6 * (grow - 1)) / grow, 0.1 / grow)
+
+
+def test_compute_that_grows_with_the_batches_names_the_data():
+    rates = [100.0 / (1 + max(0, i - 10) * 0.05) for i in range(40)]
+    found = over_time(_session(rates, parts=_compute_grows, batch_bytes=lambda i: 4096 * (1 + max(0, i - 10) * 0.05)),
+                      PID).change
+    assert found is not None and found.cause == "data-growing", found
+    early, late = found.evidence["batch_bytes"]
+    assert late > 1.25 * early
+    assert "the batches grew over the run (4.0 KiB -> " in said.change(found, 0)
+
+
+def test_compute_that_grows_as_the_gpu_clocks_down_names_the_clocks():
+    """The busy GPU's SM clock falls 1,980 -> 1,400 MHz as the step grows; the idle one (345 MHz) is not read."""
+    rates = [100.0 / (1 + max(0, i - 10) * 0.05) for i in range(40)]
+    found = over_time(_session(rates, parts=_compute_grows, batch_bytes=lambda i: 4096.0,
+                               gpu_clock=lambda i: 1980.0 - max(0, i - 10) * 20), PID).change
+    assert found is not None and found.cause == "clocks", found
+    assert found.evidence["gpu_mhz"][0] > 1900 and found.evidence["gpu_mhz"][1] < 1500
+    assert "the GPUs' SM clock 1,9" in said.change(found, 0)
+    # the same slowdown with steady clocks and batches: the compute itself
+    steady = over_time(_session(rates, parts=_compute_grows, batch_bytes=lambda i: 4096.0,
+                                gpu_clock=lambda i: 1980.0), PID).change
+    assert steady is not None and steady.cause == "compute"

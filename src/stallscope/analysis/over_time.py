@@ -42,6 +42,13 @@ GC_PAUSE_FLOOR_MS = 50.0
 #: ``MEMORY_GROWTH_FLOOR`` bytes.
 MEMORY_GROWTH = 1.25
 MEMORY_GROWTH_FLOOR = 64 << 20
+#: A clock (the GPUs' SM clock, or the CPUs') that fell by this share, late windows against early ones: the device
+#: throttles (heat, a power limit), and the step's compute takes longer at the same work.
+CLOCK_FALL = 0.1
+GPU_BUSY_PERCENT = 20.0
+#: Batches that grew this many times (their tensors' bytes): the data changed over the run (longer sequences,
+#: larger images), and the step's time follows it.
+BATCH_GROWTH = 1.25
 PARTS = ("data_wait", "forward", "backward", "optimizer", "step_code")
 
 
@@ -62,6 +69,9 @@ class WindowFigures:
     workers_rss_bytes: int | None
     disk_read_bytes_per_s: float | None
     iowait_percent: float | None
+    batch_bytes: float | None = None  # the training process's batches' tensor bytes, mean of those sized in it
+    cpu_mhz: float | None = None  # the CPUs' clock, mean over them and the window
+    gpu_mhz: float | None = None  # the GPUs' SM clock, mean over them and the window
 
 
 @dataclass(frozen=True)
@@ -73,15 +83,15 @@ class RunChange:
     late_steps_per_s: float
     began_ns: int
     part: str  # one of PARTS, or "several"
-    cause: str  # page-cache, input, gc, memory-growth, compute, step-code, unknown
+    cause: str  # page-cache, input, data-growing, clocks, gc, memory-growth, compute, step-code, unknown
     per_step_ms: dict[str, tuple[float, float]]  # part -> (early, late)
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class MemoryGrowth:
-    """The training process's resident memory that kept growing."""
-    who: str  # "training"
+    """Memory that kept growing: the training process's resident memory, or the DataLoader workers' together."""
+    who: str  # "training" or "workers"
     early_bytes: int
     late_bytes: int
     began_ns: int
@@ -144,10 +154,13 @@ def _figures(start: int, rows: list[dict[str, Any]], pid: int | None, window_ns:
         parts["step_code"] = max(0.0, step_ns / steps / 1e6 - sum(parts.values()))
     gc_ms = int(own.get("gc_ns", 0)) / steps / 1e6 if own and steps and "gc_ns" in own else None
     longest = int(own.get("gc_longest_ns", 0)) / 1e6 if own and own.get("gc_longest_ns") else None
+    sized = int(own.get("batches_sized", 0)) if own else 0
     return WindowFigures(
         start, start + window_ns, steps, steps * 1e9 / step_ns if steps and step_ns > 0 else None,
         min(1.0, int(own.get("wait_ns", 0)) / step_ns) if own and step_ns > 0 else None, parts, fetch_ms, gc_ms,
-        longest, _int(samples.get("rss")), _int(samples.get("workers_rss")), samples.get("disk"), samples.get("iowait"))
+        longest, _int(samples.get("rss")), _int(samples.get("workers_rss")), samples.get("disk"), samples.get("iowait"),
+        int(own.get("batch_bytes", 0)) / sized if own and sized else None, samples.get("cpu_mhz"),
+        samples.get("gpu_mhz"))
 
 
 def _int(value: float | None) -> int | None:
@@ -186,13 +199,25 @@ def _samples_by_window(session: Session, pid: int | None, window_ns: int) -> dic
         for tick, value in own:
             if 0 <= tick < len(system.t_ns):
                 per_window.setdefault(window_of(system.t_ns[tick]), []).append(float(value))
-        for start, values in per_window.items():
-            others[start] = others.get(start, 0.0) + statistics.fmean(values)
+        # USS is read every few seconds: a window of the process's life without a reading holds the last one
+        means: dict[int, float] = {}
+        last: float | None = None
+        for start in range(min(per_window, default=0), max(per_window, default=-1) + 1, window_ns):
+            last = statistics.fmean(per_window[start]) if start in per_window else last
+            if last is not None:
+                means[start] = last
+        for start, held in means.items():
+            others[start] = others.get(start, 0.0) + held
     for start, summed in others.items():
         add(start, "workers_rss", summed)
-    for name, key in (("disk_read_bytes_per_s", "disk"), ("iowait_percent", "iowait")):
+    for name, key in (("disk_read_bytes_per_s", "disk"), ("iowait_percent", "iowait"), ("cpu_mhz", "cpu_mhz")):
         for t_ns, value in zip(system.t_ns, system.system.get(name, [])):
             add(t_ns, key, value if isinstance(value, (int, float)) else None)
+    # the busy GPUs' clocks only: an idle one (a rank on another, a spare) clocks down and is no sign of throttling
+    gpu = system.gpu
+    for t_ns, clocks, utils in zip(system.t_ns, gpu.get("sm_clock_mhz") or [], gpu.get("util_percent") or []):
+        busy = [c for c, u in zip(clocks, utils) if c is not None and u is not None and u >= GPU_BUSY_PERCENT]
+        add(t_ns, "gpu_mhz", statistics.fmean(busy) if busy else None)
     return {start: {name: statistics.fmean(values) for name, values in named.items()}
             for start, named in sums.items()}
 
@@ -277,7 +302,9 @@ def _evidence(early: list[WindowFigures], late: list[WindowFigures]) -> dict[str
                        ("rss_bytes", lambda w: w.rss_bytes),
                        ("workers_rss_bytes", lambda w: w.workers_rss_bytes),
                        ("disk_read_bytes_per_s", lambda w: w.disk_read_bytes_per_s),
-                       ("iowait_percent", lambda w: w.iowait_percent)):
+                       ("iowait_percent", lambda w: w.iowait_percent),
+                       ("batch_bytes", lambda w: w.batch_bytes), ("cpu_mhz", lambda w: w.cpu_mhz),
+                       ("gpu_mhz", lambda w: w.gpu_mhz)):
         a, b = _mean([read(w) for w in early]), _mean([read(w) for w in late])
         if a is not None and b is not None:
             found[name] = (round(a, 3), round(b, 3))
@@ -288,16 +315,24 @@ def _grew(pair: tuple[float, float] | None, factor: float, floor: float) -> bool
     return pair is not None and pair[1] >= factor * pair[0] and pair[1] - pair[0] >= floor
 
 
+def _fell(pair: tuple[float, float] | None) -> bool:
+    return pair is not None and pair[0] > 0 and pair[1] <= (1 - CLOCK_FALL) * pair[0]
+
+
 def _cause(part: str, ratio: float, evidence: dict[str, Any]) -> str:
     if ratio > 1:
         return "unknown"  # a run that sped up: said with its part, no cause sought
+    batches = evidence.get("batch_bytes")
+    bigger = batches is not None and batches[1] >= BATCH_GROWTH * max(batches[0], 1.0)
     if part == "data_wait":
         disk = evidence.get("disk_read_bytes_per_s")
         if disk is not None and disk[1] >= DISK_READ_FLOOR and disk[1] >= DISK_READ_RISE * max(disk[0], 1.0):
             return "page-cache"
-        return "input"
+        return "data-growing" if bigger else "input"
     if part in ("forward", "backward"):
-        return "compute"
+        if bigger:
+            return "data-growing"
+        return "clocks" if _fell(evidence.get("gpu_mhz")) or _fell(evidence.get("cpu_mhz")) else "compute"
     if part in ("step_code", "optimizer", "several"):
         if _grew(evidence.get("rss_bytes"), MEMORY_GROWTH, MEMORY_GROWTH_FLOOR):
             return "memory-growth"
@@ -306,15 +341,21 @@ def _cause(part: str, ratio: float, evidence: dict[str, Any]) -> str:
 
 
 def _memory(windows: list[WindowFigures]) -> list[MemoryGrowth]:
-    """The training process's memory that kept growing (the workers' is the ``worker-memory-growth`` pitfall)."""
+    """Memory that kept growing, late windows against early ones: the training process's resident memory, and the
+    DataLoader workers' (summed; each its private memory where read, so pages copied on read count and the pages
+    still shared with the training process do not)."""
     if len(windows) < MIN_WINDOWS:
         return []
-    early, late = _quarters(windows)
-    a, b = _mean([w.rss_bytes for w in early]), _mean([w.rss_bytes for w in late])
-    if a is None or b is None or not _grew((a, b), MEMORY_GROWTH, MEMORY_GROWTH_FLOOR):
-        return []
-    read = [w for w in windows if w.rss_bytes is not None]
-    return [MemoryGrowth("training", int(a), int(b), _onset(read, [float(w.rss_bytes or 0) for w in read]))]
+    found = []
+    for who, read in (("training", lambda w: w.rss_bytes), ("workers", lambda w: w.workers_rss_bytes)):
+        measured = [w for w in windows if read(w) is not None]
+        if len(measured) < MIN_WINDOWS:
+            continue
+        early, late = _quarters(measured)
+        a, b = _mean([read(w) for w in early]), _mean([read(w) for w in late])
+        if a is not None and b is not None and _grew((a, b), MEMORY_GROWTH, MEMORY_GROWTH_FLOOR):
+            found.append(MemoryGrowth(who, int(a), int(b), _onset(measured, [float(read(w) or 0) for w in measured])))
+    return found
 
 
 def _gc_pauses(windows: list[WindowFigures]) -> GcPauses | None:

@@ -32,6 +32,9 @@ overrides: dict[str, Any] = {}
 
 #: Frames kept of a DataLoader's creation stack: enough to reach the user's code through a framework.
 STACK_FRAMES = 24
+#: A batch is sized (its tensors' bytes, ``batch_bytes``) once a second at most: the windows see data that grows
+#: (longer sequences, larger images) at the cost of one walk of a batch a second.
+SIZED_EVERY_NS = 1_000_000_000
 
 
 def _creation_stack() -> list[str]:
@@ -371,6 +374,7 @@ def patch_dataloader(module: Any) -> None:
     original_next = base_iter.__next__
 
     base_iter._stallscope_described = False  # a class default: the per-batch test below is a hit
+    base_iter._stallscope_sized_ns = 0  # when a batch of this iterator was last sized (``batch_bytes``)
 
     def __next__(self: Any) -> Any:
         global _waiting
@@ -402,6 +406,9 @@ def patch_dataloader(module: Any) -> None:
             described = batches.describe_batch(data)
             events.emit("batch_info", self._stallscope_lid, self._stallscope_iter, described)
             _note_batch_bytes(self._stallscope_lid, described.get("nbytes"))
+        if t1 - self._stallscope_sized_ns >= SIZED_EVERY_NS:
+            self._stallscope_sized_ns = t1
+            events.emit("batch_bytes", self._stallscope_lid, t1, batches.describe_batch(data)["nbytes"])
         _batches_by_loader[self._stallscope_lid] = _batches_by_loader.get(self._stallscope_lid, 0) + 1
         steps.after_next(self._stallscope_lid)
         step_sampler.batch_taken()

@@ -29,6 +29,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
                    "dead"),
     "send": ("loader_id", "iter_id", "epoch", "send_idx", "worker", "t_ns"),
     "batch_info": ("loader_id", "iter_id", "info"),
+    # a batch's tensor bytes, once a second at most (what the over-time figures see of data that changes size)
+    "batch_bytes": ("loader_id", "t_ns", "nbytes"),
     "pin": ("main_thread", "start_ns", "end_ns"),
     "step_limit": ("max_steps", "done", "t_ns"),
     # DataLoader workers (and the training process for num_workers=0)

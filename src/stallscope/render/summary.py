@@ -49,7 +49,9 @@ def over_time_dict(session: Session, analysis: Analysis) -> dict[str, Any] | Non
     windows = [{"start_s": round((w.start_ns - origin) / 1e9, 3), "steps": w.steps,
                 "steps_per_s": round(w.steps_per_s, 4) if w.steps_per_s is not None else None,
                 "data_wait_fraction": round(w.data_wait_fraction, 4) if w.data_wait_fraction is not None else None,
-                "rss_mib": round(w.rss_bytes / 2**20, 1) if w.rss_bytes is not None else None}
+                "rss_mib": round(w.rss_bytes / 2**20, 1) if w.rss_bytes is not None else None,
+                "workers_mib": round(w.workers_rss_bytes / 2**20, 1) if w.workers_rss_bytes is not None else None,
+                "batch_kib": round(w.batch_bytes / 1024, 2) if w.batch_bytes is not None else None}
                for w in found.windows]
     change = None
     if found.change is not None:

@@ -34,6 +34,10 @@ USS_MIN_PERIOD_S = 2.0
 USS_CORE_BUDGET = 0.002
 #: Bytes read per process (for the dataset-size estimate) change slowly; once a second is plenty.
 IO_EVERY_TICKS = 10
+#: The CPUs' clock (mean MHz over them) is read once every this many ticks: a clock that falls over a long run
+#: (thermal or power limits) slows everything on the CPU.
+CLOCK_EVERY_TICKS = 10
+CLOCK_MAX_READ_S = 0.005
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PF_EXITING = 0x4  # task flag in /proc/PID/stat: the process has begun exiting (linux/sched.h)
@@ -56,7 +60,7 @@ class SystemSampler:
         self._files = _ProcFiles()  # this sampler's open /proc descriptors
         self.t_ns: list[int] = []
         self.system: dict[str, list[Any]] = {"cpu_percent": [], "per_core_percent": [], "iowait_percent": [],
-                                             "disk_read_bytes_per_s": [], "shm_used_bytes": []}
+                                             "disk_read_bytes_per_s": [], "shm_used_bytes": [], "cpu_mhz": []}
         self.processes: dict[str, dict[str, Any]] = {}
         self.gpu_series: dict[str, list[Any]] = {}
         self.absent: dict[str, str] = {}
@@ -64,6 +68,7 @@ class SystemSampler:
         self._wall_s = 0.0
         self._last_uss_cost: float | None = None
         self._training: dict[int, bool] = {}  # pid -> a training process (no USS reads), decided once
+        self._read_clock = True  # until a read fails or costs more than CLOCK_MAX_READ_S
         self._tick_lock = threading.Lock()  # a tick's writes against a snapshot's read (``snapshot``)
 
     def start(self) -> None:
@@ -156,6 +161,14 @@ class SystemSampler:
         else:
             self.system["disk_read_bytes_per_s"].append(None)
         self.system["shm_used_bytes"].append(_shm_used(self.shm_path))
+        clock = None
+        if tick % CLOCK_EVERY_TICKS == 0 and self._read_clock:
+            began = time.perf_counter()
+            clock = _cpu_mhz(self._files)
+            # a kernel that asks every CPU for its clock on each read (large x86 machines): not worth its cost (the
+            # first read also finds the files)
+            self._read_clock = clock is not None and (tick == 0 or time.perf_counter() - began < CLOCK_MAX_READ_S)
+        self.system["cpu_mhz"].append(clock)
         for proc in tree:
             self._process_tick(proc, tick, with_uss=self._may_read_uss(proc) and now >= uss_due.setdefault(
                 proc.pid, now + USS_MIN_PERIOD_S), with_io=tick % IO_EVERY_TICKS == 0)
@@ -409,6 +422,32 @@ def _tree_pids(root: int) -> list[int] | None:
 
 
 _WHOLE_DISKS: set[str] | None = None
+
+
+def _cpu_mhz(files: _ProcFiles) -> float | None:
+    """The CPUs' current clock, mean MHz: cpufreq's ``scaling_cur_freq`` where the kernel has it, else the ``cpu
+    MHz`` lines of /proc/cpuinfo (what a VM shows); None where neither can be read."""
+    global _CPUFREQ
+    if _CPUFREQ is None:
+        base = "/sys/devices/system/cpu"
+        try:
+            _CPUFREQ = [f"{base}/{name}/cpufreq/scaling_cur_freq" for name in os.listdir(base)
+                        if name[3:].isdigit() and name.startswith("cpu")
+                        and os.path.exists(f"{base}/{name}/cpufreq/scaling_cur_freq")]
+        except OSError:
+            _CPUFREQ = []
+    try:
+        if _CPUFREQ:
+            khz = [int(files.read(path)) for path in _CPUFREQ]
+            return sum(khz) / len(khz) / 1000.0
+        mhz = [float(line.split(b":")[1]) for line in files.read("/proc/cpuinfo").split(b"\n")
+               if line.startswith(b"cpu MHz")]
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(mhz) / len(mhz) if mhz else None
+
+
+_CPUFREQ: list[str] | None = None
 
 
 def _disk_read_bytes() -> int | None:

@@ -18,6 +18,10 @@ def when(t_ns: int, origin_ns: int) -> str:
     return f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
+def _size(nbytes: float) -> str:
+    return f"{nbytes / MIB:,.1f} MiB" if nbytes >= MIB else f"{nbytes / 1024:,.1f} KiB"
+
+
 def _cause(change: Any) -> str:
     ev = change.evidence
     if change.cause == "page-cache":
@@ -44,9 +48,22 @@ def _cause(change: Any) -> str:
                 "more at every step (tensors kept in a list with their graphs, a cache without a bound), and the step "
                 "works over what it keeps or the garbage collector walks it at every collection; keep plain numbers "
                 "(loss.item(), or computed under torch.no_grad()) and bound what the loop keeps")
+    if change.cause == "data-growing":
+        a, b = ev["batch_bytes"]
+        return (f"the batches grew over the run ({_size(a)} -> {_size(b)} a batch): the data changed (longer "
+                "sequences, larger images, a curriculum), and the step's time follows the data it is given; where "
+                "that is not meant, look at the dataset's order (sorted by length?) or the padding; where it is, "
+                "bucket by length so each batch pads less")
+    if change.cause == "clocks":
+        said = [f"{name} {a:,.0f} -> {b:,.0f} MHz" for key, name in (("gpu_mhz", "the GPUs' SM clock"),
+                                                                        ("cpu_mhz", "the CPUs' clock"))
+                if (pair := ev.get(key)) and (a := pair[0]) and (b := pair[1]) < a]
+        return (f"the device slowed down ({', '.join(said)}): it throttles as it heats or meets its power limit, and "
+                "the same work takes longer; check its cooling and power limit (nvidia-smi -q -d PERFORMANCE names "
+                "the reason the GPU is held back)")
     if change.cause == "compute":
-        return ("the model's forward and backward take longer per step: inputs that grew over the run (sequence "
-                "lengths, image sizes) or a device that slowed (clocks falling as it heats)")
+        return ("the model's forward and backward take longer per step for batches of the same size: a device that "
+                "slowed (clocks falling as it heats) or inputs that grew inside the batch's fixed size")
     if change.cause == "step-code":
         return "the step's own Python code takes longer per step"
     return ""
@@ -69,6 +86,12 @@ def change(found: Any, origin_ns: int) -> str:
 
 
 def memory(found: Any, origin_ns: int) -> str:
+    if found.who == "workers":
+        return (f"memory grew over time: the DataLoader workers {found.early_bytes / MIB:,.0f} -> "
+                f"{found.late_bytes / MIB:,.0f} MiB together (each its private memory where read), from "
+                f"{when(found.began_ns, origin_ns)} on: workers copy, page by page, the Python objects of the dataset "
+                "they read (copy-on-read: each read touches a reference count), or the dataset caches what it loads; "
+                "keep per-sample lists and dicts in numpy arrays or a packed file, and bound any cache")
     return (f"memory grew over time: the training process {found.early_bytes / MIB:,.0f} -> "
             f"{found.late_bytes / MIB:,.0f} MiB resident, from {when(found.began_ns, origin_ns)} on: what the loop "
             "keeps from step to step (a list of tensors, a cache, a history of metrics) grows with the run")
