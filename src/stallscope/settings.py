@@ -78,6 +78,10 @@ PROCESS_SETTINGS: dict[str, ProcessSetting] = {
                                        "medium; it changes what is computed"),
     "cudnn_benchmark": ProcessSetting("bool", "torch.backends.cudnn.benchmark = {}",
                                       "cuDNN's timed choice of convolution algorithms, for inputs of fixed size"),
+    "autocast": ProcessSetting("str", "with torch.autocast(device_type, dtype=torch.{}): around the model's forward "
+                                      "and the loss",
+                               "mixed precision: bfloat16 runs the model's forward under torch.autocast, its "
+                               "floating outputs cast back to float32 for the loss; it changes what is computed"),
     "PYTORCH_CUDA_ALLOC_CONF": ProcessSetting(
         "str", "export PYTORCH_CUDA_ALLOC_CONF={} in the job's environment before the script starts, since torch "
                "reads it when CUDA starts",
@@ -184,6 +188,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         parsed[name] = _parse_value(name, SETTABLE[name], text)
     if parsed.get("matmul_precision") not in (None, "highest", "high", "medium"):
         raise OverrideError("--set matmul_precision: choose highest, high or medium")
+    if parsed.get("autocast") not in (None, "bfloat16"):
+        raise OverrideError("--set autocast: bfloat16 (float16 also needs a GradScaler in the script, which --set "
+                            "cannot add)")
     if parsed.get("sharing_strategy") not in (None, "file_system", "file_descriptor"):
         raise OverrideError("--set sharing_strategy: choose file_system or file_descriptor")
     if parsed.get("prefetch_factor") == 0:

@@ -90,6 +90,61 @@ def test_set_numerics_are_the_tf32_and_cudnn_findings_changes_applied_to_the_run
     assert refused.returncode == 2 and "choose highest, high or medium" in refused.stderr, refused.stderr
 
 
+AUTOCAST_PROBE = """import sys, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+class Probe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 2)
+        self.seen = []
+
+    def forward(self, x):
+        hidden = self.inner(x)
+        self.seen.append(str(hidden.dtype))
+        return self.head(torch.relu(hidden))
+
+torch.manual_seed(0)
+model = Probe()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+losses = []
+for x, y in DataLoader(data, batch_size=8):
+    out = model(x)
+    loss = nn.functional.cross_entropy(out, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(f"{loss.item():.6f}")
+open(sys.argv[1], "w").write(f"{model.seen[-1]} {out.dtype} {loss.dtype} {' '.join(losses)}")
+"""
+
+
+def test_set_autocast_runs_the_models_forward_in_bfloat16_and_gives_the_loss_float32(tmp_path):
+    """--set autocast=bfloat16 (the mixed-precision finding's change on a GPU with bfloat16 units): the model's
+    layers compute in bfloat16 under autocast, its output comes back as float32 for the loss; without it, the run
+    computes exactly as the script alone does."""
+    seen = tmp_path / "seen.txt"
+    script = tmp_path / "autocast_probe.py"
+    script.write_text(AUTOCAST_PROBE)
+    result = run_cli(tmp_path, ["--set", "autocast=bfloat16", "--", sys.executable, str(script), str(seen)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    inner, out, loss, *mixed = seen.read_text().split()
+    assert (inner, out, loss) == ("torch.bfloat16", "torch.float32", "torch.float32")
+    assert result.summary["loaders"][0]["overrides"]["autocast"] == [None, "bfloat16"]
+    bare = subprocess.run([sys.executable, str(script), str(seen)], capture_output=True, text=True, cwd=tmp_path)
+    assert bare.returncode == 0, bare.stderr
+    inner, _, _, *plain = seen.read_text().split()
+    assert inner == "torch.float32" and plain != mixed  # it did change what was computed, as said
+    recorded = run_cli(tmp_path, ["--", sys.executable, str(script), str(seen)])
+    assert recorded.returncode == 0 and seen.read_text().split()[3:] == plain  # without --set: bit-identical
+    refused = subprocess.run([sys.executable, "-m", "stallscope", "run", "--set", "autocast=float16", "--",
+                              sys.executable, str(script), str(seen)], capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode == 2 and "GradScaler" in refused.stderr, refused.stderr
+
+
 def test_a_failure_after_a_set_change_names_the_change(tmp_path):
     """shuffle=True is refused for an IterableDataset: the error comes from torch, the cause from --set."""
     result = run_cli(tmp_path, ["--set", "shuffle=true", "--", sys.executable, TINY, "--iterable"])

@@ -133,6 +133,7 @@ def test_cuda_numerics_left_at_their_slowest_are_facts_without_a_prediction():
     assert found[0].facts["dtype"] == "bfloat16"
     said = words.recommendation(found[0])
     assert "torch.autocast(\"cuda\", dtype=torch.bfloat16)" in said.change and "bf16=True" in said.change
+    assert found[0].overrides == {"autocast": "bfloat16"} and "--set autocast=bfloat16" in said.change
 
 
 def test_numerics_already_fast_or_on_the_cpu_say_nothing():
@@ -144,7 +145,8 @@ def test_numerics_already_fast_or_on_the_cpu_say_nothing():
         found = compute_findings(session, step_stats(session), {"compute": 1.0}, [])
         assert [r.id for r in found] == expected, facts
     session = _facts_session(older)
-    assert compute_findings(session, step_stats(session), {"compute": 1.0}, [])[0].facts["dtype"] == "float16"
+    [older_advice] = compute_findings(session, step_stats(session), {"compute": 1.0}, [])
+    assert older_advice.facts["dtype"] == "float16" and older_advice.overrides == {}  # a GradScaler: code only
 
 
 def test_the_optimizer_finding_needs_a_large_share_and_tensors_updated_one_by_one():

@@ -509,6 +509,15 @@ def test_numerics_are_tried_only_when_asked_and_only_on_a_gpu() -> None:
     assert any(note.startswith("the winner changes the training's numerics (cudnn_benchmark, matmul_precision)")
                for note in outcome.notes), outcome.notes
 
+    # autocast only where the diagnosis names it (a device with bfloat16 units): then tried, and kept where it pays
+    def mixed(config: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"id": "mixed-precision", "overrides": {"autocast": "bfloat16"}, "predicted_speedup": None}]
+
+    job = _gpu_job(lambda c: workers_model(c) * (1.5 if c.get("autocast") == "bfloat16" else 1.0), recs=mixed)
+    outcome = Tuner(lambda c, label: job.__call__(c, label), Budget(trials=30), numerics=True).run()
+    assert outcome.best.config["autocast"] == "bfloat16", [c for _, c in job.seen]
+    assert {label for label, c in job.seen if c.get("autocast")} & {"diagnosis", "autocast"}
+
     cpu = FakeJob(_numerics_model, recs=_tf32_finding)
     outcome = Tuner(cpu, Budget(trials=30), numerics=True).run()
     assert not any(c.get("matmul_precision") == "high" or c.get("cudnn_benchmark") for _, c in cpu.seen)

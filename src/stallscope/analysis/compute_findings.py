@@ -252,8 +252,9 @@ def _numerics(facts: list[dict[str, Any]]) -> list[Recommendation]:
             continue
         capability = tuple(int(x) for x in str(f.get("capability") or "0.0").split(".")[:2])
         fp32 = f.get("param_dtype") == "float32"
-        if fp32 and not f.get("autocast"):
-            found.append(advise("mixed-precision", None, facts={
+        if fp32 and not f.get("autocast"):  # bfloat16 (Ampere on) needs no GradScaler: --set can apply it
+            found.append(advise("mixed-precision", None, {"autocast": "bfloat16"} if capability >= AMPERE else {},
+                                facts={
                 "module": f.get("module"), "param_dtype": f.get("param_dtype"), "capability": f.get("capability"),
                 "dtype": "bfloat16" if capability >= AMPERE else "float16"}))
         if fp32 and not f.get("autocast") and capability >= AMPERE and f.get("matmul_precision") == "highest" \

@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from stallscope.recorder import batches, events, importhook, step_sampler, steps, workers
+from stallscope.recorder import batches, events, importhook, step_parts, step_sampler, steps, workers
 from stallscope.recorder.overrides import apply_overrides
 
 _perf = time.perf_counter_ns
@@ -91,6 +91,7 @@ def _describe(loader: Any) -> dict[str, Any]:
     try:  # the numerics as the loader is built (tune --numerics turns them; see _numerics)
         config["matmul_precision"] = torch.get_float32_matmul_precision()
         config["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+        config["autocast"] = step_parts.autocast_dtype  # --set autocast's (the script's own is a model fact)
     except Exception:
         config["matmul_precision"] = config["cudnn_benchmark"] = None
     try:
@@ -233,6 +234,10 @@ def _numerics(overrides: dict[str, Any]) -> dict[str, list[Any]]:
     if benchmark is not None and bool(torch.backends.cudnn.benchmark) != bool(benchmark):
         applied["cudnn_benchmark"] = [bool(torch.backends.cudnn.benchmark), bool(benchmark)]
         torch.backends.cudnn.benchmark = bool(benchmark)
+    autocast = overrides.get("autocast")
+    if autocast and step_parts.autocast_dtype is None:
+        step_parts.use_autocast(autocast)
+        applied["autocast"] = [None, autocast]
     return applied
 
 

@@ -49,6 +49,12 @@ class _ThreadState(threading.local):
     start_ns = 0
     root: Any = None
     backward_depth = 0
+    autocast: Any = None  # the autocast context entered around the outermost call (``--set autocast``)
+
+
+#: ``--set autocast=bfloat16``: the dtype the roots' forward runs under ``torch.autocast`` in (None: as the script
+#: says). Set once, as the script builds its first DataLoader (``loader._numerics``).
+autocast_dtype: str | None = None
 
 
 _state = _ThreadState()
@@ -100,6 +106,8 @@ def _pre(module: Any, args: Any) -> None:
     if state.depth == 0:
         if state.backward_depth or not _has_parameters(module):
             return  # a loss module; or checkpointing's recompute inside backward (backward's time)
+        if autocast_dtype is not None:
+            state.autocast = _enter_autocast(module)
         model_facts.on_first_call(module, args)
         state.start_ns = _perf()
         state.root = module
@@ -122,6 +130,56 @@ def _post(module: Any, args: Any, output: Any) -> None:
         _forwards_since_step += 1
         if _learning:
             _learn(root)
+        if state.autocast is not None:
+            context, state.autocast = state.autocast, None
+            context.__exit__(None, None, None)
+            return _to_float32(output)
+    return None
+
+
+def use_autocast(dtype: str) -> None:
+    global autocast_dtype
+    autocast_dtype = dtype
+
+
+def _enter_autocast(module: Any) -> Any:
+    """An autocast context entered for ``module``'s call, on the device of its parameters; None where autocast is
+    on already (the script's own) or cannot be entered there."""
+    import torch
+
+    try:
+        device = next(module.parameters()).device.type
+        if torch.is_autocast_enabled(device):
+            return None
+        context = torch.autocast(device_type=device, dtype=getattr(torch, autocast_dtype or "bfloat16"))
+        context.__enter__()
+    except Exception:  # noqa: BLE001 - a device autocast does not know: the forward runs as the script wrote it
+        return None
+    return context
+
+
+def _to_float32(output: Any) -> Any:
+    """The forward's floating outputs cast back to float32, as autocast around the loss would for the losses it
+    lists (cross entropy, MSE...): a loss computed outside the forward is not computed in bfloat16. Containers are
+    rebuilt (tuples, lists) or updated in place (dicts, a Hugging Face ModelOutput); None: the output unchanged."""
+    import torch
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
+            return value.float()
+        return value
+
+    if isinstance(output, torch.Tensor):
+        return cast(output)
+    if isinstance(output, tuple) and not hasattr(output, "_fields"):
+        return tuple(cast(v) for v in output)
+    if isinstance(output, list):
+        return [cast(v) for v in output]
+    if isinstance(output, dict):
+        for key, value in list(output.items()):
+            if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
+                output[key] = value.float()
+    return None
 
 
 def _learn(root: Any) -> None:

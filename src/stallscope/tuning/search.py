@@ -425,6 +425,10 @@ class Tuner:
             if not current:
                 self._try({**incumbent.config, knob: True}, knob)
             return
+        if knob == "autocast":  # only where the diagnosis names it: a device with bfloat16 units, no autocast yet
+            if not current and "autocast" in diagnosis_changes(incumbent.recommendations, numerics=True):
+                self._try({**incumbent.config, knob: "bfloat16"}, knob)
+            return
         values = self._values(knob, current)
         if knob in ("persistent_workers", "pin_memory"):
             self._try({**incumbent.config, knob: not current}, knob)

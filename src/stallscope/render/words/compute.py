@@ -137,7 +137,8 @@ def _mixed_precision(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[st
             f"with torch.autocast(\"cuda\", dtype=torch.{dtype}): around the forward and the loss"
             + (" (with float16, a torch.amp.GradScaler)" if dtype == "float16" else "")
             + f"; Hugging Face Trainer: {'bf16' if dtype == 'bfloat16' else 'fp16'}=True; Lightning: "
-            f"precision=\"{'bf16' if dtype == 'bfloat16' else '16'}-mixed\"",
+            f"precision=\"{'bf16' if dtype == 'bfloat16' else '16'}-mixed\""
+            + (f"; to measure it first: {overrides(o)} (stallscope tune --numerics tries it)" if o else ""),
             f"{f.get('module')}'s parameters are {f.get('param_dtype')} and no autocast was active in its forward, "
             f"on a device of compute capability {f.get('capability')}; the gain depends on the model and is not "
             "predicted from one run, and it changes what is computed: measure it (stallscope compare RUN_A RUN_B)")
