@@ -141,17 +141,18 @@ ok = "cudnn-benchmark" not in ids and "tf32" not in ids
 print(("OK  " if ok else "FAIL") + f" conv with --set matmul_precision=high cudnn_benchmark=true: {rate(plain):.1f} -> "
       f"{rate(changed):.1f} steps/s ({rate(changed) / rate(plain):.2f}x, one pair), findings now {ids}")
 PY
-    echo "--- mode conv with the mixed-precision finding's own --set autocast=bfloat16: against the plain conv run"
+    echo "--- mode conv with the mixed-precision and channels-last findings' own --set: against the plain conv run"
     timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" --json "$WORK/compute-conv-amp.json" \
-      --set autocast=bfloat16 -- python3 tests/scripts/gpu_compute_job.py --mode conv --steps 120 >/dev/null 2>&1
+      --set autocast=bfloat16 --set channels_last=true -- \
+      python3 tests/scripts/gpu_compute_job.py --mode conv --steps 120 >/dev/null 2>&1
     python3 - "$WORK" <<'PY'
 import json, sys
 plain, changed = (json.load(open(f"{sys.argv[1]}/compute-{name}.json")) for name in ("conv", "conv-amp"))
 rate = lambda s: s["throughput"]["steps_per_s"]
 ids = [r["id"] for r in changed["recommendations"]]
-offered = [r.get("overrides") for r in plain["recommendations"] if r["id"] == "mixed-precision"]
-ok = offered == [{"autocast": "bfloat16"}] and "mixed-precision" not in ids
-print(("OK  " if ok else "FAIL") + f" conv with --set autocast=bfloat16 (offered {offered}): {rate(plain):.1f} -> "
+offered = [r.get("overrides") for r in plain["recommendations"] if r["id"] in ("mixed-precision", "channels-last")]
+ok = offered == [{"autocast": "bfloat16"}, {"channels_last": True}] and not {"mixed-precision", "channels-last"} & set(ids)
+print(("OK  " if ok else "FAIL") + f" conv with --set autocast=bfloat16 channels_last=true (offered {offered}): {rate(plain):.1f} -> "
       f"{rate(changed):.1f} steps/s ({rate(changed) / rate(plain):.2f}x, one pair), findings now {ids}")
 PY
     echo "--- losses bit for bit with and without the recorder (mode item, profiler window included)"

@@ -78,6 +78,10 @@ PROCESS_SETTINGS: dict[str, ProcessSetting] = {
                                        "medium; it changes what is computed"),
     "cudnn_benchmark": ProcessSetting("bool", "torch.backends.cudnn.benchmark = {}",
                                       "cuDNN's timed choice of convolution algorithms, for inputs of fixed size"),
+    "channels_last": ProcessSetting("bool", "model = model.to(memory_format=torch.channels_last), and each batch's "
+                                            "images .to(memory_format=torch.channels_last)",
+                                    "the model's 4-D weights and its 4-D inputs in channels_last memory format "
+                                    "(what Tensor Core convolutions work in)"),
     "autocast": ProcessSetting("str", "with torch.autocast(device_type, dtype=torch.{}): around the model's forward "
                                       "and the loss",
                                "mixed precision: bfloat16 runs the model's forward under torch.autocast, its "

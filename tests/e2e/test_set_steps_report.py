@@ -145,6 +145,53 @@ def test_set_autocast_runs_the_models_forward_in_bfloat16_and_gives_the_loss_flo
     assert refused.returncode == 2 and "GradScaler" in refused.stderr, refused.stderr
 
 
+def test_set_channels_last_converts_the_conv_nets_weights_once_and_its_images_at_every_call(tmp_path):
+    """--set channels_last=true (the channels-last finding's change): inside the forward, the conv's weight and the
+    images are channels_last; the optimizer still trains the same parameters (the losses those of the plain run, but
+    for the last bits of a differently ordered sum)."""
+    seen = tmp_path / "seen.txt"
+    script = tmp_path / "channels_probe.py"
+    script.write_text("""import sys, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.head = nn.Linear(8, 2)
+        self.seen = []
+
+    def forward(self, x):
+        cl = torch.channels_last
+        self.seen.append(f"{self.conv.weight.is_contiguous(memory_format=cl)},{x.is_contiguous(memory_format=cl)}")
+        return self.head(self.conv(x).mean(dim=(2, 3)))
+
+torch.manual_seed(0)
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+data = TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 2, (64,)))
+losses = []
+for _ in range(3):
+    for x, y in DataLoader(data, batch_size=16):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+open(sys.argv[1], "w").write(f"{model.seen[0]} {model.seen[-1]} " + " ".join(f"{v:.5f}" for v in losses))
+""")
+    result = run_cli(tmp_path, ["--set", "channels_last=true", "--", sys.executable, str(script), str(seen)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, last, *converted = seen.read_text().split()
+    assert (first, last) == ("True,True", "True,True") and len(converted) == 12
+    assert result.summary["loaders"][0]["overrides"]["channels_last"] == [False, True]
+    plain = subprocess.run([sys.executable, str(script), str(seen)], capture_output=True, text=True, cwd=tmp_path)
+    first, last, *losses = seen.read_text().split()
+    assert plain.returncode == 0 and (first, last) == ("False,False", "False,False")
+    assert all(abs(float(a) - float(b)) < 1e-4 for a, b in zip(converted, losses)), (converted, losses)
+
+
 def test_a_failure_after_a_set_change_names_the_change(tmp_path):
     """shuffle=True is refused for an IterableDataset: the error comes from torch, the cause from --set."""
     result = run_cli(tmp_path, ["--set", "shuffle=true", "--", sys.executable, TINY, "--iterable"])

@@ -134,6 +134,8 @@ def test_cuda_numerics_left_at_their_slowest_are_facts_without_a_prediction():
     said = words.recommendation(found[0])
     assert "torch.autocast(\"cuda\", dtype=torch.bfloat16)" in said.change and "bf16=True" in said.change
     assert found[0].overrides == {"autocast": "bfloat16"} and "--set autocast=bfloat16" in said.change
+    assert found[3].overrides == {"channels_last": True}
+    assert "--set channels_last=true" in words.recommendation(found[3]).change
 
 
 def test_numerics_already_fast_or_on_the_cpu_say_nothing():

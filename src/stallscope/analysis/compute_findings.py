@@ -266,7 +266,7 @@ def _numerics(facts: list[dict[str, Any]]) -> list[Recommendation]:
             found.append(advise("cudnn-benchmark", None, {"cudnn_benchmark": True},
                                 facts={"convolutions": f.get("convolutions"), "input_shape": f.get("input_shape")}))
         if f.get("convolutions") and f.get("input_channels_last") is False:
-            found.append(advise("channels-last", None, facts={"convolutions": f.get("convolutions"),
-                                                              "input_shape": f.get("input_shape")}))
+            found.append(advise("channels-last", None, {"channels_last": True},
+                                facts={"convolutions": f.get("convolutions"), "input_shape": f.get("input_shape")}))
         break  # the first model's: a GAN's second model runs with the same flags
     return found

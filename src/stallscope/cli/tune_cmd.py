@@ -59,8 +59,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="also try half and double the batch size (changes the training, so off by default)")
     p.add_argument("--numerics", action="store_true",
                    help="on a GPU, also try the numerics the compute findings name: TF32 matmuls "
-                        "(--set matmul_precision=high), cuDNN's algorithm search (--set cudnn_benchmark=true) and "
-                        "bfloat16 autocast (--set autocast=bfloat16); they change what is computed, so off by default")
+                        "(--set matmul_precision=high), cuDNN's algorithm search (--set cudnn_benchmark=true), "
+                        "bfloat16 autocast (--set autocast=bfloat16) and channels_last (--set channels_last=true); "
+                        "they change what is computed, so off by default")
     p.add_argument("--max-workers", type=int, metavar="N", help="never try more than N workers")
     p.add_argument("--trial-timeout", type=float, metavar="SECONDS",
                    help="a trial running longer is killed and recorded as failed "

@@ -92,6 +92,7 @@ def _describe(loader: Any) -> dict[str, Any]:
         config["matmul_precision"] = torch.get_float32_matmul_precision()
         config["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
         config["autocast"] = step_parts.autocast_dtype  # --set autocast's (the script's own is a model fact)
+        config["channels_last"] = step_parts.channels_last  # --set channels_last's
     except Exception:
         config["matmul_precision"] = config["cudnn_benchmark"] = None
     try:
@@ -234,6 +235,9 @@ def _numerics(overrides: dict[str, Any]) -> dict[str, list[Any]]:
     if benchmark is not None and bool(torch.backends.cudnn.benchmark) != bool(benchmark):
         applied["cudnn_benchmark"] = [bool(torch.backends.cudnn.benchmark), bool(benchmark)]
         torch.backends.cudnn.benchmark = bool(benchmark)
+    if overrides.get("channels_last") and not step_parts.channels_last:
+        step_parts.use_channels_last()
+        applied["channels_last"] = [False, True]
     autocast = overrides.get("autocast")
     if autocast and step_parts.autocast_dtype is None:
         step_parts.use_autocast(autocast)

@@ -52,6 +52,9 @@ class _ThreadState(threading.local):
     autocast: Any = None  # the autocast context entered around the outermost call (``--set autocast``)
 
 
+#: ``--set channels_last=true``: the roots' weights are converted once, their 4-D inputs at every call.
+channels_last = False
+_converted: weakref.WeakSet[Any] = weakref.WeakSet()  # roots whose weights are channels_last already
 #: ``--set autocast=bfloat16``: the dtype the roots' forward runs under ``torch.autocast`` in (None: as the script
 #: says). Set once, as the script builds its first DataLoader (``loader._numerics``).
 autocast_dtype: str | None = None
@@ -99,7 +102,7 @@ def _has_parameters(module: Any) -> bool:
         return False
 
 
-def _pre(module: Any, args: Any) -> None:
+def _pre(module: Any, args: Any) -> Any:
     if _is_compiling():
         return
     state = _state
@@ -108,11 +111,16 @@ def _pre(module: Any, args: Any) -> None:
             return  # a loss module; or checkpointing's recompute inside backward (backward's time)
         if autocast_dtype is not None:
             state.autocast = _enter_autocast(module)
+        if channels_last:
+            args = _channels_last(module, args)
         model_facts.on_first_call(module, args)
         state.start_ns = _perf()
         state.root = module
         enter_part("forward")
+        state.depth += 1
+        return args if channels_last else None
     state.depth += 1
+    return None
 
 
 def _post(module: Any, args: Any, output: Any) -> None:
@@ -135,6 +143,26 @@ def _post(module: Any, args: Any, output: Any) -> None:
             context.__exit__(None, None, None)
             return _to_float32(output)
     return None
+
+
+def use_channels_last() -> None:
+    global channels_last
+    channels_last = True
+
+
+def _channels_last(module: Any, args: Any) -> Any:
+    """``module``'s 4-D weights in channels_last (once: the same parameters, so the optimizer's hold), and the 4-D
+    tensors of this call's arguments."""
+    import torch
+
+    if module not in _converted:
+        _converted.add(module)
+        try:
+            module.to(memory_format=torch.channels_last)
+        except Exception:  # noqa: BLE001, S110 - a module that refuses: its weights stay as they are
+            pass
+    return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4
+                 else a for a in args)
 
 
 def use_autocast(dtype: str) -> None:

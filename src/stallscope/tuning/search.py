@@ -425,9 +425,10 @@ class Tuner:
             if not current:
                 self._try({**incumbent.config, knob: True}, knob)
             return
-        if knob == "autocast":  # only where the diagnosis names it: a device with bfloat16 units, no autocast yet
-            if not current and "autocast" in diagnosis_changes(incumbent.recommendations, numerics=True):
-                self._try({**incumbent.config, knob: "bfloat16"}, knob)
+        if knob in ("autocast", "channels_last"):  # only where the diagnosis names them (a conv net; bfloat16 units)
+            named = diagnosis_changes(incumbent.recommendations, numerics=True)
+            if not current and knob in named:
+                self._try({**incumbent.config, knob: named[knob]}, knob)
             return
         values = self._values(knob, current)
         if knob in ("persistent_workers", "pin_memory"):

@@ -31,9 +31,9 @@ from stallscope.tuning.noise import Rate, rate_of, warmup_steps
 #: intra-op threads) is no axis of the search: it changes only with the diagnosis that splits the cores, together
 #: with the workers that diagnosis gives the cores to.
 KNOBS: tuple[str, ...] = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "batch_size",
-                          "torch_threads", "matmul_precision", "cudnn_benchmark", "autocast")
+                          "torch_threads", "matmul_precision", "cudnn_benchmark", "autocast", "channels_last")
 #: The knobs that change what the training computes (its numerics): tried only with ``tune --numerics``, on a GPU.
-NUMERICS: tuple[str, ...] = ("matmul_precision", "cudnn_benchmark", "autocast")
+NUMERICS: tuple[str, ...] = ("matmul_precision", "cudnn_benchmark", "autocast", "channels_last")
 
 KILL_GRACE_S = 8.0
 #: After forwarding Ctrl-C, how long the trial has to save its session, then how long after SIGTERM.

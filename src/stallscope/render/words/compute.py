@@ -161,7 +161,8 @@ def _cudnn_benchmark(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[st
 
 def _channels_last(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     return ("Keep images in channels_last memory format",
-            "model = model.to(memory_format=torch.channels_last) and the same on each batch's images",
+            "model = model.to(memory_format=torch.channels_last) and the same on each batch's images"
+            + (f"; to measure it first: {overrides(o)} (stallscope tune --numerics tries it)" if o else ""),
             f"the model has {f.get('convolutions')} convolutions and its input {f.get('input_shape')} is not "
             "channels_last, which Tensor Core convolutions want; not predicted")
 
