@@ -3,8 +3,10 @@ training loops (tests/scripts/step_parts_job.py), and losses bit for bit the sam
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +93,11 @@ def test_ddp_searching_for_unused_parameters_that_never_are_is_named_with_its_co
     assert facts["unused_parameter_size"] == 0 and 0 < facts["search_ms"] < facts["step_ms"]
     assert found["ddp-find-unused"]["predicted_speedup"] > 1.0
     assert "find_unused_parameters=False" in found["ddp-find-unused"]["change"]
+    # the DDP facts the gradient-compression finding reads: float32 gradients, no communication hook
+    session = json.loads(Path(result.summary["session"]).read_text())
+    [ddp] = [f for f in session["compute_facts"] if f["kind"] == "ddp"]
+    assert ddp["gradient_dtype"] == "float32" and ddp["comm_hook"] is None and ddp["device"] == "cpu"
+    assert "ddp-compress" not in found  # one CPU rank: nothing to compress
 
 
 @pytest.mark.parametrize("extra", [["--accumulate", "4"], ["--gan"], ["--accumulate", "3", "--gan"]],

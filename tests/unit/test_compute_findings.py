@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallscope.analysis.compute_findings import THREAD_SHARE, _allocator, _ddp_buckets, _device, _threads
+from stallscope.analysis.compute_findings import THREAD_SHARE, _allocator, _ddp_buckets, _ddp_compress, _device, _threads
 from stallscope.analysis.operators import Operator, Operators
 from stallscope.render import words
 from stallscope.render.words.recommendations import recommendation
@@ -183,3 +183,28 @@ def test_no_bucket_advice_on_cpus_many_buckets_or_a_small_wait():
     assert _ddp_buckets(_ddp(300), 0.010, 0.005, 0.020) == []  # twelve buckets already
     assert _ddp_buckets(_ddp(8.1), 0.001, 0.005, 0.020) == []  # 5% of the step: under DDP_WAIT_SHARE
     assert _ddp_buckets(_ddp(2.5, cap_mb=1), 0.010, 0.005, 0.020) == []  # already no bigger than advised
+
+
+# --- DDP's gradients over a slow link (``ddp-compress``) -----------------------------------------------------------
+
+def test_float32_gradients_waited_for_over_a_slow_link_are_compressed_with_a_floor():
+    """100 MB of gradients over 8 ranks, a 20 ms wait in a 60 ms step: at most 2*7/8*100 MB / 20 ms = 9.2 GB/s, a
+    link well under NVLink's: half the wait is the floor."""
+    facts = [{**_ddp(100)[0], "gradient_dtype": "float32", "comm_hook": None}]
+    (rec,) = _ddp_compress(facts, wait_s=0.020, step_s=0.060, world=8)
+    assert rec.id == "ddp-compress" and rec.facts["floor"]
+    assert rec.facts["link_gb_per_s_at_most"] == pytest.approx(2 * 7 / 8 * 100 * 2**20 / 0.020 / 1e9, abs=0.01)
+    assert rec.predicted_speedup == pytest.approx(0.060 / 0.050, abs=0.01)
+    said = recommendation(rec)
+    assert "bf16_compress_hook" in said.change and "at most 9.2 GB/s" in said.reason
+    assert words.gain(rec).startswith("at least ")
+
+
+def test_no_compression_where_a_hook_runs_on_cpus_one_rank_a_fast_link_or_a_small_wait():
+    slow = {**_ddp(100)[0], "gradient_dtype": "float32", "comm_hook": None}
+    assert _ddp_compress([{**slow, "comm_hook": "fp16_compress_hook"}], 0.020, 0.060, 8) == []
+    assert _ddp_compress([{**slow, "device": "cpu"}], 0.020, 0.060, 8) == []
+    assert _ddp_compress([{**slow, "gradient_dtype": "bfloat16"}], 0.020, 0.060, 8) == []
+    assert _ddp_compress([slow], 0.020, 0.060, 1) == []
+    assert _ddp_compress([slow], 0.002, 0.060, 8) == []  # 3% of the step: under DDP_WAIT_SHARE
+    assert _ddp_compress([{**slow, "parameter_bytes": 4 << 30}], 0.020, 0.060, 8) == []  # >= 25 GB/s: NVLink-fast

@@ -24,6 +24,8 @@ From the step split (``step_parts.py``), the lines sampled in the training proce
   allocated again), or the window's steps called cudaMalloc/cudaFree for a measurable share of the step, or it
   reserved far more than it ever allocated (fragmentation); the change is its expandable segments. Priced (a
   ceiling) only where the window timed the device allocations;
+- ``ddp-compress``: on GPUs, DDP waits for its float32 gradients' all-reduce over a link the wait shows to be slow,
+  without a communication hook: bfloat16 compression halves the bytes; half the wait is the predicted floor;
 - ``mixed-precision``, ``tf32``, ``cudnn-benchmark``, ``channels-last``: on a CUDA device, numerics left at their
   slowest (facts from the run: the model's dtype, autocast, the flags); their gain cannot be predicted from one run,
   and they change what is computed, so they are said as facts with the change, without a figure.
@@ -54,6 +56,10 @@ THREAD_SHARE = 0.08
 #: at: gradients that fill at most ``FEW_BUCKETS`` buckets are reduced after the backward rather than beside it.
 DDP_WAIT_SHARE = 0.10
 FEW_BUCKETS = 2
+#: An all-reduce no faster than this (bytes a second, the most the measured wait allows) runs over a slow link (PCIe
+#: between GPUs, a network between nodes; NVLink moves several times more): there compressing the gradients to 16
+#: bits halves the bytes.
+SLOW_LINK_BYTES_PER_S = 25e9
 #: Buckets the advised ``bucket_cap_mb`` cuts the gradients into.
 ADVISED_BUCKETS = 4
 #: On a GPU, the device busy under this share of the step's compute is a host-bound step.
@@ -84,6 +90,7 @@ def compute_findings(session: Session, stats: StepStats, seconds: dict[str, floa
     found += _ddp_search(facts, step / len(stats.steady))
     steps = len(stats.steady)
     found += _ddp_buckets(facts, stats.sync_s / steps, parts.get("backward", 0.0) / steps, step / steps)
+    found += _ddp_compress(facts, stats.sync_s / steps, step / steps, _world_size(session))
     found += thread_finding(session, stats)
     ops = operators(session)
     found += _device(ops, stats.compute_s / len(stats.steady), step / len(stats.steady), spots)
@@ -198,6 +205,35 @@ def _threads(facts: list[dict[str, Any]], computing: float, loading: float = 0.0
         "blocked_share": round(blocked / wall, 4), "thread_cpu_share": round(thread["cpu_ns"] / wall, 4),
         "threads": len(last["threads"]),
         **({"file": line[0], "line": line[1], "function": line[2]} if line else {})})]
+
+
+def _world_size(session: Session) -> int:
+    return max((int(r.world_size or 1) for r in session.ranks), default=1)
+
+
+def _ddp_compress(facts: list[dict[str, Any]], wait_s: float, step_s: float, world: int) -> list[Recommendation]:
+    """DDP waits for its float32 gradients' all-reduce for ``DDP_WAIT_SHARE`` of the step or more, without a
+    communication hook, over a link the wait shows to be slow: a ring all-reduce moves 2(n-1)/n of the gradients'
+    bytes, in no less than the wait, so bytes over wait bound the link's speed from above. Compressed to bfloat16
+    the bytes halve; the prediction is a floor: half the wait saved (more where the all-reduce also overlaps the
+    backward). CUDA only: on CPUs (gloo) the casts and copies take the cores the all-reduce runs on (measured no
+    gain on 2 cores)."""
+    if step_s <= 0 or wait_s < DDP_WAIT_SHARE * step_s or world < 2:
+        return []
+    for f in facts:
+        size = f.get("parameter_bytes") or 0
+        if f["kind"] != "ddp" or f.get("device") != "cuda" or f.get("comm_hook") or size <= 0:
+            continue
+        if f.get("gradient_dtype") not in (None, "float32"):
+            continue
+        moved = 2 * (world - 1) / world * size
+        bound = moved / wait_s
+        if bound >= SLOW_LINK_BYTES_PER_S:
+            continue
+        return [advise("ddp-compress", round(step_s / max(step_s - wait_s / 2, 1e-9), 2), facts={
+            "gradient_mb": round(size / 2**20, 2), "world_size": world, "wait_ms": round(1e3 * wait_s, 3),
+            "step_ms": round(1e3 * step_s, 3), "link_gb_per_s_at_most": round(bound / 1e9, 2), "floor": True})]
+    return []
 
 
 def _loading_share(session: Session, stats: StepStats) -> float:

@@ -81,6 +81,7 @@ _CATALOGUE = (
     Fix("device-sync", "compute"),
     Fix("allocator", "compute"),
     Fix("ddp-buckets", "sync"),
+    Fix("ddp-compress", "sync"),
     Fix("mixed-precision", "compute"),
     Fix("tf32", "compute"),
     Fix("cudnn-benchmark", "compute"),

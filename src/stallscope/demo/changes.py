@@ -91,6 +91,7 @@ APPLY: dict[str, How] = {
     "device-sync": NotApplied(STEP_CODE),
     "allocator": NotApplied(STEP_CODE),
     "ddp-buckets": NotApplied(ONE_PROCESS),
+    "ddp-compress": NotApplied(ONE_PROCESS),
     "mixed-precision": NotApplied(NUMERICS),
     "tf32": NotApplied(NUMERICS),
     "cudnn-benchmark": NotApplied(NUMERICS),

@@ -163,11 +163,22 @@ def _report(model: Any, row: list[int]) -> None:
                 "gradient_as_bucket_view": bool(getattr(model, "gradient_as_bucket_view", False)),
                 "parameters": len(params), "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params)),
                 "device": params[0].device.type if params else None,
+                "gradient_dtype": str(params[0].dtype).removeprefix("torch.") if params else None,
+                "comm_hook": _comm_hook_name(model),
                 "post_forward_ns": row[0], "post_forward_calls": row[1]}
         row[3] = 1
         events.emit("ddp_info", _perf(), info)
     except Exception:  # noqa: BLE001, S110 - a fact lost; never into the script
         pass
+
+
+def _comm_hook_name(model: Any) -> str | None:
+    """The communication hook registered on a DDP model (``register_comm_hook``: compression, PowerSGD), by name."""
+    hooks = getattr(model, "_comm_hooks", None) or []
+    try:
+        return str(getattr(hooks[0][0], "__name__", type(hooks[0][0]).__name__)) if hooks else None
+    except (IndexError, TypeError):
+        return None
 
 
 def _report_all() -> None:

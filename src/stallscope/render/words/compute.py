@@ -61,6 +61,19 @@ def _ddp_buckets(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, s
             "the whole backward")
 
 
+def _ddp_compress(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    return ("Compress DDP's gradients to 16 bits for their all-reduce",
+            "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks; "
+            "model.register_comm_hook(None, default_hooks.bf16_compress_hook) after wrapping the model in "
+            "DistributedDataParallel (fp16_compress_hook before NCCL 2.10); in Lightning "
+            "DDPStrategy(ddp_comm_hook=default_hooks.bf16_compress_hook); in the Hugging Face Trainer the same call on "
+            "the wrapped model",
+            f"each step waits {f['wait_ms']:.1f} ms of {f['step_ms']:.1f} for the all-reduce of {f['gradient_mb']:.1f} "
+            f"MB of float32 gradients over {f['world_size']} ranks: at most {f['link_gb_per_s_at_most']:.1f} GB/s, "
+            "a link (PCIe, a network) where halving the bytes halves the time; the prediction is a floor (half the "
+            "wait); it changes the gradients' precision in transit: check the model's accuracy")
+
+
 def _thread_in_step(rec: Any, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     where = f" (it runs at {_where(f)}, {f['file']})" if f.get("file") else ""
     return (f"Take thread '{f['thread']}' off the training process",
@@ -176,6 +189,7 @@ SAYS = {
     "allocator": _allocator,
     "ddp-find-unused": _ddp_find_unused,
     "ddp-buckets": _ddp_buckets,
+    "ddp-compress": _ddp_compress,
     "mixed-precision": _mixed_precision,
     "tf32": _tf32,
     "cudnn-benchmark": _cudnn_benchmark,
