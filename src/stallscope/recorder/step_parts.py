@@ -172,12 +172,14 @@ def use_autocast(dtype: str) -> None:
 
 def _enter_autocast(module: Any) -> Any:
     """An autocast context entered for ``module``'s call, on the device of its parameters; None where autocast is
-    on already (the script's own) or cannot be entered there."""
+    on already (the script's own), the parameters are not float32 (a model in bfloat16 outputs it by design), or it
+    cannot be entered there."""
     import torch
 
     try:
-        device = next(module.parameters()).device.type
-        if torch.is_autocast_enabled(device):
+        first = next(module.parameters())
+        device = first.device.type
+        if torch.is_autocast_enabled(device) or first.dtype != torch.float32:
             return None
         context = torch.autocast(device_type=device, dtype=getattr(torch, autocast_dtype or "bfloat16"))
         context.__enter__()
@@ -205,8 +207,8 @@ def _to_float32(output: Any) -> Any:
         return [cast(v) for v in output]
     if isinstance(output, dict):
         for key, value in list(output.items()):
-            if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
-                output[key] = value.float()
+            if (wide := cast(value)) is not value:
+                output[key] = wide
     return None
 
 
