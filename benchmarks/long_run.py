@@ -11,8 +11,10 @@ Run:  python benchmarks/long_run.py                      (100k and 1M steps in t
       python benchmarks/long_run.py --sizes 20000 --workers-steps 0 --pairs 1   (a quick look)
       python benchmarks/long_run.py --planted [--planted-seconds 240]   (the over-time findings on planted jobs,
           each several minutes at the default 10-second windows: tests/scripts/drifting_job.py's leak, python-leak,
-          growing-inputs and none; as root with a cgroup v1 memory controller, also tests/scripts/page_cache_job.py
-          in a 900 MiB cgroup over a 1 GiB file, warm at first, its page cache dropped a third of the way in)
+          growing-inputs, copy-on-read and none; as root with a cgroup v1 memory controller, also
+          tests/scripts/page_cache_job.py in a 900 MiB cgroup over a 1 GiB file, warm at first, its page cache
+          dropped a third of the way in)
+      python benchmarks/long_run.py --killed-after 3600 [--keep]   (an hour, then SIGKILL; the rebuild timed)
 
 Measured on the 2-core development VM (2026-12-06), chunks of 1 s, windows of 10 s, detail budgets 30,000 /
 30,000 / 15,000 records (docs/calibration.md, fold-*):
@@ -31,6 +33,11 @@ Measured on the 2-core development VM (2026-12-06), chunks of 1 s, windows of 10
   1,225 -> 2,100 MiB; growing-inputs 0.45x, compute (backward 11.2 -> 31.4 ms a step); none: nothing called
   (606-888 steps/s per window); page-cache 0.46x from 80 s (the drop), data wait 0.73 -> 2.38 ms a step, disk
   2.4 -> 841 MiB/s; python-leak: memory 1,748 -> 6,294 MiB, and (run again by hand) GC pauses 1.4 -> 4.5 s.
+- --planted, 240 s each, 2026-12-07 (another job busy on one of the 2 cores): copy-on-read: the workers' memory
+  32 -> 100 MiB together from 20 s on, no slowdown called; growing-inputs: 0.42x from 40 s on, named data-growing
+  (batches 1.4 -> 3.4 MiB, backward 12.3 -> 29.7 ms a step); python-leak: memory 1,569 -> 6,014 MiB from 10 s on
+  and GC pauses 1,236 -> 3,727 ms (its onset, read on the sparse longest pauses, at 3.3 min), no slowdown called.
+- --killed-after SECONDS: record, SIGKILL the launcher and the job together, time report's rebuild.
 """
 
 from __future__ import annotations
@@ -153,8 +160,10 @@ def planted(name: str, job: list[str], where: Path, seconds: float, in_cgroup: b
     if proc.returncode != 0:
         raise SystemExit(f"the planted {name} run failed:\n{err[-3000:]}")
     over = json.loads(summary_path.read_text())["over_time"] or {}
+    pauses = over.get("gc_pauses")
     return {"name": name, "change": (over.get("change") or {}).get("said"),
-            "memory": [m["said"] for m in over.get("memory_growth", [])], "windows": len(over.get("windows", []))}
+            "memory": [m["said"] for m in over.get("memory_growth", [])] + ([pauses["said"]] if pauses else []),
+            "windows": len(over.get("windows", []))}
 
 
 def killed_run(seconds: float, where: Path) -> None:
