@@ -8,6 +8,7 @@ recorder may add some) and a truncated last line (a process killed mid-write) is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -280,8 +281,13 @@ def _header_role(header: dict[str, Any], recorded: set[int]) -> str:
 def _record(kind: type, values: dict[str, Any], **extra: Any) -> Any:
     """A record dataclass from an event's named fields: fields it lacks take their defaults, and a
     missing required one raises TypeError (the event is reported as malformed)."""
-    names = {f.name for f in dataclasses.fields(kind)}
+    names = _field_names(kind)
     return kind(**{k: v for k, v in values.items() if k in names}, **extra)
+
+
+@functools.cache
+def _field_names(kind: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(kind))
 
 
 def _owner(header: dict[str, Any], pid: int) -> int | None:
