@@ -4,7 +4,8 @@ Each case runs ``benchmarks/step_job.py`` under ``stallscope run``; the job prof
 torch.profiler, each part of its step (data, forward, loss and bookkeeping as step code, backward, optimizer) in a
 ``record_function`` range, and writes the profiler's totals with the window's clock bounds. Here stallscope's split
 of the steps inside that window (from the session) is set beside the profiler's, as shares of compute (the step
-less its data wait), and the largest difference in points is printed per case.
+less its data wait; the profiler's compute is its window's wall less the data ranges, so that what no range covers
+is step code on both sides), and the largest difference in points is printed per case.
 
 Run:  python benchmarks/step_split.py [--cases mlp:5,cnn:5,slow_layer:5,mlp:1]
 """
@@ -41,7 +42,13 @@ def one_case(model: str, step_ms: float, store: Path) -> tuple[dict[str, float],
     ours = {"forward": sum(s.forward_ns for s in inside), "backward": sum(s.backward_ns for s in inside),
             "optimizer": sum(s.optimizer_ns for s in inside)}
     ours["step_code"] = sum(s.compute_ns for s in inside) - sum(ours.values())
-    theirs = {part: profiled["seconds"][part] for part in PARTS}
+    # the profiler's compute is the window's wall less its data ranges, as stallscope's is the steps' wall less their
+    # data wait: both shares are of the same wall, and what no range covers (the loop itself, the profiler's and the
+    # recorder's own calls) is step code on both sides
+    seconds = profiled["seconds"]
+    wall = (t1 - t0) / 1e9 - seconds.get("data", 0.0)
+    theirs = {part: seconds[part] for part in PARTS if part != "step_code"}
+    theirs["step_code"] = max(0.0, wall - sum(theirs.values()))
     return _shares(theirs), _shares(ours)
 
 
