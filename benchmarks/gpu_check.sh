@@ -5,7 +5,7 @@
 # and, if device time is left, a second with the rest:
 #   STEPS="fastgpu plan fastpath overhead ddp" bash benchmarks/gpu_check.sh
 #
-# Steps (STEPS, in this order; the default is the first three: their timeouts add up to 520 s, under the
+# Steps (STEPS, in this order; the default is the first three: their timeouts add up to 555 s, under the
 # call's 590 with the install and the probes; the second call's, 730 s, of which these steps take about half):
 #   tests     the CUDA tests (pytest -m gpu): device normalization, nvJPEG, NVML, a recorded GPU run
 #   runs      one recorded input-bound GPU run, with what NVML and the CUDA events saw printed
@@ -15,7 +15,8 @@
 #             the device's busy time in compute (the profiler window's kernels) and the CUDA events printed, and
 #             the losses of one mode compared bit for bit with and without the recorder; the alloc job again under
 #             the allocator finding's own --set PYTORCH_CUDA_ALLOC_CONF (it must go quiet), the conv job under the
-#             tf32 and cudnn-benchmark findings' own --set (measured against the plain run), the device-sync
+#             tf32 and cudnn-benchmark findings' own --set (measured against the plain run), and under the
+#             mixed-precision and channels-last findings' own --set autocast / channels_last, the device-sync
 #             finding placed at the planted .item() lines
 #   plan      issue 16, acceptance 4: record the reference training (model on the GPU) on 2 cores, plan for 16,
 #             measure 4, 8 and 14 workers on 16 (benchmarks/transfer.py)
@@ -142,12 +143,12 @@ print(("OK  " if ok else "FAIL") + f" conv with --set matmul_precision=high cudn
       f"{rate(changed):.1f} steps/s ({rate(changed) / rate(plain):.2f}x, one pair), findings now {ids}")
 PY
     echo "--- mode conv with the mixed-precision and channels-last findings' own --set: against the plain conv run"
-    timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" --json "$WORK/compute-conv-amp.json" \
+    timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" --json "$WORK/compute-conv-numerics.json" \
       --set autocast=bfloat16 --set channels_last=true -- \
       python3 tests/scripts/gpu_compute_job.py --mode conv --steps 120 >/dev/null 2>&1
     python3 - "$WORK" <<'PY'
 import json, sys
-plain, changed = (json.load(open(f"{sys.argv[1]}/compute-{name}.json")) for name in ("conv", "conv-amp"))
+plain, changed = (json.load(open(f"{sys.argv[1]}/compute-{name}.json")) for name in ("conv", "conv-numerics"))
 rate = lambda s: s["throughput"]["steps_per_s"]
 ids = [r["id"] for r in changed["recommendations"]]
 offered = [r.get("overrides") for r in plain["recommendations"] if r["id"] in ("mixed-precision", "channels-last")]
