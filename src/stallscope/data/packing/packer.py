@@ -26,6 +26,7 @@ from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stallscope.data.crop_fit import CropFit
 from stallscope.data.index import (
     FORMATS,
     INDEX_NAME,
@@ -77,6 +78,9 @@ PREPARE_CHUNK = 16
 class PackOptions:
     format: str = "lmdb"
     max_side: int = 0
+    #: ``--max-side auto``: each image sized for the crops its training takes (``data/crop_fit.py``), in place of
+    #: ``max_side``
+    crop_fit: CropFit | None = None
     quality: int = 90
     workers: int = 0
     strict: bool = False
@@ -99,7 +103,9 @@ class PackOptions:
 
     def content_options(self) -> dict[str, object]:
         """The options that change the output bytes (workers and strictness do not)."""
-        return {"format": self.format, "max_side": self.max_side, "quality": self.quality,
+        return {"format": self.format,
+                "max_side": self.crop_fit.describe() if self.crop_fit is not None else self.max_side,
+                "quality": self.quality,
                 "shard_size": self.shard_size if self.format == "wds" else None}
 
 
@@ -389,7 +395,8 @@ def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, op
     sink = _make_sink(options, work, int(state["shards"]))
     throttle = float(os.environ.get(ENV_PACK_THROTTLE, "0") or 0)
     total = len(sources)
-    tasks = [(i, str(p), _name(p, sources.root), label, options.max_side, options.quality)
+    limit = options.crop_fit if options.crop_fit is not None else options.max_side
+    tasks = [(i, str(p), _name(p, sources.root), label, limit, options.quality)
              for i, (p, label) in enumerate(sources.samples)][resumed_at:]
     next_key, bytes_in = int(state["next_key"]), 0
     stream = _prepared_stream(tasks, options.workers)

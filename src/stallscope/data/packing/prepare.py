@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from stallscope.data.crop_fit import CropFit
 from stallscope.data.files import FileChangedError, NotRegularFileError, describe, read_regular
 from stallscope.data.headers import HeaderError, read_header
 
@@ -81,9 +82,10 @@ def _size(path: str) -> str:
         return "size unknown"
 
 
-def prepare(task: tuple[int, str, str, int, int, int]) -> Prepared:
-    """``task`` is (position, path, name in reports, label, max_side or 0, quality)."""
-    position, path, name, label, max_side, quality = task
+def prepare(task: tuple[int, str, str, int, int | CropFit, int]) -> Prepared:
+    """``task`` is (position, path, name in reports, label, max_side or 0, quality); ``max_side`` a
+    :class:`CropFit` sizes each image for the crops its training takes (``pack --max-side auto``)."""
+    position, path, name, label, limit, quality = task
     try:
         data = read_regular(path)
     except OSError as exc:
@@ -105,6 +107,7 @@ def prepare(task: tuple[int, str, str, int, int, int]) -> Prepared:
         return Prepared(position, name, label, None, problem_kind="corrupt",
                         problem_detail=f"does not decode: {exc}")
     width, height, ext = header.width, header.height, _FORMAT_EXT.get(header.format, header.format)
+    max_side = limit.longer_side(width, height) if isinstance(limit, CropFit) else limit
     if max_side and max(width, height) > max_side:
         data, width, height = _shrink(data, max_side, quality)
         ext = "jpg"

@@ -157,7 +157,7 @@ def _pin_memory(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tu
 def _reduced_size_decode(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     return ("Decode JPEGs at the size you need",
             "use stallscope.data.FastImageFolder (DCT-scaled decode before the crop) or pack with "
-            "`stallscope pack SRC OUT --max-side 500`",
+            "`stallscope pack SRC OUT --max-side auto` (each image at the size its crop needs)",
             f"decode is {100 * f['share']:.0f}% of step time; predicted for decoding at half the cost")
 
 

@@ -1,0 +1,98 @@
+"""``pack --max-side auto`` (data/crop_fit.py): the smallest image at which every crop of the training's transform
+still holds its output's pixels, checked against torchvision's own crop sampler; the pack it makes and its
+prediction."""
+
+from __future__ import annotations
+
+import io
+import math
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from stallscope.data.crop_fit import CropFit, estimate
+from stallscope.data.packing import PackOptions, pack
+from stallscope.data.sources import open_source
+
+
+def _smallest_crop(width: int, height: int, fit: CropFit, draws: int = 20_000) -> tuple[int, int]:
+    """The narrowest and the shortest crop torchvision's RandomResizedCrop takes of a width x height image."""
+    torch = pytest.importorskip("torch")
+    transforms = pytest.importorskip("torchvision.transforms")
+    torch.manual_seed(0)
+    image = torch.empty(3, height, width)
+    narrowest = shortest = 10**9
+    for _ in range(draws):
+        _, _, h, w = transforms.RandomResizedCrop.get_params(image, (fit.scale_min, 1.0), fit.ratio)
+        narrowest, shortest = min(narrowest, w), min(shortest, h)
+    return narrowest, shortest
+
+
+@pytest.mark.parametrize("aspect", [1.0, 0.75, 0.5])
+def test_every_crop_of_an_auto_sized_image_holds_the_outputs_pixels_and_a_smaller_one_would_not(aspect):
+    fit = CropFit()
+    side = fit.longer_side(10_000, round(10_000 * aspect))
+    width, height = side, round(side * aspect)
+    narrowest, shortest = _smallest_crop(width, height, fit)
+    assert narrowest >= 224 and shortest >= 224, (side, narrowest, shortest)
+    # the bound is tight: 10% smaller, the least crops (scale near 0.08 at the extreme ratios) fall under 224
+    small = round(side * 0.9)
+    narrowest, shortest = _smallest_crop(small, round(small * aspect), fit)
+    assert min(narrowest, shortest) < 224
+
+
+def test_the_least_area_and_the_shapes_it_gives():
+    fit = CropFit()
+    assert fit.least_area() == pytest.approx(224 * 224 / (0.08 * 0.75))
+    assert fit.longer_side(4000, 4000) == math.ceil(math.sqrt(fit.least_area())) + 1  # 916
+    assert fit.longer_side(4000, 3000) == fit.longer_side(3000, 4000) == 1057  # portrait as landscape
+    assert fit.longer_side(640, 480) == 640  # never larger than it is
+    evaluation = CropFit(resize_shorter=256)
+    assert evaluation.longer_side(4000, 3000) == math.ceil(256 / 0.75) + 1
+    assert "RandomResizedCrop(224, scale=(0.08, 1)" in fit.describe() and evaluation.describe() == "Resize(256)"
+    for bad in ({"scale_min": 0.0}, {"ratio": (1.5, 1.0)}, {"size": (0, 224)}, {"resize_shorter": 0}):
+        with pytest.raises(ValueError):
+            CropFit(**bad)
+
+
+def _photos(root, shapes):
+    """Real photo content (scikit-image's astronaut) at the given sizes, one class folder."""
+    data = pytest.importorskip("skimage.data")
+    photo = Image.fromarray(data.astronaut())
+    (root / "a").mkdir(parents=True)
+    for i, (w, h) in enumerate(shapes):
+        photo.resize((w, h), Image.BICUBIC).save(root / "a" / f"{i}.jpg", quality=92)
+    return root
+
+
+def test_an_auto_pack_stores_each_image_at_its_own_size_and_the_prediction_names_the_shrunk(tmp_path):
+    pytest.importorskip("webdataset")
+    shapes = [(2400, 1600), (1600, 1600), (800, 600), (3000, 2000), (1200, 1600)]
+    src = _photos(tmp_path / "src", shapes)
+    fit = CropFit()
+    found = estimate([str(p) for p, _ in open_source(src).samples], fit, 5, quality=90)
+    assert found.sampled == 5 and found.shrunk == 4 and found.decode_ms is not None
+    out = tmp_path / "out"
+    pack(src, out, PackOptions(format="wds", crop_fit=fit, workers=0))
+    from stallscope.data import PackedImageDataset
+
+    stored = PackedImageDataset(out)
+    sizes = sorted(Image.open(io.BytesIO(stored.raw(i)[0])).size for i in range(len(stored)))
+    wanted = sorted((w, h) if max(w, h) <= fit.longer_side(w, h) else
+                    (round(w * fit.longer_side(w, h) / max(w, h)), round(h * fit.longer_side(w, h) / max(w, h)))
+                    for w, h in shapes)
+    assert sizes == wanted
+    packed = sum(len(stored.raw(i)[0]) for i in range(len(stored)))
+    assert abs(found.packed_bytes - packed) / packed < 0.15, (found.packed_bytes, packed)  # all re-encoded measured
+
+
+def test_the_cli_refuses_a_bad_crop_before_packing(tmp_path):
+    src = _photos(tmp_path / "src", [(1200, 900)])
+    done = subprocess.run([sys.executable, "-m", "stallscope", "pack", str(src), str(tmp_path / "out"),
+                           "--max-side", "auto", "--crop-scale", "0"], capture_output=True, text=True)
+    assert done.returncode == 2 and "crop scale 0" in done.stderr and not (tmp_path / "out").exists()
+    done = subprocess.run([sys.executable, "-m", "stallscope", "pack", str(src), str(tmp_path / "out"),
+                           "--max-side", "big"], capture_output=True, text=True)
+    assert done.returncode == 2 and "a number of pixels, or auto" in done.stderr
