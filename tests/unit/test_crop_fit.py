@@ -12,8 +12,9 @@ import sys
 import pytest
 from PIL import Image
 
-from stallscope.data.crop_fit import CropFit, estimate
+from stallscope.data.crop_fit import CropFit
 from stallscope.data.packing import PackOptions, pack
+from stallscope.data.packing.estimate import estimate
 from stallscope.data.sources import open_source
 
 

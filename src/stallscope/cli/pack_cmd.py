@@ -76,7 +76,7 @@ def _crop_fit(args: argparse.Namespace) -> Any:
 
 def _say_estimate(src: str, fit: Any, quality: int) -> None:
     """Before packing: the auto size's rule and what it is predicted to store."""
-    from stallscope.data.crop_fit import estimate
+    from stallscope.data.packing.estimate import estimate
     from stallscope.data.sources import open_source
 
     sources = open_source(src)

@@ -57,7 +57,7 @@ def full_decode_check(data: bytes, is_jpeg: bool) -> None:
         im.load()
 
 
-def _shrink(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
+def shrink(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
     """Re-encode as a JPEG whose longer side is at most ``max_side``."""
     from PIL import Image
 
@@ -109,7 +109,7 @@ def prepare(task: tuple[int, str, str, int, int | CropFit, int]) -> Prepared:
     width, height, ext = header.width, header.height, _FORMAT_EXT.get(header.format, header.format)
     max_side = limit.longer_side(width, height) if isinstance(limit, CropFit) else limit
     if max_side and max(width, height) > max_side:
-        data, width, height = _shrink(data, max_side, quality)
+        data, width, height = shrink(data, max_side, quality)
         ext = "jpg"
         header_format = "jpeg"
     else:
