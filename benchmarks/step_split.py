@@ -11,9 +11,9 @@ Run:  python benchmarks/step_split.py [--cases mlp:5,cnn:5,slow_layer:5,mlp:1]
 
 Measured on the 2-core development VM, 2026-12-07, machine otherwise idle, both sides shares of the same wall:
 forward/backward/optimizer within 1.8 points at 5 ms steps (mlp, cnn, slow_layer); at 1 ms (mlp) 4.3, 3.8 and
-5.1 points under the profiler's, the step code 26.8% against its 13.7% (the recorder's and the loop's own time
-between the parts, which no profiler range covers, weighs most at 1 ms). Under another job on one core the same
-day: within 2.9 points at 5 ms, 4.6 at 1 ms.
+5.1 points under the profiler's, the step code 26.8% against its 13.7%: stallscope's part spans are shorter than
+the profiler's ranges around the same calls by about 0.1 ms a step in all, which weighs most at 1 ms (not yet
+explained). Under another job on one core the same day: within 2.9 points at 5 ms, 4.6 at 1 ms.
 """
 
 from __future__ import annotations
