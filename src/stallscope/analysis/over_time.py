@@ -7,9 +7,11 @@ compared; a change is called only beyond ``CHANGE_AT``, and only where the two q
 ``SEPARATION`` of the pairs of an early and a late window, the late one is on the same side): a spread measured
 around the early median counts a trend that begins early as noise. Where it began is the change point of a level
 followed by a line that fits the rates best. Its cause is the part of the step whose time per step grew the most,
-read with what the samples say: a disk read rate that rose (the page cache no longer holds the data), garbage
-collections that take half the growth (``recorder/gc_timing.py``), a training process whose memory kept growing (a
-loop that keeps more at every step).
+read with what the samples say: a disk read rate that rose (the page cache no longer holds the data), batches that
+grew (the data changed: ``batch_bytes``, one batch sized a second), a clock that fell (the CPUs', or the busy GPUs'
+SM clock: throttling), garbage collections that take half the growth (``recorder/gc_timing.py``), a training process
+whose memory kept growing (a loop that keeps more at every step). Memory that kept growing is also a finding of its
+own, the training process's and the DataLoader workers' (copy-on-read), each with where it began.
 """
 
 from __future__ import annotations
