@@ -49,6 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, CliR
         return dict(zip(("signal", "thread"), pool.map(one, ("signal", "thread"))))
 
 
+@pytest.mark.speed  # how many stack samples land on the planted line rests on the run's pace on this machine
 def test_report_writes_the_hotspots_into_html_trace_and_speedscope(runs):
     folder, result = runs["signal"]
     assert result.returncode == 0, result.stderr[-3000:]
