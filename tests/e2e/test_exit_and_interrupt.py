@@ -153,11 +153,20 @@ def test_a_store_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, where):
     assert not marker.exists()
 
 
+def _ending_signals_as_a_terminal_gives_them() -> None:
+    """The ending signals at their defaults in the launcher: a test run under ``nohup`` or as a background job
+    inherits SIGHUP (and SIGINT, SIGQUIT) ignored, and an ignored signal stays ignored across exec, in the script
+    too, as it would for plain Python; these tests are about a job started from a terminal."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _start_forever(tmp_path: Path, **popen: object) -> tuple[subprocess.Popen[str], Path, Path]:
     """The tiny script training forever under ``stallscope run``, once it printed 20 losses."""
     store, out = tmp_path / "store", tmp_path / "summary.json"
     cmd = [sys.executable, "-m", "stallscope", "run", "--json", str(out), "--store", str(store), "--",
            sys.executable, TINY, "--workers", "2", "--forever", "--sleep-ms", "2", "--print-loss"]
+    popen.setdefault("preexec_fn", _ending_signals_as_a_terminal_gives_them)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, **popen)
     lines = 0
     while lines < 20:
