@@ -37,6 +37,7 @@ def _parts(summary: dict) -> dict[str, float]:
     return {name: p["seconds"] for name, p in summary["nodes"]["compute"]["parts"].items()}
 
 
+@pytest.mark.speed  # the top hotspot is what the main thread's samples caught at this machine's pace
 @pytest.mark.parametrize("plant", sorted(PLANTED))
 def test_the_planted_cost_is_the_largest_part_and_its_line_the_top_hotspot_of_compute(tmp_path, plant):
     result = run_cli(tmp_path, ["--", sys.executable, str(SCRIPT), "--plant", plant, "--steps", "150"])
