@@ -42,7 +42,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, CliR
     def one(name: str) -> tuple[Path, CliResult]:
         folder = tmp_path_factory.mktemp(name)
         extra = ["--own-sigalrm"] if name == "thread" else []
-        return folder, run_cli(folder, ["--steps", "20", "--", sys.executable, str(SCRIPT), "json", "fork", "2",
+        return folder, run_cli(folder, ["--steps", "200", "--", sys.executable, str(SCRIPT), "json", "fork", "2",
                                         *extra])
 
     with ThreadPoolExecutor(2) as pool:
