@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -167,3 +168,11 @@ def demo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return where
 
     return made_once(tmp_path_factory, "demo-cache", make)
+
+
+def free_port() -> int:
+    """A port free on loopback now (a process may take it before the caller binds it: fine for tests run serially
+    against one launcher)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

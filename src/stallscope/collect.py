@@ -178,12 +178,13 @@ def build_session(run_dir: Path, meta: dict[str, Any], run: FoldedRun | None = N
                     ranks[pid] = RankRecord(pid, f["rank"], f["local_rank"], f["world_size"], f["node_rank"], f["host"],
                                             known.backend if known else None,
                                             known.init_start_ns if known else None,
-                                            known.init_end_ns if known else None, f.get("job"))
+                                            known.init_end_ns if known else None, f.get("job"), f.get("store"))
                 elif kind == "pg_init":
                     known = ranks.get(pid) or RankRecord(pid, f["rank"], -1, f["world_size"], -1,
                                                          str(header.get("host", "?")))
                     ranks[pid] = RankRecord(pid, f["rank"], known.local_rank, f["world_size"], known.node_rank,
-                                            known.host, f["backend"], f["start_ns"], f["end_ns"], known.job)
+                                            known.host, f["backend"], f["start_ns"], f["end_ns"], known.job,
+                                            known.store)
                 elif kind == "coll":
                     lists["collectives"].append(CollectiveRecord(f["op"], f["seq"], f["start_ns"], f["end_ns"], pid,
                                                                  f["group_size"], not f["is_async"]))

@@ -110,7 +110,7 @@ def _job_words(session: Session) -> dict[str, str]:
     return words
 
 
-def _rendezvous_wall_ns(session: Session) -> int | None:
+def rendezvous_wall_ns(session: Session) -> int | None:
     """The wall clock at which the session's lowest rank left ``init_process_group``."""
     starts = {p.pid: p for p in session.processes}
     for r in sorted(session.ranks, key=lambda r: r.rank):
@@ -125,7 +125,7 @@ def _refuse_other_jobs(ordered: Sequence[Session]) -> None:
     refuse where the world sizes, the launcher's job words (``job_identity``) or the moment each left the
     rendezvous (by the nodes' wall clocks) disagree."""
     reference = ordered[0]
-    world, words, met = _world(reference), _job_words(reference), _rendezvous_wall_ns(reference)
+    world, words, met = _world(reference), _job_words(reference), rendezvous_wall_ns(reference)
     for s in ordered[1:]:
         if _world(s) != world:
             raise MergeError(f"{reference.run_id} is a job of {world} ranks and {s.run_id} one of {_world(s)}: "
@@ -136,7 +136,7 @@ def _refuse_other_jobs(ordered: Sequence[Session]) -> None:
             said = ", ".join(f"{k} {words[k]} against {theirs[k]}" for k in differ)
             raise MergeError(f"{reference.run_id} and {s.run_id} are different jobs to their launchers ({said}): "
                              "merge the sessions of one job's nodes")
-        other = _rendezvous_wall_ns(s)
+        other = rendezvous_wall_ns(s)
         if met is not None and other is not None and abs(other - met) > RENDEZVOUS_APART_S * 1e9:
             raise MergeError(f"{reference.run_id} and {s.run_id} left their rendezvous {abs(other - met) / 1e9:.0f} s "
                              "apart by their wall clocks: the nodes of one job leave it together, so these are "

@@ -254,6 +254,7 @@ class RankRecord:
     init_start_ns: int | None = None
     init_end_ns: int | None = None
     job: str | None = None  # the launcher's words for the job (recorder/distributed.job_identity)
+    store: str | None = None  # the job's store, ``MASTER_ADDR:MASTER_PORT`` (recorder/distributed.store_address)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,16 +17,10 @@ import pytest
 from stallscope.analysis import analyze
 from stallscope.merge import merge_sessions
 from stallscope.session import Session
-from tests.conftest import SCRIPTS, run_cli
+from tests.conftest import SCRIPTS, free_port, run_cli
 
 pytestmark = pytest.mark.e2e
 DDP = str(SCRIPTS / "ddp_train.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(nproc: int, *args: str, port: int | None = None) -> list[str]:

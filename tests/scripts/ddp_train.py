@@ -52,6 +52,9 @@ def train(rank, world, args):
     torch.set_num_threads(1)
     if args.spawn:
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    elif args.slurm:  # one srun task per rank, as many Slurm scripts do: no torchrun, no MASTER_* variables
+        rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+        dist.init_process_group("gloo", init_method=f"tcp://{args.slurm}", rank=rank, world_size=world)
     else:
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -132,6 +135,8 @@ def _epochs(rank, args, model, opt, loader, sampler):
             times.append(t1 - t0)
             if len(times) == 3:
                 cpu_start, thread_start = time.process_time(), time.thread_time()
+            if args.mark and step == 2:  # a test waits for this before it kills a node mid-run
+                open(f"{args.mark}.{rank}", "w").close()
             t0 = t1
     return losses, times, waits, time.process_time() - cpu_start, time.thread_time() - thread_start
 
@@ -180,7 +185,10 @@ def main():
     p.add_argument("--reducer-waits", default=None,
                    help="write each rank's DDP-timed [gradient wait, backward compute] (ns, all steps but the last) "
                         "to PATH.<rank>")
+    p.add_argument("--mark", default=None, help="create PATH.<rank> once the rank has taken 3 steps")
     p.add_argument("--fail-after-exit", action="store_true", help="turn a SystemExit in the loop into an error")
+    p.add_argument("--slurm", default=None, metavar="HOST:PORT",
+                   help="an srun task: rank and world size from SLURM_PROCID and SLURM_NTASKS, init at tcp://HOST:PORT")
     p.add_argument("--spawn", type=int, default=0, help="start N ranks with torch.multiprocessing.spawn")
     args = p.parse_args()
     if args.spawn:

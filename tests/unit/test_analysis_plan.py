@@ -412,3 +412,52 @@ def test_the_plan_says_what_the_workers_pay_for_sharing_a_core_and_why():
     assert "up to 8% more again" in fresh and "60,000 page faults per CPU second (fresh memory: the full cost)" in fresh
     uncounted = sharing_note()  # a session recorded before faults were counted: the full cost, no figure
     assert "up to 8% more again once threads outnumber the cores (" in uncounted and "page faults" not in uncounted
+
+
+def _straggler_job(gradient_bytes: int | None):
+    """The recorded 2-rank straggler session, with (or without) a DDP model of ``gradient_bytes`` on each rank."""
+    import dataclasses
+    from pathlib import Path
+
+    from stallscope.session import Session
+
+    session = Session.load(Path(__file__).parent.parent / "data" / "summaries" / "straggler" / "session.json")
+    facts = [] if gradient_bytes is None else [
+        {"kind": "ddp", "pid": r.pid, "t_ns": 0, "parameter_bytes": gradient_bytes, "device": "cpu"}
+        for r in session.ranks]
+    return dataclasses.replace(session, compute_facts=[*session.compute_facts, *facts])
+
+
+def test_a_job_over_nodes_prices_its_gradients_ring_all_reduce_on_the_link():
+    from stallscope.analysis.plan import plan_run, ring_sync_s
+
+    # 2(n-1)/n of the bytes over the link: 100 MiB over 8 ranks at 100 Gb/s (12.5 GB/s)
+    assert ring_sync_s(100 * 2**20, 8, 100.0) == pytest.approx(2 * 7 / 8 * 100 * 2**20 / 12.5e9)
+    assert ring_sync_s(100 * 2**20, 1, 100.0) == 0.0
+    small = plan_run(_straggler_job(1 * 2**20), cores=4, nodes=4, link_gbps=100)
+    large = plan_run(_straggler_job(400 * 2**20), cores=4, nodes=4, link_gbps=100)
+    slow = plan_run(_straggler_job(400 * 2**20), cores=4, nodes=4, link_gbps=10)
+    assert small.nodes is not None and small.nodes.ranks == 4 * small.target.processes
+    assert large.nodes.sync_s == pytest.approx(ring_sync_s(400 * 2**20, large.nodes.ranks, 100))
+    assert slow.nodes.sync_s == pytest.approx(10 * large.nodes.sync_s)
+    assert slow.compute_samples_per_s < large.compute_samples_per_s < small.compute_samples_per_s
+    doc = plan_dict(large, "r", PLAN_SCHEMA)["nodes"]
+    best = large.row(large.best_workers)
+    assert doc["nodes"] == 4 and doc["job_samples_per_s"] == pytest.approx(4 * best.total_samples_per_s, rel=1e-3)
+    assert any("all-reduced in one ring" in line for line in large.assumptions)
+    # a given step time on the target gets the all-reduce added, not replaced
+    timed = plan_run(_straggler_job(400 * 2**20), cores=4, step_ms=50, nodes=4, link_gbps=100)
+    assert timed.target.step_s == pytest.approx(0.05 + large.nodes.sync_s)
+
+
+@pytest.mark.parametrize("gradient,kwargs,message", [
+    (2**20, {"nodes": 4}, "--nodes needs --link-gbps"),
+    (2**20, {"nodes": 0, "link_gbps": 10}, "--nodes must be between"),
+    (2**20, {"nodes": 2, "link_gbps": -1}, "--link-gbps must be a positive number"),
+    (None, {"nodes": 2, "link_gbps": 10}, "no DistributedDataParallel model"),
+])
+def test_a_job_over_nodes_needs_a_link_and_a_ddp_model(gradient, kwargs, message):
+    from stallscope.analysis.plan import plan_run
+
+    with pytest.raises(PlanError, match=message):
+        plan_run(_straggler_job(gradient), cores=4, **kwargs)

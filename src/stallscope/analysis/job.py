@@ -114,9 +114,10 @@ def analyze(session: Session) -> Analysis:
     findings are the straggler's, or the lowest rank's when no rank holds the others back."""
     rank_records = ranks_mod.rank_processes(session)
     if len(rank_records) < 2:
-        return _waiting_for_other_nodes(
-            dataclasses.replace(_analyze_process(session), fetch_stages=fetch_stages(session.fetches),
-                                training_process=training_process(session)), rank_records)
+        alone = dataclasses.replace(_analyze_process(session), fetch_stages=fetch_stages(session.fetches),
+                                    training_process=training_process(session))
+        # a merged job left with one rank (the others sent nothing) is the job, not one node waiting for the others
+        return alone if session.clock_alignment else _waiting_for_other_nodes(alone, rank_records)
     cpus = usable_cpus(session)
     per_rank = ranks_mod.analyze_ranks(session, _analyze_process, cpus)
     summaries = [ranks_mod.summarize_rank(record, analysis, session) for record, analysis in per_rank.values()]

@@ -53,6 +53,7 @@ MAX_THREADS_PER_CORE = 8  # the most any CPU has had (IBM POWER); x86 has 1 or 2
 #: (``--step-ms 1e308`` planned 0.0 samples/s and wrote NaN, which JSON parsers refuse).
 MAX_CORES = 65536
 MAX_GPUS = 4096
+MAX_NODES = 65536
 MAX_STEP_S = 86400.0  # a day per step
 MAX_SAMPLES_PER_S = 1e9
 
@@ -171,6 +172,34 @@ class PlanFix:
 
 
 @dataclass(frozen=True)
+class Nodes:
+    """The job over several nodes: its gradients' ring all-reduce priced on the link between them. In a ring over
+    all ``ranks`` each node's link carries 2(n-1)/n of the gradients' bytes a step; ``sync_s`` is that transfer with
+    none of it hidden (an upper bound), ``overlap_s`` the recorded backward per step that DDP overlaps its buckets
+    with (the wait lies between ``sync_s - overlap_s`` and ``sync_s``)."""
+
+    count: int
+    link_gbps: float
+    gradient_bytes: int
+    ranks: int
+    sync_s: float
+    overlap_s: float
+    recorded_sync_s: float
+
+    def to_dict(self, per_node_samples_per_s: float) -> dict[str, object]:
+        return {"nodes": self.count, "link_gbps": self.link_gbps, "ranks": self.ranks,
+                "gradient_mb": round(self.gradient_bytes / 2**20, 3), "sync_ms_per_step": round(1e3 * self.sync_s, 3),
+                "overlap_ms_per_step": round(1e3 * self.overlap_s, 3),
+                "recorded_sync_ms_per_step": round(1e3 * self.recorded_sync_s, 3),
+                "job_samples_per_s": round(per_node_samples_per_s * self.count, 2)}
+
+
+def ring_sync_s(gradient_bytes: float, ranks: int, link_gbps: float) -> float:
+    """Seconds a step for a ring all-reduce of ``gradient_bytes`` over ``ranks`` on links of ``link_gbps``."""
+    return 2 * (ranks - 1) / ranks * gradient_bytes / (link_gbps * 1e9 / 8) if ranks > 1 else 0.0
+
+
+@dataclass(frozen=True)
 class Plan:
     target: Target
     recorded: dict[str, object]
@@ -184,6 +213,7 @@ class Plan:
     assumptions: list[str] = field(default_factory=list)
     # what makes the recorded run a weak basis (too few steps, a crash, a stop): said first; also in the assumptions
     cautions: list[str] = field(default_factory=list)
+    nodes: Nodes | None = None  # the job over several nodes (--nodes): the plan's rows are then per node
 
     def row(self, workers: int) -> WorkerRow | None:
         return next((r for r in self.rows if r.workers == workers), None)
@@ -497,6 +527,11 @@ def project(model: ThroughputModel, target: Target, samples_per_step: float,
     return Plan(target, recorded, 1.0 / compute, rows, needed, best.workers, limit, first, fixes, notes)
 
 
+def _best_total(plan: Plan) -> float:
+    row = plan.row(plan.best_workers)
+    return row.total_samples_per_s if row else 0.0
+
+
 def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
     """The ``stallscope.plan/1`` document."""
     t = plan.target
@@ -520,16 +555,19 @@ def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
         "fixes": [f.to_dict() for f in plan.fixes],
         "assumptions": plan.assumptions,
         "cautions": plan.cautions,
+        "nodes": plan.nodes.to_dict(_best_total(plan)) if plan.nodes else None,
     }
 
 
 def plan_run(session: Session, *, cores: float | None = None, gpus: int | None = None, step_ms: float | None = None,
              samples_per_s: float | None = None, workers: int | None = None,
              analysis: Analysis | None = None, threads_per_core: float | None = None,
-             device_speedup: float | None = None) -> Plan:
+             device_speedup: float | None = None, nodes: int | None = None,
+             link_gbps: float | None = None) -> Plan:
     """``stallscope plan``'s library twin: a recorded session projected to a machine with ``cores`` CPU cores and
     ``gpus`` GPUs (defaults: the recorded machine's usable CPUs, and its GPU count, one per rank), with the
     target's step time (``step_ms`` per step of one process) or job rate (``samples_per_s``) where known.
+    ``nodes``: the job over that many such machines, its gradients' all-reduce priced on links of ``link_gbps``.
     Raises PlanError when the run holds nothing to project or the target is impossible."""
     from stallscope.analysis.job import analyze, usable_cpus
     from stallscope.analysis.recommend import normalize_fraction
@@ -554,8 +592,17 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
                     threads_per_core=threads_per_core, device_speedup=device_speedup,
                     device_share=device_share(stats, analysis.gpu_timing) if device_speedup is not None else None)
     train = next((ld for ld in analysis.loaders if ld.role == "train"), None)
-    plan = project(model, target, stats.samples / len(stats.steady),
-                   normalize_fraction(train.pipeline if train else None), stats.sync_s / stats.samples)
+    samples_per_step = stats.samples / len(stats.steady)
+    sync_per_sample, spread = stats.sync_s / stats.samples, None
+    if nodes is not None:
+        spread = _over_nodes(session, stats, target, nodes, link_gbps)
+        sync_per_sample = spread.sync_s / samples_per_step
+        if target.step_s is not None:
+            target = dataclasses.replace(target, step_s=target.step_s + spread.sync_s)
+    plan = project(model, target, samples_per_step, normalize_fraction(train.pipeline if train else None),
+                   sync_per_sample)
+    if spread is not None:
+        plan = dataclasses.replace(plan, nodes=spread, assumptions=[*plan.assumptions, _nodes_words(spread)])
     # the model's rate leaves out the workers' start-ups inside the steady steps; report's counts them
     recorded = {**plan.recorded, "samples_per_s_with_startups": analysis.samples_per_s,
                 "steady_steps": len(stats.steady)}
@@ -570,6 +617,37 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
         cautions.append(f"the recorded run did not end as the training would ({how}): the figures are of its "
                         f"{len(stats.steady)} steady step(s) before that")
     return dataclasses.replace(plan, recorded=recorded, assumptions=[*cautions, *plan.assumptions], cautions=cautions)
+
+
+def _over_nodes(session: Session, stats: StepStats, target: Target, nodes: int, link_gbps: float | None) -> Nodes:
+    """The recorded job spread over ``nodes`` machines like the target: its DDP gradients' ring all-reduce priced."""
+    if not 1 <= nodes <= MAX_NODES:
+        raise PlanError(f"--nodes must be between 1 and {MAX_NODES}")
+    ranks = nodes * target.processes
+    if ranks > 1 and link_gbps is None:
+        raise PlanError("--nodes needs --link-gbps, the speed of each node's link to the others in Gb/s (100 for "
+                        "100 Gb Ethernet, 400 for 4 InfiniBand NDR ports at 100 each, ...)")
+    if link_gbps is not None and not (link_gbps > 0 and math.isfinite(link_gbps)):
+        raise PlanError("--link-gbps must be a positive number")
+    sizes = [f.get("parameter_bytes") or 0 for f in session.compute_facts if f.get("kind") == "ddp"]
+    if not any(sizes):
+        raise PlanError("--nodes prices the gradients' all-reduce from the DDP model's size, and this run has no "
+                        "DistributedDataParallel model: record the job under torchrun with its DDP model")
+    steps = len(stats.steady)
+    backward = (stats.parts_s or {}).get("backward", 0.0) / steps
+    return Nodes(nodes, float(link_gbps or 0.0), max(sizes), ranks,
+                 ring_sync_s(max(sizes), ranks, link_gbps) if link_gbps else 0.0, backward, stats.sync_s / steps)
+
+
+def _nodes_words(n: Nodes) -> str:
+    return (f"{n.count} node(s) like this one, {n.ranks} training processes in all: the DDP gradients "
+            f"({n.gradient_bytes / 2**20:.3g} MiB) are all-reduced in one ring over all of them, each node's link "
+            f"carrying 2(n-1)/n of them a step at {n.link_gbps:g} Gb/s: {1e3 * n.sync_s:.2f} ms a step (bandwidth "
+            "only: per-message latency and the ranks' skew are not counted), with "
+            f"none of it hidden behind the backward (an upper bound: DDP overlaps its buckets with the backward, "
+            f"{1e3 * n.overlap_s:.2f} ms a step here); it replaces the recorded wait for other ranks "
+            f"({1e3 * n.recorded_sync_s:.2f} ms a step); links inside a node are taken to be faster than the ring's "
+            "slowest (NVLink, or one machine's memory)")
 
 
 def device_share(stats: StepStats, timing: GpuTiming | None) -> float | None:

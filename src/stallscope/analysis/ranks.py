@@ -80,6 +80,22 @@ class DistributedFindings:
     straggler_differs_s: dict[str, float] = field(default_factory=dict)
 
 
+def job_of(session: Session) -> dict[str, Any] | None:
+    """The job a session of ranks belongs to: its launcher's words, its size, the ranks here; for a merged session
+    (``stallscope merge``, or gathered at the end of ``run``) also its nodes and the ranks that sent nothing."""
+    if not session.ranks:
+        return None
+    world = max(r.world_size for r in session.ranks)
+    here = sorted({r.rank for r in session.ranks})
+    job: dict[str, Any] = {"id": next((r.job for r in session.ranks if r.job), None), "world_size": world,
+                           "ranks_here": here}
+    if session.clock_alignment:
+        job["nodes"] = [{"host": a.get("host"), "run_id": a.get("run_id"), "ranks": a.get("ranks")}
+                        for a in session.clock_alignment]
+        job["missing_ranks"] = [r for r in range(world) if r not in set(here)]
+    return job
+
+
 def rank_processes(session: Session) -> list[RankRecord]:
     """One record per rank process (the last one seen for a pid), in rank order."""
     by_pid = {r.pid: r for r in session.ranks}

@@ -28,6 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                "  stallscope plan last --cores 32 --gpus 4 --step-ms 180     (180 ms per step on each GPU)\n"
                "  stallscope plan last --cores 16 --gpus 2 --samples-per-s 4000 --json plan.json\n"
                "  stallscope plan last --cores 2 --workers 2                 (a CPU-only machine with 2 cores)\n"
+               "  stallscope plan last --cores 96 --gpus 8 --nodes 16 --link-gbps 400   (16 such nodes)\n"
                "RUN: a run id (or a unique prefix), last, a session.json path or a run directory.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", default="last", help="the recorded run (default: last)")
@@ -51,6 +52,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            "optimizer (on a GPU run, the GPU's busy time) shrink, the step's own code on the host "
                            "does not, so a host-bound job stays host-bound")
     p.add_argument("--workers", type=int, metavar="W", help="also show the prediction for W workers per process")
+    p.add_argument("--nodes", type=int, metavar="N",
+                   help="the job over N machines like the target (--cores and --gpus are per node): the DDP "
+                        "gradients' ring all-reduce over all ranks is priced on --link-gbps and replaces the recorded "
+                        "wait for other ranks; the table stays per node, the job's rate is N times it")
+    p.add_argument("--link-gbps", type=float, metavar="GBPS",
+                   help="with --nodes: each node's link to the others in Gb/s (100 for 100 Gb Ethernet)")
     p.add_argument("--json", metavar="PATH", help="write the plan (schema stallscope.plan/1) here; '-' for stdout")
     p.add_argument("--store", metavar="DIR", type=folder,
                    help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
@@ -69,15 +76,19 @@ def handle(args: argparse.Namespace) -> int:
         return _fail(load_error(exc))
     if problem := output_error([args.json], args.store, source, dash_is_stdout=True):
         return _fail(problem)
+    if args.link_gbps is not None and args.nodes is None:
+        return _fail("--link-gbps prices the all-reduce between nodes: give --nodes N with it")
     try:
         plan = plan_run(session, cores=args.cores, gpus=args.gpus, step_ms=args.step_ms,
                         samples_per_s=args.samples_per_s, workers=args.workers,
-                        threads_per_core=args.threads_per_core, device_speedup=args.device_speedup)
+                        threads_per_core=args.threads_per_core, device_speedup=args.device_speedup,
+                        nodes=args.nodes, link_gbps=args.link_gbps)
     except NothingToPlan as exc:
         again = f"--store {shlex.quote(args.store)} " if args.store else ""
         return _fail(f"{exc} (`stallscope report {again}{shlex.quote(args.run)}` shows what was recorded)")
     except PlanError as exc:
         return _fail(str(exc))
+
     document = plan_dict(plan, session.run_id, PLAN_SCHEMA)
     if args.json == "-":
         print_json(document)

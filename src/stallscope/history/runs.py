@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallscope.analysis import Analysis
+from stallscope.analysis.ranks import job_of
 from stallscope.environment import fingerprint_hash, git_commit
 from stallscope.session import Session
 
@@ -105,7 +106,7 @@ def row_values(session: Session, analysis: Analysis, session_path: str | os.Path
         "command": list(session.command),
         "cwd": session.cwd,
         "overrides": dict(session.overrides),
-        "environment": dict(session.environment),
+        "environment": {**session.environment, **_job_words(session)},
         "env_fingerprint": fingerprint_hash(session.environment),
         "git_commit": commit,
         "exit_code": session.exit_code,
@@ -127,6 +128,16 @@ def row_values(session: Session, analysis: Analysis, session_path: str | os.Path
         "step_detail": step_detail(analysis),
         "session_path": str(session_path) if session_path else None,
     }
+
+
+def _job_words(session: Session) -> dict[str, Any]:
+    """A rank's run in a job of more ranks than it holds (one node's, or one srun task's): the job it is part of and
+    the ranks it holds, so that the history tells the nodes' rows of one job apart from unrelated runs."""
+    job = job_of(session)
+    if job is None or job["world_size"] <= 1:
+        return {}
+    return {"job": job["id"], "job_ranks": job["ranks_here"], "job_world_size": job["world_size"],
+            "job_host": next((r.host for r in session.ranks if r.host), None)}
 
 
 def row_from_session(session: Session, analysis: Analysis,

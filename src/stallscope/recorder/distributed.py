@@ -66,14 +66,36 @@ def job_identity(env: os._Environ[str] | dict[str, str] | None = None) -> str | 
     return " ".join(words) or None
 
 
-def mark_rank(rank: int, local_rank: int, world_size: int, node_rank: int) -> None:
+def store_address(env: os._Environ[str] | dict[str, str] | None = None, init_method: Any = None) -> str | None:
+    """The job's own store, which every node of the job could reach: ``init_process_group``'s ``tcp://HOST:PORT``,
+    else ``MASTER_ADDR:MASTER_PORT``. ``gather`` hands the nodes' sessions over there once the job has let it go."""
+    if isinstance(init_method, str) and init_method.startswith("tcp://"):
+        host, _, port = init_method[len("tcp://"):].split("?", 1)[0].rstrip("/").rpartition(":")
+        if host and port.isdigit():
+            return f"{host.strip('[]')}:{port}"
+    env = os.environ if env is None else env
+    addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    return f"{addr}:{port}" if addr and port.isdigit() else None
+
+
+def _env_int(*names: str) -> int:
+    """The first of ``names`` set to an integer (torchrun's, then Slurm's), else -1."""
+    for name in names:
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return -1
+
+
+def mark_rank(rank: int, local_rank: int, world_size: int, node_rank: int, init_method: Any = None) -> None:
     """Say this process is a rank; its workers learn whose they are through the environment."""
     global _is_rank
     first = not _is_rank
     _is_rank = True
     os.environ[ENV_RANK_PID] = str(os.getpid())
     events.emit("rank", rank, local_rank, world_size, node_rank, platform.node(), _perf(), time.time_ns(),
-                job_identity())
+                job_identity(), store_address(init_method=init_method))
     if first and _became_rank_hook is not None:
         _became_rank_hook()
 
@@ -178,9 +200,10 @@ def patch_c10d(module: Any) -> None:
             backend = str(module.get_backend())
         except Exception:
             rank, world, backend = -1, -1, "?"
-        env = rank_from_env() or {}
-        local_rank = env.get("local_rank", int(os.environ.get("LOCAL_RANK", -1)))
-        mark_rank(rank, local_rank, world, env.get("node_rank", -1))
+        env = rank_from_env() or {}  # srun's tasks have no RANK: their own SLURM_* words say where they run
+        local_rank = env.get("local_rank", _env_int("LOCAL_RANK", "SLURM_LOCALID"))
+        node_rank = env.get("node_rank", _env_int("GROUP_RANK", "SLURM_NODEID"))
+        mark_rank(rank, local_rank, world, node_rank, kwargs.get("init_method", args[1] if len(args) > 1 else None))
         events.emit("pg_init", backend, rank, world, t0, t1, wall)
         events.flush()
         return result

@@ -23,6 +23,9 @@ _optimizers_seen: set[int] = set()
 _roots_seen: set[int] = set()
 #: DDP models -> [post_forward ns and calls after the warm-up, all calls, reported]
 _ddp_models: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
+#: Every DDP model's row and its settings taken at its first forward: reported at exit where the model was freed
+#: first (a short run whose model lived inside a function), without holding the model itself alive.
+_ddp_rows: list[tuple[list[int], dict[str, Any]]] = []
 #: A DDP model's settings and costs go out after this many forwards (its logging data is filled at iteration 10).
 DDP_REPORT_AFTER = 30
 #: Its first forwards are left out of the cost: DDP builds and rebuilds its buckets there.
@@ -135,6 +138,7 @@ def patch_ddp(module: Any) -> None:
             row = _ddp_models.get(self)
             if row is None:
                 row = _ddp_models[self] = [0, 0, 0, 0]  # ns and calls after the warm-up, all calls, reported
+                _ddp_rows.append((row, _settings(self)))
             row[2] += 1
             if row[2] > DDP_WARM_UP:
                 row[0] += _perf() - start
@@ -147,24 +151,38 @@ def patch_ddp(module: Any) -> None:
     atexit.register(_report_all)
 
 
-def _report(model: Any, row: list[int]) -> None:
+def _settings(model: Any) -> dict[str, Any]:
+    """What a DDP model is, read from it once (at its first forward): nothing here changes as it trains."""
     try:
-        import torch.distributed as dist
-
-        # DDP's logger only while its process group lives: at exit, after destroy_process_group, the reducer's
-        # C++ side is not ours to touch (an abort there would end the rank)
-        alive = dist.is_available() and dist.is_initialized()
-        data = model._get_ddp_logging_data() if alive and hasattr(model, "_get_ddp_logging_data") else {}
         params = [p for p in model.module.parameters() if p.requires_grad]
-        info = {"find_unused_parameters": bool(getattr(model, "find_unused_parameters", False)),
+        return {"find_unused_parameters": bool(getattr(model, "find_unused_parameters", False)),
                 "static_graph": bool(getattr(model, "static_graph", False)),
-                "unused_parameter_size": data.get("unused_parameter_size"),
-                "bucket_cap_bytes": data.get("bucket_cap_bytes", getattr(model, "bucket_bytes_cap", None)),
+                "bucket_cap_bytes": getattr(model, "bucket_bytes_cap", None),
                 "gradient_as_bucket_view": bool(getattr(model, "gradient_as_bucket_view", False)),
                 "parameters": len(params), "parameter_bytes": int(sum(p.numel() * p.element_size() for p in params)),
                 "device": params[0].device.type if params else None,
                 "gradient_dtype": str(params[0].dtype).removeprefix("torch.") if params else None,
-                "comm_hook": _comm_hook_name(model),
+                "comm_hook": _comm_hook_name(model)}
+    except Exception:  # noqa: BLE001 - a fact lost; never into the script
+        return {}
+
+
+def _report(model: Any, row: list[int], settings: dict[str, Any] | None = None) -> None:
+    """Write a DDP model's settings beside its ``_post_forward`` cost: from the model where it is still alive (its
+    logging data included), else (``model`` None, at exit) from its first forward's (a hook registered after that
+    is then not seen)."""
+    try:
+        data: dict[str, Any] = {}
+        if model is not None:
+            import torch.distributed as dist
+
+            # DDP's logger only while its process group lives: at exit, after destroy_process_group, the reducer's
+            # C++ side is not ours to touch (an abort there would end the rank)
+            alive = dist.is_available() and dist.is_initialized()
+            data = model._get_ddp_logging_data() if alive and hasattr(model, "_get_ddp_logging_data") else {}
+            settings = _settings(model)
+        info = {**(settings or {}), "unused_parameter_size": data.get("unused_parameter_size"),
+                "bucket_cap_bytes": data.get("bucket_cap_bytes", (settings or {}).get("bucket_cap_bytes")),
                 "post_forward_ns": row[0], "post_forward_calls": row[1]}
         row[3] = 1
         events.emit("ddp_info", _perf(), info)
@@ -185,3 +203,6 @@ def _report_all() -> None:
     for model, row in list(_ddp_models.items()):
         if not row[3]:
             _report(model, row)
+    for row, settings in _ddp_rows:  # models freed before the exit, with fewer forwards than DDP_REPORT_AFTER
+        if not row[3]:
+            _report(None, row, settings)

@@ -74,7 +74,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "gpu_span": ("kind", "step", "start_ns", "end_ns", "gpu_ns", "nbytes"),
     "gpu_span_lost": ("count",),
     # torch.distributed
-    "rank": ("rank", "local_rank", "world_size", "node_rank", "host", "t_ns", "wall_ns", "job"),
+    "rank": ("rank", "local_rank", "world_size", "node_rank", "host", "t_ns", "wall_ns", "job", "store"),
     "pg_init": ("backend", "rank", "world_size", "start_ns", "end_ns", "wall_ns"),
     "coll": ("op", "seq", "group_size", "is_async", "start_ns", "end_ns"),
     "ddp_wait": ("started_ns", "computed_ns", "returned_ns"),

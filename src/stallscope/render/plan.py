@@ -96,6 +96,13 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
         beyond = (1.0 - top.data_wait_fraction) / top.samples_per_s - 1.0 / plan.compute_samples_per_s
         console.print(f"beyond its compute, the training process spends {1000 * beyond:.3f} ms per sample taking "
                       f"batches from the workers: no worker count takes it past {top.samples_per_s:,.1f} samples/s")
+    if plan.nodes is not None:
+        n, best = plan.nodes, plan.row(plan.best_workers)
+        per_node = best.total_samples_per_s if best else 0.0
+        console.print(f"[bold]the job on {n.count} node(s)[/]: {per_node * n.count:,.1f} samples/s at its best "
+                      f"({per_node:,.1f} per node), the gradients' all-reduce taking at most {1e3 * n.sync_s:.2f} ms "
+                      f"a step over {n.link_gbps:g} Gb/s ({n.ranks} ranks; recorded here: "
+                      f"{1e3 * n.recorded_sync_s:.2f} ms)")
     console.print(f"the stage that gives out first: {plan.saturates_first}")
     for fix in plan.fixes:
         fed = (f"fed with {fix.workers_needed} worker(s)" if fix.workers_needed is not None

@@ -11,6 +11,7 @@ from typing import Any
 
 from stallscope.analysis import Analysis, shares
 from stallscope.analysis.findings import LoaderSummary, StepStats
+from stallscope.analysis.ranks import job_of
 from stallscope.constants import NODE_IDS, SUMMARY_SCHEMA
 from stallscope.paths import write_file
 from stallscope.render import words
@@ -121,6 +122,8 @@ def summary_dict(session: Session, analysis: Analysis, session_path: str | os.Pa
         "session": str(session_path) if session_path else None,
         "ranks": [_rank_dict(r) for r in analysis.ranks],
         "distributed": _distributed_dict(analysis.distributed),
+        # the job a session of ranks belongs to; a merged one's nodes and the ranks that sent nothing
+        "job": job_of(session),
         "gpu_timing": dataclasses.asdict(analysis.gpu_timing) if analysis.gpu_timing else None,
         # which process the figures are of: the script itself (launched) or one it started, and others that trained
         "training_process": dataclasses.asdict(analysis.training_process) if analysis.training_process else None,

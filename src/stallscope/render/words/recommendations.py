@@ -299,8 +299,9 @@ def _wait_for_other_nodes(rec: Recommendation, f: dict[str, Any], o: dict[str, A
     here = f["ranks_here"]
     ranks = f"rank {here[0]}" if len(here) == 1 else "ranks " + ", ".join(map(str, here))
     return ("The job waits for ranks on other nodes: no change on this node shortens the step",
-            "merge every node's session into one job (`stallscope merge NODE0_SESSION NODE1_SESSION ... -o job.json`"
-            ", then `stallscope report job.json`): its report names the rank the others wait for and why",
+            "read the job's report, which names the rank the others wait for and why: `stallscope run` gathers the "
+            "nodes' sessions into it when the job ends (the node that merges says where it saved it), or merge them "
+            "by hand (`stallscope merge NODE0_SESSION NODE1_SESSION ... -o job.json`)",
             f"{ranks} of the job's {f['world_size']} {'is' if len(here) == 1 else 'are'} recorded here, and "
             f"{'it waits' if len(here) == 1 else 'they wait'} for the others {100 * f['sync_share']:.0f}% of the "
             f"step; {100 * f['own_share']:.0f}% is {'its' if len(here) == 1 else 'their'} own work")
