@@ -43,7 +43,7 @@ def record_two_nodes(folder: Path) -> list[Path]:
         cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--json", str(folder / f"s{node}.json"),
                "--store", str(folder / "recorded"), "--gather-wait", "0", "--", sys.executable, "-m",
                "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node), "--nproc_per_node", "1",
-               "--master_addr", "127.0.0.1", "--master_port", str(port), str(DDP), "--samples", "512", "--barrier",
+               "--master_addr", "127.0.0.1", "--master_port", str(port), str(DDP), "--samples", "4096", "--workers", "2", "--barrier",
                "--slow-rank", "1", "--slow-ms", "2"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
     if any(p.wait(timeout=600) != 0 for p in procs):
@@ -97,6 +97,7 @@ def one(ranks: int, store: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 8, 32, 128])
+    p.add_argument("--profile", type=int, metavar="RANKS", help="profile gathering and reporting RANKS ranks")
     p.add_argument("--one", nargs=2, metavar=("RANKS", "STORE"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -110,6 +111,15 @@ def main() -> int:
               f"{', '.join(f'{p.stat().st_size / 1e6:.2f} MB' for p in sessions)}")
         print(f"{'ranks':>5} {'gather+merge':>13} {'analyze':>8} {'summary':>8} {'total':>7} {'per rank':>9} "
               f"{'peak MB':>8} {'job MB':>7}  straggler")
+        if args.profile:
+            import cProfile
+            import pstats
+
+            replicate(sessions, args.profile, work / "profiled")
+            cProfile.runctx("one(ranks, store)", globals(), {"ranks": args.profile, "store": work / "profiled"},
+                            str(work / "prof"))
+            pstats.Stats(str(work / "prof")).sort_stats("cumulative").print_stats(35)
+            return 0
         for ranks in args.ranks:
             store = work / f"store{ranks}"
             replicate(sessions, ranks, store)

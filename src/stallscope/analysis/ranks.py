@@ -17,6 +17,7 @@ the lowest rank otherwise.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -112,12 +113,33 @@ def members(session: Session, pid: int) -> set[int]:
     return owned
 
 
-def rank_view(session: Session, pid: int) -> Session:
-    """The session as if ``pid`` were the only training process: its records and its workers'."""
+#: Each per-process list of a session split by pid, each record with its place in the whole list.
+RecordIndex = dict[str, dict[int, list[tuple[int, Any]]]]
+
+
+def records_by_pid(session: Session) -> RecordIndex:
+    """Each per-process list of the session split by pid: a job's rank views are then made in time linear in the
+    session, not in ranks x records."""
+    index: RecordIndex = {}
+    for name in (*PER_PROCESS, "processes", "ranks"):
+        split: dict[int, list[tuple[int, Any]]] = {}
+        for place, record in enumerate(getattr(session, name)):
+            split.setdefault(record.pid, []).append((place, record))
+        index[name] = split
+    return index
+
+
+def rank_view(session: Session, pid: int, index: RecordIndex | None = None) -> Session:
+    """The session as if ``pid`` were the only training process: its records and its workers', in the session's
+    order. ``index``: ``records_by_pid(session)``, made once for all of a job's ranks."""
     keep = members(session, pid)
-    changes: dict[str, Any] = {name: [r for r in getattr(session, name) if r.pid in keep] for name in PER_PROCESS}
-    changes["processes"] = [p for p in session.processes if p.pid in keep]
-    changes["ranks"] = [r for r in session.ranks if r.pid == pid]
+    index = index or records_by_pid(session)
+
+    def kept(name: str, pids: set[int]) -> list[Any]:
+        return [r for _, r in heapq.merge(*(index[name].get(p, []) for p in sorted(pids)), key=lambda pr: pr[0])]
+
+    changes: dict[str, Any] = {name: kept(name, keep) for name in (*PER_PROCESS, "processes")}
+    changes["ranks"] = kept("ranks", {pid})
     return dataclasses.replace(session, **changes)
 
 
@@ -126,7 +148,8 @@ def analyze_ranks(session: Session, analyze_process: Callable[[Session, int | No
     """rank -> (its record, its analysis); each rank gets its share of its host's CPUs."""
     ranks = rank_processes(session)
     per_host = Counter(r.host for r in ranks)
-    return {r.rank: (r, analyze_process(rank_view(session, r.pid), max(1, cpus // per_host[r.host])))
+    index = records_by_pid(session)
+    return {r.rank: (r, analyze_process(rank_view(session, r.pid, index), max(1, cpus // per_host[r.host])))
             for r in ranks}
 
 
