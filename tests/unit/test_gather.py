@@ -121,3 +121,11 @@ def test_a_nodes_history_row_names_its_job_host_and_ranks():
     assert job_cell(alone) == "" and "job" not in alone.environment
     headers = [c.header for c in history_table([row, alone]).columns]
     assert headers[:2] == ["run", "job"] and "job" not in [c.header for c in history_table([alone]).columns]
+
+
+def test_a_node_stopped_by_its_user_or_scheduler_does_not_wait_to_gather(tmp_path):
+    node = dataclasses.replace(_of_job(_node(100, 0, 0), address=f"127.0.0.1:{free_port()}"), ended_by="interrupt",
+                               exit_code=130)
+    done = gather(node, _saved(tmp_path, node), tmp_path, wait_s=60, grace_s=60)
+    assert done is not None and done.merged is None and "not gathered" in done.lines[0]
+    assert not (tmp_path / "jobs").exists()

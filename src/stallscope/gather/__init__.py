@@ -41,6 +41,10 @@ def gather(session: Session, session_path: Path, store: Path, *, wait_s: float =
     if not part.job:
         return Gathered([f"this node's session holds rank(s) {list(part.ranks)} of the job's {part.world}, but the "
                          "launcher named no job to gather them by: merge the nodes' sessions with stallscope merge"])
+    if session.ended_by == "interrupt":  # Ctrl-C, or a scheduler's SIGTERM: no wait after it
+        return Gathered([f"the job was stopped here ({session.ended_by}): this node's session is not gathered; the "
+                         "others name its ranks as having sent nothing, or merge the nodes' sessions with "
+                         "stallscope merge"])
     if session.exit_code != 0:
         wait_s = min(wait_s, FAILED_JOB_WAIT_S)
     folder = job_folder(store, part.job)
