@@ -50,6 +50,18 @@ def recorded_usable_cpus(environment: Mapping[str, Any], checks: Sequence[Mappin
     return int(environment.get("cpus_affinity") or environment.get("cpu_count") or 1)
 
 
+def recorded_cpu_capacity(environment: Mapping[str, Any], checks: Sequence[Mapping[str, Any]]) -> float:
+    """The CPU time a recorded run could use per second, unrounded: its affinity, or its cgroup quota where that is
+    less (half a CPU is half, where ``recorded_usable_cpus`` says 1)."""
+    for check in checks:
+        data = (check.get("data") or {}) if check.get("id") == "cpu.usable" else {}
+        limits = [v for v in (data.get("affinity"), data.get("quota_cpus"))
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+        if limits:
+            return float(min(limits))
+    return float(recorded_usable_cpus(environment, checks))
+
+
 def recorded_physical_cores(checks: Sequence[Mapping[str, Any]]) -> int | None:
     """The physical cores a recorded run's CPUs were hardware threads of (the doctor's ``cpu.usable`` check), or
     None where the check did not see the topology (then each CPU counts as a core)."""

@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from stallscope.environment import recorded_cpu_capacity, recorded_usable_cpus
 from stallscope.session import CLOCK_FIELDS, PID_FIELDS, RECORD_LISTS, Session, sort_in_time
 
 
@@ -188,7 +189,10 @@ def merge_sessions(sessions: Sequence[Session], run_id: str | None = None) -> Se
         host = s.ranks[0].host if s.ranks else s.environment.get("hostname")
         alignment.append({"node": node, "run_id": s.run_id, "host": host, "offset_ns": offset,
                           "uncertainty_ns": (high - low) // 2, "ranks": sorted({r.rank for r in s.ranks}),
-                          "pids_renumbered": len(pids)})
+                          "pids_renumbered": len(pids),
+                          # each node's own CPUs: the merged session keeps the first node's checks only
+                          "usable_cpus": recorded_usable_cpus(s.environment, s.checks),
+                          "cpus": recorded_cpu_capacity(s.environment, s.checks)})
         notes += [f"[{s.run_id}] {n}" for n in s.notes]
     sort_in_time(lists)
     lists["ranks"].sort(key=lambda r: (r.rank, r.pid))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -175,7 +176,7 @@ def hosts():
     torchrun's c10d rendezvous hands the ranks the host's name, so the names must resolve to the link. Needs root,
     iproute2 and unshare; skipped where any is missing or the kernel refuses."""
     made: list[list[str]] = []
-    tag = f"ss{os.getpid() % 10000}"
+    tag = f"s{secrets.token_hex(2)}"  # a name of its own: a namespace just deleted frees its links only later
 
     def run(*step: str) -> None:
         done = subprocess.run(list(step), capture_output=True, text=True, check=False)
@@ -185,7 +186,7 @@ def hosts():
     def make(count: int) -> list[Host]:
         if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("unshare")):
             pytest.skip("network namespaces need root, iproute2 (ip) and unshare")
-        net = os.getpid() % 200 + 20
+        net = secrets.randbelow(200) + 20
         bridge = f"{tag}br"
         run("ip", "link", "add", bridge, "type", "bridge")
         made.append(["ip", "link", "del", bridge])

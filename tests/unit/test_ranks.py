@@ -315,3 +315,34 @@ def test_reports_show_every_rank():
     rows = [row_from_session(s, analyze(s), None) for s in (session, balanced)]
     text = render_compare(compare(rows))
     assert "rank 1 data-wait share" in text and "rank 0 sync share" in text
+
+
+def _cpus_check(affinity: int, quota: float | None) -> dict:
+    return {"id": "cpu.usable", "status": "ok", "data": {"usable": max(1, int(min(affinity, quota or affinity))),
+                                                         "affinity": affinity, "quota_cpus": quota}}
+
+
+def test_a_straggler_on_a_node_with_fewer_cpus_is_named_by_them_with_the_jobs_gain():
+    """Rank 1's node allows half a CPU (a cgroup quota), rank 0's one: rank 1's own work is 20 ms a step against 6
+    on rank 0, which waits 15 ms for it. Its CPUs are the cause; with the others' CPUs its own work would take half
+    as long, and the job's step would be the longer of that and rank 0's own work, plus rank 1's own collective wait."""
+    fast = _session(_rank_records(100, 0, wait_ms=1, work_ms=5, sync_ms=15), run_id="n0")
+    slow = _session(_rank_records(200, 1, wait_ms=1, work_ms=19, sync_ms=1), run_id="n1")
+    fast = dataclasses.replace(fast, checks=[_cpus_check(1, None)])
+    slow = dataclasses.replace(slow, checks=[_cpus_check(1, 0.5)])
+    merged = merge_sessions([fast, slow])
+    assert [(n["usable_cpus"], n["cpus"]) for n in merged.clock_alignment] == [(1, 1.0), (1, 0.5)]
+    a = analyze(merged)
+    d = a.distributed
+    assert d.straggler_rank == 1 and d.straggler_cpus == {"rank": 0.5, "others": 1.0}
+    first = a.recommendations[0]
+    assert first.id == "straggler-cpus" and first.facts["cpus"] == 0.5 and first.facts["others_cpus"] == 1.0
+    slow_rank = next(r for r in a.ranks if r.rank == 1)
+    fast_own = next(r for r in a.ranks if r.rank == 0).own_step_s
+    sync = slow_rank.median_step_s - slow_rank.own_step_s
+    expected = slow_rank.median_step_s / (max(slow_rank.own_step_s / 2, fast_own) + sync)
+    assert first.predicted_speedup == pytest.approx(expected, abs=0.01) and first.predicted_speedup > 1.5
+    # the same job on nodes of equal CPUs: the straggler is named by its stage alone
+    even = analyze(merge_sessions([fast, dataclasses.replace(slow, checks=[_cpus_check(1, None)])]))
+    assert even.distributed.straggler_rank == 1 and even.distributed.straggler_cpus is None
+    assert "straggler-cpus" not in [r.id for r in even.recommendations]

@@ -91,6 +91,7 @@ _CATALOGUE = (
     Fix("sampler-drop-last", "loader"),
     Fix("uneven-shards", "sync"),
     Fix("wait-for-other-nodes", "sync"),
+    Fix("straggler-cpus", "sync"),
     # no change to make: what the run showed instead
     Fix("no-input-fix", "compute"),
     Fix("no-predicted-gain", "loader"),

@@ -131,7 +131,9 @@ def analyze(session: Session) -> Analysis:
     extra = ranks_mod.rank_recommendations(summaries, findings, cpus,
                                            train.config.get("dataset_len") if train else None)
     recs = list(primary.recommendations)
-    recs = recs + extra if findings.straggler_rank is not None else extra + recs
+    first = [r for r in extra if r.id == "straggler-cpus"]  # the cause itself: before the straggler's own advice
+    extra = [r for r in extra if r.id != "straggler-cpus"]
+    recs = first + recs + extra if findings.straggler_rank is not None else extra + recs
     workers_set = any("num_workers" in r.overrides for r in recs)  # a rank's advice may set them (workers-per-node)
     job = dataclasses.replace(
         primary, recommendations=recs,

@@ -31,6 +31,9 @@ from stallscope.session import PER_PROCESS, RankRecord, Session
 STRAGGLER_AT = 0.15  # own-time gap between the slowest and the fastest rank, as a share of the median step
 STRAGGLER_MIN_S = 0.002
 WAITING_AT = 0.10  # the other ranks must spend at least this share of their steps in collectives
+#: A straggler whose node gives it at most this share of the CPUs the other ranks' nodes give them is short of CPUs:
+#: all its CPU work is slower, whichever stage shows it most.
+FEWER_CPUS_AT = 0.8
 SYNC_BOUND_AT = 0.30
 INPUT_STAGES = ("storage", "decode", "transform", "loader")
 
@@ -60,6 +63,7 @@ class RankSummary:
     failed: str | None  # the exception that ended this rank, if any
     steady_steps: int = 0
     parts_s: dict[str, float] | None = None  # compute split over the steady steps (forward, backward, ...)
+    node_cpus: float | None = None  # CPU time per second its node allowed the job (affinity, cgroup quota)
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class DistributedFindings:
     straggler_limit: str | None = None  # the straggler's own largest stage
     # seconds per step the straggler spends beyond the other ranks' median, per stage and per compute part
     straggler_differs_s: dict[str, float] = field(default_factory=dict)
+    #: where the straggler's node gives it fewer CPUs than the others' nodes: {"rank": its, "others": their median}
+    straggler_cpus: dict[str, float] | None = None
 
 
 def job_of(session: Session) -> dict[str, Any] | None:
@@ -143,13 +149,24 @@ def rank_view(session: Session, pid: int, index: RecordIndex | None = None) -> S
     return dataclasses.replace(session, **changes)
 
 
+def node_cpus(session: Session, rank: int) -> tuple[int | None, float | None]:
+    """(usable CPUs, CPU time per second) of the node ``rank`` ran on, where a merged session kept them per node
+    (each node's own checks); (None, None) otherwise: the session's own then count."""
+    for node in session.clock_alignment:
+        if rank in node.get("ranks", []) and node.get("cpus") is not None:
+            return node.get("usable_cpus"), node.get("cpus")
+    return None, None
+
+
 def analyze_ranks(session: Session, analyze_process: Callable[[Session, int | None], Analysis],
                   cpus: int) -> dict[int, tuple[RankRecord, Analysis]]:
-    """rank -> (its record, its analysis); each rank gets its share of its host's CPUs."""
+    """rank -> (its record, its analysis); each rank gets its share of its node's CPUs (``cpus``, the session's,
+    where a merged session did not keep its node's own)."""
     ranks = rank_processes(session)
     per_host = Counter(r.host for r in ranks)
     index = records_by_pid(session)
-    return {r.rank: (r, analyze_process(rank_view(session, r.pid, index), max(1, cpus // per_host[r.host])))
+    return {r.rank: (r, analyze_process(rank_view(session, r.pid, index),
+                                        max(1, (node_cpus(session, r.rank)[0] or cpus) // per_host[r.host])))
             for r in ranks}
 
 
@@ -183,6 +200,7 @@ def summarize_rank(record: RankRecord, analysis: Analysis, session: Session) -> 
         batches_per_epoch=train.batches / train.epochs if train and train.epochs else None,
         failed=f"{errors[0].type}: {errors[0].message}" if errors else None,
         steady_steps=len(stats.steady), parts_s=dict(stats.parts_s) if stats.parts_s else None,
+        node_cpus=node_cpus(session, record.rank)[1],
     )
 
 
@@ -249,8 +267,17 @@ def job_findings(summaries: list[RankSummary], analyses: dict[int, Analysis]) ->
         skew_p90_s=sorted(skews)[min(len(skews) - 1, int(0.9 * (len(skews) - 1) + 0.5))] if skews else None,
         step_skew_s=[round(v, 6) for v in skews],
         straggler_part=part, straggler_limit=straggler.bottleneck_node if straggler else None,
-        straggler_differs_s=differs,
+        straggler_differs_s=differs, straggler_cpus=_fewer_cpus(straggler, summaries) if straggler else None,
     )
+
+
+def _fewer_cpus(slow: RankSummary, summaries: list[RankSummary]) -> dict[str, float] | None:
+    """The straggler's node's CPUs against the others' median, where it has at most ``FEWER_CPUS_AT`` of theirs."""
+    theirs = [s.node_cpus for s in summaries if s.rank != slow.rank and s.node_cpus]
+    if slow.node_cpus is None or not theirs:
+        return None
+    median = statistics.median(theirs)
+    return {"rank": slow.node_cpus, "others": median} if slow.node_cpus <= FEWER_CPUS_AT * median else None
 
 
 def _step_skews(own: dict[int, dict[int, float]]) -> list[float]:
@@ -259,6 +286,24 @@ def _step_skews(own: dict[int, dict[int, float]]) -> list[float]:
         return []
     common = set.intersection(*(set(times) for times in own.values()))
     return [max(t[i] for t in own.values()) - min(t[i] for t in own.values()) for i in sorted(common)]
+
+
+def _straggler_cpus(summaries: list[RankSummary], findings: DistributedFindings) -> Recommendation:
+    """Give the straggler's node the CPUs the others have. Its own work (its step less its wait for the others) is
+    taken to be CPU work, which then shrinks by its CPUs over theirs; the job's step becomes the longer of that and
+    the next slowest rank's own work, plus the collective time the straggler itself waits."""
+    slow = next(s for s in summaries if s.rank == findings.straggler_rank)
+    cpus = findings.straggler_cpus or {}
+    pace = max((s.own_step_s for s in summaries if s.rank != slow.rank and s.own_step_s), default=0.0)
+    gain = None
+    if slow.median_step_s and slow.own_step_s and cpus.get("rank") and cpus.get("others"):
+        own_after = max(slow.own_step_s * cpus["rank"] / cpus["others"], pace)
+        after = own_after + max(0.0, slow.median_step_s - slow.own_step_s)
+        gain = round(slow.median_step_s / after, 2) if after < slow.median_step_s else None
+    return advise("straggler-cpus", gain, facts={
+        "rank": slow.rank, "host": slow.host, "cpus": cpus.get("rank"), "others_cpus": cpus.get("others"),
+        "extra_ms": round(1e3 * findings.straggler_extra_s, 3),
+        "own_step_ms": round(1e3 * (slow.own_step_s or 0.0), 3), "pace_own_step_ms": round(1e3 * pace, 3)})
 
 
 def rank_recommendations(summaries: list[RankSummary], findings: DistributedFindings, usable_cpus: int,
@@ -277,6 +322,8 @@ def rank_recommendations(summaries: list[RankSummary], findings: DistributedFind
     elif "DistributedSampler" in samplers and dataset_len and dataset_len % world:
         recs.append(advise("sampler-drop-last", None,
                            facts={"dataset_len": dataset_len, "world_size": world}))
+    if findings.straggler_cpus is not None:
+        recs.append(_straggler_cpus(summaries, findings))
     by_host: dict[str, list[RankSummary]] = {}
     for s in summaries:
         by_host.setdefault(s.host, []).append(s)

@@ -82,6 +82,7 @@ APPLY: dict[str, How] = {
     "distributed-sampler": NotApplied(ONE_PROCESS),
     "uneven-shards": NotApplied(ONE_PROCESS),
     "wait-for-other-nodes": NotApplied(ONE_PROCESS),
+    "straggler-cpus": NotApplied(ONE_PROCESS),
     "sampler-drop-last": NotApplied(ONE_PROCESS),
     "ddp-find-unused": NotApplied(ONE_PROCESS),
     "python-in-step": NotApplied(STEP_CODE),

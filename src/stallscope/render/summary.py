@@ -208,7 +208,7 @@ def _rank_dict(r: Any) -> dict[str, Any]:
         "samples_per_s": round(r.samples_per_s, 3) if r.samples_per_s is not None else None,
         "median_step_s": r.median_step_s, "own_step_s": r.own_step_s,
         "nodes": _nodes_dict(r.node_seconds),
-        "num_workers": r.num_workers, "sampler": r.sampler, "failed": r.failed,
+        "num_workers": r.num_workers, "sampler": r.sampler, "failed": r.failed, "node_cpus": r.node_cpus,
     }
 
 
@@ -220,7 +220,8 @@ def _distributed_dict(d: Any) -> dict[str, Any] | None:
         "straggler": None if d.straggler_rank is None else {
             "rank": d.straggler_rank, "node": d.straggler_stage, "part": d.straggler_part,
             "limiting_node": d.straggler_limit, "verdict": d.straggler_verdict,
-            "extra_s_per_step": round(d.straggler_extra_s, 6), "differs_s_per_step": d.straggler_differs_s},
+            "extra_s_per_step": round(d.straggler_extra_s, 6), "differs_s_per_step": d.straggler_differs_s,
+            "cpus": d.straggler_cpus},
         "sync_fraction_by_rank": {str(k): v for k, v in d.waiting.items()},
         "skew_s": {"median": d.skew_median_s, "p90": d.skew_p90_s},
         "step_skew_s": d.step_skew_s,

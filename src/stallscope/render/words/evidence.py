@@ -107,12 +107,25 @@ def straggler_short(findings: Any) -> str:
     """``storage: +25.9 ms a step over the others``: the straggler's cause in a few words (terminal, HTML)."""
     extra = findings.straggler_differs_s.get(findings.straggler_stage)
     part = f", {PART_LABELS.get(findings.straggler_part, findings.straggler_part)}" if findings.straggler_part else ""
+    cpus = getattr(findings, "straggler_cpus", None)
+    short = f"; {cpus['rank']:.3g} CPUs on its node against {cpus['others']:.3g}" if cpus else ""
     if extra is None:
-        return f"{findings.straggler_stage}{part}"
-    return f"{findings.straggler_stage}{part}: +{1000 * extra:.1f} ms a step over the others"
+        return f"{findings.straggler_stage}{part}{short}"
+    return f"{findings.straggler_stage}{part}: +{1000 * extra:.1f} ms a step over the others{short}"
 
 
 def straggler_cause(findings: Any, summaries: list[Any]) -> str:
+    """Where the straggler's own time differs from the other ranks', with its data wait against theirs; its own
+    largest stage where that is another; and its node's CPUs where it has fewer than the others'."""
+    said = _straggler_stage_cause(findings, summaries)
+    cpus = getattr(findings, "straggler_cpus", None)
+    if cpus:
+        said += (f"; its node gives it {cpus['rank']:.3g} CPUs against {cpus['others']:.3g} on the others' (affinity "
+                 "and cgroup quota), so all its CPU work is slower")
+    return said
+
+
+def _straggler_stage_cause(findings: Any, summaries: list[Any]) -> str:
     """Where the straggler's own time differs from the other ranks', with its data wait against theirs; its own
     largest stage where that is another."""
     by_rank = {s.rank: s for s in summaries}

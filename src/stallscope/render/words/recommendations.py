@@ -307,6 +307,16 @@ def _wait_for_other_nodes(rec: Recommendation, f: dict[str, Any], o: dict[str, A
             f"step; {100 * f['own_share']:.0f}% is {'its' if len(here) == 1 else 'their'} own work")
 
 
+def _straggler_cpus(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    return (f"Give rank {f['rank']}'s node the CPUs the others have",
+            f"let the job use as many CPUs on {f['host']} as on the other nodes ({f['cpus']:.3g} now against "
+            f"{f['others_cpus']:.3g}): its CPU affinity (taskset, numactl), its cgroup's CPU quota (the container's "
+            "CPU limit, Kubernetes' resources.limits.cpu), or Slurm's --cpus-per-task",
+            f"rank {f['rank']} does {f['extra_ms']:.1f} ms more of its own work a step than the fastest rank, on "
+            f"{f['cpus']:.3g} CPUs where the others have {f['others_cpus']:.3g}: all its CPU work is slower, and "
+            "every other rank waits for it")
+
+
 #: recommendation id -> its words (title, change to make, reason)
 _SAYS = {
     "no-input-fix": _no_input_fix,
@@ -334,6 +344,7 @@ _SAYS = {
     "sampler-drop-last": _sampler_drop_last,
     "workers-per-node": _workers_per_node,
     "wait-for-other-nodes": _wait_for_other_nodes,
+    "straggler-cpus": _straggler_cpus,
     **compute.SAYS,
 }
 
