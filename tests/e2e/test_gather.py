@@ -248,3 +248,43 @@ def test_nodes_on_separate_hosts_are_gathered_over_the_jobs_address(tmp_path, ho
     # c10d numbers the ranks itself: the slow one is wherever rank count-1 ran
     straggler = summary["distributed"]["straggler"]
     assert (straggler["rank"], straggler["node"]) == (count - 1, "storage")
+
+
+@pytest.mark.parametrize("trouble", ["rendezvous-timeout", "store-unreachable"])
+def test_a_node_whose_job_never_met_keeps_its_session_and_exit_code(tmp_path, trouble):
+    """torchrun's c10d rendezvous that no other node joins (it times out), or whose store no node hosts (it cannot be
+    reached): torchrun fails before any rank starts; the node's launcher keeps its exit code and saves its session,
+    and has nothing to gather."""
+    conf = "join_timeout=10" if trouble == "rendezvous-timeout" else "is_host=0,timeout=10,read_timeout=10"
+    out = tmp_path / "s.json"
+    done = subprocess.run([sys.executable, "-m", "stallscope", "run", "--quiet", "--json", str(out), "--store",
+                           str(tmp_path / "store"), "--", sys.executable, "-m", "torch.distributed.run", "--nnodes",
+                           "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                           f"127.0.0.1:{free_port()}", "--rdzv_id", trouble, "--rdzv_conf", conf, DDP, "--samples",
+                           "64"], capture_output=True, text=True, timeout=240, check=False)
+    summary = json.loads(out.read_text())
+    assert done.returncode == summary["exit_code"] == 1, done.stderr[-3000:]
+    assert Path(summary["session"]).is_file() and summary["job"] is None
+    assert "merged" not in done.stderr and not (tmp_path / "store" / "jobs").exists()
+
+
+def test_ctrl_c_on_one_nodes_launcher_keeps_every_nodes_session_and_exit_code(tmp_path):
+    """SIGINT to node 1's launcher after its rank's third step (a terminal's Ctrl-C): node 1's job stops (torchrun
+    ends its rank and exits 1) and node 0's fails on the lost peer; each node keeps its session and its exit code, and
+    the job's report is gathered once, on whichever node hosted it (node 1 may already have left: then rank 1 is named
+    as having sent nothing)."""
+    port = free_port()
+    mark = tmp_path / "mark"
+    job = ["--samples", "4096", "--barrier", "--slow-rank", "1", "--slow-ms", "4", "--mark", str(mark)]
+    procs = [_start(tmp_path, n, 2, port, tmp_path / f"node{n}" / "store", *job, gather_wait=10) for n in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not Path(f"{mark}.1").exists():
+        assert time.monotonic() < deadline and procs[1].poll() is None, procs[1].communicate()[0]
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGINT)
+    outputs = _finish(procs)
+    own = [json.loads((tmp_path / f"node{n}" / "s.json").read_text()) for n in (0, 1)]
+    for proc, summary in zip(procs, own):
+        assert proc.returncode == summary["exit_code"] != 0 and Path(summary["session"]).is_file(), outputs
+    _, path = _merged(outputs)
+    assert _summary(path)["job"]["missing_ranks"] in ([], [1])
