@@ -37,6 +37,14 @@ export PYTHONUNBUFFERED=1
 LOG="$OUT/log.txt"
 step() { echo; echo "=== $* ($(date +%T))"; }
 want() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
+# compute_with_set NAME MODE --set ...: the compute job of MODE under a finding's own --set, its summary in
+# $WORK/compute-NAME.json (each caller then checks the finding went quiet)
+compute_with_set() {
+  local name=$1 mode=$2
+  shift 2
+  timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" --json "$WORK/compute-$name.json" "$@" -- \
+    python3 tests/scripts/gpu_compute_job.py --mode "$mode" --steps 120 >/dev/null 2>&1
+}
 {
   step "environment (steps: $STEPS)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -119,9 +127,7 @@ for mode, ids in want.items():
           f"{sorted(missing)}, should not be there {sorted(wrong)}")
 PY
     echo "--- mode alloc with the allocator finding's own change, --set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-    timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" --json "$WORK/compute-alloc-set.json" \
-      --set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- \
-      python3 tests/scripts/gpu_compute_job.py --mode alloc --steps 120 >/dev/null 2>&1
+    compute_with_set alloc-set alloc --set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     python3 - "$WORK" <<'PY'
 import json, sys
 s = json.load(open(f"{sys.argv[1]}/compute-alloc-set.json"))
@@ -130,9 +136,7 @@ ok = s["overrides"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} a
 print(("OK  " if ok else "FAIL") + f" alloc with expandable segments: overrides {s['overrides']}, findings {ids}")
 PY
     echo "--- mode conv with the tf32 and cudnn-benchmark findings' own --set: measured against the plain conv run"
-    timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" --json "$WORK/compute-conv-set.json" \
-      --set matmul_precision=high --set cudnn_benchmark=true -- \
-      python3 tests/scripts/gpu_compute_job.py --mode conv --steps 120 >/dev/null 2>&1
+    compute_with_set conv-set conv --set matmul_precision=high --set cudnn_benchmark=true
     python3 - "$WORK" <<'PY'
 import json, sys
 plain, changed = (json.load(open(f"{sys.argv[1]}/compute-{name}.json")) for name in ("conv", "conv-set"))
@@ -143,9 +147,7 @@ print(("OK  " if ok else "FAIL") + f" conv with --set matmul_precision=high cudn
       f"{rate(changed):.1f} steps/s ({rate(changed) / rate(plain):.2f}x, one pair), findings now {ids}")
 PY
     echo "--- mode conv with the mixed-precision and channels-last findings' own --set: against the plain conv run"
-    timeout -k 5 35 python3 -m stallscope run --quiet --store "$WORK/store" --json "$WORK/compute-conv-numerics.json" \
-      --set autocast=bfloat16 --set channels_last=true -- \
-      python3 tests/scripts/gpu_compute_job.py --mode conv --steps 120 >/dev/null 2>&1
+    compute_with_set conv-numerics conv --set autocast=bfloat16 --set channels_last=true
     python3 - "$WORK" <<'PY'
 import json, sys
 plain, changed = (json.load(open(f"{sys.argv[1]}/compute-{name}.json")) for name in ("conv", "conv-numerics"))
