@@ -166,3 +166,17 @@ def test_compute_that_grows_as_the_gpu_clocks_down_names_the_clocks():
     steady = over_time(_session(rates, parts=_compute_grows, batch_bytes=lambda i: 4096.0,
                                 gpu_clock=lambda i: 1980.0), PID).change
     assert steady is not None and steady.cause == "compute"
+
+
+def test_every_cause_of_a_change_over_time_has_its_words():
+    from types import SimpleNamespace
+
+    from stallscope.render.words.over_time import _CAUSES, _cause
+
+    evidence = {"disk_read_bytes_per_s": [1 << 20, 50 << 20], "iowait_percent": [1, 30], "fetch_ms": [2.0, 9.0],
+                "gc_ms": [0.1, 3.0], "rss_bytes": [100 << 20, 900 << 20], "batch_bytes": [1 << 20, 3 << 20],
+                "gpu_mhz": [1980, 1410], "cpu_mhz": [3000, 2900]}
+    said = {cause: _cause(SimpleNamespace(cause=cause, evidence=evidence)) for cause in _CAUSES}
+    assert all(said.values()) and len(set(said.values())) == len(said)
+    assert "50.0 MiB/s, iowait 1% -> 30%" in said["page-cache"] and "1,980 -> 1,410 MHz" in said["clocks"]
+    assert _cause(SimpleNamespace(cause="unknown", evidence={})) == ""

@@ -3,6 +3,7 @@ the step that changed and its cause; memory that kept growing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from stallscope.render.words.phrases import MIB, PART_LABELS
@@ -22,51 +23,69 @@ def _size(nbytes: float) -> str:
     return f"{nbytes / MIB:,.1f} MiB" if nbytes >= MIB else f"{nbytes / 1024:,.1f} KiB"
 
 
+def _page_cache(ev: dict[str, Any]) -> str:
+    a, b = ev["disk_read_bytes_per_s"]
+    iowait = ev.get("iowait_percent")
+    waited = f", iowait {iowait[0]:.0f}% -> {iowait[1]:.0f}%" if iowait else ""
+    return (f"the machine now reads the data from disk ({a / MIB:.1f} -> {b / MIB:.1f} MiB/s{waited}): the page "
+            "cache no longer holds the dataset, which outgrew the memory the cache may use; give the job more "
+            "memory, or read a smaller or packed copy of the data (stallscope pack), or from faster storage")
+
+
+def _input(ev: dict[str, Any]) -> str:
+    fetch = ev.get("fetch_ms")
+    took = f" (a batch took {fetch[0]:.1f} -> {fetch[1]:.1f} ms to load)" if fetch else ""
+    return f"the input pipeline got slower{took}: the data changed, or the storage under it slowed"
+
+
+def _gc(ev: dict[str, Any]) -> str:
+    a, b = ev["gc_ms"]
+    memory = ev.get("rss_bytes")
+    grew = f", its memory {memory[0] / MIB:,.0f} -> {memory[1] / MIB:,.0f} MiB" if memory else ""
+    return (f"the garbage collector takes {a:.2f} -> {b:.2f} ms per step{grew}: the loop keeps more Python "
+            "objects alive at every step (a list that grows, a cache without a bound), and every full collection "
+            "walks them all; bound what the loop keeps, or gc.freeze() what must stay")
+
+
+def _memory_growth(ev: dict[str, Any]) -> str:
+    a, b = ev["rss_bytes"]
+    return (f"the training process's memory kept growing ({a / MIB:,.0f} -> {b / MIB:,.0f} MiB): the loop keeps "
+            "more at every step (tensors kept in a list with their graphs, a cache without a bound), and the step "
+            "works over what it keeps or the garbage collector walks it at every collection; keep plain numbers "
+            "(loss.item(), or computed under torch.no_grad()) and bound what the loop keeps")
+
+
+def _data_growing(ev: dict[str, Any]) -> str:
+    a, b = ev["batch_bytes"]
+    return (f"the batches grew over the run ({_size(a)} -> {_size(b)} a batch): the data changed (longer "
+            "sequences, larger images, a curriculum), and the step's time follows the data it is given; where "
+            "that is not meant, look at the dataset's order (sorted by length?) or the padding; where it is, "
+            "bucket by length so each batch pads less")
+
+
+def _clocks(ev: dict[str, Any]) -> str:
+    said = [f"{name} {a:,.0f} -> {b:,.0f} MHz" for key, name in (("gpu_mhz", "the GPUs' SM clock"),
+                                                                    ("cpu_mhz", "the CPUs' clock"))
+            if (pair := ev.get(key)) and (a := pair[0]) and (b := pair[1]) < a]
+    return (f"the device slowed down ({', '.join(said)}): it throttles as it heats or meets its power limit, and "
+            "the same work takes longer; check its cooling and power limit (nvidia-smi -q -d PERFORMANCE names "
+            "the reason the GPU is held back)")
+
+
+#: an over-time change's cause -> its words, from the change's evidence
+_CAUSES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "page-cache": _page_cache, "input": _input, "gc": _gc, "memory-growth": _memory_growth,
+    "data-growing": _data_growing, "clocks": _clocks,
+    "compute": lambda ev: ("the model's forward and backward take longer per step for batches of the same size: a "
+                           "device that slowed (clocks falling as it heats) or inputs that grew inside the batch's "
+                           "fixed size"),
+    "step-code": lambda ev: "the step's own Python code takes longer per step",
+}
+
+
 def _cause(change: Any) -> str:
-    ev = change.evidence
-    if change.cause == "page-cache":
-        a, b = ev["disk_read_bytes_per_s"]
-        iowait = ev.get("iowait_percent")
-        waited = f", iowait {iowait[0]:.0f}% -> {iowait[1]:.0f}%" if iowait else ""
-        return (f"the machine now reads the data from disk ({a / MIB:.1f} -> {b / MIB:.1f} MiB/s{waited}): the page "
-                "cache no longer holds the dataset, which outgrew the memory the cache may use; give the job more "
-                "memory, or read a smaller or packed copy of the data (stallscope pack), or from faster storage")
-    if change.cause == "input":
-        fetch = ev.get("fetch_ms")
-        took = f" (a batch took {fetch[0]:.1f} -> {fetch[1]:.1f} ms to load)" if fetch else ""
-        return f"the input pipeline got slower{took}: the data changed, or the storage under it slowed"
-    if change.cause == "gc":
-        a, b = ev["gc_ms"]
-        memory = ev.get("rss_bytes")
-        grew = f", its memory {memory[0] / MIB:,.0f} -> {memory[1] / MIB:,.0f} MiB" if memory else ""
-        return (f"the garbage collector takes {a:.2f} -> {b:.2f} ms per step{grew}: the loop keeps more Python "
-                "objects alive at every step (a list that grows, a cache without a bound), and every full collection "
-                "walks them all; bound what the loop keeps, or gc.freeze() what must stay")
-    if change.cause == "memory-growth":
-        a, b = ev["rss_bytes"]
-        return (f"the training process's memory kept growing ({a / MIB:,.0f} -> {b / MIB:,.0f} MiB): the loop keeps "
-                "more at every step (tensors kept in a list with their graphs, a cache without a bound), and the step "
-                "works over what it keeps or the garbage collector walks it at every collection; keep plain numbers "
-                "(loss.item(), or computed under torch.no_grad()) and bound what the loop keeps")
-    if change.cause == "data-growing":
-        a, b = ev["batch_bytes"]
-        return (f"the batches grew over the run ({_size(a)} -> {_size(b)} a batch): the data changed (longer "
-                "sequences, larger images, a curriculum), and the step's time follows the data it is given; where "
-                "that is not meant, look at the dataset's order (sorted by length?) or the padding; where it is, "
-                "bucket by length so each batch pads less")
-    if change.cause == "clocks":
-        said = [f"{name} {a:,.0f} -> {b:,.0f} MHz" for key, name in (("gpu_mhz", "the GPUs' SM clock"),
-                                                                        ("cpu_mhz", "the CPUs' clock"))
-                if (pair := ev.get(key)) and (a := pair[0]) and (b := pair[1]) < a]
-        return (f"the device slowed down ({', '.join(said)}): it throttles as it heats or meets its power limit, and "
-                "the same work takes longer; check its cooling and power limit (nvidia-smi -q -d PERFORMANCE names "
-                "the reason the GPU is held back)")
-    if change.cause == "compute":
-        return ("the model's forward and backward take longer per step for batches of the same size: a device that "
-                "slowed (clocks falling as it heats) or inputs that grew inside the batch's fixed size")
-    if change.cause == "step-code":
-        return "the step's own Python code takes longer per step"
-    return ""
+    words = _CAUSES.get(change.cause)
+    return words(change.evidence) if words else ""
 
 
 def change(found: Any, origin_ns: int) -> str:
