@@ -346,3 +346,35 @@ def test_a_straggler_on_a_node_with_fewer_cpus_is_named_by_them_with_the_jobs_ga
     even = analyze(merge_sessions([fast, dataclasses.replace(slow, checks=[_cpus_check(1, None)])]))
     assert even.distributed.straggler_rank == 1 and even.distributed.straggler_cpus is None
     assert "straggler-cpus" not in [r.id for r in even.recommendations]
+
+
+def _turns(pid: int, rank: int, works_ms: list[int], step_ms: int = 20) -> dict[str, list]:
+    """A rank whose own work a step is ``works_ms[i]`` and which waits in DDP's all-reduce for the rest of a
+    ``step_ms`` step (the slowest rank's pace)."""
+    nexts, opts, colls = [], [], []
+    t = 0
+    for work in works_ms:
+        nexts.append(NextRecord(0, 0, 0, t, t + MS, -1, 8, pid))
+        end_work = t + (1 + work) * MS
+        colls.append(CollectiveRecord("ddp.allreduce", -1, end_work - 2 * MS, t + (step_ms - 1) * MS, pid,
+                                      enter_ns=end_work - 4 * MS))
+        opts.append(OptimizerStepRecord(1, "SGD", t + (step_ms - 1) * MS, t + step_ms * MS, pid))
+        t += step_ms * MS
+    return {"nexts": nexts, "optimizer_steps": opts, "collectives": colls,
+            "loaders": [LoaderRecord(0, pid, 0, "train.py:1", dict(CONFIG), {})],
+            "processes": [ProcessRecord(pid, 1, "rank", [], 0, 0)],
+            "ranks": [RankRecord(pid, rank, rank, 2, 0, "a", "gloo", -5 * MS, -MS)]}
+
+
+def test_a_slowest_rank_that_moves_from_step_to_step_is_said_as_uneven_work_not_a_slow_node():
+    from stallscope.render import words
+
+    steps = 20
+    moving = analyze(_session(_turns(100, 0, [17 if i % 2 else 4 for i in range(steps)]),
+                              _turns(200, 1, [4 if i % 2 else 17 for i in range(steps)])))
+    d = moving.distributed
+    assert d.slowest_moves and set(d.slowest_share) == {0, 1} and max(d.slowest_share.values()) < 0.6
+    assert any("the slowest rank moves from step to step" in line for line in words.evidence(moving))
+    steady = analyze(_session(_turns(100, 0, [4] * steps), _turns(200, 1, [17] * steps)))
+    assert not steady.distributed.slowest_moves and steady.distributed.slowest_share[1] == 1.0
+    assert steady.distributed.straggler_rank == 1

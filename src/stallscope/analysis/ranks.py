@@ -34,6 +34,11 @@ WAITING_AT = 0.10  # the other ranks must spend at least this share of their ste
 #: A straggler whose node gives it at most this share of the CPUs the other ranks' nodes give them is short of CPUs:
 #: all its CPU work is slower, whichever stage shows it most.
 FEWER_CPUS_AT = 0.8
+#: The slowest rank "moves" where no rank is the slowest in this share of the steps or more (two ranks that take
+#: turns at random come out near one half each) and the ranks reach a step far enough apart to matter
+#: (``STRAGGLER_AT`` of the step at the median).
+SLOWEST_MOVES_BELOW = 0.6
+MOVES_MIN_STEPS = 8
 SYNC_BOUND_AT = 0.30
 INPUT_STAGES = ("storage", "decode", "transform", "loader")
 
@@ -85,6 +90,11 @@ class DistributedFindings:
     straggler_differs_s: dict[str, float] = field(default_factory=dict)
     #: where the straggler's node gives it fewer CPUs than the others' nodes: {"rank": its, "others": their median}
     straggler_cpus: dict[str, float] | None = None
+    #: rank -> share of the aligned steady steps in which it did the most of its own work
+    slowest_share: dict[int, float] = field(default_factory=dict)
+    #: no rank is the slowest in most steps, yet the ranks wait for each other: uneven work per sample (a data
+    #: problem), not a slow node
+    slowest_moves: bool = False
 
 
 def job_of(session: Session) -> dict[str, Any] | None:
@@ -241,7 +251,8 @@ def job_findings(summaries: list[RankSummary], analyses: dict[int, Analysis]) ->
     hosts = sorted({s.host for s in summaries})
     timed = [s for s in summaries if s.own_step_s is not None]
     waiting = {s.rank: round(s.sync_fraction, 4) for s in summaries}
-    skews = _step_skews({s.rank: _own_times(analyses[s.rank]) for s in timed})
+    own = {s.rank: _own_times(analyses[s.rank]) for s in timed}
+    skews, shares = _step_skews(own), _slowest_shares(own)
     straggler: RankSummary | None = None
     extra = 0.0
     if len(timed) >= 2:
@@ -268,7 +279,15 @@ def job_findings(summaries: list[RankSummary], analyses: dict[int, Analysis]) ->
         step_skew_s=[round(v, 6) for v in skews],
         straggler_part=part, straggler_limit=straggler.bottleneck_node if straggler else None,
         straggler_differs_s=differs, straggler_cpus=_fewer_cpus(straggler, summaries) if straggler else None,
+        slowest_share=shares, slowest_moves=_moves(shares, skews, timed),
     )
+
+
+def _moves(shares: dict[int, float], skews: list[float], timed: list[RankSummary]) -> bool:
+    if len(skews) < MOVES_MIN_STEPS or not shares:
+        return False
+    job_step = statistics.median(s.median_step_s or 0.0 for s in timed)
+    return max(shares.values()) < SLOWEST_MOVES_BELOW and statistics.median(skews) >= STRAGGLER_AT * job_step
 
 
 def _fewer_cpus(slow: RankSummary, summaries: list[RankSummary]) -> dict[str, float] | None:
@@ -278,6 +297,17 @@ def _fewer_cpus(slow: RankSummary, summaries: list[RankSummary]) -> dict[str, fl
         return None
     median = statistics.median(theirs)
     return {"rank": slow.node_cpus, "others": median} if slow.node_cpus <= FEWER_CPUS_AT * median else None
+
+
+def _slowest_shares(own: dict[int, dict[int, float]]) -> dict[int, float]:
+    """rank -> the share of the steps present on every rank in which it did the most of its own work."""
+    if len(own) < 2:
+        return {}
+    common = sorted(set.intersection(*(set(times) for times in own.values())))
+    if not common:
+        return {}
+    counts = Counter(max(own, key=lambda rank: own[rank][i]) for i in common)
+    return {rank: round(counts.get(rank, 0) / len(common), 4) for rank in sorted(own)}
 
 
 def _step_skews(own: dict[int, dict[int, float]]) -> list[float]:

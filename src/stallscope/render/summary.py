@@ -223,6 +223,8 @@ def _distributed_dict(d: Any) -> dict[str, Any] | None:
             "extra_s_per_step": round(d.straggler_extra_s, 6), "differs_s_per_step": d.straggler_differs_s,
             "cpus": d.straggler_cpus},
         "sync_fraction_by_rank": {str(k): v for k, v in d.waiting.items()},
+        "slowest_share_by_rank": {str(k): v for k, v in d.slowest_share.items()},
+        "slowest_moves": d.slowest_moves,
         "skew_s": {"median": d.skew_median_s, "p90": d.skew_p90_s},
         "step_skew_s": d.step_skew_s,
     }

@@ -171,6 +171,13 @@ def _rank_evidence(analysis: Analysis) -> list[str]:
     elif len(summaries) > 1:
         lines.append(f"no straggler across {len(summaries)} ranks: per-step skew median "
                      f"{1000 * (findings.skew_median_s or 0):.1f} ms")
+    if getattr(findings, "slowest_moves", False):
+        top = sorted(findings.slowest_share.items(), key=lambda kv: -kv[1])[:4]
+        said = ", ".join(f"rank {rank} in {100 * share:.0f}%" for rank, share in top)
+        lines.append(f"the slowest rank moves from step to step (slowest: {said} of the steps), the ranks "
+                     f"{1000 * (findings.skew_median_s or 0):.1f} ms apart at the median: uneven work per batch "
+                     "(sample sizes, augmentation, a shard's files), not a slow node; even it out across ranks "
+                     "(bucket by size, shuffle the shards) rather than change one node")
     return lines
 
 
