@@ -215,10 +215,12 @@ def hosts():
             subprocess.run(step, capture_output=True, check=False)
 
 
-@pytest.mark.parametrize("count,rendezvous", [(2, "static"), (3, "c10d")])
-def test_nodes_on_separate_hosts_are_gathered_over_the_jobs_address(tmp_path, hosts, count, rendezvous):
-    """Each node on its own "host" with its own store: the node that owns the job's address hosts the gathering
-    once torchrun there has let the port go; the others can only reach it over the link."""
+@pytest.mark.parametrize("count,rendezvous,shared", [(2, "static", False), (3, "c10d", False), (2, "c10d", True)],
+                         ids=["2-static-apart", "3-c10d-apart", "2-c10d-shared"])
+def test_nodes_on_separate_hosts_are_gathered_over_the_jobs_address(tmp_path, hosts, count, rendezvous, shared):
+    """Each node on its own "host". With its own store, the node that owns the job's address hosts the gathering
+    once torchrun there has let the port go, and the others can only reach it over the link; with one store folder
+    the hosts share (a shared file system), the last node to finish merges there."""
     machines = hosts(count)
     port = free_port()
     where = (["--master_addr", machines[0].address, "--master_port", str(port)] if rendezvous == "static" else
@@ -228,8 +230,9 @@ def test_nodes_on_separate_hosts_are_gathered_over_the_jobs_address(tmp_path, ho
         cwd = tmp_path / f"node{node}"
         cwd.mkdir()
         rank_args = ["--node_rank", str(node)] if rendezvous == "static" else []
+        store = tmp_path / "shared-store" if shared else cwd / "store"
         cmd = [sys.executable, "-m", "stallscope", "run", "--quiet", "--json", str(cwd / "s.json"), "--store",
-               str(cwd / "store"), "--gather-wait", "90", "--", sys.executable, "-m", "torch.distributed.run",
+               str(store), "--gather-wait", "90", "--", sys.executable, "-m", "torch.distributed.run",
                "--nnodes", str(count), *rank_args, "--nproc_per_node", "1", *where, DDP, "--samples",
                str(128 * count), "--barrier", "--slow-rank", str(count - 1), "--slow-ms", "4"]
         env = {**os.environ, "GLOO_SOCKET_IFNAME": host.device}  # gloo's own address: the link's
@@ -238,10 +241,11 @@ def test_nodes_on_separate_hosts_are_gathered_over_the_jobs_address(tmp_path, ho
     outputs = _finish(procs)
     assert [p.returncode for p in procs] == [0] * count, outputs
     merger, path = _merged(outputs)
-    assert path.is_relative_to(tmp_path / f"node{merger}" / "store"), outputs
+    assert path.is_relative_to(tmp_path / "shared-store" if shared else tmp_path / f"node{merger}" / "store"), outputs
     for node, out in enumerate(outputs):
         if node != merger:
-            assert "the job's report was merged on" in out and str(path) in out, out
+            assert (("the job's report was merged on" in out and str(path) in out)
+                    or (shared and "another node of the job is merging it" in out)), out
     summary = _summary(path)
     assert [r["rank"] for r in summary["ranks"]] == list(range(count)) and summary["job"]["missing_ranks"] == []
     assert sorted(n["host"] for n in summary["job"]["nodes"]) == sorted(h.name for h in machines)
