@@ -129,3 +129,17 @@ def test_a_node_stopped_by_its_user_or_scheduler_does_not_wait_to_gather(tmp_pat
     done = gather(node, _saved(tmp_path, node), tmp_path, wait_s=60, grace_s=60)
     assert done is not None and done.merged is None and "not gathered" in done.lines[0]
     assert not (tmp_path / "jobs").exists()
+
+
+def test_torchrun_on_one_node_has_nothing_to_gather_whatever_ranks_its_session_lacks(tmp_path):
+    from stallscope.gather import one_node_launch
+
+    py = "/usr/bin/python3"
+    assert one_node_launch([py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "t.py"])
+    assert one_node_launch(["torchrun", "--nnodes=1", "--nproc-per-node=4", "t.py"])
+    assert one_node_launch(["/opt/bin/torchrun", "--nnodes", "1:1", "t.py"])
+    assert not one_node_launch(["torchrun", "--nnodes", "2", "--node_rank", "0", "t.py"])
+    assert not one_node_launch([py, "t.py", "--standalone"]) and not one_node_launch([])
+    node = _of_job(_node(100, 0, 0), address=f"127.0.0.1:{free_port()}")
+    alone = dataclasses.replace(node, command=["torchrun", "--standalone", "--nproc_per_node", "2", "t.py"])
+    assert gather(alone, _saved(tmp_path, alone), tmp_path, wait_s=60) is None

@@ -31,12 +31,25 @@ FAILED_JOB_WAIT_S = 30.0
 SHARED_FOLDER_GRACE_S = 5.0
 
 
+def one_node_launch(command: list[str]) -> bool:
+    """The command is torchrun on one node (``--standalone``, ``--nnodes 1``): a rank missing from its session was
+    not recorded (a process Python started with -I, say), not on another node, so there is nothing to wait for."""
+    words = [w for arg in command for w in arg.split("=", 1)] if command else []
+    if not any(Path(w).name == "torchrun" or w == "torch.distributed.run" for w in words):
+        return False
+    if "--standalone" in words:
+        return True
+    if "--nnodes" in words and words.index("--nnodes") + 1 < len(words):
+        return words[words.index("--nnodes") + 1] in ("1", "1:1")
+    return False
+
+
 def gather(session: Session, session_path: Path, store: Path, *, wait_s: float = DEFAULT_WAIT_S,
            say: Callable[[str], None] = lambda line: None, clock: Callable[[], float] = time.monotonic,
            grace_s: float = SHARED_FOLDER_GRACE_S) -> Gathered | None:
     """Gather this node's job: None where the session holds the whole job (nothing to gather)."""
     part = part_of(session, session_path, store)
-    if part is None:
+    if part is None or one_node_launch(session.command):
         return None
     if not part.job:
         return Gathered([f"this node's session holds rank(s) {list(part.ranks)} of the job's {part.world}, but the "
