@@ -75,4 +75,4 @@ def gather(session: Session, session_path: Path, store: Path, *, wait_s: float =
                          "MASTER_ADDR to meet at: merge the nodes' sessions with stallscope merge"])
     from stallscope.gather.network import exchange  # torch's TCPStore: only for a job that has ranks elsewhere
 
-    return exchange(part, session_path, store, folder, deadline=start + wait_s, say=say, clock=clock)
+    return exchange(part, session_path, store, folder, wait_s=wait_s, say=say, clock=clock)

@@ -71,9 +71,11 @@ def _reachable(host: str, port: int) -> bool:
         return False
 
 
-def exchange(part: Part, session_path: Path, store: Path, folder: Path, *, deadline: float,
+def exchange(part: Part, session_path: Path, store: Path, folder: Path, *, wait_s: float,
              say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> Gathered:
-    """Host the exchange where this node owns the job's address, else hand this node's session to the host."""
+    """Host the exchange where this node owns the job's address, else hand this node's session to the host; for
+    ``wait_s`` from when torch's store is ready here (importing torch takes seconds on a loaded machine), with one
+    try at least."""
     assert part.address is not None
     host, _, port_text = part.address.rpartition(":")
     port, prefix = int(port_text), f"stallscope/gather/{part.job}/"
@@ -81,7 +83,9 @@ def exchange(part: Part, session_path: Path, store: Path, folder: Path, *, deadl
     blob = encode(part, session_path)
     client: Any = None
     sent, last_said, started = False, clock(), clock()
-    while clock() < deadline:
+    deadline, tries = started + wait_s, 0
+    while clock() < deadline or not tries:
+        tries += 1
         if peers := peers_in_folder(folder, part):  # the folder was shared after all
             return shared_folder(store, folder, [part, *peers])
         if clock() - last_said >= PROGRESS_EVERY_S:
