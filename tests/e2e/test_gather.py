@@ -95,17 +95,25 @@ def test_a_job_on_several_nodes_is_gathered_into_one_report(tmp_path, nodes, sha
         (f"port={port}", [n], nodes) for n in range(nodes)]
 
 
+def _two_nodes_past_step_3(tmp_path: Path, gather_wait: float) -> list[subprocess.Popen[str]]:
+    """Two nodes with their own stores, a long job (rank 1 slowed), once node 1's rank has taken 3 steps."""
+    port, mark = free_port(), tmp_path / "mark"
+    job = ["--samples", "4096", "--barrier", "--slow-rank", "1", "--slow-ms", "4", "--mark", str(mark)]
+    procs = [_start(tmp_path, n, 2, port, tmp_path / f"node{n}" / "store", *job, gather_wait=gather_wait)
+             for n in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not Path(f"{mark}.1").exists():
+        if time.monotonic() > deadline or procs[1].poll() is not None:
+            _finish(procs, timeout=1)  # ends them all, saying what they printed
+            pytest.fail("node 1's rank never took 3 steps")
+        time.sleep(0.2)
+    return procs
+
+
 def test_a_node_killed_mid_run_is_named_in_the_job_report(tmp_path):
     """Node 1's launcher and everything under it are killed (SIGKILL) after its rank took 3 steps: node 0's job
     fails on the lost peer, keeps its exit code, and its report names rank 1 as having sent nothing."""
-    port = free_port()
-    mark = tmp_path / "mark"
-    job = ["--samples", "4096", "--barrier", "--slow-rank", "1", "--slow-ms", "4", "--mark", str(mark)]
-    procs = [_start(tmp_path, n, 2, port, tmp_path / f"node{n}" / "store", *job, gather_wait=8) for n in (0, 1)]
-    deadline = time.monotonic() + 240
-    while not Path(f"{mark}.1").exists():
-        assert time.monotonic() < deadline and procs[1].poll() is None, procs[1].communicate()[0]
-        time.sleep(0.2)
+    procs = _two_nodes_past_step_3(tmp_path, gather_wait=8)
     os.killpg(procs[1].pid, signal.SIGKILL)
     procs[1].wait()
     out = _finish(procs[:1])[0]
@@ -277,14 +285,7 @@ def test_ctrl_c_on_one_nodes_launcher_keeps_every_nodes_session_and_exit_code(tm
     ends its rank and exits 1) and node 0's fails on the lost peer; each node keeps its session and its exit code, and
     the job's report is gathered once, on whichever node hosted it (node 1 may already have left: then rank 1 is named
     as having sent nothing)."""
-    port = free_port()
-    mark = tmp_path / "mark"
-    job = ["--samples", "4096", "--barrier", "--slow-rank", "1", "--slow-ms", "4", "--mark", str(mark)]
-    procs = [_start(tmp_path, n, 2, port, tmp_path / f"node{n}" / "store", *job, gather_wait=10) for n in (0, 1)]
-    deadline = time.monotonic() + 240
-    while not Path(f"{mark}.1").exists():
-        assert time.monotonic() < deadline and procs[1].poll() is None, procs[1].communicate()[0]
-        time.sleep(0.2)
+    procs = _two_nodes_past_step_3(tmp_path, gather_wait=10)
     procs[1].send_signal(signal.SIGINT)
     outputs = _finish(procs)
     own = [json.loads((tmp_path / f"node{n}" / "s.json").read_text()) for n in (0, 1)]
