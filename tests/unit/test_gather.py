@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,24 @@ def test_torchrun_on_one_node_has_nothing_to_gather_whatever_ranks_its_session_l
     node = _of_job(_node(100, 0, 0), address=f"127.0.0.1:{free_port()}")
     alone = dataclasses.replace(node, command=["torchrun", "--standalone", "--nproc_per_node", "2", "t.py"])
     assert gather(alone, _saved(tmp_path, alone), tmp_path, wait_s=60) is None
+
+
+def test_a_node_hosting_on_the_network_leaves_the_merge_to_a_shared_folder_found_later(tmp_path):
+    """Node 0 finishes first, sees no other note within its look at the folder and hosts on the network; node 1
+    finishes later in the same store folder, finds node 0's note there and merges: node 0 stops hosting (it does not
+    wait out its 60 s), and the job is merged once."""
+    pytest.importorskip("torch.distributed")
+    address = f"127.0.0.1:{free_port()}"
+    first, last = (_of_job(_node(100, rank, rank * S), address=address) for rank in (0, 1))
+    first_path, last_path = _saved(tmp_path, first), _saved(tmp_path, last)
+    results: dict[str, object] = {}
+    hosting = threading.Thread(target=lambda: results.update(
+        first=gather(first, first_path, tmp_path, wait_s=60, grace_s=0.2)))
+    hosting.start()
+    time.sleep(3)  # node 0 is hosting by now
+    results["last"] = gather(last, last_path, tmp_path, wait_s=60, grace_s=0.2)
+    hosting.join(30)
+    assert not hosting.is_alive()
+    merged = [r for r in results.values() if r.merged is not None]
+    assert len(merged) == 1 and [r.rank for r in merged[0].merged.ranks] == [0, 1]
+    assert len(list((tmp_path / "jobs" / "port=1234").glob("*.session.json"))) == 1

@@ -98,7 +98,7 @@ def exchange(part: Part, session_path: Path, store: Path, folder: Path, *, wait_
             except RuntimeError:  # the port is still torchrun's, or another local launcher hosts
                 server = None
             if server is not None:
-                return _host(server, prefix, part, Session.load(session_path), folder, deadline, say, clock)
+                return _host(server, prefix, part, Session.load(session_path), store, folder, deadline, say, clock)
         if not sent:
             if not _reachable(host, port):
                 time.sleep(1.0)
@@ -133,9 +133,11 @@ def exchange(part: Part, session_path: Path, store: Path, folder: Path, *, wait_
                      "merge the nodes' sessions with stallscope merge"])
 
 
-def _host(server: Any, prefix: str, part: Part, session: Session, folder: Path, deadline: float,
+def _host(server: Any, prefix: str, part: Part, session: Session, store: Path, folder: Path, deadline: float,
           say: Callable[[str], None], clock: Callable[[], float]) -> Gathered:
-    """Take the others' sessions until every rank is in or the wait ends, merge, and say where the report is."""
+    """Take the others' sessions until every rank is in or the wait ends, merge, and say where the report is. A
+    store folder found shared meanwhile (another node's note in it: a node that finished late) is left to merge
+    there, once."""
     server.set(prefix + "host", part.run_id)
     received: dict[str, tuple[Part, Session]] = {part.run_id: (part, session)}
     seen, started, last_said = 0, clock(), clock()
@@ -148,6 +150,8 @@ def _host(server: Any, prefix: str, part: Part, session: Session, folder: Path, 
                 other, theirs = decode(server.get(f"{prefix}part/{seen}"))
                 if belongs(part, other):
                     received[other.run_id] = (other, theirs)
+            if peers := peers_in_folder(folder, part):
+                return shared_folder(store, folder, [part, *peers])
             if clock() - last_said >= PROGRESS_EVERY_S:
                 last_said = clock()
                 waiting = missing_ranks([p for p, _ in received.values()])
