@@ -378,3 +378,32 @@ def test_a_slowest_rank_that_moves_from_step_to_step_is_said_as_uneven_work_not_
     steady = analyze(_session(_turns(100, 0, [4] * steps), _turns(200, 1, [17] * steps)))
     assert not steady.distributed.slowest_moves and steady.distributed.slowest_share[1] == 1.0
     assert steady.distributed.straggler_rank == 1
+
+
+def test_a_merged_job_of_nodes_with_several_ranks_has_a_row_per_node():
+    import io
+
+    from rich.console import Console
+
+    from stallscope.render import terminal
+    from stallscope.render.summary import summary_dict
+
+    def node(run_id: str, host: str, ranks: list[tuple[int, int, int]]) -> Session:
+        recs = []
+        for pid, rank, wait in ranks:
+            rec = _rank_records(pid, rank, wait_ms=wait, work_ms=5, sync_ms=40 - wait, host=host)
+            rec["ranks"] = [dataclasses.replace(r, world_size=4) for r in rec["ranks"]]
+            recs.append(rec)
+        return dataclasses.replace(_session(*recs, run_id=run_id), checks=[_cpus_check(8, None)])
+
+    merged = merge_sessions([node("n0", "h0", [(100, 0, 1), (101, 1, 1)]),
+                             node("n1", "h1", [(100, 2, 30), (101, 3, 1)])])
+    a = analyze(merged)
+    rows = a.distributed.nodes
+    assert [(r["host"], r["ranks"], r["cpus"]) for r in rows] == [("h0", [0, 1], 8.0), ("h1", [2, 3], 8.0)]
+    assert rows[1]["data_wait_fraction"] > rows[0]["data_wait_fraction"]
+    assert summary_dict(merged, a, None)["distributed"]["nodes"] == rows
+    out = io.StringIO()
+    terminal.render(merged, a, Console(file=out, width=140))
+    table = out.getvalue()
+    assert "node  host  ranks  CPUs" in table and "h1    2-3" in table

@@ -122,7 +122,8 @@ def analyze(session: Session) -> Analysis:
     per_rank = ranks_mod.analyze_ranks(session, _analyze_process, cpus)
     summaries = [ranks_mod.summarize_rank(record, analysis, session) for record, analysis in per_rank.values()]
     analyses = {rank: analysis for rank, (_, analysis) in per_rank.items()}
-    findings = ranks_mod.job_findings(summaries, analyses)
+    findings = dataclasses.replace(ranks_mod.job_findings(summaries, analyses),
+                                   nodes=ranks_mod.node_rows(session, summaries))
     primary = analyses[findings.primary_rank] if findings.primary_rank is not None else _analyze_process(session)
     if findings.straggler_rank is not None:
         primary = _straggler_analysis(session, per_rank[findings.straggler_rank][0], primary, findings, summaries,

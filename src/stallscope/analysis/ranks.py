@@ -95,6 +95,8 @@ class DistributedFindings:
     #: no rank is the slowest in most steps, yet the ranks wait for each other: uneven work per sample (a data
     #: problem), not a slow node
     slowest_moves: bool = False
+    #: one row per node (a merged job's node sessions; one node otherwise): ``node_rows``
+    nodes: list[dict[str, Any]] = field(default_factory=list)
 
 
 def job_of(session: Session) -> dict[str, Any] | None:
@@ -297,6 +299,26 @@ def _fewer_cpus(slow: RankSummary, summaries: list[RankSummary]) -> dict[str, fl
         return None
     median = statistics.median(theirs)
     return {"rank": slow.node_cpus, "others": median} if slow.node_cpus <= FEWER_CPUS_AT * median else None
+
+
+def node_rows(session: Session, summaries: list[RankSummary]) -> list[dict[str, Any]]:
+    """Per node (each node session a merged job was made of; the whole session otherwise): its host, ranks and CPUs,
+    its slowest rank's steps/s, its ranks' mean data wait and sync wait, and the stage that leads most of them."""
+    groups = [(n.get("host"), set(n.get("ranks", [])), n.get("cpus")) for n in session.clock_alignment] or [
+        (summaries[0].host if summaries else None, {s.rank for s in summaries}, None)]
+    rows = []
+    for host, ranks, cpus in groups:
+        mine = [s for s in summaries if s.rank in ranks]
+        if not mine:
+            rows.append({"host": host, "ranks": sorted(ranks), "cpus": cpus, "sent": False})
+            continue
+        stages = Counter(s.bottleneck_node for s in mine if s.bottleneck_node)
+        rows.append({"host": host, "ranks": sorted(s.rank for s in mine), "cpus": cpus, "sent": True,
+                     "steps_per_s": round(min(s.steps_per_s for s in mine), 3),
+                     "data_wait_fraction": round(statistics.fmean(s.data_wait_fraction for s in mine), 4),
+                     "sync_fraction": round(statistics.fmean(s.sync_fraction for s in mine), 4),
+                     "leading": stages.most_common(1)[0][0] if stages else None})
+    return rows
 
 
 def _slowest_shares(own: dict[int, dict[int, float]]) -> dict[int, float]:

@@ -225,6 +225,7 @@ def _distributed_dict(d: Any) -> dict[str, Any] | None:
         "sync_fraction_by_rank": {str(k): v for k, v in d.waiting.items()},
         "slowest_share_by_rank": {str(k): v for k, v in d.slowest_share.items()},
         "slowest_moves": d.slowest_moves,
+        "nodes": d.nodes,
         "skew_s": {"median": d.skew_median_s, "p90": d.skew_p90_s},
         "step_skew_s": d.step_skew_s,
     }

@@ -128,6 +128,22 @@ def render(session: Session, analysis: Analysis, console: Console | None = None,
         console.print(f"[dim]{label}: {escape(session_ref)}   re-render: {escape(again)}[/dim]", highlight=False)
 
 
+def _node_table(console: Console, nodes: list[dict]) -> None:
+    """One row per node of a merged job whose nodes hold several ranks each."""
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for name in ("node", "host", "ranks", "CPUs", "leading", "data wait", "sync", "steps/s"):
+        table.add_column(name, justify="left" if name in ("host", "ranks", "leading") else "right")
+    for i, n in enumerate(nodes):
+        held = f"{n['ranks'][0]}-{n['ranks'][-1]}" if len(n["ranks"]) > 1 else str(n["ranks"][0] if n["ranks"] else "-")
+        if not n.get("sent"):
+            table.add_row(str(i), Text(str(n["host"])), held, "-", "sent nothing", "-", "-", "-")
+            continue
+        table.add_row(str(i), Text(str(n["host"])), held, f"{n['cpus']:.3g}" if n.get("cpus") else "-",
+                      n.get("leading") or "-", f"{100 * n['data_wait_fraction']:.0f}%",
+                      f"{100 * n['sync_fraction']:.0f}%", f"{n['steps_per_s']:.2f}")
+    console.print(table)
+
+
 def _rank_table(console: Console, analysis: Analysis) -> None:
     """One row per rank: where its step time goes and what limits it."""
     dist = analysis.distributed
@@ -141,6 +157,8 @@ def _rank_table(console: Console, analysis: Analysis) -> None:
                       f"{100 * r.data_wait_fraction:.0f}%", f"{100 * r.sync_fraction:.0f}%",
                       f"{100 * compute:.0f}%", f"{r.steps_per_s:.2f}")
     console.print(table)
+    if dist is not None and len(dist.nodes) > 1 and any(len(n["ranks"]) > 1 for n in dist.nodes):
+        _node_table(console, dist.nodes)
     if dist is not None and dist.straggler_rank is not None:
         console.print(f"[bold]straggler:[/bold] rank {dist.straggler_rank} ({words.straggler_short(dist)}); the job's "
                       "figures below are this rank's")
