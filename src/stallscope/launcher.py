@@ -34,6 +34,7 @@ from stallscope import environment, paths
 from stallscope.collect import build_session
 from stallscope.constants import EVENTS_LOST_NOTE, HISTORY_FILENAME
 from stallscope.folding import FOLDED_DIR, FoldingThread
+from stallscope.job_names import run_label
 from stallscope.sample import SystemSampler
 from stallscope.session import Session
 from stallscope.settings import (
@@ -365,7 +366,7 @@ def new_run(store: str | os.PathLike[str] | None, command: list[str], overrides:
     never is): shared by :func:`launch` and the in-process recorder, so both describe a run alike. Raises
     :class:`LaunchError` when the store cannot be written, before anything runs."""
     store_dir = paths.store_dir(store)
-    run_id = paths.new_run_id()
+    run_id = paths.new_run_id(label=run_label(command))
     try:  # the store's own files only: a link planted in it that leads out is refused before anything runs
         run_dir = paths.store_path(store_dir, "runs", run_id)
         paths.store_path(store_dir, HISTORY_FILENAME)

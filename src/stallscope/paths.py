@@ -97,10 +97,11 @@ def report_command(session_file: str | os.PathLike[str], run_id: str) -> str:
     return f"stallscope report --store {shlex.quote(str(store))} {run_id}"
 
 
-def new_run_id(now: float | None = None) -> str:
-    """Sortable by time and unique across concurrent runs writing the same store."""
+def new_run_id(now: float | None = None, label: str | None = None) -> str:
+    """Sortable by time and unique across concurrent runs writing the same store; ``label`` (a job and node, see
+    ``job_names.run_label``) tells the nodes' runs of one job apart at a glance."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
-    return f"{stamp}-{secrets.token_hex(3)}"
+    return f"{stamp}-{label}-{secrets.token_hex(3)}" if label else f"{stamp}-{secrets.token_hex(3)}"
 
 
 def resolve_run(ref: str, store: Path) -> Path:

@@ -253,7 +253,7 @@ class RankRecord:
     backend: str | None = None
     init_start_ns: int | None = None
     init_end_ns: int | None = None
-    job: str | None = None  # the launcher's words for the job (recorder/distributed.job_identity)
+    job: str | None = None  # the launcher's words for the job (job_names.job_identity)
     store: str | None = None  # the job's store, ``MASTER_ADDR:MASTER_PORT`` (recorder/distributed.store_address)
 
 

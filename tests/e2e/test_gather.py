@@ -157,6 +157,7 @@ def test_srun_tasks_are_gathered_like_torchrun_nodes(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outputs
     own = [json.loads((tmp_path / f"node{n}" / "s.json").read_text()) for n in (0, 1)]
     assert [(s["job"]["id"], s["job"]["ranks_here"]) for s in own] == [("slurm=4242", [0]), ("slurm=4242", [1])]
+    assert [s["run_id"].split("-", 2)[2].rsplit("-", 1)[0] for s in own] == ["slurm-4242-task0", "slurm-4242-task1"]
     _, path = _merged(outputs)
     assert path.parent.name == "slurm=4242"
     summary = _summary(path)
@@ -260,6 +261,8 @@ def test_nodes_on_separate_hosts_are_gathered_over_the_jobs_address(tmp_path, ho
     # c10d numbers the ranks itself: the slow one is wherever rank count-1 ran
     straggler = summary["distributed"]["straggler"]
     assert (straggler["rank"], straggler["node"]) == (count - 1, "storage")
+    if rendezvous == "c10d":  # each node's run folder is named by the job (torchrun's run id)
+        assert all("-run-job-7-" in n["run_id"] for n in summary["job"]["nodes"]), summary["job"]["nodes"]
 
 
 @pytest.mark.parametrize("trouble", ["rendezvous-timeout", "store-unreachable"])

@@ -113,6 +113,9 @@ def test_a_real_srun_job_is_gathered_and_named_by_its_slurm_job_id(tmp_path, slu
     job_ids = {s["job"]["id"] for s in own}
     assert len(job_ids) == 1 and next(iter(job_ids)).startswith("slurm="), job_ids
     assert sorted(s["job"]["ranks_here"][0] for s in own) == [0, 1]
+    job_id = next(iter(job_ids)).split("=", 1)[1].split()[0]
+    assert sorted(s["run_id"].split("-", 2)[2].rsplit("-", 1)[0] for s in own) == [
+        f"slurm-{job_id}-task0", f"slurm-{job_id}-task1"]
     merged = list(tmp_path.glob("store*/jobs/slurm=*/*.session.json"))
     assert len(merged) == 1, done.stderr[-3000:]
     session = Session.load(merged[0])

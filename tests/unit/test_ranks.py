@@ -270,7 +270,7 @@ def test_merge_keeps_every_nodes_windows_and_folded_spans_on_the_reference_clock
 def test_merge_refuses_the_nodes_of_different_jobs():
     """Two runs of a job recorded one after the other share no rendezvous: merged, they made a 'clock offset' of
     minutes and a straggler that was not one."""
-    from stallscope.recorder.distributed import job_identity
+    from stallscope.job_names import job_identity
 
     def node(rank: int, world: int = 2, job: str | None = None, wall_s: float = 1e9) -> Session:
         s = _node(100 + rank, rank, 0)

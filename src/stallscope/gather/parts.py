@@ -24,7 +24,7 @@ JOBS = "jobs"
 @dataclass(frozen=True)
 class Part:
     """One node's share of a job: which ranks its session holds and where that session is."""
-    job: str  # the launcher's words for the job (recorder/distributed.job_identity)
+    job: str  # the launcher's words for the job (job_names.job_identity)
     world: int
     ranks: tuple[int, ...]
     host: str

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from stallscope.job_names import job_identity
 from stallscope.recorder import events
 from stallscope.settings import ENV_RANK_PID
 
@@ -53,17 +54,6 @@ def rank_from_env(env: os._Environ[str] | dict[str, str] | None = None) -> dict[
         }
     except ValueError:
         return None
-
-
-def job_identity(env: os._Environ[str] | dict[str, str] | None = None) -> str | None:
-    """What the launcher says the job is, as ``key=value`` words every rank of one job shares: torchrun's run id
-    (not its default ``none``), Slurm's job id, the rendezvous store's port (the address is left out: nodes may
-    name one host differently). ``merge`` refuses sessions whose words disagree."""
-    env = os.environ if env is None else env
-    words = [f"{key}={env[name]}" for key, name in (("run", "TORCHELASTIC_RUN_ID"), ("slurm", "SLURM_JOB_ID"),
-                                                     ("port", "MASTER_PORT"))
-             if env.get(name, "").strip() not in ("", "none")]
-    return " ".join(words) or None
 
 
 def store_address(env: os._Environ[str] | dict[str, str] | None = None, init_method: Any = None) -> str | None:
