@@ -434,7 +434,8 @@ def _stage_fixes(seconds: dict[str, float], train: LoaderSummary, model: Through
             continue
         halved = round(1.0 / (1.0 - share / 2), 2)
         if node == "decode":
-            recs.append(priced("reduced-size-decode", halved, {"share": share}))
+            crop = train.config.get("crop")
+            recs.append(priced("reduced-size-decode", halved, {"share": share, **({"crop": crop} if crop else {})}))
         elif node == "transform":
             cut = min(MAX_NORMALIZE_CUT, normalize_fraction(pipeline))
             if cut > 0.1:

@@ -220,6 +220,9 @@ def run(args: argparse.Namespace) -> int:
         resumed = f", resumed at source #{result.resumed_at}" if result.resumed_at else ""
         print(f"packed {result.records} images into {result.out} ({result.format}, "
               f"{result.bytes_out / 1e6:,.1f} MB) in {result.seconds:.1f} s, {rate:,.0f} img/s{resumed}")
+        if result.baseline:
+            print(f"{result.baseline} progressive JPEG(s) stored as sequential ones, losslessly: the same pixels, "
+                  "decoded 2-3x as fast")
     for problem in result.skipped + result.warnings:
         print(f"  {problem.line()}")
     if result.skipped:

@@ -48,6 +48,21 @@ def sniff_format(data: bytes) -> str | None:
 
 def jpeg_size(data: bytes) -> tuple[int, int]:
     """(width, height) from the first SOF segment of a JPEG."""
+    return _jpeg_frame(data)[1:]
+
+
+#: The frame markers of progressive JPEGs (Huffman and arithmetic coded).
+_PROGRESSIVE_SOF = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+
+
+def jpeg_is_progressive(data: bytes) -> bool:
+    """Whether a JPEG is progressive (its frame header is SOF2, 6, 10 or 14); raises :class:`HeaderError` as
+    :func:`jpeg_size` does."""
+    return _jpeg_frame(data)[0] in _PROGRESSIVE_SOF
+
+
+def _jpeg_frame(data: bytes) -> tuple[int, int, int]:
+    """(frame marker, width, height) from the first SOF segment of a JPEG."""
     if data[:3] != JPEG_MAGIC:
         raise HeaderError("not a JPEG (no SOI marker)")
     pos, end = 2, len(data)
@@ -73,7 +88,7 @@ def jpeg_size(data: bytes) -> tuple[int, int]:
             height, width = struct.unpack_from(">HH", data, pos + 3)
             if width == 0 or height == 0:
                 raise HeaderError("JPEG frame header with zero size")
-            return width, height
+            return marker, width, height
         pos += length
     raise HeaderError("JPEG without a frame header (truncated?)")
 

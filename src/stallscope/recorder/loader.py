@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any
 
 from stallscope.recorder import batches, events, importhook, step_parts, step_sampler, steps, workers
+from stallscope.recorder.crop_transform import training_crop
 from stallscope.recorder.overrides import apply_overrides
 
 _perf = time.perf_counter_ns
@@ -107,6 +108,12 @@ def _describe(loader: Any) -> dict[str, Any]:
     streaming = _streaming_cache(dataset)
     if streaming is not None:
         config["streaming_cache"] = streaming
+    try:  # the crop its transform takes: what `pack --max-side auto` sizes images for
+        crop = training_crop(dataset)
+    except Exception:
+        crop = None
+    if crop is not None:
+        config["crop"] = crop
     torch_import = importhook.import_seconds.get("torch")
     if torch_import is not None:
         config["torch_import_s"] = round(torch_import, 3)

@@ -106,6 +106,7 @@ class PackOptions:
         return {"format": self.format,
                 "max_side": self.crop_fit.describe() if self.crop_fit is not None else self.max_side,
                 "quality": self.quality,
+                "progressive": "stored sequential",
                 "shard_size": self.shard_size if self.format == "wds" else None}
 
 
@@ -122,6 +123,8 @@ class PackResult:
     resumed_at: int = 0
     already_complete: bool = False
     digest: str = ""
+    #: progressive JPEGs this run stored as sequential ones, losslessly (``prepare.sequential``)
+    baseline: int = 0
 
 
 #: progress(done_sources, total_sources, bytes_read_this_run)
@@ -398,7 +401,7 @@ def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, op
     limit = options.crop_fit if options.crop_fit is not None else options.max_side
     tasks = [(i, str(p), _name(p, sources.root), label, limit, options.quality)
              for i, (p, label) in enumerate(sources.samples)][resumed_at:]
-    next_key, bytes_in = int(state["next_key"]), 0
+    next_key, bytes_in, baseline = int(state["next_key"]), 0, 0
     stream = _prepared_stream(tasks, options.workers)
     try:
         for item in stream:
@@ -416,6 +419,7 @@ def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, op
                                                  item.width, item.height, item.source, shard, offset))
                 next_key += 1
                 bytes_in += len(item.data)
+                baseline += item.baseline
             if throttle:
                 time.sleep(throttle)
             if sink.should_checkpoint():
@@ -446,4 +450,4 @@ def _pack_locked(src: str | os.PathLike[str], sources: SourceList, out: Path, op
     bytes_out = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     return PackResult(out, options.format, len(records), [p for p in problems if p.action == "skipped"],
                       [p for p in problems if p.action == "kept"], bytes_in, bytes_out,
-                      time.perf_counter() - started, resumed_at, False, index.digest)
+                      time.perf_counter() - started, resumed_at, False, index.digest, baseline)

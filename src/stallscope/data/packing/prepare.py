@@ -13,7 +13,7 @@ from pathlib import Path
 
 from stallscope.data.crop_fit import CropFit
 from stallscope.data.files import FileChangedError, NotRegularFileError, describe, read_regular
-from stallscope.data.headers import HeaderError, read_header
+from stallscope.data.headers import HeaderError, jpeg_is_progressive, read_header
 
 #: Problems that make a file unusable: skipped by default, fatal with ``--strict``. ``not-a-file``: a device,
 #: FIFO, socket or folder (never opened); ``changed``: its size changed while it was read.
@@ -37,6 +37,8 @@ class Prepared:
     height: int = 0
     problem_kind: str = ""
     problem_detail: str = ""
+    #: a progressive JPEG stored as a sequential one (losslessly: ``sequential``)
+    baseline: bool = False
 
 
 def full_decode_check(data: bytes, is_jpeg: bool) -> None:
@@ -75,6 +77,20 @@ def shrink(data: bytes, max_side: int, quality: int) -> tuple[bytes, int, int]:
         return buf.getvalue(), rgb.size[0], rgb.size[1]
 
 
+def sequential(data: bytes) -> tuple[bytes, bool]:
+    """A progressive JPEG as a sequential one, losslessly (the same pixels, decoded 2-3 times as fast), and whether
+    it was rewritten; the bytes unchanged where the JPEG is sequential already or no TurboJPEG 3 library is
+    installed."""
+    from stallscope.data.turbo import TurboJpegError, to_baseline
+
+    try:
+        if not jpeg_is_progressive(data):
+            return data, False
+        return to_baseline(data), True
+    except (HeaderError, TurboJpegError):
+        return data, False
+
+
 def _size(path: str) -> str:
     try:
         return f"{os.stat(path).st_size:,} bytes"
@@ -108,16 +124,19 @@ def prepare(task: tuple[int, str, str, int, int | CropFit, int]) -> Prepared:
                         problem_detail=f"does not decode: {exc}")
     width, height, ext = header.width, header.height, _FORMAT_EXT.get(header.format, header.format)
     max_side = limit.longer_side(width, height) if isinstance(limit, CropFit) else limit
+    baseline = False
     if max_side and max(width, height) > max_side:
         data, width, height = shrink(data, max_side, quality)
         ext = "jpg"
         header_format = "jpeg"
     else:
         header_format = header.format
+        if header.is_jpeg:
+            data, baseline = sequential(data)
     kind = detail = ""
     claimed = _EXT_FORMATS.get(Path(name).suffix.lower())
     if claimed is not None and claimed != header.format:
         kind, detail = "extension-mismatch", f"named {Path(name).suffix} but holds {header.format.upper()}"
     elif header_format != "jpeg":
         kind, detail = "not-jpeg", f"{header.format.upper()}: decoded by the slower Pillow path"
-    return Prepared(position, name, label, data, ext, width, height, kind, detail)
+    return Prepared(position, name, label, data, ext, width, height, kind, detail, baseline)

@@ -154,10 +154,36 @@ def _pin_memory(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tu
             f"{100 * f['unpinned_fraction']:.0f}% of host-to-device bytes came from pageable memory")
 
 
+def pack_auto_flags(crop: dict[str, Any] | None) -> str:
+    """``pack --max-side auto``'s flags for the crop the run's transform takes (none where it is torchvision's
+    default RandomResizedCrop(224), or unknown)."""
+    if not crop:
+        return ""
+    if crop.get("kind") == "Resize":
+        return f" --resize-shorter {crop['resize_shorter']}"
+    (height, width), scale, ratio = crop["size"], crop["scale"], crop["ratio"]
+    # pack's --crop is square: a non-square output is sized for its longer side (never smaller than needed)
+    flags = f" --crop {max(height, width)}" if (height, width) != (224, 224) else ""
+    if abs(scale[0] - 0.08) > 1e-9:
+        flags += f" --crop-scale {scale[0]:g}"
+    if abs(ratio[0] - 3 / 4) > 1e-6 or abs(ratio[1] - 4 / 3) > 1e-6:
+        flags += f" --crop-ratio {ratio[0]:.4g} {ratio[1]:.4g}"
+    return flags
+
+
 def _reduced_size_decode(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
+    crop = f.get("crop")
+    taken = ""
+    if crop and crop.get("kind") == "Resize":
+        taken = f" for the run's Resize({crop['resize_shorter']})"
+    elif crop:
+        height, width = crop["size"]
+        taken = (f" for the run's RandomResizedCrop({height if height == width else (height, width)}, "
+                 f"scale=({crop['scale'][0]:g}, {crop['scale'][1]:g}))")
     return ("Decode JPEGs at the size you need",
             "use stallscope.data.FastImageFolder (DCT-scaled decode before the crop) or pack with "
-            "`stallscope pack SRC OUT --max-side auto` (each image at the size its crop needs)",
+            f"`stallscope pack SRC OUT --max-side auto{pack_auto_flags(crop)}` (each image at the size its crop "
+            f"needs{taken})",
             f"decode is {100 * f['share']:.0f}% of step time; predicted for decoding at half the cost")
 
 
