@@ -12,7 +12,9 @@ It also measures each decoder's single-core full-size decode rate on the same fi
 states each pipeline's images/s per core as a fraction of its decoder's limit.
 
 Usage: python benchmarks/fastpath.py [--files 2000] [--rounds 3] [--seconds 4] [--device cuda]
-(about 4 minutes with the defaults on 2 cores), or with --sizes for the size bands (below).
+(about 4 minutes with the defaults on 2 cores), or with --sizes for the size bands (below), adding
+--auto-pack (the bands packed with `pack --max-side auto`) and --peers (SPDL and DALI on the CPU; about 9 minutes
+with both).
 
 Each measurement is steady state: workers persist across epochs, the batches prefetched during
 start-up are drained before the clock starts, and the clock then runs for --seconds (4) of wall time.
@@ -99,6 +101,19 @@ files and 30% of its decode time): the same run before that change gave 3.79x, 3
 pack's predicted size was within 5% of the pack's on every band, and the predicted decode time of the images it
 shrinks within 4% (table printed at the end).
 
+Peers, `--sizes --auto-pack --peers`, 2026-12-07, the same machine quiet: SPDL 0.8.0 (its thread pipeline, FFmpeg 5.1
+from Debian's packages) and DALI 2.4.0 on the CPU (its ImageNet recipe: region decode, resize, mirror), each
+reading the originals at its best thread count (probed 1-4 per band), ending in uint8 NCHW batches normalized in
+the main thread like the others (`benchmarks/peers.py` says what to install):
+
+  band       torchvision   fast path (files)   auto pack   SPDL   DALI (CPU)   auto pack vs SPDL, vs DALI
+  small          851            2,963            3,400       746     1,721        4.56x, 1.97x
+  imagenet       586            1,555            1,941       559       859        3.47x, 2.26x
+  large          376              930            1,170       423       546        2.77x, 2.14x
+  photo           85              205              650       123       130        5.28x, 5.02x
+
+Against the peers on the same originals (the fast path reading the files): 3.97x, 2.78x, 2.20x and 1.67x SPDL.
+
 What got (b) from 2.4x to 3x: decoding each batch straight into one channels-first shared-memory
 buffer (no collate copy, no transpose later), workers recycling those buffers once the main process
 has dropped them (fresh shared pages cost ~65 us per image here), normalizing in cache-sized chunks
@@ -111,6 +126,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -203,6 +219,9 @@ def main() -> None:
     parser.add_argument("--bands", default=",".join(SIZE_BANDS), help="with --sizes: which bands, comma-separated")
     parser.add_argument("--race", action="store_true", help="with --sizes: only the single-core decoder race on "
                         "each band (CPU per crop decoded and per full decode), no pipelines")
+    parser.add_argument("--peers", action="store_true", help="with --sizes: also SPDL's and DALI's (CPU) own "
+                        "pipelines on the originals, each at its best thread count (benchmarks/peers.py says what to "
+                        "install)")
     parser.add_argument("--auto-pack", action="store_true", help="with --sizes: also the fast path reading each band "
                         "packed with `pack --max-side auto` (RandomResizedCrop(224)), and the pack's size and decode "
                         "time against what pack predicted")
@@ -381,6 +400,7 @@ def sizes_main(args: argparse.Namespace) -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}{gpu}")
     crop = RandomResizedCrop(224)
     rows, estimates = [], []
+    peers = available_peers() if args.peers else {}
     for band in bands:
         t0 = time.perf_counter()
         batch = min(args.batch_size, SIZE_BANDS[band][3])
@@ -402,18 +422,26 @@ def sizes_main(args: argparse.Namespace) -> None:
         if band == "imagenet":
             pipelines["default collate"] = (FastImageFolder(root, crop=crop), default_collate)
         runs = {(name, w): [] for name in pipelines for w in (cores, cores + 1)}
+        peer_threads = {name: probe(files, batch, 2.0)[1] for name, probe in peers.items()}  # each at its best
+        runs.update({(name, threads): [] for name, threads in peer_threads.items()})
         for _ in range(args.rounds):
             for name in limit_names:
                 limits[name].append(measure_decode_rate(name, blobs, min_seconds=1.0))
             for (name, workers), series in runs.items():
+                if name in peers:
+                    series.append(PEER_RATES[name](files, batch, args.seconds, workers))
+                    continue
                 dataset, collate = pipelines[name]
                 series.append(_band_rate(dataset, workers, batch, args.seconds, collate))
         limit_decoder = max(limit_names, key=lambda name: statistics.median(limits[name]))
         limit = statistics.median(limits[limit_decoder])
         best = {name: max((statistics.median(runs[(name, w)]), w) for w in (cores, cores + 1)) for name in pipelines}
+        best.update({name: (statistics.median(runs[(name, threads)]), threads)
+                     for name, threads in peer_threads.items()})
         rows.append((band, len(files), pixels, limit, best, limit_decoder))
         print(f"{band}: {len(files)} files, {pixels / 1000:.0f} kpx, " + ", ".join(
-            f"{name} {rate:,.0f} img/s ({w} workers)" for name, (rate, w) in best.items())
+            f"{name} {rate:,.0f} img/s ({w} {'threads' if name in peers else 'workers'})"
+            for name, (rate, w) in best.items())
             + f"  [batch {batch}, {time.perf_counter() - t0:.0f} s]", flush=True)
     print()
     print(f"{'band':9s} {'files':>5s} {'kpx':>5s} {'torchvision':>11s} {'fast path':>9s} {'ratio':>6s} "
@@ -430,6 +458,13 @@ def sizes_main(args: argparse.Namespace) -> None:
             packed = best["auto pack"][0]
             print(f"{'':9s} the auto-sized pack (PackedImageDataset, tar shards): {packed:,.0f} img/s, "
                   f"{packed / base:.2f}x the torchvision recipe on the originals ({best['auto pack'][1]} workers)")
+        ours = best.get("auto pack", best["fast"])[0]
+        for name in PEER_RATES:
+            if name in best:
+                peer, threads = best[name]
+                print(f"{'':9s} {name} (originals, its own thread pipeline, {threads} threads at its best): "
+                      f"{peer:,.0f} img/s; the fast path{' on the auto pack' if 'auto pack' in best else ''} "
+                      f"{ours / peer:.2f}x it")
     print(f"(img/s: median of {args.rounds} interleaved steady-state runs of {args.seconds:g} s, best of "
           f"{cores} and {cores + 1} workers; limit/core: the fastest installed decoder's single-core full-size decode "
           f"rate on the band's files, median of one measurement per round; of limit = fast path img/s / {cores} "
@@ -446,6 +481,38 @@ def sizes_main(args: argparse.Namespace) -> None:
                   f"{estimate.packed_bytes / packed_bytes - 1:+6.0%} "
                   + (f"{decode:12.2f} {measured_ms:11.2f} {decode / measured_ms - 1:+6.0%}"
                      if decode is not None and measured_ms else f"{'-':>12s} {'-':>11s} {'-':>6s}"))
+
+
+def _spdl_rate(files, batch_size, seconds, threads):
+    import peers
+
+    return peers.spdl_images_per_second(files, batch_size, seconds, threads)
+
+
+def _dali_rate(files, batch_size, seconds, threads):
+    import peers
+
+    return peers.dali_images_per_second(files, batch_size, seconds, threads)
+
+
+#: peer name -> its rate at a thread count (``benchmarks/peers.py``), measured in each round beside the others
+PEER_RATES = {"SPDL": _spdl_rate, "DALI (CPU)": _dali_rate}
+
+
+def available_peers() -> dict:
+    """Peer name -> its thread-count probe, for the peers installed here; the others said and left out."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import peers
+
+    found = {}
+    for name, unavailable, probe in (("SPDL", peers.spdl_unavailable, peers.spdl_best),
+                                     ("DALI (CPU)", peers.dali_unavailable, peers.dali_best)):
+        reason = unavailable()
+        if reason is None:
+            found[name] = probe
+        else:
+            print(f"{name} left out: {reason}")
+    return found
 
 
 def auto_pack(root: Path, cores: int) -> tuple[Path, tuple]:
