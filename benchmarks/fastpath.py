@@ -114,6 +114,11 @@ the main thread like the others (`benchmarks/peers.py` says what to install):
 
 Against the peers on the same originals (the fast path reading the files): 3.97x, 2.78x, 2.20x and 1.67x SPDL.
 
+Scaling, `--sizes --scaling --auto-pack --seconds 4`, 2026-12-07: the training thread's CPU per image taking a
+batch 51-54 us (98 on photos, batches of 16), normalizing on the CPU 92-98 us; the workers' CPU per image on the
+auto pack 397/847/1,466/2,780 us by band. Cap with CPU normalization about 6,800 img/s (4-15 cores), with it on
+the GPU about 19,000 (9-29 cores; photos 10,200). Table in docs/fast-data-path.md ("On many cores").
+
 What got (b) from 2.4x to 3x: decoding each batch straight into one channels-first shared-memory
 buffer (no collate copy, no transpose later), workers recycling those buffers once the main process
 has dropped them (fresh shared pages cost ~65 us per image here), normalizing in cache-sized chunks
@@ -219,6 +224,8 @@ def main() -> None:
     parser.add_argument("--bands", default=",".join(SIZE_BANDS), help="with --sizes: which bands, comma-separated")
     parser.add_argument("--race", action="store_true", help="with --sizes: only the single-core decoder race on "
                         "each band (CPU per crop decoded and per full decode), no pipelines")
+    parser.add_argument("--scaling", action="store_true", help="with --sizes: the training thread's CPU per image "
+                        "(taking batches, normalizing) against the workers', and the cores at which it caps the rate")
     parser.add_argument("--peers", action="store_true", help="with --sizes: also SPDL's and DALI's (CPU) own "
                         "pipelines on the originals, each at its best thread count (benchmarks/peers.py says what to "
                         "install)")
@@ -396,6 +403,8 @@ def sizes_main(args: argparse.Namespace) -> None:
     bands = [b for b in args.bands.split(",") if b]
     if args.race:
         return decoder_race(bands)
+    if args.scaling:
+        return scaling_main(args)
     gpu = f", batches to {torch.cuda.get_device_name()}" if DEVICE != "cpu" else ", normalization on the CPU"
     print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}{gpu}")
     crop = RandomResizedCrop(224)
@@ -551,6 +560,71 @@ def auto_pack(root: Path, cores: int) -> tuple[Path, tuple]:
     print(f"auto pack of {root.name}: {result.records} images, {len(shrunk_ms)} shrunk, {packed_bytes / 1e6:.1f} MB "
           f"(predicted {predicted.packed_bytes / 1e6:.1f} MB)", flush=True)
     return out, (predicted, packed_bytes, statistics.mean(shrunk_ms) if shrunk_ms else None, len(shrunk_ms))
+
+
+def scaling_main(args: argparse.Namespace) -> None:
+    """Where the fast path stops scaling with cores: every batch passes through the training process's one thread
+    (taking it from a worker, normalizing it where there is no GPU), so that thread's CPU per image caps the rate
+    whatever the workers add. Measured per band at the best worker count here: the training thread's CPU per image
+    (``time.thread_time``: waits for a worker are not CPU) split into taking and normalizing, and the workers' CPU per
+    image; the cap is 1 / (its CPU per image), reached with about cap x (workers' CPU per image) cores of workers."""
+    import psutil
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="This DataLoader will create")
+    cores = os.cpu_count() or 1
+    crop = RandomResizedCrop(224)
+    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}")
+    print(f"{'band':9s} {'source':10s} {'img/s':>7s} {'take':>7s} {'normalize':>9s} {'workers':>8s} "
+          f"{'cap (CPU norm.)':>16s} {'cores':>6s} {'cap (GPU norm.)':>16s} {'cores':>6s}")
+    for band in [b for b in args.bands.split(",") if b]:
+        root = size_band_dataset(band)
+        batch = min(args.batch_size, SIZE_BANDS[band][3])
+        sources = {"files": FastImageFolder(root, crop=crop)}
+        if args.auto_pack:
+            sources["auto pack"] = PackedImageDataset(auto_pack(root, cores)[0], crop=crop)
+        for source, dataset in sources.items():
+            loader = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=cores, collate_fn=collate_uint8,
+                                persistent_workers=True, prefetch_factor=PREFETCH, drop_last=True)
+            normalize = DeviceNormalizer("cpu")
+            take_s = norm_s = 0.0
+            seen = batches = 0
+            start = worker_cpu0 = None
+            workers: list = []
+            while True:
+                it = iter(loader)
+                while True:
+                    t0 = time.thread_time()
+                    try:
+                        images, labels = next(it)
+                    except StopIteration:
+                        break
+                    t1 = time.thread_time()
+                    normalize(images, labels)
+                    t2 = time.thread_time()
+                    batches += 1
+                    if start is None:
+                        if batches > cores * PREFETCH:  # the batches made during start-up drained
+                            workers = psutil.Process().children()
+                            worker_cpu0 = sum(sum(w.cpu_times()[:2]) for w in workers)
+                            start = time.perf_counter()
+                        continue
+                    seen += images.shape[0]
+                    take_s, norm_s = take_s + (t1 - t0), norm_s + (t2 - t1)
+                if start is not None and time.perf_counter() - start >= args.seconds:
+                    break
+            wall = time.perf_counter() - start
+            worker_cpu = sum(sum(w.cpu_times()[:2]) for w in workers) - worker_cpu0
+            del it, loader
+            take, norm, work = take_s / seen, norm_s / seen, worker_cpu / seen
+            cap_cpu, cap_gpu = 1 / (take + norm), 1 / take
+            print(f"{band:9s} {source:10s} {seen / wall:7,.0f} {take * 1e6:5.0f}us {norm * 1e6:7.0f}us "
+                  f"{work * 1e6:6.0f}us {cap_cpu:12,.0f}/s {1 + cap_cpu * work:6.0f} {cap_gpu:12,.0f}/s "
+                  f"{1 + cap_gpu * work:6.0f}", flush=True)
+    print("(per image: take = the training thread's CPU in next(loader), normalize = in DeviceNormalizer('cpu'), "
+          "workers = the workers' CPU; cap = the training thread's rate at full use, with normalization on the CPU "
+          "and on a GPU (where it leaves the host thread); cores = workers' cores to reach it, plus the training "
+          "thread's)")
 
 
 def decoder_race(bands: list[str], files: int = 40, rounds: int = 5) -> None:
