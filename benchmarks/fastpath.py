@@ -226,6 +226,8 @@ def main() -> None:
                         "each band (CPU per crop decoded and per full decode), no pipelines")
     parser.add_argument("--scaling", action="store_true", help="with --sizes: the training thread's CPU per image "
                         "(taking batches, normalizing) against the workers', and the cores at which it caps the rate")
+    parser.add_argument("--workers", type=int, nargs="+", default=None, help="with --scaling: worker counts to "
+                        "measure (default: one per core)")
     parser.add_argument("--peers", action="store_true", help="with --sizes: also SPDL's and DALI's (CPU) own "
                         "pipelines on the originals, each at its best thread count (benchmarks/peers.py says what to "
                         "install)")
@@ -575,7 +577,7 @@ def scaling_main(args: argparse.Namespace) -> None:
     cores = os.cpu_count() or 1
     crop = RandomResizedCrop(224)
     print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}")
-    print(f"{'band':9s} {'source':10s} {'img/s':>7s} {'take':>7s} {'normalize':>9s} {'workers':>8s} "
+    print(f"{'band':9s} {'source x workers':14s} {'img/s':>7s} {'take':>7s} {'normalize':>9s} {'workers':>8s} "
           f"{'cap (CPU norm.)':>16s} {'cores':>6s} {'cap (GPU norm.)':>16s} {'cores':>6s}")
     for band in [b for b in args.bands.split(",") if b]:
         root = size_band_dataset(band)
@@ -583,10 +585,12 @@ def scaling_main(args: argparse.Namespace) -> None:
         sources = {"files": FastImageFolder(root, crop=crop)}
         if args.auto_pack:
             sources["auto pack"] = PackedImageDataset(auto_pack(root, cores)[0], crop=crop)
-        for source, dataset in sources.items():
-            loader = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=cores, collate_fn=collate_uint8,
-                                persistent_workers=True, prefetch_factor=PREFETCH, drop_last=True)
-            normalize = DeviceNormalizer("cpu")
+        for (source, dataset), workers_here in ((item, w) for item in sources.items()
+                                                 for w in (args.workers or [cores])):
+            loader = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers_here,
+                                collate_fn=collate_uint8, persistent_workers=True, prefetch_factor=PREFETCH,
+                                drop_last=True, pin_memory=DEVICE != "cpu")
+            normalize = DeviceNormalizer(DEVICE)
             take_s = norm_s = 0.0
             seen = batches = 0
             start = worker_cpu0 = None
@@ -604,7 +608,7 @@ def scaling_main(args: argparse.Namespace) -> None:
                     t2 = time.thread_time()
                     batches += 1
                     if start is None:
-                        if batches > cores * PREFETCH:  # the batches made during start-up drained
+                        if batches > workers_here * PREFETCH:  # the batches made during start-up drained
                             workers = psutil.Process().children()
                             worker_cpu0 = sum(sum(w.cpu_times()[:2]) for w in workers)
                             start = time.perf_counter()
@@ -613,12 +617,14 @@ def scaling_main(args: argparse.Namespace) -> None:
                     take_s, norm_s = take_s + (t1 - t0), norm_s + (t2 - t1)
                 if start is not None and time.perf_counter() - start >= args.seconds:
                     break
+            if DEVICE != "cpu":
+                torch.cuda.synchronize()
             wall = time.perf_counter() - start
             worker_cpu = sum(sum(w.cpu_times()[:2]) for w in workers) - worker_cpu0
             del it, loader
             take, norm, work = take_s / seen, norm_s / seen, worker_cpu / seen
             cap_cpu, cap_gpu = 1 / (take + norm), 1 / take
-            print(f"{band:9s} {source:10s} {seen / wall:7,.0f} {take * 1e6:5.0f}us {norm * 1e6:7.0f}us "
+            print(f"{band:9s} {source + f' x{workers_here}':14s} {seen / wall:7,.0f} {take * 1e6:5.0f}us {norm * 1e6:7.0f}us "
                   f"{work * 1e6:6.0f}us {cap_cpu:12,.0f}/s {1 + cap_cpu * work:6.0f} {cap_gpu:12,.0f}/s "
                   f"{1 + cap_gpu * work:6.0f}", flush=True)
     print("(per image: take = the training thread's CPU in next(loader), normalize = in DeviceNormalizer('cpu'), "

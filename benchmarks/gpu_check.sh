@@ -3,10 +3,10 @@
 # at most 10 minutes a call). Here first: `bash benchmarks/gpu_prepare.sh` (the fast path's decoder wheels into
 # .whl/). Then one call:  run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=590)
 # and, if device time is left, a second with the rest:
-#   STEPS="fastgpu plan fastpath overhead ddp" bash benchmarks/gpu_check.sh
+#   STEPS="fastgpu plan fastpath scaling overhead ddp" bash benchmarks/gpu_check.sh
 #
 # Steps (STEPS, in this order; the default is the first three: their timeouts add up to 555 s, under the
-# call's 590 with the install and the probes; the second call's, 730 s, of which these steps take about half):
+# call's 590 with the install and the probes; the second call's, 970 s, of which these steps take about half):
 #   tests     the CUDA tests (pytest -m gpu): device normalization, nvJPEG, NVML, a recorded GPU run
 #   runs      one recorded input-bound GPU run, with what NVML and the CUDA events saw printed
 #   compute   issue 45, acceptance 4: tests/scripts/gpu_compute_job.py recorded in five modes (launch-bound batch 1,
@@ -22,6 +22,8 @@
 #             measure 4, 8 and 14 workers on 16 (benchmarks/transfer.py)
 #   fastgpu   issue 20, acceptance 4: benchmarks/gpu_fastpath.py (nvJPEG, uint8 to device, pinned copies)
 #   fastpath  benchmarks/fastpath.py --device cuda
+#   scaling   issue 49, acceptance 3: the fast path's images/s at 4, 8 and 16 workers, normalization on the GPU, and
+#             the training thread's CPU per image (benchmarks/fastpath.py --sizes --scaling, ImageNet-sized band)
 #   overhead  the recorder's overhead on a many-core machine (benchmarks/overhead.py)
 #   ddp       benchmarks/ddp_overhead.py
 # Writes its log and a few files under $OUT (the device tool's folder that comes back, at most 8 files;
@@ -202,6 +204,12 @@ PY
     step "benchmarks/fastpath.py --device cuda"
     timeout -k 5 200 python3 benchmarks/fastpath.py --device cuda --files $FILES --rounds 1 --seconds 2 2>&1 \
       | grep -v "^\s*$"
+  fi
+
+  if want scaling; then
+    step "issue 49 acceptance 3: the fast path at 4, 8 and 16 workers (fastpath.py --sizes --scaling)"
+    timeout -k 5 240 python3 benchmarks/fastpath.py --sizes --scaling --bands imagenet --device cuda \
+      --workers 4 8 16 --seconds 3 2>&1 | grep -v "^\s*$"
   fi
 
   if want overhead; then
