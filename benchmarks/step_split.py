@@ -13,7 +13,11 @@ Measured on the 2-core development VM, 2026-12-07, machine otherwise idle, both 
 forward/backward/optimizer within 1.8 points at 5 ms steps (mlp, cnn, slow_layer); at 1 ms (mlp) 4.3, 3.8 and
 5.1 points under the profiler's, the step code 26.8% against its 13.7%: stallscope's part spans are shorter than
 the profiler's ranges around the same calls by about 0.1 ms a step in all, which weighs most at 1 ms (not yet
-explained). Under another job on one core the same day: within 2.9 points at 5 ms, 4.6 at 1 ms.
+explained). Under another job on one core the same day: within 2.9 points at 5 ms, 4.6 at 1 ms. Later that day,
+machine quiet, `--cases mlp:1,mlp:1`: 3.5 and 3.5 points (forward -3.5/-3.4, backward -2.1/-2.6, optimizer
+-3.1/-3.5), the step code 17.9%/19.7% against the profiler's 9.2%/10.3%. A likely share of the gap, not measured
+apart: the recorder's own bookkeeping in its optimizer post-hook and forward hooks runs inside the profiler's
+ranges but after stallscope's part ends, so it counts as step code.
 """
 
 from __future__ import annotations
