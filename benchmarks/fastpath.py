@@ -45,8 +45,9 @@ in portrait, qualities 75-95, a tenth grayscale, 15% progressive, 10% 4:4:4, the
 photos are mosaics of crops at about the photos' own scale, so they carry a real photo's bytes per pixel. Per band:
 (a) the torchvision recipe and (b) FastImageFolder + collate_uint8 + DeviceNormalizer("cpu"), RandomResizedCrop(224),
 batch 32 (16 for photos), best of 2 and 3 workers, median of 3 interleaved rounds of 3 s; on the ImageNet-like
-band also (b) with the DataLoader's default collate. "of limit" is (b)'s images/s per core over the fastest installed decoder's
-single-core full-size decode rate on the band's files, measured in each round beside the pipelines.
+band also (b) with the DataLoader's default collate. "of limit" is (b)'s images/s per core over the fastest
+installed decoder's single-core full-size decode rate on the band's files, measured in each round beside the
+pipelines.
 `--bands small,photo` picks bands; `--sizes --race` runs only the single-core decoder race (CPU per crop decoded,
 DCT scale and region included, and per full decode; the table in stallscope/data/decoders.py was measured the same
 way, with pyvips added by hand, which the project does not install).
@@ -207,10 +208,12 @@ def images_per_second(dataset, workers: int, batch_size: int, seconds: float, ui
                 del loader
                 return rate
         if batches == before:
-            raise SystemExit(f"the dataset gives no full batch of {batch_size} images: use more files or a smaller batch")
+            raise SystemExit(f"the dataset gives no full batch of {batch_size} images: use more files or a "
+                             "smaller batch")
 
 
-def worker_finalists(dataset, candidates: list[int], batch_size: int, uint8: bool) -> tuple[list[int], dict[int, float]]:
+def worker_finalists(dataset, candidates: list[int], batch_size: int,
+                      uint8: bool) -> tuple[list[int], dict[int, float]]:
     """The two best worker counts of a short probe: both go on to the measured rounds, because
     neighbours often differ by less than the probe's noise."""
     probe = {w: images_per_second(dataset, w, batch_size, 2.5, uint8) for w in candidates}
@@ -624,7 +627,8 @@ def scaling_main(args: argparse.Namespace) -> None:
             del it, loader
             take, norm, work = take_s / seen, norm_s / seen, worker_cpu / seen
             cap_cpu, cap_gpu = 1 / (take + norm), 1 / take
-            print(f"{band:9s} {source + f' x{workers_here}':14s} {seen / wall:7,.0f} {take * 1e6:5.0f}us {norm * 1e6:7.0f}us "
+            print(f"{band:9s} {source + f' x{workers_here}':14s} {seen / wall:7,.0f} {take * 1e6:5.0f}us "
+                  f"{norm * 1e6:7.0f}us "
                   f"{work * 1e6:6.0f}us {cap_cpu:12,.0f}/s {1 + cap_cpu * work:6.0f} {cap_gpu:12,.0f}/s "
                   f"{1 + cap_gpu * work:6.0f}", flush=True)
     print("(per image: take = the training thread's CPU in next(loader), normalize = in DeviceNormalizer('cpu'), "
