@@ -125,6 +125,46 @@ def test_doctor_measures_the_store_and_the_connections_a_rate_needs(tmp_path, st
     assert reached_at["objects_per_s"] >= 60  # the connections it names did read the rate
 
 
+def test_plan_says_whether_its_workers_keep_the_requests_in_flight_the_probe_says_its_rate_needs(tmp_path, store,
+                                                                                                 monkeypatch):
+    """A run recorded against the bucket, the bucket probed by doctor, the run planned onto 8 cores: the plan's rate
+    read as objects/s (one GET a sample), the connections the probe measured for it, and the requests the planned
+    workers keep in flight at the recorded run's one a worker."""
+    proxy = DelayProxy(store.endpoint, LATENCY_S)
+    for key, value in {**store.env(), "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    recorded = _run(tmp_path, "--workers", "1", "--batch-size", "8")
+    doctor = subprocess.run([sys.executable, "-m", "stallscope", "doctor", "s3://data/images/", "--no-bench",
+                             "--bench-seconds", "2", "--json", str(tmp_path / "doctor.json")],
+                            capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    proxy.close()
+    assert recorded.returncode == 0, recorded.stderr[-3000:]
+    assert doctor.returncode in (0, 1), doctor.stderr[-3000:]
+    plan = subprocess.run([sys.executable, "-m", "stallscope", "plan", "--store", str(tmp_path / "store"), "last",
+                           "--cores", "8", "--store-probe", str(tmp_path / "doctor.json"), "--json", "-"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    document = json.loads(plan.stdout)
+    need = document["store"]
+    best = next(r for r in document["rows"] if r["workers"] == document["best_workers"])
+    assert need["url"] == "s3://data/images/" and need["per_sample"] == pytest.approx(1.0, abs=0.01)
+    assert need["objects_per_s"] == pytest.approx(best["total_samples_per_s"] * need["per_sample"], rel=0.01)
+    assert need["workers"] == document["best_workers"] and 0 < need["in_flight_per_worker"] <= 1.0
+    levels = json.loads((tmp_path / "doctor.json").read_text())
+    levels = next(c for c in levels["checks"] if c["id"] == "store-throughput")["data"]["levels"]
+    if need["reached"]:  # the connections named did read the rate in the probe
+        at = next(lv for lv in levels if lv["connections"] == need["connections"])
+        assert at["objects_per_s"] >= need["objects_per_s"]
+    else:
+        assert max(lv["objects_per_s"] for lv in levels) < need["objects_per_s"]
+    assert need["enough"] == (need["in_flight_planned"] >= need["connections"]
+                              and need["workers"] >= need["processes"])
+    words = subprocess.run([sys.executable, "-m", "stallscope", "plan", "--store", str(tmp_path / "store"), "last",
+                            "--cores", "8", "--store-probe", str(tmp_path / "doctor.json")],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "the store (s3://data/images/, probed by doctor)" in " ".join(words.stdout.split()), words.stdout
+
+
 def test_doctor_refuses_an_address_that_is_not_a_bucket(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "stallscope", "doctor", "s3://", "--no-bench"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)

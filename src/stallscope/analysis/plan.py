@@ -31,6 +31,7 @@ from stallscope.analysis.cpu_load import (
 from stallscope.analysis.findings import StepStats
 from stallscope.analysis.fixes import planned
 from stallscope.analysis.gpu_timing import GpuTiming
+from stallscope.analysis.plan_store import StoreNeed, StoreProbeLike, store_need
 from stallscope.analysis.sample_costs import (
     CPU_STAGES,
     RECEIVED_BATCH_READS,
@@ -214,6 +215,7 @@ class Plan:
     # what makes the recorded run a weak basis (too few steps, a crash, a stop): said first; also in the assumptions
     cautions: list[str] = field(default_factory=list)
     nodes: Nodes | None = None  # the job over several nodes (--nodes): the plan's rows are then per node
+    store: StoreNeed | None = None  # the object store's requests in flight (--store-probe), where the run made any
 
     def row(self, workers: int) -> WorkerRow | None:
         return next((r for r in self.rows if r.workers == workers), None)
@@ -556,6 +558,7 @@ def plan_dict(plan: Plan, run_id: str | None, schema: str) -> dict[str, object]:
         "assumptions": plan.assumptions,
         "cautions": plan.cautions,
         "nodes": plan.nodes.to_dict(_best_total(plan)) if plan.nodes else None,
+        "store": plan.store.to_dict() if plan.store else None,
     }
 
 
@@ -563,12 +566,13 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
              samples_per_s: float | None = None, workers: int | None = None,
              analysis: Analysis | None = None, threads_per_core: float | None = None,
              device_speedup: float | None = None, nodes: int | None = None,
-             link_gbps: float | None = None) -> Plan:
+             link_gbps: float | None = None, store_probe: StoreProbeLike | None = None) -> Plan:
     """``stallscope plan``'s library twin: a recorded session projected to a machine with ``cores`` CPU cores and
     ``gpus`` GPUs (defaults: the recorded machine's usable CPUs, and its GPU count, one per rank), with the
     target's step time (``step_ms`` per step of one process) or job rate (``samples_per_s``) where known.
     ``nodes``: the job over that many such machines, its gradients' all-reduce priced on links of ``link_gbps``.
-    Raises PlanError when the run holds nothing to project or the target is impossible."""
+    ``store_probe``: ``doctor s3://...``'s measurement of the store the run read, for the requests in flight the
+    planned rate needs. Raises PlanError when the run holds nothing to project or the target is impossible."""
     from stallscope.analysis.job import analyze, usable_cpus
     from stallscope.analysis.recommend import normalize_fraction
     from stallscope.analysis.steps import FEW_STEADY_STEPS
@@ -616,7 +620,17 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
         how = f"exit code {failure.exit_code}" if failure.type == "exit" else f"{failure.type} in {where}"
         cautions.append(f"the recorded run did not end as the training would ({how}): the figures are of its "
                         f"{len(stats.steady)} steady step(s) before that")
-    return dataclasses.replace(plan, recorded=recorded, assumptions=[*cautions, *plan.assumptions], cautions=cautions)
+    assumptions = [*cautions, *plan.assumptions]
+    need = None
+    if store_probe is not None:
+        best = plan.row(plan.best_workers)
+        requests = train.pipeline.requests if train and train.pipeline else None
+        need = store_need(store_probe, requests, best.total_samples_per_s if best else 0.0,
+                          plan.best_workers * plan.target.processes, model.workers)
+        if need is None:
+            assumptions.append(f"the recorded run made no HTTP requests: the store probe ({store_probe.url}) is "
+                               "not used")
+    return dataclasses.replace(plan, recorded=recorded, assumptions=assumptions, cautions=cautions, store=need)
 
 
 def _over_nodes(session: Session, stats: StepStats, target: Target, nodes: int, link_gbps: float | None) -> Nodes:

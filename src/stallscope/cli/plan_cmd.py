@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
+from pathlib import Path
 
 from stallscope.analysis.plan import NothingToPlan, PlanError, plan_dict, plan_run
 from stallscope.cli.args import folder, output_error
@@ -58,6 +60,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "wait for other ranks; the table stays per node, the job's rate is N times it")
     p.add_argument("--link-gbps", type=float, metavar="GBPS",
                    help="with --nodes: each node's link to the others in Gb/s (100 for 100 Gb Ethernet)")
+    p.add_argument("--store-probe", metavar="DOCTOR_JSON",
+                   help="the object store the run read, as `stallscope doctor s3://BUCKET/PREFIX --json PATH` measured "
+                        "it: the plan then says whether its workers keep the requests in flight its rate needs")
     p.add_argument("--json", metavar="PATH", help="write the plan (schema stallscope.plan/1) here; '-' for stdout")
     p.add_argument("--store", metavar="DIR", type=folder,
                    help="the store to look in (default ./.stallscope or $STALLSCOPE_HOME)")
@@ -78,11 +83,21 @@ def handle(args: argparse.Namespace) -> int:
         return _fail(problem)
     if args.link_gbps is not None and args.nodes is None:
         return _fail("--link-gbps prices the all-reduce between nodes: give --nodes N with it")
+    probe = None
+    if args.store_probe:
+        from stallscope.health.object_store import StoreProbe
+
+        try:
+            probe = StoreProbe.from_doctor(json.loads(Path(args.store_probe).read_text()))
+        except OSError as exc:
+            return _fail(f"cannot read --store-probe {args.store_probe}: {exc.strerror or exc}")
+        except ValueError as exc:  # not JSON, or no probe in it
+            return _fail(f"--store-probe {args.store_probe}: {exc}")
     try:
         plan = plan_run(session, cores=args.cores, gpus=args.gpus, step_ms=args.step_ms,
                         samples_per_s=args.samples_per_s, workers=args.workers,
                         threads_per_core=args.threads_per_core, device_speedup=args.device_speedup,
-                        nodes=args.nodes, link_gbps=args.link_gbps)
+                        nodes=args.nodes, link_gbps=args.link_gbps, store_probe=probe)
     except NothingToPlan as exc:
         again = f"--store {shlex.quote(args.store)} " if args.store else ""
         return _fail(f"{exc} (`stallscope report {again}{shlex.quote(args.run)}` shows what was recorded)")

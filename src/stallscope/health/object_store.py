@@ -53,9 +53,12 @@ class Level:
     seconds: float
     nbytes: int
     failed: int
+    rate: float | None = None  # objects/s as a saved probe said it (``StoreProbe.from_doctor``)
 
     @property
     def objects_per_s(self) -> float:
+        if self.rate is not None:
+            return self.rate
         return self.objects / self.seconds if self.seconds > 0 else 0.0
 
     @property
@@ -92,6 +95,26 @@ class StoreProbe:
             if level.objects_per_s >= objects_per_s:
                 return level.connections, True
         return max(1, math.ceil(objects_per_s * self.request_median_s)), False
+
+    @classmethod
+    def from_doctor(cls, document: dict[str, Any]) -> StoreProbe:
+        """The probe again from ``doctor s3://... --json``'s document (its medians and levels); raises ValueError
+        where the document holds no store probe."""
+        checks = {c.get("id"): c.get("data") or {} for c in document.get("checks", []) if isinstance(c, dict)}
+        found = checks.get("store-latency") or {}
+        if "request_ms_median" not in found:
+            raise ValueError("no object-store probe in it: write one with `stallscope doctor s3://BUCKET/PREFIX "
+                             "--json PATH`")
+        try:
+            levels = [Level(int(lv["connections"]), 0, 1.0, int(1e6 * float(lv.get("mb_per_s") or 0.0)),
+                            int(lv.get("failed") or 0), float(lv["objects_per_s"]))
+                      for lv in found.get("levels", [])]
+            return cls(str(found.get("url") or "?"), str(found.get("endpoint") or "?"),
+                       int(found.get("objects_listed") or 0), [float(found["first_byte_ms_median"]) / 1e3],
+                       [float(found["request_ms_median"]) / 1e3], [int(found.get("object_bytes_median") or 0)],
+                       levels)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"its store probe is malformed ({type(exc).__name__}: {exc})") from None
 
     def to_dict(self) -> dict[str, Any]:
         return {"url": self.url, "endpoint": self.endpoint, "objects_listed": self.objects_listed,

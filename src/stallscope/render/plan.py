@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from stallscope.analysis.plan import FED_WAIT, Plan
+from stallscope.analysis.plan_store import StoreNeed
 from stallscope.render.safe_text import terminal_console
 
 FIX_WORDS = {
@@ -103,6 +106,8 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
                       f"({per_node:,.1f} per node), the gradients' all-reduce taking at most {1e3 * n.sync_s:.2f} ms "
                       f"a step over {n.link_gbps:g} Gb/s ({n.ranks} ranks; recorded here: "
                       f"{1e3 * n.recorded_sync_s:.2f} ms)")
+    if plan.store is not None:
+        console.print(escape(store_words(plan.store)))
     console.print(f"the stage that gives out first: {plan.saturates_first}")
     for fix in plan.fixes:
         fed = (f"fed with {fix.workers_needed} worker(s)" if fix.workers_needed is not None
@@ -112,3 +117,23 @@ def render(plan: Plan, run_ref: str, console: Console | None = None) -> None:
     for line in plan.assumptions:
         if line not in plan.cautions:  # said at the top
             console.print(f"[dim]  - {escape(line)}[/]")
+
+
+def store_words(need: StoreNeed) -> str:
+    """The plan's line about the store."""
+    said = (f"the store ({need.url}, probed by doctor): {need.samples_per_s:,.0f} samples/s read "
+            f"{need.objects_per_s:,.0f} objects/s ({need.per_sample:.2f} a sample); ")
+    if need.reached:
+        said += f"the probe read that with {need.connections} request(s) in flight from one process (measured)"
+    else:
+        said += (f"one process read at most {need.process_best_objects_per_s:,.0f}/s in the probe: about "
+                 f"{need.connections} requests in flight (Little's law on its {need.request_ms:.1f} ms request), "
+                 f"spread over at least {need.processes} processes")
+    said += (f"; the recorded run kept {need.in_flight_per_worker:.1f} in flight a worker, so {need.workers} "
+             f"worker(s) keep about {need.in_flight_planned:.0f}")
+    if need.enough:
+        return said + ": enough"
+    # each worker's threads keep what one kept in the recorded run (taken to have fetched on one)
+    threads = max(2, math.ceil(need.connections / max(1e-9, need.workers * need.in_flight_per_worker)))
+    return (said + f": short of {need.connections}; fetch each batch's objects on {threads} threads a worker (the "
+            "dataset's __getitems__), or use more workers")

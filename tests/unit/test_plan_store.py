@@ -1,0 +1,60 @@
+"""The plan's object store: the requests in flight its rate needs, from a saved doctor probe and the run's requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from stallscope.analysis.plan_store import store_need
+from stallscope.analysis.store_requests import RequestStats
+from stallscope.health.object_store import StoreProbe
+from stallscope.render.plan import store_words
+
+DOCTOR = {"checks": [
+    {"id": "store-latency", "data": {"url": "s3://data/images/", "endpoint": "http://127.0.0.1:9000",
+                                     "objects_listed": 400, "first_byte_ms_median": 21.0, "request_ms_median": 22.0,
+                                     "object_bytes_median": 24_000,
+                                     "levels": [{"connections": 1, "objects_per_s": 44.0, "mb_per_s": 1.1, "failed": 0},
+                                                {"connections": 2, "objects_per_s": 88.0, "mb_per_s": 2.1, "failed": 0},
+                                                {"connections": 4, "objects_per_s": 170.0, "mb_per_s": 4.1,
+                                                 "failed": 0}]}},
+    {"id": "cpu.usable", "data": {}}]}
+
+
+def _requests(per_sample: float, in_flight: float) -> RequestStats:
+    """1,000 samples' requests over 10 s of loading: ``in_flight`` requests of 22 ms on the network at once."""
+    requests = 1000 * per_sample
+    return RequestStats(requests=requests, samples=1000, batches=125, first_byte_s=in_flight * 10 * 0.95,
+                        body_s=in_flight * 10 * 0.05, connect_s=0.0, body_bytes=24_000 * requests, failed=0,
+                        connections=4, client_cpu_s=1.0, storage_s=in_flight * 10, loading_s=10.0, client="boto3")
+
+
+def test_a_saved_doctor_probe_is_read_back_with_its_levels():
+    probe = StoreProbe.from_doctor(DOCTOR)
+    assert probe.url == "s3://data/images/" and probe.request_median_s == pytest.approx(0.022)
+    assert [lv.objects_per_s for lv in probe.levels] == [44.0, 88.0, 170.0]
+    assert probe.connections_for(80.0) == (2, True)
+    assert probe.connections_for(500.0) == (11, False)  # past the sweep: Little's law, 500/s x 22 ms
+    with pytest.raises(ValueError, match="no object-store probe"):
+        StoreProbe.from_doctor({"checks": [{"id": "cpu.usable", "data": {}}]})
+
+
+def test_workers_that_keep_enough_in_flight_are_said_to():
+    need = store_need(StoreProbe.from_doctor(DOCTOR), _requests(1.0, 0.9), samples_per_s=150.0, workers=4,
+                      recorded_workers=1)
+    assert need is not None
+    assert (need.objects_per_s, need.connections, need.reached) == (150.0, 4, True)
+    assert need.in_flight_planned == pytest.approx(3.6) and not need.enough  # 3.6 in flight against 4
+    words = store_words(need)
+    assert "150 objects/s (1.00 a sample)" in words and "with 4 request(s) in flight" in words
+    assert "short of 4; fetch each batch's objects on 2 threads a worker" in words
+    more = store_need(StoreProbe.from_doctor(DOCTOR), _requests(1.0, 0.9), 150.0, workers=8, recorded_workers=1)
+    assert more is not None and more.enough and store_words(more).endswith(": enough")
+
+
+def test_a_rate_past_one_process_needs_more_processes_and_a_run_without_requests_none():
+    need = store_need(StoreProbe.from_doctor(DOCTOR), _requests(2.0, 3.0), samples_per_s=400.0, workers=4,
+                      recorded_workers=2)
+    assert need is not None and not need.reached
+    assert need.objects_per_s == 800.0 and need.processes == 5 and need.connections == 18  # ceil(800 x 0.022)
+    assert "spread over at least 5 processes" in store_words(need)
+    assert store_need(StoreProbe.from_doctor(DOCTOR), None, 400.0, 4, 2) is None
