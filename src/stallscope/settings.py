@@ -56,8 +56,8 @@ ENV_PACK_THROTTLE = "STALLSCOPE_PACK_THROTTLE_S"
 
 @dataclass(frozen=True)
 class ProcessSetting:
-    """A ``--set`` name that is no DataLoader argument but a setting of the training process, which the
-    recorder applies itself when the script makes its first DataLoader."""
+    """A ``--set`` name that is no DataLoader argument but a setting of the training process (or of the dataset a
+    DataLoader is built with), which the recorder applies itself when the script makes its first DataLoader."""
     kind: str  #: the value's type, as ``SETTABLE`` spells it
     call: str  #: the torch call that makes the setting in the user's code, ``{}`` standing for the value
     help: str  #: what it is, for ``--set``'s help
@@ -86,6 +86,14 @@ PROCESS_SETTINGS: dict[str, ProcessSetting] = {
                                       "and the loss",
                                "mixed precision: bfloat16 runs the model's forward under torch.autocast, its "
                                "floating outputs cast back to float32 for the loss; it changes what is computed"),
+    "streaming_cache_limit": ProcessSetting(
+        "str", "StreamingDataset(..., cache_limit={!r})",
+        "MosaicML Streaming's local cache limit in bytes or with a unit (e.g. 20gb), set on the StreamingDataset a "
+        "DataLoader is built with"),
+    "streaming_predownload": ProcessSetting(
+        "int", "StreamingDataset(..., predownload={})",
+        "the samples MosaicML Streaming downloads ahead of each worker, set on the StreamingDataset a DataLoader is "
+        "built with"),
     "PYTORCH_CUDA_ALLOC_CONF": ProcessSetting(
         "str", "export PYTORCH_CUDA_ALLOC_CONF={} in the job's environment before the script starts, since torch "
                "reads it when CUDA starts",

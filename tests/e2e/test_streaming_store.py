@@ -64,3 +64,31 @@ def test_streaming_download_threads_are_counted_and_advised_in_streamings_words(
     cache = next(p for p in summary["pitfalls"] if p["id"] == "streaming-cache-limit")
     assert cache["facts"]["cache_limit"] == cache_limit
     assert (cache["facts"]["dataset_bytes"], cache["facts"]["shards"]) == (sum(sizes), len(sizes))
+
+
+def test_set_gives_streaming_its_cache_limit_and_predownload_without_editing_the_script(tmp_path, mds_store,
+                                                                                        monkeypatch):
+    """`--set streaming_cache_limit=...` and `streaming_predownload=...` reach the StreamingDataset the DataLoader is
+    built with: the run records them as applied, the dataset's own attributes read them back (the loader's config),
+    and the cache pitfall's fix names the --set that lifts it; a limit Streaming would refuse is skipped, said why."""
+    server, sizes = mds_store
+    cache_limit = int(0.75 * sum(sizes))
+    for key, value in {**server.env(), "S3_ENDPOINT_URL": server.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    result = run_cli(tmp_path, ["--steps", "8", "--set", f"streaming_cache_limit={cache_limit}", "--set",
+                                "streaming_predownload=48", "--", sys.executable, str(SCRIPTS / "streaming_mds.py"),
+                                "train", "s3://data/mds", "--workers", "1", "--batch-size", "16"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    loader = result.summary["loaders"][0]
+    assert loader["config"]["streaming_cache"]["cache_limit"] == cache_limit
+    assert loader["config"]["streaming_cache"]["predownload"] == 48
+    assert loader["overrides"]["streaming_cache_limit"] == [None, cache_limit]
+    assert loader["overrides"]["streaming_predownload"] == [8 * 16, 48]  # Streaming's default: 8 batches
+    cache = next(p for p in result.summary["pitfalls"] if p["id"] == "streaming-cache-limit")
+    assert f"--set streaming_cache_limit={-(-sum(sizes) // 1_000_000)}mb" in cache["fix"]
+    refused = run_cli(tmp_path, ["--steps", "4", "--set", "streaming_cache_limit=1kb", "--", sys.executable,
+                                 str(SCRIPTS / "streaming_mds.py"), "train", "s3://data/mds", "--workers", "0",
+                                 "--batch-size", "16"])
+    assert refused.returncode == 0, refused.stderr[-3000:]
+    skipped = refused.summary["loaders"][0]["overrides"]["streaming_cache_limit"]
+    assert "which Streaming refuses" in skipped["skipped"]

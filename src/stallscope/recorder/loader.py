@@ -252,6 +252,44 @@ def _numerics(overrides: dict[str, Any]) -> dict[str, list[Any]]:
     return applied
 
 
+def _streaming_settings(dataset: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """``--set streaming_cache_limit=20gb`` / ``streaming_predownload=N`` on a MosaicML Streaming dataset, as its
+    constructor would take them (Streaming reads both when it iterates, after the loader is built); a limit under
+    four of its largest shards is refused as the constructor refuses it. [before, after], or why it was skipped."""
+    if dataset is None or not any(c.__module__.startswith("streaming.") for c in type(dataset).__mro__):
+        return {name: {"skipped": "the DataLoader's dataset is no MosaicML StreamingDataset"}
+                for name in ("streaming_cache_limit", "streaming_predownload") if overrides.get(name)}
+    applied: dict[str, Any] = {}
+    limit = overrides.get("streaming_cache_limit")
+    if limit:
+        try:
+            from streaming.base.util import bytes_to_int
+
+            value = bytes_to_int(limit)
+        except Exception as exc:  # noqa: BLE001 - its parser's words name what it could not read
+            applied["streaming_cache_limit"] = {"skipped": f"not a size: {limit!r} ({exc})"}
+        else:
+            try:  # what the constructor checks a limit against: the indexes it keeps, four of the largest shards
+                largest = int(max(shard.get_max_size() for shard in dataset.shards))
+                floor = max(4 * largest, sum(stream.get_index_size() for stream in dataset.streams) + 1)
+            except Exception as exc:  # noqa: BLE001 - a Streaming version that keeps these otherwise
+                applied["streaming_cache_limit"] = {"skipped": f"this Streaming's shard sizes are unreadable ({exc})"}
+            else:
+                if value < floor:
+                    applied["streaming_cache_limit"] = {
+                        "skipped": f"under {floor} bytes (four of the dataset's largest shards, or its indexes), "
+                                   "which Streaming refuses"}
+                else:
+                    applied["streaming_cache_limit"] = [getattr(dataset, "cache_limit", None), value]
+                    dataset.cache_limit = value
+                    dataset.max_shard_size_across_all_streams = largest
+    ahead = overrides.get("streaming_predownload")
+    if ahead:
+        applied["streaming_predownload"] = [getattr(dataset, "predownload", None), int(ahead)]
+        dataset.predownload = int(ahead)
+    return applied
+
+
 def _hold_torch_threads(threads: int) -> list[int]:
     """``--set torch_threads=N``: the training process computes on N intra-op threads from its first DataLoader on,
     and a later ``torch.set_num_threads`` of the script's, from the thread that built the loader, is kept at N (the
@@ -300,6 +338,8 @@ def patch_dataloader(module: Any) -> None:
             args, kwargs, changed = apply_overrides(original_init, args, kwargs, overrides)
             applied.update(changed)
         original_init(self, *args, **kwargs)
+        if overrides.get("streaming_cache_limit") or overrides.get("streaming_predownload"):
+            applied.update(_streaming_settings(getattr(self, "dataset", None), overrides))
         self._stallscope_id = next(_loader_ids)
         stack = _creation_stack()
         site = stack[0].rsplit(":", 1)[0] if stack else "?"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +106,8 @@ def _streaming_cache_limit(f: dict[str, Any]) -> tuple[str, str, str]:
             f"StreamingDataset(cache_limit={limit / 1e6:.0f} MB) for {f.get('shards') or '?'} shards of "
             f"{size / 1e6:.0f} MB in all: the coldest shards are evicted and fetched again each epoch",
             f"raise `cache_limit` to at least {size / 1e6:.0f} MB (or leave it unset) where the local disk holds "
-            "it, so only the first epoch reads from the store; else keep the shards the epochs share on a faster "
+            "it, so only the first epoch reads from the store (try it without editing the script: --set "
+            f"streaming_cache_limit={math.ceil(size / 1e6)}mb); else keep the shards the epochs share on a faster "
             "store")
 
 
