@@ -72,18 +72,24 @@ def _script_at(args: list[str]) -> int:
         if not arg.startswith("-"):
             return i
         flag_only = "=" in arg or arg in ("--standalone", "--no-python", "--no_python", "-m", "--module",
-                                          "--virtual-local-rank", "--virtual_local_rank",
+                                          "--virtual-local-rank", "--virtual_local_rank", "--use-env", "--use_env",
                                           "--run-path", "--run_path")
         i += 1 if flag_only else 2
     return i
+
+
+def torchrun_options(argv: Sequence[str]) -> list[str] | None:
+    """The options a torchrun command gives torchrun itself (not its script's), or None when it is no torchrun."""
+    torchrun = _torchrun_args(argv)
+    return torchrun[:_script_at(torchrun)] if torchrun is not None else None
 
 
 def run_label(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:
     """A short name of the job and this node for the run's folder (``slurm-812-task1``, ``pytorchjob-bert-node2``,
     ``run-exp7-node1``), from what the launcher knows before the script starts; None outside a job."""
     env = os.environ if env is None else env
-    torchrun = _torchrun_args(argv)
-    options = torchrun[:_script_at(torchrun)] if torchrun is not None else []
+    torchrun = torchrun_options(argv)
+    options = torchrun or []
     words: list[str] = []
     node: str | None = None
     if env.get("SLURM_JOB_ID", "").strip():
@@ -102,5 +108,5 @@ def run_label(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str 
             node = f"node{rank.strip()}" if torchrun is not None else f"rank{rank.strip()}"
     if node and node[-1].isdigit():
         words.append(node)
-    label = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(words)).strip("._-")[:48]
+    label = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(words)).strip("._-")[:48].rstrip("._-")
     return label or None

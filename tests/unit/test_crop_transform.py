@@ -66,6 +66,24 @@ def test_the_decode_advice_names_the_pack_command_for_the_runs_crop():
     crop = {"kind": "RandomResizedCrop", "size": [176, 176], "scale": [0.35, 1.0], "ratio": [0.75, 4 / 3]}
     said = recommendation(Recommendation("reduced-size-decode", "decode", 1.3, facts={"share": 0.4, "crop": crop}))
     assert "`stallscope pack SRC OUT --max-side auto --crop 176 --crop-scale 0.35`" in said.change
-    assert "RandomResizedCrop(176, scale=(0.35, 1))" in said.change
+    assert "RandomResizedCrop(176, scale=(0.35, 1), ratio=(0.75, 1.33))" in said.change
     plain = recommendation(Recommendation("reduced-size-decode", "decode", 1.3, facts={"share": 0.4}))
     assert "`stallscope pack SRC OUT --max-side auto`" in plain.change
+
+
+def test_the_dataset_is_read_without_running_its_code():
+    """Properties and __getattr__ of a user's dataset are never called: one that opens a database lazily must not
+    do it in the training process before the workers fork."""
+    calls = []
+
+    class Lazy(Dataset):
+        @property
+        def transform(self):
+            calls.append("transform")
+            return T.Compose([T.RandomResizedCrop(128)])
+
+        def __getattr__(self, name):
+            calls.append(name)
+            raise AttributeError(name)
+
+    assert training_crop(Lazy()) is None and calls == []

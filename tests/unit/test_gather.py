@@ -141,6 +141,7 @@ def test_torchrun_on_one_node_has_nothing_to_gather_whatever_ranks_its_session_l
     assert one_node_launch(["/opt/bin/torchrun", "--nnodes", "1:1", "t.py"])
     assert not one_node_launch(["torchrun", "--nnodes", "2", "--node_rank", "0", "t.py"])
     assert not one_node_launch([py, "t.py", "--standalone"]) and not one_node_launch([])
+    assert not one_node_launch(["torchrun", "--nnodes", "2", "t.py", "--standalone"])  # the script's own option
     node = _of_job(_node(100, 0, 0), address=f"127.0.0.1:{free_port()}")
     alone = dataclasses.replace(node, command=["torchrun", "--standalone", "--nproc_per_node", "2", "t.py"])
     assert gather(alone, _saved(tmp_path, alone), tmp_path, wait_s=60) is None

@@ -36,6 +36,9 @@ def test_a_saved_doctor_probe_is_read_back_with_its_levels():
     assert probe.connections_for(500.0) == (11, False)  # past the sweep: Little's law, 500/s x 22 ms
     with pytest.raises(ValueError, match="no object-store probe"):
         StoreProbe.from_doctor({"checks": [{"id": "cpu.usable", "data": {}}]})
+    for not_a_report in ([1, 2], "text", {"checks": "none"}):
+        with pytest.raises(ValueError, match="not a doctor report"):
+            StoreProbe.from_doctor(not_a_report)  # type: ignore[arg-type]
 
 
 def test_workers_that_keep_enough_in_flight_are_said_to():
@@ -46,7 +49,7 @@ def test_workers_that_keep_enough_in_flight_are_said_to():
     assert need.in_flight_planned == pytest.approx(3.6) and not need.enough  # 3.6 in flight against 4
     words = store_words(need)
     assert "150 objects/s (1.00 a sample)" in words and "with 4 request(s) in flight" in words
-    assert "short of 4; fetch each batch's objects on 2 threads a worker" in words
+    assert "short of 4; keep 1 request(s) in flight a worker" in words
     more = store_need(StoreProbe.from_doctor(DOCTOR), _requests(1.0, 0.9), 150.0, workers=8, recorded_workers=1)
     assert more is not None and more.enough and store_words(more).endswith(": enough")
 
@@ -57,4 +60,5 @@ def test_a_rate_past_one_process_needs_more_processes_and_a_run_without_requests
     assert need is not None and not need.reached
     assert need.objects_per_s == 800.0 and need.processes == 5 and need.connections == 18  # ceil(800 x 0.022)
     assert "spread over at least 5 processes" in store_words(need)
+    assert need.per_worker_needed == 5 and "keep 5 request(s) in flight a worker" in store_words(need)
     assert store_need(StoreProbe.from_doctor(DOCTOR), None, 400.0, 4, 2) is None

@@ -626,7 +626,7 @@ def plan_run(session: Session, *, cores: float | None = None, gpus: int | None =
         best = plan.row(plan.best_workers)
         requests = train.pipeline.requests if train and train.pipeline else None
         need = store_need(store_probe, requests, best.total_samples_per_s if best else 0.0,
-                          plan.best_workers * plan.target.processes, model.workers)
+                          max(1, plan.best_workers) * plan.target.processes, model.workers)
         if need is None:
             assumptions.append(f"the recorded run made no HTTP requests: the store probe ({store_probe.url}) is "
                                "not used")

@@ -48,7 +48,7 @@ class StoreNeed:
     reached: bool  # one process reached that rate in the probe (else Little's law on its median request)
     process_best_objects_per_s: float  # one process's best in the probe
     processes: int  # processes (workers) the rate needs at that best, at least
-    workers: int  # the plan's workers, all training processes together
+    workers: int  # the plan's loading processes (its workers, or its training processes without), all together
     in_flight_per_worker: float  # as recorded: requests on the network at once, per worker
     request_ms: float
 
@@ -59,6 +59,11 @@ class StoreNeed:
     @property
     def enough(self) -> bool:
         return self.in_flight_planned >= self.connections and self.workers >= self.processes
+
+    @property
+    def per_worker_needed(self) -> int:
+        """Requests each loading process must keep in flight for the rate."""
+        return math.ceil(self.connections / max(1, self.workers))
 
     def to_dict(self) -> dict[str, object]:
         return {"url": self.url, "samples_per_s": round(self.samples_per_s, 2), "per_sample": round(self.per_sample, 3),
@@ -80,6 +85,6 @@ def store_need(probe: StoreProbeLike, requests: RequestStats | None, samples_per
     connections, reached = probe.connections_for(objects_per_s)
     best = probe.best.objects_per_s if probe.best is not None else 0.0
     processes = max(1, math.ceil(objects_per_s / best)) if best > 0 else 1
-    per_worker = requests.in_flight / max(1, recorded_workers)
+    per_worker = requests.in_flight / max(1, recorded_workers)  # a run without workers loads in one process
     return StoreNeed(probe.url, samples_per_s, requests.per_sample, objects_per_s, connections, reached, best,
                      processes, workers, per_worker, 1e3 * probe.request_median_s)

@@ -32,7 +32,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("out", nargs="?", metavar="OUT", help="output directory (created when the pack is complete)")
     parser.add_argument("--format", choices=("lmdb", "wds"), default="lmdb", help="lmdb (default) or wds tar shards")
     parser.add_argument("--max-side", type=_max_side, default=0, metavar="N|auto",
-                        help="re-encode images whose longer side exceeds N pixels (0: store bytes unchanged); auto: "
+                        help="re-encode images whose longer side exceeds N pixels (0: keep every image's size); auto: "
                              "each image at the smallest size at which every crop of the training's transform "
                              "(--crop...) still holds its output's pixels, so the crops the model sees stay the same")
     parser.add_argument("--crop", type=int, default=224, metavar="SIZE",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from stallscope import paths
 from stallscope.gather.parts import Gathered, job_folder, part_of, peers_in_folder, shared_folder
+from stallscope.job_names import torchrun_options
 from stallscope.session import Session
 
 #: How long a node waits for the others' sessions by default: their launchers end together (torchrun's agents leave
@@ -34,9 +35,10 @@ SHARED_FOLDER_GRACE_S = 5.0
 def one_node_launch(command: list[str]) -> bool:
     """The command is torchrun on one node (``--standalone``, ``--nnodes 1``): a rank missing from its session was
     not recorded (a process Python started with -I, say), not on another node, so there is nothing to wait for."""
-    words = [w for arg in command for w in arg.split("=", 1)] if command else []
-    if not any(Path(w).name == "torchrun" or w == "torch.distributed.run" for w in words):
+    options = torchrun_options(command or [])
+    if options is None:
         return False
+    words = [w for arg in options for w in arg.split("=", 1)]
     if "--standalone" in words:
         return True
     if "--nnodes" in words and words.index("--nnodes") + 1 < len(words):

@@ -100,7 +100,9 @@ class StoreProbe:
     def from_doctor(cls, document: dict[str, Any]) -> StoreProbe:
         """The probe again from ``doctor s3://... --json``'s document (its medians and levels); raises ValueError
         where the document holds no store probe."""
-        checks = {c.get("id"): c.get("data") or {} for c in document.get("checks", []) if isinstance(c, dict)}
+        if not isinstance(document, dict) or not isinstance(document.get("checks"), list):
+            raise ValueError("not a doctor report: write one with `stallscope doctor s3://BUCKET/PREFIX --json PATH`")
+        checks = {c.get("id"): c.get("data") or {} for c in document["checks"] if isinstance(c, dict)}
         found = checks.get("store-latency") or {}
         if "request_ms_median" not in found:
             raise ValueError("no object-store probe in it: write one with `stallscope doctor s3://BUCKET/PREFIX "

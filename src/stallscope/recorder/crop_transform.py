@@ -8,10 +8,21 @@ stallscope's own crops, and an evaluation's ``Resize`` followed by ``CenterCrop`
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 #: How deep to look through wrappers (Subset, ConcatDataset, Compose, StandardTransform) for the transform.
 _MAX_DEPTH = 6
+
+
+def _attr(obj: Any, name: str) -> Any:
+    """``obj.name`` as stored on the object or its class, never through a property or ``__getattr__``: reading a
+    user's dataset must not run its code (a lazy attribute that opens a database before the workers fork)."""
+    value = inspect.getattr_static(obj, name, None)
+    if (inspect.isdatadescriptor(value) or inspect.ismethoddescriptor(value) or inspect.isfunction(value)
+            or isinstance(value, (staticmethod, classmethod))):
+        return None  # a property, a method, a function: not a stored transform
+    return value
 
 
 def _pair(size: Any) -> tuple[int, int] | None:
@@ -33,8 +44,7 @@ def _range(value: Any) -> tuple[float, float] | None:
 def _random_resized(step: Any) -> dict[str, Any] | None:
     if "RandomResizedCrop" not in type(step).__name__:
         return None
-    size, scale, ratio = _pair(getattr(step, "size", None)), _range(getattr(step, "scale", None)), \
-        _range(getattr(step, "ratio", None))
+    size, scale, ratio = _pair(_attr(step, "size")), _range(_attr(step, "scale")), _range(_attr(step, "ratio"))
     if size is None or scale is None or ratio is None:
         return None
     return {"kind": "RandomResizedCrop", "size": list(size), "scale": list(scale), "ratio": list(ratio)}
@@ -42,7 +52,7 @@ def _random_resized(step: Any) -> dict[str, Any] | None:
 
 def _steps(transform: Any) -> list[Any]:
     """A transform's steps in order: a Compose's list, else the transform itself."""
-    inner = getattr(transform, "transforms", None)
+    inner = _attr(transform, "transforms")
     return list(inner) if isinstance(inner, (list, tuple)) else [transform]
 
 
@@ -53,10 +63,10 @@ def crop_of_transform(transform: Any) -> dict[str, Any] | None:
         if (found := _random_resized(step)) is not None:
             return found
         name = type(step).__name__
-        if name == "ResizeCenterCrop" and isinstance(getattr(step, "resize", None), int):  # stallscope's own
-            return {"kind": "Resize", "resize_shorter": step.resize}
-        if name == "Resize" and isinstance(getattr(step, "size", None), (int, list, tuple)):
-            size = step.size
+        if name == "ResizeCenterCrop" and isinstance(_attr(step, "resize"), int):  # stallscope's own
+            return {"kind": "Resize", "resize_shorter": _attr(step, "resize")}
+        if name == "Resize" and isinstance(_attr(step, "size"), (int, list, tuple)):
+            size = _attr(step, "size")
             shorter = size if isinstance(size, int) else size[0] if len(size) == 1 else None
             if shorter and any(type(later).__name__ == "CenterCrop" for later in steps[i + 1:]):
                 return {"kind": "Resize", "resize_shorter": int(shorter)}
@@ -68,15 +78,14 @@ def training_crop(dataset: Any, depth: int = 0) -> dict[str, Any] | None:
     if dataset is None or depth > _MAX_DEPTH:
         return None
     for name in ("crop", "transform", "transforms"):  # FastImageFolder's crop; torchvision's and timm's transform
-        found = crop_of_transform(getattr(dataset, name, None)) if getattr(dataset, name, None) is not None else None
-        if found is not None:
+        inner = _attr(dataset, name)
+        if inner is not None and (found := crop_of_transform(inner)) is not None:
             return found
-    if (inner := getattr(dataset, "transform", None)) is not None and inner is not dataset:
-        found = training_crop(inner, depth + 1)  # a StandardTransform or a wrapper holding the Compose
-        if found is not None:
-            return found
+    inner = _attr(dataset, "transform")  # a StandardTransform or a wrapper holding the Compose
+    if inner is not None and inner is not dataset and (found := training_crop(inner, depth + 1)) is not None:
+        return found
     for name in ("dataset", "datasets"):  # Subset, ConcatDataset, framework wrappers
-        inner = getattr(dataset, name, None)
+        inner = _attr(dataset, name)
         inner = inner[0] if isinstance(inner, (list, tuple)) and inner else inner
         if inner is not None and inner is not dataset and not isinstance(inner, (list, tuple)):
             found = training_crop(inner, depth + 1)

@@ -120,10 +120,15 @@ def _describe(loader: Any) -> dict[str, Any]:
     return config
 
 
+def _is_streaming(dataset: Any) -> bool:
+    """A MosaicML Streaming dataset: its class or a base comes from the ``streaming`` package."""
+    return dataset is not None and any(c.__module__.startswith("streaming.") for c in type(dataset).__mro__)
+
+
 def _streaming_cache(dataset: Any) -> dict[str, Any] | None:
     """A MosaicML Streaming dataset's local cache: its limit and what the dataset's shards would keep in it (bytes),
     read from the attributes it sets in its constructor; None for any other dataset, or where they cannot be read."""
-    if not any(c.__module__.startswith("streaming.") for c in type(dataset).__mro__):  # the class or a base
+    if not _is_streaming(dataset):
         return None
     try:
         keep_zip = bool(getattr(dataset, "keep_zip", False))
@@ -256,7 +261,7 @@ def _streaming_settings(dataset: Any, overrides: dict[str, Any]) -> dict[str, An
     """``--set streaming_cache_limit=20gb`` / ``streaming_predownload=N`` on a MosaicML Streaming dataset, as its
     constructor would take them (Streaming reads both when it iterates, after the loader is built); a limit under
     four of its largest shards is refused as the constructor refuses it. [before, after], or why it was skipped."""
-    if dataset is None or not any(c.__module__.startswith("streaming.") for c in type(dataset).__mro__):
+    if not _is_streaming(dataset):
         return {name: {"skipped": "the DataLoader's dataset is no MosaicML StreamingDataset"}
                 for name in ("streaming_cache_limit", "streaming_predownload") if overrides.get(name)}
     applied: dict[str, Any] = {}
@@ -339,7 +344,10 @@ def patch_dataloader(module: Any) -> None:
             applied.update(changed)
         original_init(self, *args, **kwargs)
         if overrides.get("streaming_cache_limit") or overrides.get("streaming_predownload"):
-            applied.update(_streaming_settings(getattr(self, "dataset", None), overrides))
+            try:
+                applied.update(_streaming_settings(getattr(self, "dataset", None), overrides))
+            except Exception as exc:  # noqa: BLE001 - the user's DataLoader() call must go on
+                applied["streaming_cache_limit"] = {"skipped": f"{type(exc).__name__}: {exc}"}
         self._stallscope_id = next(_loader_ids)
         stack = _creation_stack()
         site = stack[0].rsplit(":", 1)[0] if stack else "?"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -133,7 +131,5 @@ def store_words(need: StoreNeed) -> str:
              f"worker(s) keep about {need.in_flight_planned:.0f}")
     if need.enough:
         return said + ": enough"
-    # each worker's threads keep what one kept in the recorded run (taken to have fetched on one)
-    threads = max(2, math.ceil(need.connections / max(1e-9, need.workers * need.in_flight_per_worker)))
-    return (said + f": short of {need.connections}; fetch each batch's objects on {threads} threads a worker (the "
-            "dataset's __getitems__), or use more workers")
+    return (said + f": short of {need.connections}; keep {need.per_worker_needed} request(s) in flight a worker "
+            "(threads fetching each batch's objects in the dataset's __getitems__), or use more workers")

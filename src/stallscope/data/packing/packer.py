@@ -39,6 +39,7 @@ from stallscope.data.index import (
 )
 from stallscope.data.packing.prepare import FATAL_KINDS, Prepared, prepare
 from stallscope.data.sources import SourceList, open_source
+from stallscope.data.turbo import turbojpeg_library
 from stallscope.settings import ENV_PACK_THROTTLE, MAX_WORKERS
 
 if TYPE_CHECKING:
@@ -106,7 +107,8 @@ class PackOptions:
         return {"format": self.format,
                 "max_side": self.crop_fit.describe() if self.crop_fit is not None else self.max_side,
                 "quality": self.quality,
-                "progressive": "stored sequential",
+                # what a pack made here does to progressive JPEGs: one made without the library is another pack
+                "progressive": "stored sequential" if turbojpeg_library() is not None else "kept",
                 "shard_size": self.shard_size if self.format == "wds" else None}
 
 

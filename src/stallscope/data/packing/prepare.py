@@ -87,7 +87,7 @@ def sequential(data: bytes) -> tuple[bytes, bool]:
         if not jpeg_is_progressive(data):
             return data, False
         return to_baseline(data), True
-    except (HeaderError, TurboJpegError):
+    except (HeaderError, TurboJpegError, MemoryError):
         return data, False
 
 

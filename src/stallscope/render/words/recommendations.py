@@ -8,13 +8,16 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallscope.analysis import Recommendation
 from stallscope.analysis.cpu_load import SMT_YIELD
 from stallscope.render.words import compute
 from stallscope.render.words.phrases import PART_LABELS, facts_text, overrides
 from stallscope.settings import in_code
+
+if TYPE_CHECKING:
+    from stallscope.data.crop_fit import CropFit
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,16 @@ def _pin_memory(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tu
             f"{100 * f['unpinned_fraction']:.0f}% of host-to-device bytes came from pageable memory")
 
 
+def crop_fit_of(crop: dict[str, Any]) -> CropFit:
+    """The recorded crop (``loaders[].config.crop``) as the rule ``pack --max-side auto`` sizes images by."""
+    from stallscope.data.crop_fit import CropFit
+
+    if crop.get("kind") == "Resize":
+        return CropFit(resize_shorter=int(crop["resize_shorter"]))
+    (height, width), scale, ratio = crop["size"], crop["scale"], crop["ratio"]
+    return CropFit((int(height), int(width)), float(scale[0]), (float(ratio[0]), float(ratio[1])))
+
+
 def pack_auto_flags(crop: dict[str, Any] | None) -> str:
     """``pack --max-side auto``'s flags for the crop the run's transform takes (none where it is torchvision's
     default RandomResizedCrop(224), or unknown)."""
@@ -173,13 +186,7 @@ def pack_auto_flags(crop: dict[str, Any] | None) -> str:
 
 def _reduced_size_decode(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
     crop = f.get("crop")
-    taken = ""
-    if crop and crop.get("kind") == "Resize":
-        taken = f" for the run's Resize({crop['resize_shorter']})"
-    elif crop:
-        height, width = crop["size"]
-        taken = (f" for the run's RandomResizedCrop({height if height == width else (height, width)}, "
-                 f"scale=({crop['scale'][0]:g}, {crop['scale'][1]:g}))")
+    taken = f" for the run's {crop_fit_of(crop).describe()}" if crop else ""
     return ("Decode JPEGs at the size you need",
             "use stallscope.data.FastImageFolder (DCT-scaled decode before the crop) or pack with "
             f"`stallscope pack SRC OUT --max-side auto{pack_auto_flags(crop)}` (each image at the size its crop "
