@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from stallscope.analysis.over_time import over_time
 from stallscope.render.words import over_time as said
 from stallscope.session import Session
@@ -14,11 +16,12 @@ PID = 100
 
 
 def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03, seed=1, gc_longest=None,
-             worker_uss=None, batch_bytes=None, gpu_clock=None) -> Session:
+             worker_uss=None, batch_bytes=None, gpu_clock=None, busy_cores=None) -> Session:
     """A run of 10-second windows, one per rate (steps/s); ``parts(i)`` gives the window's (wait, forward, backward,
     optimizer) shares of each step; ``disk(i)`` its disk read bytes/s, ``rss(i)`` the training process's RSS,
     ``worker_uss(i)`` a DataLoader worker's private memory (read every other sample, its RSS at 900 MiB),
-    ``batch_bytes(i)`` the bytes of the batches sized in it, ``gpu_clock(i)`` a busy GPU's SM clock."""
+    ``batch_bytes(i)`` the bytes of the batches sized in it, ``gpu_clock(i)`` a busy GPU's SM clock,
+    ``busy_cores(i)`` the machine's busy cores (of 4; the job's own process uses none of its CPU)."""
     rng = random.Random(seed)
     rows, ticks, disk_values, rss_values = [], [], [], []
     for i, rate in enumerate(rates):
@@ -43,6 +46,8 @@ def _session(rates: list[float], *, parts=None, disk=None, rss=None, noise=0.03,
                "system": {"disk_read_bytes_per_s": disk_values, "iowait_percent": [1.0] * len(ticks)},
                "processes": {str(PID): {"ticks": list(range(len(ticks))), "cpu_s": [0.0] * len(ticks),
                                         "rss_bytes": rss_values, "read_bytes": [None] * len(ticks)}}}
+    if busy_cores:
+        samples["system"]["per_core_percent"] = [[25.0 * busy_cores(t // 5)] * 4 for t in range(len(ticks))]
     if gpu_clock:
         samples["gpu"] = {"names": ["H200", "H200"], "util_percent": [[97.0, 0.0]] * len(ticks),
                           "sm_clock_mhz": [[gpu_clock(t // 5), 345.0] for t in range(len(ticks))]}
@@ -111,6 +116,24 @@ def test_a_run_that_sped_up_says_so_without_a_cause():
     assert said.change(found, 0).startswith("over time: the run sped up")
 
 
+def test_a_change_that_comes_with_other_programs_load_is_the_machines():
+    """Other programs took 2 more CPUs as the run slowed (and gave them back as another sped up): the cause is the
+    machine's load, said with its CPUs, not the part of the step that took longer under it."""
+    slowed = [100.0 if i < 15 else 55.0 for i in range(40)]
+    found = over_time(_session(slowed, busy_cores=lambda i: 0.4 if i < 15 else 2.4), PID).change
+    assert found is not None and found.direction == "slower" and found.cause == "other-load"
+    assert found.evidence["other_cpus"] == pytest.approx((0.4, 2.4), abs=0.05)
+    assert "other programs on the machine kept 0.4 -> 2.4 CPUs busy meanwhile" in said.change(found, 0)
+    faster = [55.0 if i < 15 else 100.0 for i in range(40)]
+    found = over_time(_session(faster, busy_cores=lambda i: 2.4 if i < 15 else 0.4), PID).change
+    assert found is not None and found.direction == "faster" and found.cause == "other-load"
+    # load that moved the other way, or too little of it, is no cause
+    found = over_time(_session(slowed, busy_cores=lambda i: 2.4 if i < 15 else 0.4), PID).change
+    assert found is not None and found.cause != "other-load"
+    found = over_time(_session(slowed, busy_cores=lambda i: 0.4 if i < 15 else 0.6), PID).change
+    assert found is not None and found.cause != "other-load"
+
+
 def test_too_few_windows_or_a_small_change_are_not_called():
     assert over_time(_session([100.0] * 5 + [50.0] * 5), PID).change is None  # 10 windows: too few
     assert over_time(_session([100.0] * 20 + [92.0] * 20, noise=0.0), PID).change is None  # 8%: under CHANGE_AT
@@ -175,7 +198,7 @@ def test_every_cause_of_a_change_over_time_has_its_words():
 
     evidence = {"disk_read_bytes_per_s": [1 << 20, 50 << 20], "iowait_percent": [1, 30], "fetch_ms": [2.0, 9.0],
                 "gc_ms": [0.1, 3.0], "rss_bytes": [100 << 20, 900 << 20], "batch_bytes": [1 << 20, 3 << 20],
-                "gpu_mhz": [1980, 1410], "cpu_mhz": [3000, 2900]}
+                "gpu_mhz": [1980, 1410], "cpu_mhz": [3000, 2900], "other_cpus": [0.2, 1.5]}
     said = {cause: _cause(SimpleNamespace(cause=cause, evidence=evidence)) for cause in _CAUSES}
     assert all(said.values()) and len(set(said.values())) == len(said)
     assert "50.0 MiB/s, iowait 1% -> 30%" in said["page-cache"] and "1,980 -> 1,410 MHz" in said["clocks"]

@@ -16,10 +16,12 @@ own, the training process's and the DataLoader workers' (copy-on-read), each wit
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallscope.analysis.system_metrics import OTHER_LOAD_NOTABLE_CPUS, other_cores_between
 from stallscope.session import Session
 
 #: Fewer steady windows than this: too little of a run to tell a trend from noise (a quarter of them, at least 3,
@@ -51,6 +53,9 @@ GPU_BUSY_PERCENT = 20.0
 #: Batches that grew this many times (their tensors' bytes): the data changed over the run (longer sequences,
 #: larger images), and the step's time follows it.
 BATCH_GROWTH = 1.25
+#: Other programs' CPUs (the cores they kept busy), late windows against early ones, that changed by this much: a
+#: change of the run's rate the same way is the machine's load, not the job (twice report's notable other load).
+OTHER_LOAD_CHANGE_CPUS = 2 * OTHER_LOAD_NOTABLE_CPUS
 PARTS = ("data_wait", "forward", "backward", "optimizer", "step_code")
 
 
@@ -85,7 +90,7 @@ class RunChange:
     late_steps_per_s: float
     began_ns: int
     part: str  # one of PARTS, or "several"
-    cause: str  # page-cache, input, data-growing, clocks, gc, memory-growth, compute, step-code, unknown
+    cause: str  # page-cache, input, data-growing, clocks, gc, memory-growth, compute, step-code, other-load, unknown
     per_step_ms: dict[str, tuple[float, float]]  # part -> (early, late)
     evidence: dict[str, Any] = field(default_factory=dict)
 
@@ -126,7 +131,22 @@ def over_time(session: Session, pid: int | None = None) -> OverTime | None:
     figures = [_figures(start, rows, pid, window_ns, samples.get(start, {}))
                for start, rows in sorted(_rows_by_window(session.windows).items())]
     steady = [w for w in figures if w.steps_per_s][1:]  # the first window holds the start-up
-    return OverTime(window_ns / 1e9, figures, _change(steady), _memory(steady), _gc_pauses(steady))
+    return OverTime(window_ns / 1e9, figures, _with_other_load(session, _change(steady), steady), _memory(steady),
+                    _gc_pauses(steady))
+
+
+def _with_other_load(session: Session, found: RunChange | None, windows: list[WindowFigures]) -> RunChange | None:
+    """A change that came with other programs' load changing the same way (more of it as the run slowed, less as
+    it sped up) is the machine's, not the job's: its cause then says so, ahead of what the step's parts show."""
+    if found is None:
+        return None
+    early, late = _quarters(windows)
+    a = other_cores_between(session, early[0].start_ns, early[-1].end_ns)
+    b = other_cores_between(session, late[0].start_ns, late[-1].end_ns)
+    if a is None or b is None or abs(b - a) < OTHER_LOAD_CHANGE_CPUS or (b > a) != (found.direction == "slower"):
+        return found
+    return dataclasses.replace(found, cause="other-load",
+                               evidence={**found.evidence, "other_cpus": (round(a, 2), round(b, 2))})
 
 
 def _typical_width(rows: list[dict[str, Any]]) -> int:

@@ -80,6 +80,9 @@ _CAUSES: dict[str, Callable[[dict[str, Any]], str]] = {
                            "device that slowed (clocks falling as it heats) or inputs that grew inside the batch's "
                            "fixed size"),
     "step-code": lambda ev: "the step's own Python code takes longer per step",
+    "other-load": lambda ev: (f"other programs on the machine kept {ev['other_cpus'][0]:.1f} -> "
+                              f"{ev['other_cpus'][1]:.1f} CPUs busy meanwhile: the machine's load changed, not the "
+                              "job; compare runs made under the same load"),
 }
 
 
