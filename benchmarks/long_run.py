@@ -45,6 +45,14 @@ Measured on the 2-core development VM (2026-12-06), chunks of 1 s, windows of 10
   (647 s): session 9.7 MB, report 2.13 s (peak 85 MB), launcher peak 114 MB, 4.8% of a core; 100,000 steps with 2
   workers (335 s): 10.0 MB, report 3.05 s (peak 88 MB), launcher peak 111 MB; overhead at 1 ms steps (1.11-1.12 ms
   padded): median +1.4% over 3 pairs (+0.6% to +3.4%).
+- Later on 2026-12-07, machine quiet: 100,000 steps: session 9.9 MB, report 3.60 s (peak 86 MB), launcher peak
+  106 MB; 1,000,000 steps (554 s): session 10.6 MB, report 2.17 s (peak 90 MB), launcher peak 132 MB (not flat:
+  +25%, not yet explained); overhead at 1 ms steps median +0.7% over 3 pairs (+0.5% to +1.4%). Under another job on
+  the other core: 100,000 steps with 2 workers 9.5 MB, report 1.93 s, launcher peak 107 MB; --killed-after 3600:
+  run folder 15.3 MB, rebuilt in 3.94 s (peak 117 MB), 5,743,459 steps, 360 windows to the kill; --planted: leak
+  0.45x from 30 s, python-leak GC pauses 1,381 -> 3,800 ms from 3.5 min, growing-inputs 0.38x from 20 s
+  (data-growing), page-cache 0.54x from 80 s, copy-on-read not called under that load (alone: workers 31 -> 107 MiB
+  from 20 s), and the steady job "sped up 1.28x" as the other job ended (now said as other-load).
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ def test_streaming_download_threads_are_counted_and_advised_in_streamings_words(
     assert requests["background_share"] > 0.5  # downloads on Streaming's thread, not in the fetch's own calls
     assert requests["latency_ms"] >= 1e3 * LATENCY_S
     assert requests["bound"] == "latency"
-    assert requests["per_sample"] < 1  # a shard's HEAD and GET, not a request a sample
+    # a GET a shard, not a request a sample: each answer's body is a shard (below). Requests per sample measured
+    # are not asserted: Streaming downloads ahead of the measured steps, more so the slower the training runs
     assert requests["bytes_per_body"] == pytest.approx(shard_bytes, rel=0.1)  # a GET a shard; HEADs bring none
     ids = [r["id"] for r in summary["recommendations"]]
     assert "larger-shards" in ids
