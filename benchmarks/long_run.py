@@ -53,6 +53,16 @@ Measured on the 2-core development VM (2026-12-06), chunks of 1 s, windows of 10
   0.45x from 30 s, python-leak GC pauses 1,381 -> 3,800 ms from 3.5 min, growing-inputs 0.38x from 20 s
   (data-growing), page-cache 0.54x from 80 s, copy-on-read not called under that load (alone: workers 31 -> 107 MiB
   from 20 s), and the steady job "sped up 1.28x" as the other job ended (now said as other-load).
+- Later on 2026-12-07, the launcher polling every 2 s instead of 10 (docs/calibration.md, fold-period), writing its
+  fold state at most every 10 s, its system samples held in 8 bytes a reading; machine quiet: 20,000 steps: launcher
+  peak 84 MB (session 8.7 MB, report 1.57 s); 100,000 steps (38 s): session 8.8 MB, report 1.72 s (peak 80 MB),
+  launcher peak 85 MB (67, 83, 84 by 25/50/75% of the run), 6.3% of a core; 1,000,000 steps (326 s): session 9.3 MB,
+  report 1.62 s (peak 83 MB), launcher peak 95 MB (89, 89, 90), 7.3% of a core; 100,000 steps with 2 workers
+  (154 s): 9.4 MB, report 1.46 s, launcher peak 82 MB (46, 50, 50); overhead at 1 ms steps median +0.9% over 3
+  pairs (+0.2% to +2.2%). With the 2 s polls alone (state written at every poll), 3,000,000 steps (1,004 s): 9.2 MB,
+  report 1.47 s, launcher peak 100 MB (91, 91, 94). The launcher reaches its working size within its first minute
+  and stays there; its peak comes at the end, building the session (about 84 MB from 20,000 steps on). Polling every
+  10 s, 1,000,000 steps had peaked at 133 MB (105, 108, 109 by 25/50/75%).
 """
 
 from __future__ import annotations
@@ -91,21 +101,32 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, its own
 
 
-def watched(command: list[str]) -> tuple[subprocess.CompletedProcess, float, int | None, float | None]:
+PEAKS_AT = (0.25, 0.5, 0.75)  # shares of a run's wall time at which its peak so far is kept
+
+
+def watched(command: list[str], peaks: list[float] | None = None
+            ) -> tuple[subprocess.CompletedProcess, float, int | None, float | None]:
     """(the finished process, its wall seconds, its own peak resident kB, and its CPU per second over the middle half
-    of its life: the launcher's cost while the job runs, without its start-up and the analysis at the end)."""
+    of its life: the launcher's cost while the job runs, without its start-up and the analysis at the end). With
+    ``peaks``, its peak so far at each share of PEAKS_AT is added there (MB): whether the peak grew while the job ran
+    or came at the end, when the session is built."""
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = None
     used: list[tuple[float, float]] = []
+    so_far: list[tuple[float, int]] = []
     while proc.poll() is None:
         found, cpu = _peak_kb(proc.pid), _cpu_s(proc.pid)
         peak = max(peak or 0, found) if found is not None else peak
         if cpu is not None:
             used.append((time.perf_counter() - started, cpu))
+        if peak is not None:
+            so_far.append((time.perf_counter() - started, peak))
         time.sleep(0.05)
     out, err = proc.communicate()
     wall = time.perf_counter() - started
+    if peaks is not None:
+        peaks.extend(max((kb for t, kb in so_far if t <= share * wall), default=0) / 1024 for share in PEAKS_AT)
     middle = [(t, c) for t, c in used if wall / 4 <= t <= 3 * wall / 4]
     rate = (middle[-1][1] - middle[0][1]) / (middle[-1][0] - middle[0][0]) if len(middle) > 1 else None
     return subprocess.CompletedProcess(command, proc.returncode, out, err), wall, peak, rate
@@ -114,9 +135,10 @@ def watched(command: list[str]) -> tuple[subprocess.CompletedProcess, float, int
 def recorded(steps: int, workers: int, where: Path) -> dict:
     store = where / f"store-{steps}-{workers}"
     summary_path = where / f"s-{steps}-{workers}.json"
+    peaks: list[float] = []
     done, wall, peak, core = watched([sys.executable, "-m", "stallscope", "run", "--quiet", "--store", str(store),
                                      "--json", str(summary_path), "--", sys.executable, SCRIPT, "--steps", str(steps),
-                                     "--workers", str(workers)])
+                                     "--workers", str(workers)], peaks)
     if done.returncode != 0:
         raise SystemExit(f"the recorded run failed:\n{done.stderr[-3000:]}")
     summary = json.loads(summary_path.read_text())
@@ -127,7 +149,7 @@ def recorded(steps: int, workers: int, where: Path) -> dict:
         raise SystemExit(f"report failed:\n{report.stderr[-3000:]}")
     recording = summary.get("recording") or {}
     return {"steps": steps, "workers": workers, "wall_s": wall, "launcher_peak_mb": (peak or 0) / 1024,
-            "launcher_core": core or 0.0,
+            "launcher_peaks_mb": peaks, "launcher_core": core or 0.0,
             "session_mb": session.stat().st_size / 2**20, "report_s": report_s,
             "report_peak_mb": (report_peak or 0) / 1024, "summary_steps": summary["steps"],
             "steps_in_detail": recording.get("steps_in_detail", summary["steps"]),
@@ -286,7 +308,9 @@ def main() -> None:
             rows.append(recorded(steps, workers, where))
             r = rows[-1]
             print(f"  {r['wall_s']:.0f} s; session {r['session_mb']:.1f} MB; report {r['report_s']:.2f} s "
-                  f"(peak {r['report_peak_mb']:.0f} MB); launcher peak {r['launcher_peak_mb']:.0f} MB, "
+                  f"(peak {r['report_peak_mb']:.0f} MB); launcher peak {r['launcher_peak_mb']:.0f} MB ("
+                  + ", ".join(f"{mb:.0f} by {share:.0%}" for share, mb in zip(PEAKS_AT, r["launcher_peaks_mb"]))
+                  + " of the wall time), "
                   f"{r['launcher_core']:.1%} of a core while the job ran; summary "
                   f"steps {r['summary_steps']:,} ({r['steps_in_detail']:,} in detail, window {r['window_s']} s); "
                   f"{r['verdict']}, data wait {r['data_wait']:.1%}", flush=True)

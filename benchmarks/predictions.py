@@ -10,6 +10,15 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40] [--store DIR]
 Score saved runs again (nothing run): python benchmarks/predictions.py --rescore DIR [DIR ...]
 
+Measured 2026-12-07 (session 43), the object-store scenarios alone (``--only S3 WebDataset Streaming --rounds 2``; the
+demo's 2,000 photos in SeaweedFS behind 20 ms a request: as files, as WebDataset shards of 100 read by URL, as MDS
+shards of 160 KB): S3 GETs 1->8 workers 6.75x predicted, 6.64x and 6.55x measured (+2%); WebDataset by URL 1->2
+workers 1.49x vs 1.62x and 1.38x (-1%). Streaming MDS 1->8 workers: 3 of 4 rounds failed inside Streaming 0.13
+("Relative sample index N is not present in the shard", as it does without stallscope at 7-8 workers on small
+shards); the one that ran measured 5.28x against 7.99x predicted (+51%): over 40 steps the 8 workers' start-up (0.5 of
+a CPU second each, outside their fetches) falls in the measured window on 2 cores. ``object_store.py --streaming``
+(60 steps, 8 photos a shard) measured that change within 20% in two runs the same day. Not met here.
+
 Measured 2026-12-04 (session 30, at 302aa89: a worker's time-sharing cost from its page faults, which reaches only
 pipelines that take few, such as tokenize's), ``--rounds 3 --store /tmp/s30/pstore``, 7 min, on a quiet machine:
 starved -5% (1.34x vs 1.40x), slow storage +1%, large JPEGs -8% (1.61x vs 1.75x), HTTP -0%, tokenize -4% (1.77x vs
@@ -178,8 +187,14 @@ from tests.object_store import DelayProxy, seaweedfs, upload_folder, weed_binary
 TESTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
 
 
-def scenarios() -> dict[str, list[str]]:
+#: The scenarios that read from the local S3 server (SeaweedFS), started by ``main`` where ``weed`` is installed.
+STORE_SCENARIOS = ("S3 GETs", "WebDataset by URL", "Streaming")
+
+
+def scenarios(remote: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Every scenario's command; with ``remote`` (``object_store_data``'s addresses), those reading the S3 server."""
     images = str(demo_dataset(DatasetSpec()))
+    remote = remote or {}
     large = str(demo_dataset(LARGE))
     ref = [sys.executable, str(REFERENCE_SCRIPT), "--threads", "1", "--epochs", "50"]
     return {
@@ -197,14 +212,41 @@ def scenarios() -> dict[str, list[str]]:
                                          "--data", images, "--workers", "0", "--batch-size", "16"],
         # compute-bound: a worker more cannot help
         "heavy model (1 worker)": [sys.executable, str(TESTS / "scenario_heavy_model.py"), "1"],
-        # JPEGs in a real S3 server (SeaweedFS on loopback, 20 ms a request through a proxy), a boto3 GET each:
-        # run only where the `weed` binary is installed (main() starts the server and sets the environment)
+        # JPEGs in a real S3 server (SeaweedFS on loopback, 20 ms a request through a proxy), a boto3 GET each; the
+        # same photos as WebDataset shards of 100 read by URL (curl), and as MDS shards of 160 KB that MosaicML
+        # Streaming downloads on its own thread: run only where the `weed` binary is installed (main() starts the
+        # server, uploads them and sets the environment)
         **({"S3 GETs (1 worker, 20 ms)": [sys.executable, str(TESTS / "s3_images.py"), "--workers", "1",
-                                          "--steps", "100000"]} if weed_binary() else {}),
+                                          "--steps", "100000"]} if "s3" in remote else {}),
+        **({"WebDataset by URL (1 worker, 20 ms)": [sys.executable, str(TESTS / "wds_url.py"), remote["wds"],
+                                                    "--workers", "1"]} if "wds" in remote else {}),
+        **({"Streaming MDS (1 worker, 20 ms)": [sys.executable, str(TESTS / "streaming_mds.py"), "train",
+                                                remote["mds"], "--workers", "1"]} if "mds" in remote else {}),
         # short epochs (a loop that breaks after 5 batches): every epoch starts the workers and drops what is in flight
         "short epochs (0 workers)": [*ref, "--data", images, "--workers", "0", "--batch-size", "32",
                                      "--max-batches", "5", "--epochs", "1000"],
     }
+
+
+def object_store_data(servers: contextlib.ExitStack, scratch: Path) -> dict[str, str]:
+    """Start the S3 server, put the demo's photos in it as files, WebDataset shards and MDS shards, put 20 ms before
+    each request (a proxy), set the environment the scenarios' clients read; their addresses."""
+    from stallscope.data.packing import PackOptions, pack
+
+    server = servers.enter_context(seaweedfs(scratch / "weed"))
+    photos = demo_dataset(DatasetSpec())
+    upload_folder(server, photos, "images")
+    pack(photos, scratch / "wds", PackOptions(format="wds", shard_size=100))
+    shards = len(upload_folder(server, scratch / "wds", "shards")) - 1  # less the index
+    subprocess.run([sys.executable, str(TESTS / "streaming_mds.py"), "write", str(photos), str(scratch / "mds"),
+                    "--size-limit", "160000"], check=True, capture_output=True)
+    upload_folder(server, scratch / "mds", "mds")
+    proxy, filer = DelayProxy(server.endpoint, 0.02), DelayProxy(server.filer, 0.02)
+    servers.callback(proxy.close)
+    servers.callback(filer.close)
+    os.environ.update({**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint, "S3_ENDPOINT_URL": proxy.endpoint})
+    return {"s3": "s3://data/images", "mds": "s3://data/mds",
+            "wds": f"{filer.endpoint}/buckets/data/shards/shard-{{000000..{shards - 1:06d}}}.tar"}
 
 
 def run(store: str, command: list[str], steps: int, overrides: list[str], out: Path) -> dict:
@@ -235,36 +277,46 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as servers:
         store = args.store or scratch
         Path(store).mkdir(parents=True, exist_ok=True)
-        if weed_binary() and (not args.only or any("S3 GETs".startswith(o) or o.startswith("S3") for o in args.only)):
-            server = servers.enter_context(seaweedfs(Path(scratch) / "weed"))
-            upload_folder(server, demo_dataset(DatasetSpec()), "images")
-            proxy = DelayProxy(server.endpoint, 0.02)
-            servers.callback(proxy.close)
-            os.environ.update({**server.env(), "AWS_ENDPOINT_URL": proxy.endpoint})
+        remote: dict[str, str] = {}
+        if weed_binary() and (not args.only or any(name.startswith(o) or o.startswith(name)
+                                                   for o in args.only for name in STORE_SCENARIOS)):
+            remote = object_store_data(servers, Path(scratch))
         out = Path(scratch) / "summary.json"
-        for name, command in scenarios().items():
+        for name, command in scenarios(remote).items():
             if args.only and not any(name.startswith(o) for o in args.only):
                 continue
-            base = run(store, command, args.steps, [], out)
-            top = next((r for r in base["recommendations"] if r["change"].startswith("--set")), None)
-            if top is None:  # nothing predicted to help: check that by adding a worker, priced by the same model
-                change, predicted = one_more_worker(base)
-            else:
-                change = [f"{key}={format_value(value)}" for key, value in top["overrides"].items()]
-                predicted = top["predicted_speedup"]
-            ratios = []
-            for round_index in range(args.rounds):
-                if round_index == 0:
-                    before = base
-                    after = run(store, command, args.steps, change, out)
-                else:
-                    after = run(store, command, args.steps, change, out)
-                    before = run(store, command, args.steps, [], out)
-                ratios.append(after["throughput"]["samples_per_s"] / before["throughput"]["samples_per_s"])
-            rows.append((name, " ".join(change), predicted, statistics.median(ratios)))
-            print(f"{name}: {change} predicted {predicted:.2f} measured {ratios} (baseline {base['run_id']})",
-                  flush=True)
+            try:
+                rows.append(measured_scenario(name, command, store, out, args))
+            except SystemExit as failed:  # a library that fails under some setting (Streaming at 8 workers): said
+                print(f"{name}: {str(failed).splitlines()[0]}; {str(failed).strip().splitlines()[-1]}", flush=True)
     return print_table(rows)
+
+
+def measured_scenario(name: str, command: list[str], store: str, out: Path,
+                      args: argparse.Namespace) -> tuple[str, str, float, float]:
+    """The scenario's baseline, its first ``--set`` advice (or one worker more) and the pairs that measure it."""
+    base = run(store, command, args.steps, [], out)
+    top = next((r for r in base["recommendations"] if r["change"].startswith("--set")), None)
+    if top is None:  # nothing predicted to help: check that by adding a worker, priced by the same model
+        change, predicted = one_more_worker(base)
+    else:
+        change = [f"{key}={format_value(value)}" for key, value in top["overrides"].items()]
+        predicted = top["predicted_speedup"]
+    ratios = []
+    for round_index in range(args.rounds + 2):  # two more tries where the library itself failed a round
+        if len(ratios) == args.rounds:
+            break
+        try:
+            after = run(store, command, args.steps, change, out)
+            before = base if round_index == 0 else run(store, command, args.steps, [], out)
+        except SystemExit as failed:  # Streaming 0.13 at 8 workers on small shards, with or without stallscope
+            print(f"  {name}, round {round_index + 1}: {str(failed).strip().splitlines()[-1]}", flush=True)
+            continue
+        ratios.append(after["throughput"]["samples_per_s"] / before["throughput"]["samples_per_s"])
+    if not ratios:
+        raise SystemExit(f"failed: every round of {name} with {change}")
+    print(f"{name}: {change} predicted {predicted:.2f} measured {ratios} (baseline {base['run_id']})", flush=True)
+    return name, " ".join(change), predicted, statistics.median(ratios)
 
 
 def print_table(rows: list[tuple[str, str, float, float]]) -> int:

@@ -49,6 +49,14 @@ GROUP_RECORDS = 4000
 #: A chunk closes once the clock is this far past its end: processes write their records out at least every half
 #: second (``recorder/events.py``), so none can still arrive for it but from a process stalled that long.
 LAG_NS = 5_000_000_000
+#: How often the launcher reads what the processes wrote: the records it parsed wait in memory until their chunk
+#: closes (``LAG_NS`` later), so a shorter period holds fewer of them at once (docs/calibration.md, fold-period).
+PERIOD_S = 2.0
+#: The fold state (every window's figures, what is kept) is written whole at most this often, and at the end: raw
+#: segments and dropped detail are deleted only once a saved state covers them, so a kill loses nothing, and the
+#: short ``PERIOD_S`` costs no write of a state that grows with the run at every poll (docs/calibration.md,
+#: fold-period).
+STATE_SAVE_NS = 10_000_000_000
 LEAD_RECORDS = 30_000
 TRAIL_RECORDS = 30_000
 ANOMALY_RECORDS = 15_000
@@ -140,9 +148,10 @@ class Limits:
     lead: int = LEAD_RECORDS
     trail: int = TRAIL_RECORDS
     anomaly: int = ANOMALY_RECORDS
-    period_s: float = 10.0
+    period_s: float = PERIOD_S
     lag_ns: int = LAG_NS
     samples_s: float = SAMPLES_SAVE_S
+    state_ns: int = STATE_SAVE_NS
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -156,8 +165,8 @@ class Limits:
                     values[name] = int(value)
                 elif name in ("period_ms", "samples_ms"):
                     values[name.replace("_ms", "_s")] = float(value) / 1e3
-                elif name == "lag_ms":
-                    values["lag_ns"] = int(float(value) * 1e6)
+                elif name in ("lag_ms", "state_ms"):
+                    values[name.replace("_ms", "_ns")] = int(float(value) * 1e6)
         return cls(**values)
 
 
@@ -252,6 +261,8 @@ class Folder:
         self.anomalous: set[int] = set()
         self.damaged: dict[int, int] = {}
         self.saved_until: int | None = None  # the closed chunks the state on disk names: what its files may hold
+        self._state_saved_ns: int | None = None  # when the state was last written (the poll's clock)
+        self._unsaved_drops: list[str] = []  # dropped entries' folders, deleted once a saved state no longer names them
         self.folded_counts: dict[str, list[int]] = {}  # pid -> _COUNTED summed over the folded windows
         self.last_write: dict[int, int] = {}  # pid -> the latest time it is known to have written
         self._load_state()
@@ -271,7 +282,9 @@ class Folder:
                 break
             self._close(start)
         if self.persist:
-            self._save_state()
+            if final or self._state_saved_ns is None or now - self._state_saved_ns >= self.limits.state_ns:
+                self._save_state()
+                self._state_saved_ns = now
             self._delete_folded_raw(final)
 
     def _read_raw(self, final: bool) -> None:
@@ -490,7 +503,7 @@ class Folder:
             into = self.folded_counts.setdefault(pid, [0] * len(_COUNTED))
             self.folded_counts[pid] = [a + b for a, b in zip(into, counts)]
         if self.persist:
-            shutil.rmtree(self.folded_dir / entry["dir"], ignore_errors=True)
+            self._unsaved_drops.append(entry["dir"])  # the saved state may still name it: deleted after the next save
         else:
             self._mem.pop(entry["dir"], None)
         if self.folded and self.folded[-1][1] == entry["start_ns"]:
@@ -560,6 +573,9 @@ class Folder:
         self.folded_dir.mkdir(exist_ok=True)
         write_file(self.folded_dir / STATE_FILE, json.dumps(state, separators=(",", ":")))
         self.saved_until = self.closed_until
+        for name in self._unsaved_drops:
+            shutil.rmtree(self.folded_dir / name, ignore_errors=True)
+        self._unsaved_drops.clear()
 
     def _load_state(self) -> None:
         try:
@@ -588,16 +604,16 @@ class Folder:
                                               gc_count=gc_count)
 
     def _delete_folded_raw(self, final: bool) -> None:
-        """Raw segments every record of which lies in a closed chunk: finished (the process writes a later one,
-        or has ended) and read to their end."""
-        if self.closed_until is None:
+        """Raw segments every record of which lies in a chunk the saved state names as closed: finished (the process
+        writes a later one, or has ended) and read to their end."""
+        if self.saved_until is None:
             return
         newest: dict[int, int] = {}
         for tail in self.tails.values():
             newest[tail.pid] = max(newest.get(tail.pid, -1), tail.segment)
         for path, tail in list(self.tails.items()):
             finished = final or tail.segment < newest[tail.pid] or not _alive(tail.pid)
-            if not finished or (tail.last_ns is not None and tail.last_ns >= self.closed_until):
+            if not finished or (tail.last_ns is not None and tail.last_ns >= self.saved_until):
                 continue
             try:
                 if path.stat().st_size != tail.offset:

@@ -11,6 +11,7 @@ import shlex
 import stat
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from stallscope.constants import DEFAULT_STORE_DIRNAME
@@ -173,8 +174,13 @@ def disk_full(path: str | os.PathLike[str]) -> bool:
 
 
 def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
-    """Write a file the user named, so that a crash or a full disk never leaves half of it, nor destroys what
-    the name pointed at.
+    """Write ``data`` to a file the user named (``write_parts`` with one part)."""
+    return write_parts(path, [data.encode("utf-8") if isinstance(data, str) else data])
+
+
+def write_parts(path: str | os.PathLike[str], parts: Iterable[bytes]) -> Path:
+    """Write a file the user named, part after part (a large file is never held whole in memory), so that a crash
+    or a full disk never leaves half of it, nor destroys what the name pointed at.
 
     A regular file (or a new one) is written to a uniquely named temporary file beside it and renamed over it
     in one step; on any failure the temporary file is removed and the old file stays as it was. A symbolic
@@ -186,10 +192,10 @@ def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
     made.
     """
     path = Path(path)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
     fd = held_descriptor(path)
     if fd is not None:
-        _write_descriptor(fd, raw)
+        for part in parts:
+            _write_descriptor(fd, part)
         return path
     real = Path(os.path.realpath(path))
     try:
@@ -199,7 +205,7 @@ def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
     if mode is not None and stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
     if mode is not None and not stat.S_ISREG(mode):
-        _write_special(real, raw, fifo=stat.S_ISFIFO(mode))
+        _write_special(real, parts, fifo=stat.S_ISFIFO(mode))
         return path
     try:
         real.parent.mkdir(parents=True, exist_ok=True)
@@ -210,7 +216,8 @@ def write_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
         with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
+            for part in parts:
+                fh.write(part)
         if mode is not None:
             os.chmod(tmp, stat.S_IMODE(mode))  # a replaced file keeps its permissions
         os.replace(tmp, real)
@@ -241,7 +248,7 @@ def _write_descriptor(fd: int, raw: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _write_special(real: Path, raw: bytes, fifo: bool) -> None:
+def _write_special(real: Path, parts: Iterable[bytes], fifo: bool) -> None:
     """Write a FIFO or a device in place. A FIFO is opened without blocking first: with no reader that fails at
     once (ENXIO) instead of waiting for one that never comes."""
     flags = os.O_WRONLY | (os.O_NONBLOCK if fifo else 0)
@@ -254,7 +261,8 @@ def _write_special(real: Path, raw: bytes, fifo: bool) -> None:
     try:
         if fifo:
             os.set_blocking(fd, True)
-        _write_descriptor(fd, raw)
+        for part in parts:
+            _write_descriptor(fd, part)
     finally:
         os.close(fd)
 

@@ -13,12 +13,13 @@ import json
 import os
 import types
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stallscope.constants import SESSION_SCHEMA
-from stallscope.paths import write_file
+from stallscope.paths import write_parts
 from stallscope.system_samples import SystemSamples
 
 
@@ -442,7 +443,23 @@ class Session:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write atomically: a crash mid-save never leaves a truncated session behind."""
-        return write_file(path, json.dumps(self.to_dict(), separators=(",", ":")))
+        return write_parts(path, self.json_parts())
+
+    def json_parts(self, records_per_part: int = 2000) -> Iterator[bytes]:
+        """``json.dumps(self.to_dict(), separators=(",", ":"))`` in parts, a record list a few thousand records at a
+        time: saving a long run's session never holds its records as dicts and its text whole at once."""
+        dumps = json.JSONEncoder(separators=(",", ":")).encode
+        for n, f in enumerate(dataclasses.fields(self)):
+            value = getattr(self, f.name)
+            yield f'{"," if n else "{"}{dumps(f.name)}:'.encode()
+            if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+                for start in range(0, len(value), records_per_part):
+                    part = ",".join(dumps(_record_dict(r)) for r in value[start:start + records_per_part])
+                    yield f'{"," if start else "["}{part}'.encode()
+                yield b"]"
+            else:
+                yield dumps(value).encode()
+        yield b"}"
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Session:

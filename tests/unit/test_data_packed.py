@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from stallscope.data import (
     collate_uint8,
     pack,
 )
+from stallscope.data.packed import shuffled
 from stallscope.demo.dataset import DatasetSpec, make_dataset
 
 pytest.importorskip("lmdb")
@@ -94,3 +96,25 @@ def test_a_pass_starts_with_a_small_range_and_doubles_up_to_the_limit():
     n = 40
     plan = chunks(list(range(n)), [0] * n, [1024 * i for i in range(n)], [1024] * n, limit=8192, first=2048)
     assert [stop - start for _, start, stop, _ in plan] == [2048, 4096, 8192, 8192, 8192, 8192, 2048]  # 40 KB
+
+
+def test_shuffle_buffer_gives_its_first_record_early_and_grows_to_its_size():
+    taken: list[int] = []
+
+    def records():
+        for i in range(5_000):
+            taken.append(i)
+            yield i
+
+    out = shuffled(records(), 1_000, random.Random(1), start=100)
+    first = next(out)
+    assert len(taken) == 100 and 0 <= first < 100  # not a whole buffer read before decoding starts
+    held = []  # records read but not yet given, after each one given
+    rest = []
+    for record in out:
+        rest.append(record)
+        held.append(len(taken) - 1 - len(rest))
+    assert sorted([first, *rest]) == list(range(5_000))  # each record once
+    # full (size before each give) within the first 2 x size records, never more
+    assert max(held) == 1_000 - 1 and held.index(1_000 - 1) < 2_000
+    assert [first, *rest] != list(range(5_000))

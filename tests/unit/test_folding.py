@@ -3,6 +3,7 @@ whole whenever its launcher stopped. The events are written by the recorder's ow
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -90,6 +91,34 @@ def test_a_run_reads_back_the_same_whenever_its_launcher_stopped_folding(run_dir
     assert run.last_write[os.getpid()] >= end - MS
     assert (run_dir / "folded" / "state.json").read_bytes() == state, "reading changed nothing"
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_the_state_is_saved_at_most_every_state_period_and_nothing_it_does_not_name_is_deleted(run_dir):
+    """Polled often, the state is written at most every ``state_ns`` of the poll's clock: raw segments and dropped
+    detail stay until a saved state covers them, so a launcher killed between two saves loses nothing."""
+    limits = dataclasses.replace(LIMITS, state_ns=10_000 * MS)
+    folder = Folder(run_dir, persist=True, limits=limits)
+    state = run_dir / "folded" / "state.json"
+    end = _steps(0, 600)
+    folder.poll(now_ns=end)  # the first poll saves
+    saved = state.read_bytes()
+    raw_before = sorted(p.name for p in (run_dir / "events").glob("*.jsonl"))
+    for part in range(1, 8):  # every poll closes chunks, none saves: not 10 s of the clock yet
+        end = _steps(part * 600, 600)
+        folder.poll(now_ns=end)
+    assert folder.closed_until > folder.saved_until
+    assert state.read_bytes() == saved, "saved again before its period"
+    raw = sorted(p.name for p in (run_dir / "events").glob("*.jsonl"))
+    assert set(raw_before) <= set(raw), "a raw segment deleted that the saved state does not cover"
+    kept_dirs = {e["dir"] for e in json.loads(saved)["kept"]}
+    assert all((run_dir / "folded" / d).is_dir() for d in kept_dirs), "detail the saved state names was deleted"
+    assert _totals(read_run(run_dir)) == (4800, 19200)  # what a report of the killed launcher's run would read
+    folder.poll(now_ns=end + 10_000 * MS)  # the period has passed: saved, and what it covers deleted
+    assert state.read_bytes() != saved and folder.saved_until == folder.closed_until
+    assert len(list((run_dir / "events").glob("*.jsonl"))) < len(raw)
+    folder.poll(now_ns=end + 10_000 * MS, final=True)
+    assert _totals(folder.result()) == (4800, 19200)
+    assert not list((run_dir / "events").glob("*.jsonl"))
 
 
 def test_a_window_with_a_slow_step_is_kept_as_an_anomaly(run_dir):

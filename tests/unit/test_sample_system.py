@@ -133,8 +133,8 @@ def _stat_line(state: str, flags: int, rss_pages: int) -> str:
 
 
 def test_proc_stat_reads_cpu_and_rss_and_treats_an_exiting_process_as_gone():
-    import pytest
     import psutil
+    import pytest
 
     from stallscope.sample import system
 
@@ -187,3 +187,35 @@ def test_a_snapshot_taken_while_it_samples_reads_back_whole():
     for snap in taken:
         assert all(len(values) == len(snap["t_ns"]) for values in snap["system"].values())
     assert SystemSamples.read(taken[-1]).processes
+
+
+def test_readings_not_taken_read_back_as_none_and_each_tick_is_held_in_few_bytes():
+    """The launcher holds up to MAX_TICKS ticks: each reading in 8 bytes, not a Python object; what was not read on
+    a tick (disk rate between its reads, bytes read between a process's I/O reads) reads back as None, not 0."""
+    import tracemalloc
+
+    from stallscope.sample import system
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
+    sampler = SystemSampler(child.pid, interval_s=0.01, gpu=False)
+    sampler.start()
+    child.wait()
+    result = sampler.stop()
+    disk = result["system"]["disk_read_bytes_per_s"]
+    assert disk[0] is None or isinstance(disk[0], float)
+    assert None in disk[1:system.DISK_EVERY_TICKS]  # read every DISK_EVERY_TICKS ticks only
+    entry = result["processes"][str(child.pid)]
+    assert None in entry["read_bytes"] and all(isinstance(v, int) for v in entry["rss_bytes"])
+    assert all(isinstance(v, float) for v in result["system"]["per_core_percent"][0])
+
+    tracemalloc.start()
+    held = SystemSampler(child.pid, gpu=False)
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(1000):  # a tick's readings, as _tick appends them, on a 64-core machine
+        held.t_ns.append(time.perf_counter_ns())
+        held._system_tick([(1, 2, 3, 4, 5)] * 64, [(2, 4, 6, 8, 10)] * 64)
+        for name in ("disk_read_bytes_per_s", "shm_used_bytes", "cpu_mhz"):
+            system._put(held.system[name], None)
+    per_tick = (tracemalloc.get_traced_memory()[0] - before) / 1000
+    tracemalloc.stop()
+    assert per_tick < 64 * 8 + 200, per_tick  # as lists of floats: about 64 * 32 + 300

@@ -113,6 +113,19 @@ def test_save_is_atomic(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["session.json"]
 
 
+def test_saved_in_parts_it_is_the_json_of_its_dict_byte_for_byte(tmp_path):
+    session = Session(schema=SESSION_SCHEMA, run_id="r\u00e9", command=["python", "t.py"], cwd="/", started_wall=0.5,
+                      start_ns=0, end_ns=1, exit_code=0, ended_by="exit", overrides={"num_workers": 2}, max_steps=None,
+                      environment={"torch": "2.14"},
+                      nexts=[NextRecord(0, 0, 0, i * 10, i * 10 + 5, i % 2, 8, 42) for i in range(7)])
+    whole = json.dumps(session.to_dict(), separators=(",", ":")).encode()
+    for per_part in (1, 3, 7, 100):  # parts cut inside, at and past the end of a record list
+        assert b"".join(session.json_parts(records_per_part=per_part)) == whole
+    session.save(tmp_path / "session.json")
+    assert (tmp_path / "session.json").read_bytes() == whole
+    assert Session.load(tmp_path / "session.json").nexts == session.nexts
+
+
 def _stack_event(t_ns, frames, count, *sampler):
     """A ``stack_samples`` event of loader 0's ``transform`` stage; ``sampler``: (name, fallback reason), or
     nothing for an event written before the sampler was recorded."""

@@ -125,3 +125,29 @@ def test_other_programs_cpu_leaves_out_ticks_where_a_new_process_ran_unseen() ->
     # Ticks a few hundred microseconds off their schedule, as a sampler's are, leave out the same ticks.
     wobbly = dict(block, t_ns=[t + (300_000 if i % 2 else -300_000) for i, t in enumerate(block["t_ns"])])
     assert _other_cores(SystemSamples.read(wobbly)) == pytest.approx((2 * 1.0 + 4 * 0.2) / 12, rel=0.01)
+
+
+def test_a_process_the_recorder_saw_and_the_sampler_never_read_is_not_other_programs_cpu() -> None:
+    """A DataLoader worker of an epoch shorter than the sampler's look (TREE_REFRESH_S) ran between two looks: the
+    recorder saw it (its header, its fetches), the sampler never read it. The ticks of its life are left out: the
+    core it kept busy is the job's, where counting it made a quiet machine look half busy (its advice then priced
+    a second worker on 1.6 CPUs instead of 2)."""
+    from stallscope.analysis.system_metrics import _other_cores, _unseen_processes
+    from stallscope.constants import SESSION_SCHEMA
+    from stallscope.session import FetchRecord, ProcessRecord, Session
+
+    block = _late_worker_block()
+    del block["processes"]["300"]  # never read: its core 2 busy looks like someone else's at ticks 8-16
+    samples = SystemSamples.read(block)
+    assert _other_cores(samples) > 0.5
+    worker = ProcessRecord(pid=301, ppid=PID, role="worker", argv=[], wall_ns=0, mono_ns=T0 + 4 * 250 * MS)
+    fetch = FetchRecord(loader_id=0, iter_id=0, worker=0, seq=0, start_ns=T0 + 5 * 250 * MS,
+                        end_ns=T0 + 16 * 250 * MS + 1000, cpu_ns=0, runqueue_ns=0, items=1, by_node={}, by_name={},
+                        outcome=None, pid=301)
+    session = Session(schema=SESSION_SCHEMA, run_id="t", command=["x"], cwd="/", started_wall=0.0, start_ns=T0,
+                      end_ns=T0 + 20 * 250 * MS, exit_code=0, ended_by="exit", overrides={}, max_steps=None,
+                      environment={}, processes=[worker], fetches=[fetch], system_samples=block)
+    unseen = _unseen_processes(session)
+    assert unseen == [(T0 + 4 * 250 * MS, T0 + 16 * 250 * MS + 1000)]
+    # ticks 5-17 left out; counted: 1-4 (other 1.0: core 2 busy before the worker's recorder started) and 18-19 (0)
+    assert _other_cores(samples, unseen=unseen) == pytest.approx(4 * 1.0 / 6)

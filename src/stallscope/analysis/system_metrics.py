@@ -5,8 +5,10 @@ Everything the sampler could not read stays ``None`` here: absent is never repor
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stallscope.session import Session
@@ -114,23 +116,28 @@ def summarize_samples(session: Session) -> SystemSummary:
         gpu_mem_peak=gpu_mem,
         sampler_core_fraction=samples.cost.get("core_fraction"),
         absent=dict(samples.absent),
-        other_cores_mean=_other_cores(samples),
+        other_cores_mean=_other_cores(samples, unseen=_unseen_processes(session)),
     )
 
 
-def _other_cores(samples: SystemSamples, start_ns: int | None = None, end_ns: int | None = None) -> float | None:
+def _other_cores(samples: SystemSamples, start_ns: int | None = None, end_ns: int | None = None,
+                 unseen: Sequence[tuple[int, int]] = ()) -> float | None:
     """Mean cores busy outside the job's process tree: system-wide busy cores minus the tree's, over the ticks
     between ``start_ns`` and ``end_ns`` (the whole run when not given).
 
     The sampler looks for new processes of the tree once every ``TREE_REFRESH_S``, so a process that has just
     started (DataLoader workers at each epoch's start) runs for up to that long before its CPU is read: those
-    ticks, and the tick a process was last seen, are left out rather than counted as someone else's CPU."""
+    ticks, and the tick a process was last seen, are left out rather than counted as someone else's CPU; so are
+    the ticks while a process the recorder saw and the sampler never read ran (``unseen``: workers of epochs
+    shorter than a look)."""
     per_core = samples.system.get("per_core_percent") or []
     t_ns = samples.t_ns
     if len(t_ns) < 3 or not per_core:
         return None
     tree = samples.tree_cores()
     unsure = _ticks_around_process_changes(samples)
+    for first, last in unseen:  # ticks (t[i-1], t[i]] that overlap (first, last)
+        unsure.update(range(max(1, bisect.bisect_right(t_ns, first)), bisect.bisect_left(t_ns, last) + 1))
     others = []
     for tick in range(1, len(t_ns)):
         dt = (t_ns[tick] - t_ns[tick - 1]) / 1e9
@@ -177,7 +184,24 @@ OTHER_LOAD_NOTABLE_CPUS = 0.25
 def other_cores_between(session: Session, start_ns: int, end_ns: int) -> float | None:
     """Mean cores other programs kept busy between two instants (the steady steps, say)."""
     samples = session.system
-    return _other_cores(samples, start_ns, end_ns) if samples.present else None
+    return _other_cores(samples, start_ns, end_ns, _unseen_processes(session)) if samples.present else None
+
+
+def _unseen_processes(session: Session) -> list[tuple[int, int]]:
+    """(from, to) of each process of the job the recorder saw and the sampler never read: from its recorder's start
+    to its last fetch or its exit (a look's time where neither is known). Its CPU is the job's, not other
+    programs'."""
+    read = set(session.system.processes)
+    last: dict[int, int] = {}
+    for fetch in session.fetches:
+        last[fetch.pid] = max(last.get(fetch.pid, 0), fetch.end_ns)
+    spans = []
+    for proc in session.processes:
+        if proc.pid in read:
+            continue
+        ends = [t for t in (proc.exit_ns, last.get(proc.pid)) if t is not None]
+        spans.append((proc.mono_ns, max(ends) if ends else proc.mono_ns + int(TREE_REFRESH_S * 1e9)))
+    return spans
 
 
 def _since(proc: ProcessSeries, t_ns: list[int], start_ns: int | None) -> ProcessSeries:

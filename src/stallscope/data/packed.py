@@ -7,11 +7,12 @@ neither can be pickled for ``spawn``. The pid check reopens after any fork.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -23,6 +24,8 @@ from stallscope.data.crops import CropSpec
 from stallscope.data.decoders import Decoder
 from stallscope.data.index import PackFormatError, PackIndex, load_index
 from stallscope.data.remote import FIRST_CHUNK_BYTES, RemotePack, chunks, is_remote, stream
+
+T = TypeVar("T")
 
 
 class _PackReader:
@@ -119,6 +122,30 @@ def _worker_split(n: int, rank: int, world: int) -> tuple[int, int]:
     return n * part // parts, n * (part + 1) // parts
 
 
+#: Records a shuffle buffer holds before it gives its first one: decoding starts after these, not after a whole
+#: buffer (read from an object store, a whole buffer is a pause at every epoch's start while nothing is decoded); the
+#: first ranged GETs in flight (``remote.FIRST_CHUNK_BYTES``, doubling) hold this many records of a few tens of KB.
+SHUFFLE_START = 32
+
+
+def shuffled(records: Iterator[T], size: int, rng: random.Random, start: int = SHUFFLE_START) -> Iterator[T]:
+    """``records`` through a shuffle buffer of ``size``: the first comes out once ``min(start, size)`` are in, and
+    until it is full the buffer takes two records for each it gives, so it grows to ``size`` within the first
+    ``2 * size`` records (the order stays random from the first record; only the early ones are drawn from fewer)."""
+    buffer: list[T] = []
+    start = min(start, size)
+    for record in records:
+        buffer.append(record)
+        if len(buffer) < size:
+            buffer.extend(itertools.islice(records, 1))
+        if len(buffer) >= start:
+            j = rng.randrange(len(buffer))
+            buffer[j], buffer[-1] = buffer[-1], buffer[j]
+            yield buffer.pop()
+    rng.shuffle(buffer)
+    yield from buffer
+
+
 class PackedImageIterable(DecodingMixin, IterableDataset):
     """Iterable variant: each worker (and rank) reads its own contiguous span sequentially.
 
@@ -185,14 +212,5 @@ class PackedImageIterable(DecodingMixin, IterableDataset):
             return
         info = get_worker_info()
         rng = random.Random(hash((self.seed, self.epoch, self.rank, info.id if info else 0)))
-        # The buffer holds bytes read in storage order; only decoding happens in shuffled order.
-        buffer: list[tuple[int, bytes, int]] = []
-        for record in records:
-            buffer.append(record)
-            if len(buffer) >= self.shuffle_buffer:
-                j = rng.randrange(len(buffer))
-                buffer[j], buffer[-1] = buffer[-1], buffer[j]
-                yield self._decoded(*buffer.pop())
-        rng.shuffle(buffer)
-        for item in buffer:
-            yield self._decoded(*item)
+        for i, data, label in shuffled(records, self.shuffle_buffer, rng):
+            yield self._decoded(i, data, label)

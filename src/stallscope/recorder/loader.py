@@ -347,7 +347,8 @@ def patch_dataloader(module: Any) -> None:
             try:
                 applied.update(_streaming_settings(getattr(self, "dataset", None), overrides))
             except Exception as exc:  # noqa: BLE001 - the user's DataLoader() call must go on
-                applied["streaming_cache_limit"] = {"skipped": f"{type(exc).__name__}: {exc}"}
+                applied.update({name: {"skipped": f"{type(exc).__name__}: {exc}"}
+                                for name in ("streaming_cache_limit", "streaming_predownload") if overrides.get(name)})
         self._stallscope_id = next(_loader_ids)
         stack = _creation_stack()
         site = stack[0].rsplit(":", 1)[0] if stack else "?"

@@ -9,9 +9,11 @@ second, not every tick, which keeps the sampler itself well under 1% of a core.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
+from array import array
 from typing import Any
 
 import psutil
@@ -46,6 +48,31 @@ _PF_EXITING = 0x4  # task flag in /proc/PID/stat: the process has begun exiting 
 #: Ticks kept at most (20 minutes at the default 10 Hz): beyond, every other one is dropped and the interval doubles
 #: (``SystemSampler.thin``), so the launcher's memory and the session stay bounded however long the run.
 MAX_TICKS = 12_000
+#: Integers a series holds for "not read" (bytes, ticks and times are never negative).
+_NO_INT = -1
+_INT_SERIES = frozenset({"shm_used_bytes", "ticks", "rss_bytes", "read_bytes", "uss_ticks", "uss_bytes"})
+
+
+def _series(name: str) -> array:
+    """A series of readings in 8 bytes each, None kept as NaN (or ``_NO_INT``): the launcher holds up to MAX_TICKS of
+    them per reading and process, which as Python objects came to tens of megabytes on a many-core machine."""
+    return array("q") if name in _INT_SERIES else array("d")
+
+
+def _put(series: array, value: float | None) -> None:
+    if series.typecode == "q":
+        series.append(_NO_INT if value is None else int(value))
+    else:
+        series.append(math.nan if value is None else value)
+
+
+def _listed(series: array | list[Any]) -> list[Any]:
+    """The series as JSON takes it: None where nothing was read."""
+    if isinstance(series, list):
+        return [list(v) if isinstance(v, array) else v for v in series]
+    if series.typecode == "q":
+        return [None if v == _NO_INT else v for v in series]
+    return [None if v != v else v for v in series]
 
 
 class SystemSampler:
@@ -58,9 +85,10 @@ class SystemSampler:
         self._thread: threading.Thread | None = None
         self._gpu = GpuProbe(nvml) if gpu else None
         self._files = _ProcFiles()  # this sampler's open /proc descriptors
-        self.t_ns: list[int] = []
-        self.system: dict[str, list[Any]] = {"cpu_percent": [], "per_core_percent": [], "iowait_percent": [],
-                                             "disk_read_bytes_per_s": [], "shm_used_bytes": [], "cpu_mhz": []}
+        self.t_ns = array("q")
+        self.system: dict[str, Any] = {name: _series(name) for name in (
+            "cpu_percent", "iowait_percent", "disk_read_bytes_per_s", "shm_used_bytes", "cpu_mhz")}
+        self.system["per_core_percent"] = []  # an array of the cores' readings a tick
         self.processes: dict[str, dict[str, Any]] = {}
         self.gpu_series: dict[str, list[Any]] = {}
         self.absent: dict[str, str] = {}
@@ -93,9 +121,10 @@ class SystemSampler:
         return {
             "schema": SAMPLES_SCHEMA,
             "interval_s": self.interval_s,
-            "t_ns": self.t_ns,
-            "system": self.system,
-            "processes": self.processes,
+            "t_ns": self.t_ns.tolist(),
+            "system": {name: _listed(values) for name, values in self.system.items()},
+            "processes": {pid: {name: _listed(v) if isinstance(v, array) else v for name, v in entry.items()}
+                          for pid, entry in self.processes.items()},
             "gpu": gpu,
             "absent": self.absent,
             "cost": {"cpu_s": round(self._cost_cpu_s, 6), "wall_s": round(self._wall_s, 6),
@@ -155,12 +184,12 @@ class SystemSampler:
             disk = _disk_read_bytes()
             dt = now - last_t
             last_t = now
-            self.system["disk_read_bytes_per_s"].append(
-                (disk - last_disk) / dt if disk is not None and last_disk is not None and dt > 0 else None)
+            _put(self.system["disk_read_bytes_per_s"],
+                 (disk - last_disk) / dt if disk is not None and last_disk is not None and dt > 0 else None)
             last_disk = disk
         else:
-            self.system["disk_read_bytes_per_s"].append(None)
-        self.system["shm_used_bytes"].append(_shm_used(self.shm_path))
+            _put(self.system["disk_read_bytes_per_s"], None)
+        _put(self.system["shm_used_bytes"], _shm_used(self.shm_path))
         clock = None
         if tick % CLOCK_EVERY_TICKS == 0 and self._read_clock:
             began = time.perf_counter()
@@ -168,7 +197,7 @@ class SystemSampler:
             # a kernel that asks every CPU for its clock on each read (large x86 machines): not worth its cost (the
             # first read also finds the files)
             self._read_clock = clock is not None and (tick == 0 or time.perf_counter() - began < CLOCK_MAX_READ_S)
-        self.system["cpu_mhz"].append(clock)
+        _put(self.system["cpu_mhz"], clock)
         for proc in tree:
             self._process_tick(proc, tick, with_uss=self._may_read_uss(proc) and now >= uss_due.setdefault(
                 proc.pid, now + USS_MIN_PERIOD_S), with_io=tick % IO_EVERY_TICKS == 0)
@@ -195,9 +224,9 @@ class SystemSampler:
         for entry in self.processes.values():
             kept = [i for i, tick in enumerate(entry["ticks"]) if tick % 2 == 0]
             for name in ("cpu_s", "rss_bytes", "read_bytes"):
-                entry[name] = [entry[name][i] for i in kept]
-            entry["ticks"] = [entry["ticks"][i] // 2 for i in kept]
-            entry["uss_ticks"] = [tick // 2 for tick in entry["uss_ticks"]]
+                entry[name] = array(entry[name].typecode, (entry[name][i] for i in kept))
+            entry["ticks"] = array("q", (entry["ticks"][i] // 2 for i in kept))
+            entry["uss_ticks"] = array("q", (tick // 2 for tick in entry["uss_ticks"]))
             entry["first"] = entry["first"] // 2
         self.interval_s *= 2
 
@@ -246,13 +275,13 @@ class SystemSampler:
             busy_total += total - idle
             all_total += total
             iowait += a[4] - b[4]
-        self.system["per_core_percent"].append(per_core)
-        self.system["cpu_percent"].append(round(100.0 * busy_total / all_total, 1) if all_total > 0 else None)
+        self.system["per_core_percent"].append(array("d", per_core))
+        _put(self.system["cpu_percent"], round(100.0 * busy_total / all_total, 1) if all_total > 0 else None)
         if before and len(before[0]) > 4:
-            self.system["iowait_percent"].append(round(100.0 * iowait / all_total, 2) if all_total > 0 else None)
+            _put(self.system["iowait_percent"], round(100.0 * iowait / all_total, 2) if all_total > 0 else None)
         else:
             self.absent["iowait"] = "this platform does not report iowait"
-            self.system["iowait_percent"].append(None)
+            _put(self.system["iowait_percent"], None)
 
     def _process_tick(self, proc: psutil.Process, tick: int, with_uss: bool, with_io: bool) -> None:
         """CPU and RSS every tick from one read of /proc/PID/stat; bytes read and USS less often."""
@@ -280,13 +309,13 @@ class SystemSampler:
             return
         entry = self.processes.get(key)
         if entry is None:
+            series = ("ticks", "cpu_s", "rss_bytes", "read_bytes", "uss_ticks", "uss_bytes")
             entry = self.processes[key] = {"first": tick, "ppid": _ppid(proc), "name": _name(proc),
-                                           "ticks": [], "cpu_s": [], "rss_bytes": [], "read_bytes": [],
-                                           "uss_ticks": [], "uss_bytes": []}
+                                           **{name: _series(name) for name in series}}
         entry["ticks"].append(tick)
         entry["cpu_s"].append(round(cpu_rss[0], 4))
         entry["rss_bytes"].append(cpu_rss[1])
-        entry["read_bytes"].append(read_chars)
+        _put(entry["read_bytes"], read_chars)
         if uss is not None:
             entry["uss_ticks"].append(tick)
             entry["uss_bytes"].append(uss)
