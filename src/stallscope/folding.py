@@ -539,10 +539,17 @@ class Folder:
             if not self.persist:
                 self._mem.setdefault("always", {}).setdefault(pid, []).extend(records)
                 continue
-            path = self.folded_dir / "always" / f"{pid}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path = self._folded_subdir("always") / f"{pid}.jsonl"
             with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"window": start, "records": records}, separators=(",", ":")) + "\n")
+
+    def _folded_subdir(self, name: str) -> Path:
+        """A folder of the folded directory, made where missing, but never the run's folder itself: a run folder removed
+        while the job ran raises here (``FoldingThread`` then stops folding) rather than coming back empty."""
+        self.folded_dir.mkdir(exist_ok=True)
+        folder = self.folded_dir / name
+        folder.mkdir(exist_ok=True)
+        return folder
 
     def _write_detail(self, name: str, chunk: int, detail: dict[int, list[list[Any]]]) -> None:
         """Append a closed chunk's records to its kept entry's folder, each line tagged with the chunk: a line of a
@@ -551,8 +558,7 @@ class Folder:
             for pid, records in detail.items():
                 self._mem.setdefault(name, {}).setdefault(pid, []).extend(records)
             return
-        folder = self.folded_dir / name
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self._folded_subdir(name)
         for pid, records in detail.items():
             if records:
                 with open(folder / f"{pid}.jsonl", "a", encoding="utf-8") as f:

@@ -124,7 +124,8 @@ def _worker_split(n: int, rank: int, world: int) -> tuple[int, int]:
 
 #: Records a shuffle buffer holds before it gives its first one: decoding starts after these, not after a whole
 #: buffer (read from an object store, a whole buffer is a pause at every epoch's start while nothing is decoded); the
-#: first ranged GETs in flight (``remote.FIRST_CHUNK_BYTES``, doubling) hold this many records of a few tens of KB.
+#: first ranged GETs in flight (``remote.FIRST_CHUNK_BYTES``, doubling) hold this many records of a few tens of KB
+#: (docs/calibration.md, data-shuffle-start).
 SHUFFLE_START = 32
 
 
