@@ -95,6 +95,7 @@ def build_session(run_dir: Path, meta: dict[str, Any], run: FoldedRun | None = N
     notes: list[str] = []
     batch_info: list[dict[str, Any]] = []
     lmdb_opens: list[dict[str, Any]] = []
+    shared_connections: list[dict[str, Any]] = []
     framework_args: list[dict[str, Any]] = []
     tracker_runs: list[dict[str, Any]] = []
     calibrations: list[dict[str, Any]] = []
@@ -173,6 +174,9 @@ def build_session(run_dir: Path, meta: dict[str, Any], run: FoldedRun | None = N
                     sampler_off.setdefault(str(f["reason"]), []).append(pid)
                 elif kind == "lmdb_open":
                     lmdb_opens.append({"pid": f["pid"], "t_ns": f["t_ns"], "path": f["path"]})
+                elif kind == "shared_connection":
+                    shared_connections.append({"pid": f["pid"], "t_ns": f["t_ns"], "opened_by": f["opened_by"],
+                                               "address": f["address"]})
                 elif kind == "rank":
                     known = ranks.get(pid)
                     ranks[pid] = RankRecord(pid, f["rank"], f["local_rank"], f["world_size"], f["node_rank"], f["host"],
@@ -241,6 +245,7 @@ def build_session(run_dir: Path, meta: dict[str, Any], run: FoldedRun | None = N
         notes=notes + meta.get("notes", []),
         batch_info=batch_info,
         lmdb_opens=lmdb_opens,
+        shared_connections=shared_connections,
         framework_args=framework_args,
         tracker_runs=sorted(tracker_runs, key=lambda r: r["t_ns"]),
         calibrations=calibrations,

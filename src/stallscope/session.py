@@ -325,6 +325,8 @@ class Session:
     notes: list[str] = field(default_factory=list)
     batch_info: list[dict[str, Any]] = field(default_factory=list)  # first batch of each iterator: bytes, types
     lmdb_opens: list[dict[str, Any]] = field(default_factory=list)
+    #: {pid, t_ns, opened_by, address}: a process's requests over a connection another process opened (fork)
+    shared_connections: list[dict[str, Any]] = field(default_factory=list)
     framework_args: list[dict[str, Any]] = field(default_factory=list)  # e.g. where TrainingArguments was built
     tracker_runs: list[dict[str, Any]] = field(default_factory=list)  # MLflow/W&B/TensorBoard runs the script started
     #: measured at exit: {pid, kind ('shared_memory'), nbytes, write_extra_ns, read_extra_ns} (recorder/shm_cost.py)

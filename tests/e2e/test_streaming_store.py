@@ -64,6 +64,13 @@ def test_streaming_download_threads_are_counted_and_advised_in_streamings_words(
     assert "MosaicML Streaming's download threads" in result.stderr  # the requests line
     cache = next(p for p in summary["pitfalls"] if p["id"] == "streaming-cache-limit")
     assert cache["facts"]["cache_limit"] == cache_limit
+    # Streaming's S3 client fetched index.json in the training process, and the forked worker downloads over its
+    # connection: said, and more workers are advised spawned (forked, they would share that socket)
+    shared = next(p for p in summary["pitfalls"] if p["id"] == "connection-before-fork")
+    assert shared["facts"]["opened_by"] == "training process" and shared["facts"]["at_once"] == 1  # one an epoch
+    assert shared["facts"]["address"] == proxy.endpoint.removeprefix("http://")
+    more = [r for r in summary["recommendations"] if r["overrides"].get("num_workers", 0) > 1]
+    assert more and all(r["overrides"]["multiprocessing_context"] == "spawn" for r in more)
     assert (cache["facts"]["dataset_bytes"], cache["facts"]["shards"]) == (sum(sizes), len(sizes))
 
 
@@ -93,3 +100,23 @@ def test_set_gives_streaming_its_cache_limit_and_predownload_without_editing_the
     assert refused.returncode == 0, refused.stderr[-3000:]
     skipped = refused.summary["loaders"][0]["overrides"]["streaming_cache_limit"]
     assert "which Streaming refuses" in skipped["skipped"]
+
+
+def test_workers_forked_after_streaming_opened_its_connection_share_it_and_spawned_ones_do_not(tmp_path, mds_store,
+                                                                                               monkeypatch):
+    """Two forked workers send their downloads over the connection Streaming's client opened in the training process
+    (index.json): named with both. Spawned by `--set multiprocessing_context=spawn`, each builds its own client:
+    not named. The forked run may fail inside Streaming (a garbled shard) or not: its session is kept either way."""
+    server, _ = mds_store
+    for key, value in {**server.env(), "S3_ENDPOINT_URL": server.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    job = ["--", sys.executable, str(SCRIPTS / "streaming_mds.py"), "train", "s3://data/mds", "--workers", "2",
+           "--batch-size", "8"]
+    forked = run_cli(tmp_path, ["--steps", "6", *job], json_name="forked.json")
+    shared = next(p for p in forked.summary["pitfalls"] if p["id"] == "connection-before-fork")
+    assert (shared["facts"]["workers"], shared["facts"]["at_once"]) == (shared["facts"]["processes"], 2)
+    spawned = run_cli(tmp_path, ["--steps", "6", "--set", "multiprocessing_context=spawn", *job],
+                      json_name="spawned.json")
+    assert spawned.returncode == 0, spawned.stderr[-3000:]
+    assert spawned.summary["loaders"][0]["config"]["multiprocessing_context"] == "spawn"
+    assert "connection-before-fork" not in {p["id"] for p in spawned.summary["pitfalls"]}

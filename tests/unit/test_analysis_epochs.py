@@ -559,3 +559,34 @@ def test_the_advice_says_the_shallower_queue_and_why():
     assert "--set prefetch_factor=1" in said.change
     assert ("the loop leaves each epoch early, and the batches in flight then are dropped: with prefetch_factor=1 a "
             "worker has 1 in flight, not 2") in said.reason
+
+
+def test_workers_that_used_a_connection_opened_before_fork_are_advised_spawned_and_priced_with_spawns_start():
+    from stallscope.analysis.epochs import spawned
+    from stallscope.analysis.recommend import recommend
+    from stallscope.render import words
+
+    stats = StepStats(0, "optimizer", [Step(k, k * 80 * MS, (k + 1) * 80 * MS, 60 * MS, 0, 1, 8) for k in range(100)],
+                      0, 8.0, 6.0, 0.0, 2.0, 0.0, 0.0, 800, 0.08, 0.08, 0.06, 0.08)
+    train = LoaderSummary(0, "train", "train.py:1", {"num_workers": 1, "batch_size": 8, "torch_import_s": 1.5}, {},
+                          100, 10, 6.0, 0.0, None)
+    forked = recommend("input-bound", stats, train, {"transform": 6.0, "compute": 2.0}, 4, model=model(1),
+                       epochs=shape())
+    safe = recommend("input-bound", stats, train, {"transform": 6.0, "compute": 2.0}, 4, model=model(1),
+                     epochs=shape(), connection_before_fork=True)
+    before = next(r for r in forked if r.id == "num-workers")
+    after = next(r for r in safe if r.id == "num-workers")
+    assert "multiprocessing_context" not in before.overrides
+    assert after.overrides["multiprocessing_context"] == "spawn" and after.overrides["num_workers"] > 1
+    # each of the 9 epoch starts now pays a spawn (the training process's torch import, side by side on the cores)
+    priced = spawned(shape(), 1.5)
+    assert (priced.worker_start_s, priced.serial_start) == (1.5, False)
+    assert priced.worker_stop_s == pytest.approx(SPAWN_TEARDOWN_SHARE * 1.5)
+    workers, keep = after.overrides["num_workers"], bool(after.overrides.get("persistent_workers"))
+    assert after.predicted_speedup == pytest.approx(
+        rate_over_epochs(model(1), replace(priced, prefetch_factor=after.facts["prefetch_factor"]), workers, keep)
+        / rate_over_epochs(model(1), shape(), 1, False), abs=0.01)
+    said = words.recommendation(after)
+    assert said.title.endswith("spawned") and "--set multiprocessing_context=spawn" in said.change
+    assert "pitfall connection-before-fork" in said.reason
+    assert spawned(shape(), None).worker_start_s == TYPICAL_SPAWN_START_S

@@ -234,3 +234,33 @@ def test_a_streaming_cache_smaller_than_its_shards_is_named_and_one_that_holds_t
     assert (found.facts["cache_limit"], found.facts["dataset_bytes"]) == (4096 * MIB, 200 * 64 * MIB)
     assert "streaming-cache-limit" not in ids(base(streaming_cache=cache(200 * 64 * MIB)))
     assert "streaming-cache-limit" not in ids(base(streaming_cache=cache(None)))  # no limit: the disk's
+
+
+def test_a_connection_the_training_process_opened_and_its_workers_used_is_named_with_how_many_share_it():
+    from stallscope.render import words
+
+    session = replace(base(), worker_starts=[WorkerStartRecord(0, 0, w, 501 + w, 10 * MS, 20 * MS, 21 * MS, {})
+                                             for w in range(2)])
+    assert "connection-before-fork" not in ids(session)
+    one = [{"pid": 501, "t_ns": 30 * MS, "opened_by": PID, "address": "s3.local:9000"}]
+    found = next(p for p in analyze(replace(session, shared_connections=one)).pitfalls
+                 if p.id == "connection-before-fork")
+    assert found.node == "storage"
+    assert found.facts == {"address": "s3.local:9000", "opened_by": "training process", "processes": 1,
+                           "workers": 1, "at_once": 1, "loader_workers": 2}
+    said = words.pitfall(found)
+    assert "1 DataLoader worker sent requests to s3.local:9000" in said.evidence
+    assert "with more workers" in said.evidence and "multiprocessing_context='spawn'" in said.fix
+    both = one + [{"pid": 502, "t_ns": 31 * MS, "opened_by": PID, "address": "s3.local:9000"}]
+    found = next(p for p in analyze(replace(session, shared_connections=both)).pitfalls
+                 if p.id == "connection-before-fork")
+    assert (found.facts["processes"], found.facts["workers"], found.facts["at_once"]) == (2, 2, 2)
+    assert "their requests share one socket" in words.pitfall(found).evidence
+    # one worker an epoch, restarted: never two at once
+    restarted = replace(session, worker_starts=[WorkerStartRecord(0, it, 0, 501 + it, 10 * MS, 20 * MS, 21 * MS, {})
+                                                for it in range(2)])
+    found = next(p for p in analyze(replace(restarted, shared_connections=both)).pitfalls
+                 if p.id == "connection-before-fork")
+    assert (found.facts["processes"], found.facts["at_once"]) == (2, 1)
+    assert "2 DataLoader workers (one at a time) sent" in words.pitfall(found).evidence
+    assert "with more workers" in words.pitfall(found).evidence

@@ -305,3 +305,39 @@ def test_ended_download_threads_are_folded_and_their_requests_still_count_once(s
     assert http_requests._retired[REQUESTS] == 2
     http_requests.begin_batch()
     assert http_requests.end_batch() is None  # folding moved counts, it did not add any
+
+
+def test_a_connection_opened_before_a_fork_is_said_once_by_the_process_that_then_uses_it(server, patched,
+                                                                                          monkeypatch):
+    """A real connection, opened and used in this process, then used by a forked child: the child says so once
+    (its opener's pid and the address), however many requests it sends; a connection the child opens is its own."""
+    import json
+    import os
+
+    readable, writable = os.pipe()
+    monkeypatch.setattr(http_requests.events, "emit",
+                        lambda *record: os.write(writable, (json.dumps(record) + "\n").encode()))
+    host, port = server.split(":")
+    inherited = http.client.HTTPConnection(host, int(port), timeout=10)
+    inherited.request("GET", "/sample")
+    assert inherited.getresponse().read() == PAYLOAD  # its opener's own request: nothing said
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        status = 1
+        try:
+            for _ in range(3):
+                inherited.request("GET", "/sample")
+                assert inherited.getresponse().read() == PAYLOAD
+            own = http.client.HTTPConnection(host, int(port), timeout=10)
+            own.request("GET", "/sample")
+            assert own.getresponse().read() == PAYLOAD
+            status = 0
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(child, 0)
+    os.close(writable)
+    with os.fdopen(readable) as said:
+        records = [json.loads(line) for line in said.read().splitlines()]
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [(r[0], r[1], r[3], r[4]) for r in records] == [("shared_connection", child, parent, server)]

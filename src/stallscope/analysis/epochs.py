@@ -236,6 +236,18 @@ def _worker_warmup(session: Session, train: LoaderSummary) -> tuple[float, str]:
     return TYPICAL_WARMUP_BATCHES, "typical of a new worker"
 
 
+def spawned(shape: EpochShape, torch_import_s: float | None) -> EpochShape:
+    """The same epochs with the workers started by ``spawn`` instead: new interpreters side by side, each importing
+    the script's modules (priced as the training process's import of torch, else a typical spawn), and exiting in a
+    third of that."""
+    if isinstance(torch_import_s, (int, float)) and torch_import_s > 0:
+        start, basis = float(torch_import_s), "as long as the training process took to import torch (spawn)"
+    else:
+        start, basis = TYPICAL_SPAWN_START_S, "typical spawn start"
+    return replace(shape, worker_start_s=start, serial_start=False, start_basis=basis,
+                   worker_stop_s=SPAWN_TEARDOWN_SHARE * start, stop_basis="a third of a spawned worker's start")
+
+
 def _worker_stop(session: Session, train: LoaderSummary, cpus: float) -> tuple[float, str]:
     """(seconds for one round of stopped workers to exit after their last batch, how the figure was obtained).
 

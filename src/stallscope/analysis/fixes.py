@@ -50,7 +50,8 @@ class Fix:
 
 _CATALOGUE = (
     # the workers and their queue
-    Fix("num-workers", "loader", settings=("num_workers", "persistent_workers", "prefetch_factor")),
+    Fix("num-workers", "loader", settings=("num_workers", "persistent_workers", "prefetch_factor",
+                                           "multiprocessing_context")),
     Fix("fewer-workers", "loader", settings=("num_workers",)),
     Fix("persistent-workers", "loader", settings=("persistent_workers",)),
     Fix("build-loader-once", "loader"),

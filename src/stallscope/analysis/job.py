@@ -14,7 +14,7 @@ from stallscope.analysis import ranks as ranks_mod
 from stallscope.analysis.attribution import bottleneck, node_seconds, verdict_for
 from stallscope.analysis.capacity import capacity_report
 from stallscope.analysis.compute_findings import compute_findings, thread_finding
-from stallscope.analysis.epochs import epoch_shape
+from stallscope.analysis.epochs import epoch_shape, start_method
 from stallscope.analysis.failures import failure
 from stallscope.analysis.findings import Analysis, LoaderSummary, Recommendation, StepStats
 from stallscope.analysis.fixes import advise
@@ -218,9 +218,10 @@ def _analyze_process(session: Session, cpus: int | None = None, verdict: str | N
                                               and c.get("pid") == session.main_pid), None),
                         physical_cores=_physical_cores(session, usable), warmup_share=warmup_share)
     spots = session_hotspots(session, stats.loader_ids, seconds)
+    shared = bool(session.shared_connections) and train is not None and start_method(session, train.config) == "fork"
     recommendations = _with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,
-                                                        _unpinned_fraction(session, stats), epochs, other), train),
-                                     spots)
+                                                        _unpinned_fraction(session, stats), epochs, other, shared),
+                                              train), spots)
     if verdict != "input-bound" and node in ("compute", "sync"):  # inside the step: before "no input-side fix"
         inside = compute_findings(session, stats, seconds, spots)
         at = next((i for i, r in enumerate(recommendations) if r.id != "compute-threads"), len(recommendations))

@@ -32,8 +32,8 @@ def find_pitfalls(session: Session, loaders: list[LoaderSummary], system: System
                   usable_cpus: int) -> list[Pitfall]:
     found: list[Pitfall] = []
     for check in (_rss_growth, _shm_headroom, _workers_above_cores, _thread_oversubscription, _unpinnable_batch,
-                  _cuda_in_forked_worker, _lmdb_before_fork, _out_of_order_waits, _loader_stalled, _shm_exhausted,
-                  _streaming_cache_limit):
+                  _cuda_in_forked_worker, _lmdb_before_fork, _connection_before_fork, _out_of_order_waits,
+                  _loader_stalled, _shm_exhausted, _streaming_cache_limit):
         found.extend(check(session, loaders, system, usable_cpus))
     if any(p.id == "shm-exhausted" for p in found):  # the same cause, seen failing: said once
         found = [p for p in found if p.id != "shm-headroom"]
@@ -189,6 +189,28 @@ def _lmdb_before_fork(session: Session, loaders: list[LoaderSummary], system: Sy
     if forked and not reopened and first_iter is not None and main_opens[0]["t_ns"] < first_iter:
         return [Pitfall("lmdb-before-fork", "storage", {"path": main_opens[0]["path"]})]
     return []
+
+
+def _connection_before_fork(session: Session, loaders: list[LoaderSummary], system: SystemSummary,
+                            cpus: int) -> list[Pitfall]:
+    """Requests sent over a connection another process opened: a client the training process built and used before
+    forking its workers, inherited by them with its open socket. Workers that share it can read each other's
+    answers; one worker alone cannot yet, but more workers (what the advice may be) would."""
+    by_opener: dict[tuple[int, str], set[int]] = defaultdict(set)
+    for used in session.shared_connections:
+        by_opener[(used["opened_by"], used["address"])].add(used["pid"])
+    if not by_opener:
+        return []
+    (opener, address), users = max(by_opener.items(), key=lambda item: len(item[1]))
+    iterator_of = {w.pid: (w.loader_id, w.iter_id) for w in session.worker_starts}
+    together: dict[object, int] = defaultdict(int)  # the workers of one iterator run at once; restarted ones do not
+    for pid in users:
+        together[iterator_of.get(pid, pid)] += 1
+    return [Pitfall("connection-before-fork", "storage",
+                    {"address": address, "opened_by": "training process" if opener == session.main_pid else opener,
+                     "processes": len(users), "workers": len(users & iterator_of.keys()),
+                     "at_once": max(together.values()),
+                     "loader_workers": max((int(ld.config.get("num_workers") or 0) for ld in loaders), default=0)})]
 
 
 def _streaming_cache_limit(session: Session, loaders: list[LoaderSummary], system: SystemSummary,

@@ -18,6 +18,7 @@ from stallscope.analysis.epochs import (
     best_queue_over_epochs,
     epoch_cost,
     rate_over_epochs,
+    spawned,
 )
 from stallscope.analysis.findings import (
     LoaderSummary,
@@ -91,11 +92,13 @@ def best_worker_count(model: ThroughputModel, usable_cpus: float,
 def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, seconds: dict[str, float],
               usable_cpus: int, startup_s: float = 0.0, model: ThroughputModel | None = None,
               transfer_unpinned_fraction: float | None = None, epochs: EpochShape | None = None,
-              other_cpus: float = 0.0) -> list[Recommendation]:
+              other_cpus: float = 0.0, connection_before_fork: bool = False) -> list[Recommendation]:
     """``epochs``: how the training loader's epochs fall in the measured steps, where they start inside them
     (``epochs.py``); worker counts are then predicted over those epoch starts, not at the steady rate alone.
     ``other_cpus``: the CPUs other programs kept busy (``model`` has them taken off already), said where they are
-    why no change helps."""
+    why no change helps. ``connection_before_fork``: forked workers used a connection the training process opened
+    (pitfall ``connection-before-fork``): more than one worker is advised spawned, each with its own client, and
+    priced with spawn's start-up."""
     recs: list[Recommendation] = []
     if verdict == "compute-bound":
         total = sum(seconds.values()) or 1.0
@@ -115,8 +118,12 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
         change: dict[str, object] = {"num_workers": best_workers}
         over_epochs: dict[str, object] = {}
         if epochs is not None:
+            shape = spawned(epochs, config.get("torch_import_s")) if connection_before_fork else epochs
             best_workers, keep_alive, priced, gain = best_queue_over_epochs(
-                model, epochs, worker_candidates(model, model.usable_cpus), workers)
+                model, shape, worker_candidates(model, model.usable_cpus), workers)
+            if shape is not epochs:  # against the epochs as they are started now
+                gain = (rate_over_epochs(model, priced, best_workers, keep_alive)
+                        / max(rate_over_epochs(model, epochs, workers, epochs.persistent), 1e-9))
             change = {"num_workers": best_workers}
             if keep_alive and not epochs.persistent:
                 change["persistent_workers"] = True
@@ -136,6 +143,9 @@ def recommend(verdict: str, stats: StepStats, train: LoaderSummary | None, secon
                            "left_early": epochs.left_early, "prefetch_factor": priced.prefetch_factor,
                            "prefetch_factor_now": epochs.prefetch_factor,
                            "steady_speedup": round(model.speedup(best_workers), 2)}
+        if connection_before_fork and best_workers > 1:
+            change["multiprocessing_context"] = "spawn"
+            over_epochs["connection_before_fork"] = True
         if best_workers != workers and gain >= MIN_GAIN:
             recs.append(advise(
                 "num-workers", round(gain, 2), change,

@@ -14,6 +14,11 @@ Streaming libraries download from their own threads (MosaicML Streaming's shard 
 prefetch, boto3's ``download_file``): a thread started inside a fetch, by such a thread, or in a DataLoader worker
 is the loader's, and its requests count in whichever batches they overlap, as made in the background, with the
 library that started it.
+
+A connection opened in one process and used in another was inherited through ``fork``: the training process
+opened it (a client built in the dataset's ``__init__``) and its DataLoader workers send requests over the same
+socket, so their answers can cross (a shard that arrives garbled, a response read by the wrong worker). Each
+process says once per connection's opener and address that it did (``shared_connection``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from types import FrameType
 from typing import Any
 
 from stallscope.constants import DOWNLOAD_LIBRARIES
+from stallscope.recorder import events
 from stallscope.recorder.calls import current_account, timed_call
 
 _perf = time.perf_counter_ns
@@ -64,10 +70,29 @@ _retired = [0] * (FIELDS + 2)
 _registry_lock = threading.Lock()  # a fold moves counts from a thread's tally to _retired: never seen half done
 
 
+_pid = [os.getpid()]  # this process's id, kept current at fork (getresponse compares it with a connection's opener)
+_inherited_said: set[tuple[int, str]] = set()  # (opener's pid, address) this process has said it used
+
+
 def _new_lock_after_fork() -> None:
     """A worker forked while a loader thread held the lock gets one of its own, not one no thread will release."""
     global _registry_lock
     _registry_lock = threading.Lock()
+    _pid[0] = os.getpid()
+    _inherited_said.clear()
+
+
+def _note_inherited(connection: Any) -> None:
+    """Say (once per opener and address in this process) that a request went over a connection another process
+    opened: one this process inherited when it was forked."""
+    opener = getattr(connection, "_stallscope_pid", None)
+    if opener is None or opener == _pid[0]:
+        return
+    address = f"{getattr(connection, 'host', '?')}:{getattr(connection, 'port', '?')}"
+    if (opener, address) in _inherited_said:
+        return
+    _inherited_said.add((opener, address))
+    events.emit("shared_connection", _pid[0], _perf(), opener, address)
 
 
 os.register_at_fork(after_in_child=_new_lock_after_fork)
@@ -173,6 +198,8 @@ def watch_thread_starts(module: Any) -> None:
 def _wrap_getresponse(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def getresponse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "_stallscope_pid", _pid[0]) != _pid[0]:
+            _note_inherited(self)
         tally = _local.tally
         if tally is None:
             tally = _this_thread_tally()
@@ -199,13 +226,16 @@ def _wrap_connect(original: Callable[..., Any]) -> Callable[..., Any]:
         if tally is None:
             tally = _this_thread_tally()
         if tally is None or _local.connecting:
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
+            self._stallscope_pid = _pid[0]  # who opened it: a request from another process shares its socket
+            return result
         _local.connecting = True
         t0 = _perf()
         failed = True
         try:
             result = original(self, *args, **kwargs)
             failed = False
+            self._stallscope_pid = _pid[0]
             return result
         finally:
             _local.connecting = False

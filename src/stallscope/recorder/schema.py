@@ -41,6 +41,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     # an exception in a worker: in a fetch, or in the script's worker_init_fn
     "fetch_error": ("loader_id", "iter_id", "worker", "worker_pid", "t_ns", "type", "message", "traceback"),
     "lmdb_open": ("pid", "t_ns", "path"),
+    # a process sent a request over a connection another (its parent, before forking it) opened: once per opener and
+    # address in each process (recorder/http_requests.py)
+    "shared_connection": ("pid", "t_ns", "opened_by", "address"),
     # samples: [[loader_id, stage, [file:line:function, ...], count], ...]; sampler: "signal" or "thread" (absent
     # before it was recorded); fallback_reason: why the thread sampler ran instead of the signal sampler
     "stack_samples": ("t_ns", "samples", "sampler", "fallback_reason"),

@@ -136,6 +136,26 @@ def _loader_stalled(f: dict[str, Any]) -> tuple[str, str, str]:
             + ("" if f.get("timeout") else "; DataLoader(timeout=SECONDS) turns a silent hang into an error"))
 
 
+def _connection_before_fork(f: dict[str, Any]) -> tuple[str, str, str]:
+    n = f["processes"]
+    who = ("the training process" if f["opened_by"] == "training process" else f"process {f['opened_by']}")
+    users = (f"{n} DataLoader worker{'s' if n != 1 else ''}" if f["workers"] == n
+             else f"{n} process{'es' if n != 1 else ''}")
+    risk = ("their requests share one socket, so one can read another's answer: a download arrives garbled or in "
+            "the wrong worker (MosaicML Streaming then fails with 'Relative sample index N is not present in the "
+            "shard')" if f.get("at_once", n) > 1 else
+            "one worker at a time cannot cross answers with another, but with more workers their requests would "
+            "share that socket and one could read another's answer")
+    at_once = f.get("at_once", n)
+    together = f" ({at_once} at once)" if 1 < at_once < n else (" (one at a time)" if at_once == 1 < n else "")
+    return ("A connection opened before the workers forked is used by them",
+            f"{users}{together} sent requests to {f['address']} over a connection {who} opened before forking them: "
+            f"{risk}",
+            "start the workers with multiprocessing_context='spawn' (or 'forkserver'): each then builds its own "
+            "client, as MosaicML Streaming advises; or build the client lazily in each worker (in __getitem__ or "
+            "worker_init_fn), not in the dataset's __init__. Without editing: --set multiprocessing_context=spawn")
+
+
 #: pitfall id -> its words (title, evidence, fix)
 _SAYS = {
     "worker-memory-growth": _worker_memory_growth,
@@ -146,6 +166,7 @@ _SAYS = {
     "unpinnable-batch": _unpinnable_batch,
     "cuda-in-forked-worker": _cuda_in_forked_worker,
     "lmdb-before-fork": _lmdb_before_fork,
+    "connection-before-fork": _connection_before_fork,
     "streaming-cache-limit": _streaming_cache_limit,
     "slow-worker": _slow_worker,
     "loader-stalled": _loader_stalled,

@@ -68,13 +68,19 @@ def _num_workers(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> t
     if "prefetch_factor" in o:
         depth = o["prefetch_factor"]
         kept += f"{' and' if kept else ','} {depth} batch{'es' if depth != 1 else ''} each in flight"
+    spawn = o.get("multiprocessing_context") == "spawn" and f.get("connection_before_fork")
+    if spawn:
+        kept += f"{' and' if kept else ','} spawned"
     return (f"Use {n} DataLoader worker{'s' if n != 1 else ''} (now {f['workers']}){kept}",
             _set_change(o, f),
             f"{f['usable_cpus']} usable CPUs{_hardware_threads(f)}; each sample costs "
             f"{1000 * f['loader_s_per_sample']:.1f} ms of "
             f"loader work ({1000 * f['blocked_s_per_sample']:.1f} ms of it blocked) and "
             f"{1000 * f['compute_s_per_sample']:.1f} ms of compute" + _shared_memory_estimate(f)
-            + _cpu_second_cost(f, n) + _epoch_starts(f, n))
+            + _cpu_second_cost(f, n) + _epoch_starts(f, n)
+            + ("; spawned, not forked: the worker sent its requests over a connection the training process had "
+               "opened before forking it (pitfall connection-before-fork), and forked workers would share that "
+               "socket, crossing their answers" if spawn else ""))
 
 
 def _split_the_cores(rec: Recommendation, f: dict[str, Any], o: dict[str, Any]) -> tuple[str, str, str]:
