@@ -59,6 +59,10 @@ class ThroughputModel:
     # minor page faults per CPU second of the workers' work (fresh memory they touch, with the shared-memory
     # segments a 0-worker run's batches would be collated into); None: not counted (``worker_sharing_cost``)
     fresh_pages_per_cpu_s: float | None = None
+    # the training loader's batch times, each over their mean, as quantiles (``in_order.batch_time_shape``); empty:
+    # not known, and handing batches over in order is priced as losing nothing
+    batch_time_shape: tuple[float, ...] = ()
+    prefetch_factor: int = 2  # batches each worker has in flight
 
     # The model's questions, answered by the functions of the modules named, bound here as its methods.
     # What a sample costs (sample_costs.py)

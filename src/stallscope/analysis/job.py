@@ -21,6 +21,7 @@ from stallscope.analysis.fixes import advise
 from stallscope.analysis.frameworks import code_site
 from stallscope.analysis.gpu_timing import gpu_timing
 from stallscope.analysis.hotspots import session_hotspots, top_of_stage
+from stallscope.analysis.in_order import batch_time_shape
 from stallscope.analysis.model_from_run import build_model
 from stallscope.analysis.operators import operators
 from stallscope.analysis.over_time import over_time
@@ -216,7 +217,8 @@ def _analyze_process(session: Session, cpus: int | None = None, verdict: str | N
                         compute_on_cpu=not on_gpu, bytes_per_sample=_bytes_per_sample(session, stats),
                         shm_calibration=next((c for c in session.calibrations if c.get("kind") == "shared_memory"
                                               and c.get("pid") == session.main_pid), None),
-                        physical_cores=_physical_cores(session, usable), warmup_share=warmup_share)
+                        physical_cores=_physical_cores(session, usable), warmup_share=warmup_share,
+                        batch_time_shape=batch_time_shape(session, stats, train))
     spots = session_hotspots(session, stats.loader_ids, seconds)
     shared = bool(session.shared_connections) and train is not None and start_method(session, train.config) == "fork"
     recommendations = _with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,

@@ -23,14 +23,16 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                 helper_cpu_s: float | None = None, compute_on_cpu: bool = True,
                 bytes_per_sample: float | None = None,
                 shm_calibration: dict | None = None,
-                physical_cores: float | None = None, warmup_share: float = 0.0) -> ThroughputModel | None:
+                physical_cores: float | None = None, warmup_share: float = 0.0,
+                batch_time_shape: tuple[float, ...] = ()) -> ThroughputModel | None:
     """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler);
     ``helper_cpu_s``: those of its child processes that are not DataLoader workers; ``compute_on_cpu``:
     False when the training computes on a GPU; ``bytes_per_sample`` of the batches the loader returns and
     the recorder's ``shm_calibration`` (``Session.calibrations``) price the costs only workers bring;
     ``physical_cores``: the cores ``usable_cpus`` are hardware threads of, where fewer (SMT);
     ``warmup_share``: the share of the workers' CPU that restarted workers spent warming up
-    (``EpochShape.warmup_share``), taken out of their steady costs: the epochs' own cost prices it."""
+    (``EpochShape.warmup_share``), taken out of their steady costs: the epochs' own cost prices it;
+    ``batch_time_shape``: the training loader's batch times over their mean (``in_order.batch_time_shape``)."""
     pipeline = train.pipeline if train else None
     steady = stats.steady
     if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
@@ -74,7 +76,9 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                             compute_oversubscribed=(compute_on_cpu and isinstance(threads, int)
                                                     and threads_outnumber_cpus(threads, usable_cpus)),
                             blocked_holds_core_waits=pipeline.runqueue_s is None,
-                            fresh_pages_per_cpu_s=_fresh_pages_per_cpu_s(pipeline, write, bytes_per_sample))
+                            fresh_pages_per_cpu_s=_fresh_pages_per_cpu_s(pipeline, write, bytes_per_sample),
+                            batch_time_shape=batch_time_shape,
+                            prefetch_factor=int(train.config.get("prefetch_factor") or 2) if train else 2)
     model = _at_full_core_speed(model)
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded
     # configuration predicts what the model says for it, and every other configuration is priced against it.

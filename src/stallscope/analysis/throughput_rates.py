@@ -20,11 +20,16 @@ Workers that wait on storage wake at moments nothing paces, so two or more of th
 on cores they outnumber even when the cores are idle on average (``queued_rate``: a closed queueing system's
 mean-value estimate, which Linux's slower hand-over of a woken core still exceeds; calibration: cap-queued-rate).
 One worker is paced by the training process's batches, which the shared-cores phases price.
+
+Workers whose batch times are uneven deliver less than their mean rate, because batches are handed over in order
+(``in_order``): the pooled bound is scaled by the share they deliver.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from stallscope.analysis.in_order import in_order_share
 
 if TYPE_CHECKING:
     from stallscope.analysis.capacity import ThroughputModel
@@ -47,8 +52,10 @@ def cpu_rate(model: ThroughputModel, scale: dict[str, float] | None = None, work
     return model.core_capacity(model.usable_cpus) / demand if demand > 0 else float("inf")
 
 
-def pipeline_rate(model: ThroughputModel, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
-    """The workers' rate, their CPU slowed on shared cores' hardware threads, within the CPU budget."""
+def pipeline_rate(model: ThroughputModel, workers: int | None = None, scale: dict[str, float] | None = None,
+                  within_budget: bool = True) -> float:
+    """The workers' rate, their CPU slowed on shared cores' hardware threads, within the CPU budget (or, with
+    ``within_budget=False``, as if each worker had what it wants of the cores)."""
     workers = model.workers if workers is None else workers
     cpu, blocked = model.costs(scale, workers)
     if cpu + blocked <= 0:
@@ -56,7 +63,8 @@ def pipeline_rate(model: ThroughputModel, workers: int | None = None, scale: dic
     if workers <= 0:
         return 1.0 / (cpu + blocked)
     speed = model.smt_speed(workers * cpu / (cpu + blocked))  # busy workers sharing cores' hardware threads
-    return min(workers / (cpu / speed + blocked), model.cpu_rate(scale, workers))
+    alone = workers / (cpu / speed + blocked)
+    return min(alone, model.cpu_rate(scale, workers)) if within_budget else alone
 
 
 def compute_rate(model: ThroughputModel, workers: int | None = None, scale: dict[str, float] | None = None) -> float:
@@ -77,7 +85,12 @@ def rate_at_own_costs(model: ThroughputModel, workers: int, scale: dict[str, flo
     if workers <= 0:
         cpu, blocked = model.costs(scale, workers)
         return 1.0 / (cpu + blocked + model.compute_per_sample_s)
-    pooled = min(model.pipeline_rate(workers, scale), model.compute_rate(workers, scale))
+    # Handed over in order, workers that wait idle for a slow batch leave their cores to the others: the loss is
+    # priced on the workers' own rate and the CPU budget still bounds what they deliver.
+    alone, compute = model.pipeline_rate(workers, scale, within_budget=False), model.compute_rate(workers, scale)
+    handed = min(alone, compute) * in_order_share(model.batch_time_shape, workers, model.prefetch_factor, alone,
+                                                  compute)
+    pooled = min(handed, model.cpu_rate(scale, workers))
     shared = model.shared_cores_rate(workers, scale)
     bound = pooled if shared is None else min(pooled, shared)
     queued = model.queued_rate(workers, scale, bound)
