@@ -10,16 +10,20 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40] [--store DIR]
 Score saved runs again (nothing run): python benchmarks/predictions.py --rescore DIR [DIR ...]
 
-Measured 2026-12-07 (session 43), the object-store scenarios alone (``--only S3 WebDataset Streaming --rounds 2``; the
-demo's 2,000 photos in SeaweedFS behind 20 ms a request: as files, as WebDataset shards of 100 read by URL, as MDS
-shards of 160 KB): S3 GETs 1->8 workers 6.75x predicted, 6.64x and 6.55x measured (+2%); WebDataset by URL 1->2
-workers 1.49x vs 1.62x and 1.38x (-1%). Streaming MDS 1->8 workers: 3 of 4 rounds failed inside Streaming 0.13
-("Relative sample index N is not present in the shard", as it does without stallscope at 7-8 workers on small
-shards); the one that ran measured 5.28x against 7.99x predicted (+51%): over 40 steps the 8 workers' start-up (0.5 of
-a CPU second each, outside their fetches) falls in the measured window on 2 cores. Measured over 100 steps since
-(``LONGER_STEPS``): 7.42x predicted, 6.16x measured in the one round of four Streaming finished (+20.5%).
-``object_store.py --streaming`` (60 steps, 8 photos a shard) measured that change within 20% in two runs the same
-day. Not met here.
+Measured 2026-12-07 (session 44), ``--only 2-thread S3 Streaming --rounds 2`` on a quiet machine, after two changes:
+forked workers that used the S3 connection Streaming's client opened in the training process are named
+(``connection-before-fork``) and more workers are advised spawned, and the model prices batches handed over in
+order (``analysis/in_order.py``). 2-thread compute 1.13x vs 1.16x and 1.26x (-6%); S3 GETs 1->8 workers 7.43x vs
+7.12x and 6.71x (+7%); Streaming MDS 1->8 spawned workers 5.70x vs 5.39x and 5.12x (+8%), both rounds finished. The
+full set the same day at the commit before the in-order term (``--rounds 2 --store``; 2-thread compute and S3 GETs
+disturbed by a test run beside them, so re-measured above), rescored with it (``--rescore``): starved -8%, slow
+storage -4%, large JPEGs -10%, HTTP -1%, tokenize -8%, early exit -7%, heavy model -2%, WebDataset by URL 1->2
+workers +0% (1.62x vs 1.50x and 1.73x), short epochs -7%; Streaming +16% (5.63x vs 4.94x and 4.74x; 7.33x, +52%,
+without the in-order term). Every other scenario's prediction moved by under 1% with the term.
+
+The 3 failed rounds of 4 the session before ("Relative sample index N is not present in the shard") were that shared
+connection: a shard kept from a failed run held another shard's bytes. The same day, forked workers (4 or 8, with and
+without stallscope) failed 6 runs of 12; spawned or forkserver ones 0 of 8.
 
 Measured 2026-12-04 (session 30, at 302aa89: a worker's time-sharing cost from its page faults, which reaches only
 pipelines that take few, such as tokenize's), ``--rounds 3 --store /tmp/s30/pstore``, 7 min, on a quiet machine:
@@ -191,9 +195,8 @@ TESTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
 
 #: The scenarios that read from the local S3 server (SeaweedFS), started by ``main`` where ``weed`` is installed.
 STORE_SCENARIOS = ("S3 GETs", "WebDataset by URL", "Streaming")
-#: Scenarios measured over more steps than ``--steps``: Streaming's advice is 8 workers, whose start-up (about half a
-#: CPU second each on 2 cores) would otherwise fill the measured window (the demo's epoch is 125 batches: no step of
-#: these reads from the cache).
+#: Scenarios measured over more steps than ``--steps``: Streaming's advice is 8 workers, whose first batches would
+#: otherwise fill the measured window (the demo's epoch is 125 batches: no step of these reads from the cache).
 LONGER_STEPS = {"Streaming MDS": 100}
 
 
@@ -293,7 +296,7 @@ def main() -> int:
                 continue
             try:
                 rows.append(measured_scenario(name, command, store, out, args))
-            except SystemExit as failed:  # a library that fails under some setting (Streaming at 8 workers): said
+            except SystemExit as failed:  # a library that fails under some setting: said
                 print(f"{name}: {str(failed).splitlines()[0]}; {str(failed).strip().splitlines()[-1]}", flush=True)
     return print_table(rows)
 
@@ -316,7 +319,7 @@ def measured_scenario(name: str, command: list[str], store: str, out: Path,
         try:
             after = run(store, command, steps, change, out)
             before = base if round_index == 0 else run(store, command, steps, [], out)
-        except SystemExit as failed:  # Streaming 0.13 at 8 workers on small shards, with or without stallscope
+        except SystemExit as failed:  # forked Streaming workers sharing a connection (before the spawn advice)
             print(f"  {name}, round {round_index + 1}: {str(failed).strip().splitlines()[-1]}", flush=True)
             continue
         ratios.append(after["throughput"]["samples_per_s"] / before["throughput"]["samples_per_s"])

@@ -144,7 +144,8 @@ class FetchRecord:
     session recorded before they were).
     ``threads_cpu_ns``: for a batch the training process loaded itself, the CPU its other Python threads (a logger,
     a metrics exporter) took meanwhile, -1 where none ran or it was not read: the batch waited for the interpreter
-    lock while they ran Python (``analysis.pipeline.fetch_parts``).
+    lock while they ran Python (``analysis.pipeline.fetch_parts``). For a worker's batch, the CPU the loader's own
+    download threads (a streaming library's) took meanwhile: loading's CPU, not time blocked.
     ``requests``: the batch's HTTP requests, ``[requests, first-byte ns, body ns, body bytes, failed, connections
     opened, connect ns, answers with a body]`` (``recorder/http_requests.py``; sessions recorded before the last
     field have seven), then, where the loader's own threads (a streaming library's downloads) made some of them

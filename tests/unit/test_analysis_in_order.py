@@ -66,8 +66,22 @@ def test_the_shape_is_the_measured_batch_times_over_their_mean_without_each_work
     shape = batch_time_shape(session, stats, train)
     assert len(shape) == QUANTILES and shape == tuple(sorted(shape))
     assert sum(shape) / len(shape) == pytest.approx(1.0, abs=0.05)
-    assert shape[-1] / shape[0] == pytest.approx(4.0, rel=0.01)  # the firsts (10x) left out
+    assert shape[-1] / shape[0] == pytest.approx(4.0, rel=0.05)  # the firsts (10x) left out
     few = make_session(nexts, opts, fetches=fetches[:MIN_BATCHES], workers=2)
     assert batch_time_shape(few, step_stats(few), train) == ()
     unordered = replace(train, config={**train.config, "in_order": False})
     assert batch_time_shape(session, stats, unordered) == ()
+
+
+def test_a_slow_phase_that_slows_every_batch_alike_is_not_a_spread_the_hand_over_loses_to():
+    # an epoch's first half downloads every shard (200 ms batches), its second reads them from the cache (20 ms):
+    # batches in flight together take the same time, so handing them over in order loses nothing
+    nexts = [nxt(300 * k, 300 * k + 50) for k in range(60)]
+    opts = [opt(300 * k + 90, 300 * k + 100) for k in range(60)]
+    fetches = [_fetch(k % 2, 0, 300 * k, 200 if k < 30 else 20) for k in range(60)]
+    session = make_session(nexts, opts, fetches=fetches, workers=2)
+    train = LoaderSummary(0, "train", "train.py:10", session.loaders[0].config, {}, 60, 1, 1.0, 0.0, None, pid=PID)
+    shape = batch_time_shape(session, step_stats(session), train)
+    assert _handover_share(shape, 8, 2, 0.01) > 0.9  # only the batches around the change differ from their window
+    whole_run = tuple(sorted(t / 110 for t in [200] * 16 + [20] * 16))  # the same batches over the run's mean
+    assert _handover_share(whole_run, 8, 2, 0.01) < 0.8

@@ -172,6 +172,8 @@ def loader_threads(patched, monkeypatch):
     http_requests._background.clear()
     http_requests._retired[:] = [0] * len(http_requests._retired)
     http_requests._in_loader_worker[0] = False
+    http_requests._thread_clocks.clear()
+    http_requests._ended_cpu[0] = 0
 
 
 def _library_code(package: str) -> dict:
@@ -341,3 +343,57 @@ def test_a_connection_opened_before_a_fork_is_said_once_by_the_process_that_then
         records = [json.loads(line) for line in said.read().splitlines()]
     assert os.waitstatus_to_exitcode(status) == 0
     assert [(r[0], r[1], r[3], r[4]) for r in records] == [("shared_connection", child, parent, server)]
+
+
+def test_a_workers_download_threads_cpu_is_read_while_they_run_and_kept_once_they_end(server, loader_threads):
+    """A worker's download thread (one that made a request): its CPU is read around each batch, and what it had
+    used when last read stays counted once it has ended; none such: -1."""
+    import time
+
+    assert http_requests.loader_threads_cpu_ns() == -1
+    http_requests.in_loader_worker()
+    burned, go_on = threading.Event(), threading.Event()
+
+    def downloads():
+        with urllib.request.urlopen(f"http://{server}/sample", timeout=10) as answer:
+            answer.read()
+        end = time.thread_time() + 0.2
+        while time.thread_time() < end:  # parsing, hashing, writing a shard: CPU
+            pass
+        burned.set()
+        go_on.wait(10)
+
+    thread = threading.Thread(target=downloads)
+    before = time.thread_time_ns()
+    thread.start()
+    assert burned.wait(10)
+    running = http_requests.loader_threads_cpu_ns()
+    assert 0.2e9 <= running <= 2e9
+    go_on.set()
+    thread.join()
+    assert http_requests.loader_threads_cpu_ns() >= running  # ended: its last reading stays
+    assert time.thread_time_ns() - before < 0.1e9  # none of it was this thread's
+
+
+def test_a_workers_batch_counts_its_download_threads_cpu_as_storages_cpu_not_as_time_blocked():
+    from stallscope.analysis.pipeline import cpu_shares, fetch_parts, split_fetch
+
+    ms = 1_000_000
+    # 100 ms: 20 ms of its own CPU (decode), 10 ms waiting for a core, 70 ms off it; its download thread ran 30 ms
+    waited = FetchRecord(0, 0, 0, 0, 0, 100 * ms, 20 * ms, 10 * ms, 8, {"decode": [20 * ms, 20 * ms, 8]}, {}, None,
+                         501, threads_cpu_ns=30 * ms, requests=[4, 0, 0, 0, 0, 0, 0, 4, 4, 1])
+    cpu, runqueue, blocked = fetch_parts(waited)
+    assert {k: v for k, v in cpu.items() if v} == {"decode": 20 * ms, "storage": 30 * ms}
+    assert (runqueue, blocked) == (10 * ms, 40 * ms)
+    assert split_fetch(waited)["storage"] == 70 * ms  # the same storage time: less of it free to overlap
+    shares = cpu_shares([waited])  # how the thread's own CPU splits, for untimed batches
+    assert shares is not None and shares["decode"] == 1.0 and not shares.get("storage")
+    # more download CPU than the batch spent off its CPU: only what it could have waited for
+    busy = dataclasses.replace(waited, threads_cpu_ns=90 * ms)
+    assert fetch_parts(busy)[0]["storage"] == 70 * ms and fetch_parts(busy)[2] == 0
+    stats = request_stats([waited], 8, 0.07)
+    assert stats is not None and stats.client_cpu_s == pytest.approx(0.03)
+    # the training process's own batch (worker -1): its other threads held the interpreter, as before
+    in_process = dataclasses.replace(waited, worker=-1, pid=100)
+    cpu, runqueue, blocked = fetch_parts(in_process)
+    assert not cpu.get("storage") and (runqueue, blocked) == (10 * ms + 30 * ms, 40 * ms)

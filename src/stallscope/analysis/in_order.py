@@ -29,12 +29,16 @@ MIN_BATCHES = 8
 QUANTILES = 32
 #: Batches the hand-over is run for: its rate settles within about 1% by then.
 HANDOVER_BATCHES = 3000
+#: Each batch time is taken over the mean of this many batches around it: only batches in flight together wait on
+#: each other, so a slow phase of the run (an epoch's first, download-heavy batches) that slows all of them alike is
+#: not a spread the hand-over loses to.
+NEIGHBOURS = 16
 
 
 def batch_time_shape(session: Session, stats: StepStats, train: LoaderSummary | None) -> tuple[float, ...]:
-    """The training loader's batch times in the measured steps, each over their mean, as ``QUANTILES`` quantiles;
-    empty where too few were timed. A worker's first batch of an epoch is left out: the epoch starts' own cost
-    (``epochs.py``) prices it."""
+    """The training loader's batch times in the measured steps, each over the mean of the ``NEIGHBOURS`` batches
+    around it, as ``QUANTILES`` quantiles; empty where too few were timed. A worker's first batch of an epoch is left
+    out: the epoch starts' own cost (``epochs.py``) prices it."""
     if train is None or not stats.steady or train.config.get("in_order") is False:
         return ()
     t0, t1 = stats.steady[0].start_ns, stats.steady[-1].end_ns
@@ -52,8 +56,10 @@ def batch_time_shape(session: Session, stats: StepStats, train: LoaderSummary | 
             times.append(f.end_ns - f.start_ns)
     if len(times) < MIN_BATCHES:
         return ()
-    mean = statistics.fmean(times)
-    ordered = sorted(t / mean for t in times)
+    half = NEIGHBOURS // 2
+    local = [t / statistics.fmean(times[max(0, i - half):i + half + 1]) for i, t in enumerate(times)]
+    mean = statistics.fmean(local)
+    ordered = sorted(t / mean for t in local)
     last = len(ordered) - 1
     return tuple(round(ordered[round(last * (q + 0.5) / QUANTILES)], 3) for q in range(QUANTILES))
 

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from stallscope.analysis.findings import WorkerPipeline
-from stallscope.analysis.store_requests import request_stats
+from stallscope.analysis.store_requests import download_threads_cpu_ns, request_stats
 from stallscope.session import FetchRecord, LoaderRecord, Session
 
 
@@ -31,28 +31,32 @@ def _spread(fetch: FetchRecord, parts: tuple[dict[str, int], int, int]) -> dict[
     """``split_fetch`` from the fetch's parts: run-queue wait to the CPU nodes in proportion, the rest to storage."""
     wall = max(0, fetch.end_ns - fetch.start_ns)
     cpu_by_node, runqueue, _ = parts
-    cpu = sum(cpu_by_node.values())
+    cpu = min(max(0, fetch.cpu_ns), wall)  # the fetching thread's own: its wait for a core is its nodes'
+    downloads = max(0, sum(cpu_by_node.values()) - cpu)  # its download threads' CPU, counted in storage's
     result: dict[str, int] = defaultdict(int)
     for node, value in cpu_by_node.items():
-        share = runqueue * value // cpu if cpu > 0 else 0
+        own = value - downloads if node == "storage" else value
+        share = runqueue * own // cpu if cpu > 0 else 0
         result[node] += value + share
     distributed = sum(result.values())
     result["storage"] += wall - distributed
     return dict(result)
 
 
-def fetch_parts(fetch: FetchRecord, shares: dict[str, float] | None = None) -> tuple[dict[str, int], int, int]:
+def fetch_parts(fetch: FetchRecord, shares: dict[str, float] | None = None,
+                own_thread: bool = False) -> tuple[dict[str, int], int, int]:
     """(CPU ns per node, run-queue wait ns, blocked ns) of one fetch; together they make its wall time.
 
     A batch whose calls were not timed has its CPU split by ``shares`` (its loader's timed batches);
     without them, all of its CPU counts as ``transform``, as for a dataset with no instrumented calls.
+    ``own_thread``: the fetching thread's CPU alone, its loader's download threads' left in the blocked time.
     """
     wall = max(0, fetch.end_ns - fetch.start_ns)
     cpu = min(max(0, fetch.cpu_ns), wall)
     if not fetch.timed and shares:
         estimated = {node: int(cpu * share) for node, share in shares.items()}
         estimated["transform"] = estimated.get("transform", 0) + cpu - sum(estimated.values())  # rounding
-        return _with_off_cpu(fetch, estimated, wall, cpu)
+        return _with_off_cpu(fetch, estimated, wall, cpu, own_thread)
     cpu_by_node: dict[str, int] = defaultdict(int)
     for node, (_, node_cpu, _) in fetch.by_node.items():
         cpu_by_node[node] += max(0, node_cpu)
@@ -61,24 +65,28 @@ def fetch_parts(fetch: FetchRecord, shares: dict[str, float] | None = None) -> t
         cpu_by_node = defaultdict(int, {n: v * cpu // known for n, v in cpu_by_node.items()})
         known = sum(cpu_by_node.values())
     cpu_by_node["transform"] += cpu - known
-    return _with_off_cpu(fetch, dict(cpu_by_node), wall, cpu)
+    return _with_off_cpu(fetch, dict(cpu_by_node), wall, cpu, own_thread)
 
 
-def _with_off_cpu(fetch: FetchRecord, cpu_by_node: dict[str, int], wall: int,
-                  cpu: int) -> tuple[dict[str, int], int, int]:
+def _with_off_cpu(fetch: FetchRecord, cpu_by_node: dict[str, int], wall: int, cpu: int,
+                  own_thread: bool = False) -> tuple[dict[str, int], int, int]:
     """The fetch's time off its CPU: waiting to run (the run queue; and, for a batch the training process loaded
     itself, the interpreter lock while its other Python threads ran, up to their CPU meanwhile) and blocked (I/O,
-    sleeps: storage's)."""
+    sleeps: storage's). A worker's batch that waited on its loader's download threads has their CPU meanwhile
+    counted as storage's CPU, not as blocked (``own_thread``: the fetching thread's CPU alone)."""
     off_cpu = wall - cpu
     runqueue = min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0
     runqueue += interpreter_wait_ns(fetch, off_cpu - runqueue)
-    return cpu_by_node, runqueue, off_cpu - runqueue
+    downloads = 0 if own_thread else download_threads_cpu_ns(fetch, off_cpu - runqueue)
+    if downloads:
+        cpu_by_node = {**cpu_by_node, "storage": cpu_by_node.get("storage", 0) + downloads}
+    return cpu_by_node, runqueue, off_cpu - runqueue - downloads
 
 
 def interpreter_wait_ns(fetch: FetchRecord, waiting_ns: int | None = None) -> int:
     """A batch the training process loaded itself: its wait for the interpreter lock, the part of its time off the
     CPU and out of the run queue (``waiting_ns``) up to its other Python threads' CPU meanwhile; 0 elsewhere."""
-    if fetch.threads_cpu_ns <= 0:
+    if fetch.threads_cpu_ns <= 0 or fetch.worker >= 0:
         return 0
     if waiting_ns is None:
         wall = max(0, fetch.end_ns - fetch.start_ns)
@@ -96,7 +104,7 @@ def cpu_shares(fetches: list[FetchRecord]) -> dict[str, float] | None:
     totals: dict[str, int] = defaultdict(int)
     for f in fetches:
         if f.timed and f.outcome != "StopIteration":
-            for node, value in fetch_parts(f)[0].items():
+            for node, value in fetch_parts(f, own_thread=True)[0].items():  # the thread's CPU, as it is split
                 totals[node] += value
     total = sum(totals.values())
     return {node: value / total for node, value in totals.items()} if total > 0 else None

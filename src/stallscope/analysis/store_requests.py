@@ -34,7 +34,7 @@ class RequestStats:
     body_bytes: float
     failed: float
     connections: float
-    client_cpu_s: float  # CPU inside storage's timed calls (a client's signing, parsing, checksums)
+    client_cpu_s: float  # CPU in storage's timed calls (signing, parsing, checksums) and in download threads
     storage_s: float  # the workers' storage seconds these are part of
     loading_s: float  # the span the loader's workers fetched in (first fetch's start to last fetch's end)
     client: str = "http"  # the library that made them, from its timed calls: "boto3", "requests", "urllib", "http"
@@ -139,6 +139,7 @@ def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) ->
     timed = [f for f in fetches if f.timed]
     scale = len(fetches) / len(timed) if timed else 0.0
     client_cpu = sum(max(0, int((f.by_node.get("storage") or [0, 0])[1])) for f in timed) * scale
+    client_cpu += sum(download_threads_cpu_ns(f, _off_cpu_ns(f)) for f in fetches)  # measured for every batch
     requests, first_byte, body, nbytes, failed, connects, connect, bodies = totals
     names = {name for f in timed for name in f.by_name}
     loading = max(f.end_ns for f in fetches) - min(f.start_ns for f in fetches)
@@ -149,11 +150,27 @@ def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) ->
         bodies=bodies, library=_library_name(libraries))
 
 
+def download_threads_cpu_ns(fetch: FetchRecord, off_cpu_ns: int) -> int:
+    """A worker's batch: the CPU its loader's own download threads took meanwhile, up to ``off_cpu_ns`` (the batch's
+    time off its own CPU and out of the run queue, which it spent waiting on them or on the network); 0 for a batch
+    the training process loaded itself (its other threads' CPU is their hold on the interpreter there)."""
+    if fetch.worker < 0 or fetch.threads_cpu_ns <= 0:
+        return 0
+    return min(fetch.threads_cpu_ns, max(0, off_cpu_ns))
+
+
 def _library_name(requests_by_library: Counter[int]) -> str:
     """The library whose threads made most of the background requests, by name; "" where none is known."""
     named = [(count, index) for index, count in requests_by_library.items()
              if 0 < index < len(DOWNLOAD_LIBRARIES) and count > 0]
     return DOWNLOAD_LIBRARIES[max(named)[1]] if named else ""
+
+
+def _off_cpu_ns(fetch: FetchRecord) -> int:
+    """The batch's time off its own CPU and out of the run queue."""
+    wall = max(0, fetch.end_ns - fetch.start_ns)
+    off_cpu = wall - min(max(0, fetch.cpu_ns), wall)
+    return off_cpu - (min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0)
 
 
 def client_of(call_names: set[str]) -> str:

@@ -74,12 +74,35 @@ _pid = [os.getpid()]  # this process's id, kept current at fork (getresponse com
 _inherited_said: set[tuple[int, str]] = set()  # (opener's pid, address) this process has said it used
 
 
+#: The loader's own threads' CPU clocks (registered by each thread itself, so read while it lived) and what each
+#: read last; ``_ended_cpu`` holds the last reading of those that have ended.
+_thread_clocks: dict[int, int] = {}
+_ended_cpu = [0]
+
+
 def _new_lock_after_fork() -> None:
     """A worker forked while a loader thread held the lock gets one of its own, not one no thread will release."""
     global _registry_lock
     _registry_lock = threading.Lock()
     _pid[0] = os.getpid()
     _inherited_said.clear()
+    _thread_clocks.clear()  # no thread survives a fork
+    _ended_cpu[0] = 0
+
+
+def loader_threads_cpu_ns() -> int:
+    """The CPU the loader's own threads that made requests (a streaming library's downloads) have used so far,
+    summed; -1 where there are none. Read around each of a worker's batches: a download thread's CPU (signing,
+    parsing, checksums, writing the shard) takes a core as the batch's own work does."""
+    if not _thread_clocks and not _ended_cpu[0]:
+        return -1
+    with _registry_lock:
+        for clock in list(_thread_clocks):
+            try:
+                _thread_clocks[clock] = time.clock_gettime_ns(clock)
+            except OSError:  # the thread ended: its last reading stays counted
+                _ended_cpu[0] += _thread_clocks.pop(clock)
+        return _ended_cpu[0] + sum(_thread_clocks.values())
 
 
 def _note_inherited(connection: Any) -> None:
@@ -153,6 +176,8 @@ def _register(tally: list[int]) -> None:
             _retired[LIBRARY] = _retired[LIBRARY] or entry[1][LIBRARY]
             _background.remove(entry)
         _background.append((threading.current_thread(), tally))
+        if hasattr(time, "pthread_getcpuclockid"):  # this thread's own clock, taken while it surely lives
+            _thread_clocks[time.pthread_getcpuclockid(threading.get_ident())] = time.thread_time_ns()
 
 
 def in_loader_worker() -> None:

@@ -170,7 +170,9 @@ def timed_fetch(original: Any) -> Any:
         timed = seq >= _next_timed_seq.get(ctx, 0)
         rq0, pf0 = read_runqueue_wait_ns(), read_minor_faults()
         in_process = ctx is not worker_context
-        others0 = step_threads.others_cpu_ns() if in_process else -1
+        # the other threads' CPU meanwhile: in the training process, its watched Python threads (they hold the
+        # interpreter); in a worker, the loader's own download threads (their CPU is loading's)
+        others0 = step_threads.others_cpu_ns() if in_process else http_requests.loader_threads_cpu_ns()
         account = calls.begin_fetch() if timed else None
         http_requests.begin_batch()
         stacks.fetch_started(ctx[0])
@@ -198,7 +200,8 @@ def timed_fetch(original: Any) -> Any:
                 by_node = by_name = {}
             requests = http_requests.end_batch()
             rq1, pf1 = read_runqueue_wait_ns(), read_minor_faults()
-            others1 = step_threads.others_cpu_ns() if others0 >= 0 else -1
+            others1 = -1 if others0 < 0 else (step_threads.others_cpu_ns() if in_process
+                                               else http_requests.loader_threads_cpu_ns())
             try:
                 items = len(possibly_batched_index)
             except TypeError:  # one index: an iterable dataset, or batch_size=None
