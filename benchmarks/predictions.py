@@ -213,6 +213,8 @@ def scenarios(remote: dict[str, str] | None = None) -> dict[str, list[str]]:
         "large JPEGs (1 worker)": [*ref, "--data", large, "--workers", "1", "--batch-size", "8"],
         "HTTP latency (1 worker)": [sys.executable, str(TESTS / "scenario_http.py"), "1"],
         "tokenize (1 worker)": [sys.executable, str(TESTS / "scenario_tokenize.py"), "1"],
+        # one read in twenty from a cold store (120 ms) among warm ones (2 ms): batches handed over in order wait
+        "uneven reads (1 worker)": [sys.executable, str(TESTS / "scenario_uneven.py"), "1"],
         "early epoch exit (2 persistent workers)": [*ref, "--data", images, "--workers", "2", "--persistent-workers",
                                                     "--batch-size", "16", "--image-size", "128",
                                                     "--max-batches", "10", "--epochs", "1000"],
