@@ -56,6 +56,21 @@ Again 2026-12-07 (session 43), ``--rounds 2``, same machine and photos:
 
 Median error 4%, worst 10%.
 
+Again 2026-12-07 (session 44), ``--rounds 2``, same machine and photos, after batches handed over in order were
+priced (``analysis/in_order.py``; rescored with the model at its last change of the session, every first-of-pair
+prediction came out the same):
+
+| latency | workers | stage | storage bound | ms/request | in flight | change | predicted | measured | error |
+|--:|--:|---|---|--:|--:|---|--:|--:|--:|
+| 0 ms | 1 | storage | client-cpu | 1.65 | 0.31 | num_workers=3 persistent_workers=true | 1.75 | 1.91 | -8% |
+| 0 ms | 4 | loader | client-cpu | 1.18 | 0.40 | num_workers=2 persistent_workers=true | 1.15 | 1.05 | +10% |
+| 20 ms | 1 | storage | latency | 22.2 | 0.83 | num_workers=8 persistent_workers=true | 5.83 | 5.45 | +7% |
+| 20 ms | 4 | storage | latency | 22.0 | 2.86 | num_workers=8 persistent_workers=true | 1.74 | 1.46 | +19% |
+| 50 ms | 1 | storage | latency | 52.0 | 0.93 | num_workers=8 persistent_workers=true | 6.34 | 5.66 | +12% |
+| 50 ms | 4 | storage | latency | 52.1 | 3.30 | num_workers=8 persistent_workers=true | 1.80 | 1.75 | +3% |
+
+Median error 9%, worst 19%.
+
 ``--webdataset`` the same day and machine, ``--rounds 2 --steps 60``, the same photos in 4 shards of 100 read by URL
 through the filer's HTTP (one ``curl`` a shard):
 
@@ -87,6 +102,19 @@ just before the change):
 | 50 ms | 4 | loader | latency | 137 | 1.10 | num_workers=3 persistent_workers=true | 1.28 | 1.24 | +4% |
 
 Median error 7%, worst 15%.
+
+``--webdataset`` again 2026-12-07 (session 44), ``--rounds 2``, with the in-order term (rescored as above: the same):
+
+| latency | workers | stage | storage bound | ms/request | in flight | change | predicted | measured | error |
+|--:|--:|---|---|--:|--:|---|--:|--:|--:|
+| 0 ms | 1 | transform | latency | 19.6 | 0.12 | num_workers=2 persistent_workers=true | 1.48 | 1.68 | -12% |
+| 0 ms | 4 | loader | bandwidth | 111 | 0.92 | num_workers=3 persistent_workers=true | 1.30 | 1.35 | -3% |
+| 20 ms | 1 | transform | latency | 39.6 | 0.20 | num_workers=2 persistent_workers=true | 1.59 | 1.82 | -13% |
+| 20 ms | 4 | loader | bandwidth | 106 | 0.96 | num_workers=2 persistent_workers=true | 1.29 | 1.44 | -11% |
+| 50 ms | 1 | transform | latency | 70.2 | 0.29 | num_workers=3 persistent_workers=true | 1.85 | 1.62 | +14% |
+| 50 ms | 4 | loader | bandwidth | 146 | 1.13 | num_workers=3 persistent_workers=true | 1.30 | 1.11 | +17% |
+
+Median error 12%, worst 17%.
 
 ``--streaming`` 2026-12-06 (session 38), the same machine, ``--latencies 20 50 --workers 1 --rounds 2``: 1,120 of the
 same photos in 204 MDS shards of about 160 KB (8 photos a shard: small enough that each download is mostly the wait),

@@ -397,3 +397,19 @@ def test_a_workers_batch_counts_its_download_threads_cpu_as_storages_cpu_not_as_
     in_process = dataclasses.replace(waited, worker=-1, pid=100)
     cpu, runqueue, blocked = fetch_parts(in_process)
     assert not cpu.get("storage") and (runqueue, blocked) == (10 * ms + 30 * ms, 40 * ms)
+
+
+def test_larger_shards_take_the_download_threads_cpu_off_the_batches_wait_as_they_take_the_latency():
+    from stallscope.analysis.capacity import ThroughputModel
+    from stallscope.analysis.recommend import _larger_shards
+
+    # per sample: 2 ms decoding, 2.5 ms waiting on the store, 1 ms of the download thread's CPU waited on
+    model = ThroughputModel({"decode": 0.002, "storage": 0.0025, "storage_cpu": 0.001}, 0.0005, 0.0005, 1, 2.0)
+    downloads = RequestStats(requests=100, samples=800, batches=50, first_byte_s=2.0, body_s=0.01, connect_s=0.0,
+                             body_bytes=100 * 100_000, failed=0, connections=1, client_cpu_s=0.8, storage_s=2.8,
+                             loading_s=6.0, background=100, library="streaming", bodies=100, download_cpu_s=0.8)
+    ahead = _larger_shards(downloads, model, 1, share=0.5)
+    in_the_fetch = _larger_shards(dataclasses.replace(downloads, download_cpu_s=0.0), model, 1, share=0.5)
+    assert ahead is not None and in_the_fetch is not None
+    # the fetch's own client CPU stays; the download thread's, waited on like the latency, goes with it
+    assert ahead.predicted_speedup > in_the_fetch.predicted_speedup

@@ -523,10 +523,21 @@ def _larger_shards(requests: RequestStats, model: ThroughputModel | None, worker
         return None
     latency_s = requests.first_byte_s + requests.connect_s
     blocked_s = model.cost_s.get("storage", 0.0) * requests.samples if model is not None else 0.0
-    kept = 1.0 - (latency_s * (1 - 1 / factor)) / blocked_s if blocked_s > 0 else 1.0
-    scale = {"storage": max(0.0, kept), "storage_cpu": 1.0}
+    kept = max(0.0, 1.0 - (latency_s * (1 - 1 / factor)) / blocked_s if blocked_s > 0 else 1.0)
+    scale = {"storage": kept, "storage_cpu": 1.0}
+    priced = model
+    if model is not None and requests.samples:
+        # The download threads' CPU the batches waited on is waited on as much less as the latency: their thread
+        # works ahead of the batches once it no longer waits for the store most of the time, on a core beside them,
+        # so it leaves the worker's own time but not the CPU budget.
+        waited = requests.download_cpu_s / requests.samples * (1.0 - kept)
+        client = model.cost_s.get("storage_cpu", 0.0)
+        if 0 < waited <= client:
+            scale["storage_cpu"] = 1.0 - waited / client
+            priced = dataclasses.replace(model, helper_cpu_per_sample_s=model.helper_cpu_per_sample_s + waited)
     fallback = round(1.0 / (1.0 - share * (1 - 1 / factor)), 2)
     facts = {"factor": factor, "shard_bytes": size, "target_bytes": size * factor, "library": requests.library,
              "latency_ms": 1e3 * requests.latency_s, "request_ms": 1e3 * requests.request_s,
              "background_share": requests.background_share, "in_flight": requests.in_flight, "share": share}
-    return advise("larger-shards", _gain(model, workers, scale, fallback), facts=facts)
+    gain = fallback if model is None or priced is None else round(priced.rate(workers, scale) / model.rate(), 2)
+    return advise("larger-shards", gain, facts=facts)

@@ -41,6 +41,7 @@ class RequestStats:
     background: float = 0.0  # those the loader's own threads made (a streaming library's downloads)
     bodies: float = 0.0  # those answered with a body (a GET's object, not a HEAD's headers); 0: not counted
     library: str = ""  # the library that started those threads (``constants.DOWNLOAD_LIBRARIES``), "" if unknown
+    download_cpu_s: float = 0.0  # the part of ``client_cpu_s`` the download threads used while the batches waited
 
     @property
     def bytes_per_body(self) -> float:
@@ -139,7 +140,8 @@ def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) ->
     timed = [f for f in fetches if f.timed]
     scale = len(fetches) / len(timed) if timed else 0.0
     client_cpu = sum(max(0, int((f.by_node.get("storage") or [0, 0])[1])) for f in timed) * scale
-    client_cpu += sum(download_threads_cpu_ns(f, _off_cpu_ns(f)) for f in fetches)  # measured for every batch
+    downloads = sum(download_threads_cpu_ns(f, _off_cpu_ns(f)) for f in fetches)  # measured for every batch
+    client_cpu += downloads
     requests, first_byte, body, nbytes, failed, connects, connect, bodies = totals
     names = {name for f in timed for name in f.by_name}
     loading = max(f.end_ns for f in fetches) - min(f.start_ns for f in fetches)
@@ -147,7 +149,7 @@ def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) ->
         requests=requests, samples=samples, batches=len(fetches), first_byte_s=first_byte / 1e9, body_s=body / 1e9,
         connect_s=connect / 1e9, body_bytes=nbytes, failed=failed, connections=connects, client_cpu_s=client_cpu / 1e9,
         storage_s=storage_s, loading_s=loading / 1e9, client=client_of(names), background=background,
-        bodies=bodies, library=_library_name(libraries))
+        bodies=bodies, library=_library_name(libraries), download_cpu_s=downloads / 1e9)
 
 
 def download_threads_cpu_ns(fetch: FetchRecord, off_cpu_ns: int) -> int:
