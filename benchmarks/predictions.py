@@ -10,20 +10,21 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40] [--store DIR]
 Score saved runs again (nothing run): python benchmarks/predictions.py --rescore DIR [DIR ...]
 
-Measured 2026-12-07 (session 44), ``--only 2-thread S3 Streaming --rounds 2`` on a quiet machine, after two changes:
-forked workers that used the S3 connection Streaming's client opened in the training process are named
-(``connection-before-fork``) and more workers are advised spawned, and the model prices batches handed over in
-order (``analysis/in_order.py``). 2-thread compute 1.13x vs 1.16x and 1.26x (-6%); S3 GETs 1->8 workers 7.43x vs
-7.12x and 6.71x (+7%); Streaming MDS 1->8 spawned workers 5.70x vs 5.39x and 5.12x (+8%), both rounds finished. The
-full set the same day at the commit before the in-order term (``--rounds 2 --store``; 2-thread compute and S3 GETs
-disturbed by a test run beside them, so re-measured above), rescored with it (``--rescore``): starved -8%, slow
-storage -4%, large JPEGs -10%, HTTP -1%, tokenize -8%, early exit -7%, heavy model -2%, WebDataset by URL 1->2
-workers +0% (1.62x vs 1.50x and 1.73x), short epochs -7%; Streaming +16% (5.63x vs 4.94x and 4.74x; 7.33x, +52%,
-without the in-order term). Every other scenario's prediction moved by under 1% with the term.
+Measured 2026-12-07 (session 44), three changes: forked workers that used the S3 connection Streaming's client
+opened in the training process are named (``connection-before-fork``) and more workers are advised spawned; a
+worker's download threads' CPU counts as storage's CPU, not time blocked; batches handed over in order are priced
+(``analysis/in_order.py``). At the last of them, ``--only uneven Streaming --rounds 2`` on a quiet machine: uneven
+reads 1->8 workers 4.78x predicted, 4.65x and 4.67x measured (+3%; 7.99x without the in-order term); Streaming MDS
+1->8 spawned workers 5.15x vs 4.22x and 4.21x (+22%; the run before, same code: 5.65x vs 4.58x and 4.77x, +21%):
+**not met** for Streaming. Earlier the same day, at the commits before: the full set (``--rounds 2 --store``; 2-thread
+compute and S3 GETs disturbed by a test run beside them, and re-measured: 1.13x vs 1.16x and 1.26x, -6%; 7.43x vs 7.12x
+and 6.71x, +7%), rescored with the in-order term: starved -8%, slow storage -4%, large JPEGs -10%, HTTP -1%, tokenize
+-8%, early exit -7%, heavy model -2%, WebDataset by URL 1->2 workers +0% (1.62x vs 1.50x and 1.73x), short epochs -7%;
+the term moved none of these predictions by 1%.
 
 The 3 failed rounds of 4 the session before ("Relative sample index N is not present in the shard") were that shared
 connection: a shard kept from a failed run held another shard's bytes. The same day, forked workers (4 or 8, with and
-without stallscope) failed 6 runs of 12; spawned or forkserver ones 0 of 8.
+without stallscope) failed 6 runs of 12; spawned or forkserver ones, 0 runs of 24.
 
 Measured 2026-12-04 (session 30, at 302aa89: a worker's time-sharing cost from its page faults, which reaches only
 pipelines that take few, such as tokenize's), ``--rounds 3 --store /tmp/s30/pstore``, 7 min, on a quiet machine:

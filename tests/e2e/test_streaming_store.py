@@ -105,7 +105,7 @@ def test_set_gives_streaming_its_cache_limit_and_predownload_without_editing_the
 def test_workers_forked_after_streaming_opened_its_connection_share_it_and_spawned_ones_do_not(tmp_path, mds_store,
                                                                                                monkeypatch):
     """Two forked workers send their downloads over the connection Streaming's client opened in the training process
-    (index.json): named with both. Spawned by `--set multiprocessing_context=spawn`, each builds its own client:
+    (index.json): named. Spawned by `--set multiprocessing_context=spawn`, each builds its own client:
     not named. The forked run may fail inside Streaming (a garbled shard) or not: its session is kept either way."""
     server, _ = mds_store
     for key, value in {**server.env(), "S3_ENDPOINT_URL": server.endpoint}.items():
@@ -114,7 +114,9 @@ def test_workers_forked_after_streaming_opened_its_connection_share_it_and_spawn
            "--batch-size", "8"]
     forked = run_cli(tmp_path, ["--steps", "6", *job], json_name="forked.json")
     shared = next(p for p in forked.summary["pitfalls"] if p["id"] == "connection-before-fork")
-    assert (shared["facts"]["workers"], shared["facts"]["at_once"]) == (shared["facts"]["processes"], 2)
+    # both workers when both download; one may find every shard it needs already downloaded by the other (the cache
+    # is theirs together), so how many is not fixed
+    assert shared["facts"]["workers"] == shared["facts"]["processes"] >= shared["facts"]["at_once"] >= 1
     spawned = run_cli(tmp_path, ["--steps", "6", "--set", "multiprocessing_context=spawn", *job],
                       json_name="spawned.json")
     assert spawned.returncode == 0, spawned.stderr[-3000:]
