@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from stallscope.analysis.findings import WorkerPipeline
 from stallscope.analysis.store_requests import download_threads_cpu_ns, request_stats
+from stallscope.analysis.store_requests import waiting_ns as waiting  # interpreter_wait_ns takes a waiting_ns
 from stallscope.session import FetchRecord, LoaderRecord, Session
 
 
@@ -88,11 +89,7 @@ def interpreter_wait_ns(fetch: FetchRecord, waiting_ns: int | None = None) -> in
     CPU and out of the run queue (``waiting_ns``) up to its other Python threads' CPU meanwhile; 0 elsewhere."""
     if fetch.threads_cpu_ns <= 0 or fetch.worker >= 0:
         return 0
-    if waiting_ns is None:
-        wall = max(0, fetch.end_ns - fetch.start_ns)
-        off_cpu = wall - min(max(0, fetch.cpu_ns), wall)
-        waiting_ns = off_cpu - (min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0)
-    return min(fetch.threads_cpu_ns, max(0, waiting_ns))
+    return min(fetch.threads_cpu_ns, max(0, waiting(fetch) if waiting_ns is None else waiting_ns))
 
 
 def cpu_shares(fetches: list[FetchRecord]) -> dict[str, float] | None:

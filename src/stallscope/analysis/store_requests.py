@@ -140,7 +140,7 @@ def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) ->
     timed = [f for f in fetches if f.timed]
     scale = len(fetches) / len(timed) if timed else 0.0
     client_cpu = sum(max(0, int((f.by_node.get("storage") or [0, 0])[1])) for f in timed) * scale
-    downloads = sum(download_threads_cpu_ns(f, _off_cpu_ns(f)) for f in fetches)  # measured for every batch
+    downloads = sum(download_threads_cpu_ns(f, waiting_ns(f)) for f in fetches)  # measured for every batch
     client_cpu += downloads
     requests, first_byte, body, nbytes, failed, connects, connect, bodies = totals
     names = {name for f in timed for name in f.by_name}
@@ -168,8 +168,8 @@ def _library_name(requests_by_library: Counter[int]) -> str:
     return DOWNLOAD_LIBRARIES[max(named)[1]] if named else ""
 
 
-def _off_cpu_ns(fetch: FetchRecord) -> int:
-    """The batch's time off its own CPU and out of the run queue."""
+def waiting_ns(fetch: FetchRecord) -> int:
+    """The batch's time off its own CPU and out of the run queue: what it waited on (I/O, other threads, sleeps)."""
     wall = max(0, fetch.end_ns - fetch.start_ns)
     off_cpu = wall - min(max(0, fetch.cpu_ns), wall)
     return off_cpu - (min(max(0, fetch.runqueue_ns), off_cpu) if fetch.runqueue_ns >= 0 else 0)
