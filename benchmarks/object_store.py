@@ -6,6 +6,7 @@ adds 0, 20 or 50 ms to each request), with 1 and 4 workers.
     python benchmarks/object_store.py --webdataset [--latencies 0 20 50] [--workers 1 4]
     python benchmarks/object_store.py --fastpath [--latencies 20] [--rounds 3]
     python benchmarks/object_store.py --streaming [--latencies 20] [--workers 1 2] [--shard-bytes 160000]
+    python benchmarks/object_store.py --litdata [--latencies 20] [--workers 1 2] [--shard-bytes 160000]
 
 ``--fastpath``: the fast data path (``PackedImageIterable``, RandomResizedCrop(224), batches of 32, 2 workers kept
 alive) reading the demo's 2,000 photos packed as WebDataset shards from the local disk and from the bucket at each
@@ -280,24 +281,33 @@ def fastpath_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_mds(folder: Path, out: Path, size_limit: int) -> None:
-    subprocess.run([sys.executable, str(SCRIPTS / "streaming_mds.py"), "write", str(folder), str(out),
-                    "--size-limit", str(size_limit)], check=True, capture_output=True)
+#: The streaming libraries' jobs: their script, the option that sizes what ``write`` packs, and its name in their API.
+LIBRARIES = {"streaming": ("streaming_mds.py", "--size-limit", "size_limit", "MDS shards"),
+             "litdata": ("litdata_chunks.py", "--chunk-bytes", "chunk_bytes", "LitData chunks")}
+
+
+def write_shards(library: str, folder: Path, out: Path, size: int) -> None:
+    script, option, _, _ = LIBRARIES[library]
+    subprocess.run([sys.executable, str(SCRIPTS / script), "write", str(folder), str(out), option, str(size)],
+                   check=True, capture_output=True)
 
 
 def streaming_main(args: argparse.Namespace) -> int:
-    """The MosaicML Streaming job: each recommendation that can be applied here (the first ``--set``, and
-    ``larger-shards`` by rewriting the shards at the size it names) against the run it was made from."""
+    """A streaming library's job (MosaicML Streaming, or LitData with ``--litdata``): each recommendation that can
+    be applied here (the first ``--set``, and ``larger-shards`` by rewriting the shards at the size it names)
+    against the run it was made from."""
+    library = "litdata" if args.litdata else "streaming"
+    script_name, _, size_name, what = LIBRARIES[library]
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         store = args.store or str(root / "store")
         images = max(args.images, 16 * (args.steps + 10))  # every measured step downloads: no epoch from the cache
         folder = make_dataset(root / "images", DatasetSpec(n_files=images, width=400, height=300), False)
-        write_mds(folder, root / "mds", args.shard_bytes)
+        write_shards(library, folder, root / "mds", args.shard_bytes)
         with seaweedfs(root / "weed") as server:
             shards = len(upload_folder(server, root / "mds", "mds")) - 1
-            print(f"{images} photos in {shards} MDS shards of about {args.shard_bytes / 1e3:.0f} KB", flush=True)
+            print(f"{images} photos in {shards} {what} of about {args.shard_bytes / 1e3:.0f} KB", flush=True)
             rewritten: dict[int, str] = {}
             for latency in args.latencies:
                 proxy = DelayProxy(server.endpoint, latency / 1000)
@@ -308,7 +318,7 @@ def streaming_main(args: argparse.Namespace) -> int:
 
                     def job(remote: str, overrides: list[str], workers: int = workers, env: dict = env,
                             out: Path = out) -> dict:
-                        script = [str(SCRIPTS / "streaming_mds.py"), "train", remote]
+                        script = [str(SCRIPTS / script_name), "train", remote]
                         return run(env, store, workers, args.steps, overrides, out, script=script, timeout_s=300)
 
                     base = job("s3://data/mds", [])
@@ -320,15 +330,15 @@ def streaming_main(args: argparse.Namespace) -> int:
                         elif rec["id"] == "larger-shards":
                             size = int(rec["facts"]["target_bytes"])
                             if size not in rewritten:
-                                write_mds(folder, root / f"mds-{size}", size)
+                                write_shards(library, folder, root / f"mds-{size}", size)
                                 upload_folder(server, root / f"mds-{size}", f"mds-{size}")
                                 rewritten[size] = f"s3://data/mds-{size}"
-                            change, remote, label = [], rewritten[size], f"size_limit={size}"
+                            change, remote, label = [], rewritten[size], f"{size_name}={size}"
                         else:
                             continue
                         ratios = []
                         for round_index in range(args.rounds):
-                            try:  # Streaming itself can hang or fail at many workers on a small set: say so, go on
+                            try:  # the library itself can hang or fail at many workers on a small set: say so, go on
                                 before = base if round_index == 0 else job("s3://data/mds", [])
                                 after = job(remote, change)
                             except SystemExit as failed:
@@ -384,14 +394,17 @@ def main() -> int:
                                                              "(curl, through the filer's HTTP) instead of boto3 GETs")
     p.add_argument("--streaming", action="store_true", help="the MosaicML Streaming job (StreamingDataset over MDS "
                                                             "shards of --shard-bytes in the bucket) instead")
-    p.add_argument("--shard-bytes", type=int, default=160_000, help="with --streaming: MDSWriter's size_limit")
+    p.add_argument("--litdata", action="store_true", help="the LitData job (StreamingDataset over LitData chunks "
+                   "downloaded through obstore): as --streaming")
+    p.add_argument("--shard-bytes", type=int, default=160_000, help="with --streaming: MDSWriter's size_limit; with "
+                   "--litdata: optimize's chunk_bytes")
     p.add_argument("--fastpath", action="store_true", help="measure the fast data path from the bucket instead")
     p.add_argument("--fastpath-workers", type=int, default=2)
     p.add_argument("--seconds", type=float, default=10.0, help="with --fastpath: steady seconds per measurement")
     args = p.parse_args()
     if args.fastpath:
         return fastpath_main(args)
-    if args.streaming:
+    if args.streaming or args.litdata:
         return streaming_main(args)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -29,6 +29,7 @@ from stallscope.recorder import (
 )
 from stallscope.recorder.http_requests import REQUEST_PATCHES, watch_thread_starts
 from stallscope.recorder.libraries import LIBRARY_PATCHES, patch_torch
+from stallscope.recorder.obstore_requests import OBSTORE_PATCHES
 from stallscope.settings import (
     ENV_BENCH,
     ENV_LAUNCHER_PID,
@@ -58,6 +59,7 @@ PATCHES: dict[str, Any] = {
     "torch.utils.tensorboard.writer": trackers.patch_tensorboard,
     **LIBRARY_PATCHES,
     **REQUEST_PATCHES,
+    **OBSTORE_PATCHES,
     "threading": watch_thread_starts,
 }
 _installed = False

@@ -166,6 +166,13 @@ def _this_thread_tally() -> list[int] | None:
     return local.background
 
 
+def tally_here() -> list[int] | None:
+    """The tally a request made on this thread now counts in: the batch's inside a fetch, else this thread's
+    where it is one of the loader's own, else None (a request nobody waits on in a batch)."""
+    tally = _local.tally
+    return tally if tally is not None else _this_thread_tally()
+
+
 def _register(tally: list[int]) -> None:
     """Add this thread's tally to the registry, folding those of threads that have ended into ``_retired`` (an
     ended thread's tally no longer changes)."""
