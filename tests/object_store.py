@@ -119,16 +119,31 @@ def _wait_until_writable(server: S3Server) -> None:
             time.sleep(0.3)
 
 
+class _Link:
+    """A link every connection shares: answers pass it one chunk after another at ``bandwidth`` bytes/s in all."""
+
+    def __init__(self, bandwidth: float) -> None:
+        self.bandwidth, self.free_at, self.lock = bandwidth, 0.0, threading.Lock()
+
+    def carry(self, nbytes: int) -> None:
+        with self.lock:
+            self.free_at = max(time.monotonic(), self.free_at) + nbytes / self.bandwidth
+            done = self.free_at
+        time.sleep(max(0.0, done - time.monotonic()))
+
+
 class DelayProxy:
     """A TCP proxy on a free loopback port: each chunk a client sends waits ``latency_s`` before it goes on (a
-    request's round trip), and answers flow back at most ``bandwidth`` bytes/s per connection (None: unlimited).
+    request's round trip), and answers flow back at most ``bandwidth`` bytes/s per connection (None: unlimited) and
+    ``link_bandwidth`` bytes/s over all connections together (the store's link, or the store itself, at its limit).
     One thread pair per connection: the suite's loaders keep a few connections each."""
 
     def __init__(self, upstream: str, latency_s: float, bandwidth: float | None = None,
-                 busy_every: int = 0) -> None:
+                 busy_every: int = 0, link_bandwidth: float | None = None) -> None:
         host, port = upstream.removeprefix("http://").split(":")
         self.upstream = (host, int(port))
         self.latency_s, self.bandwidth = latency_s, bandwidth
+        self.link = _Link(link_bandwidth) if link_bandwidth else None
         self.busy_every = busy_every  # answer every n-th GET with 503 Slow Down instead of passing it on (0: never)
         self._gets = 0
         self._lock = threading.Lock()
@@ -162,7 +177,8 @@ class DelayProxy:
             self._open += [client, server]
             threading.Thread(target=self._pump, args=(client, server, self.latency_s, None, self._refuse),
                              daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, 0.0, self.bandwidth), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, 0.0, self.bandwidth, None, self.link),
+                             daemon=True).start()
 
     def _refuse(self, chunk: bytes, client: socket.socket) -> bool:
         """Answer this request with a 503 (a throttling store) where it is a GET whose turn it is."""
@@ -177,7 +193,7 @@ class DelayProxy:
 
     @staticmethod
     def _pump(source: socket.socket, sink: socket.socket, latency_s: float, bandwidth: float | None,
-              refuse: Callable[[bytes, socket.socket], bool] | None = None) -> None:
+              refuse: Callable[[bytes, socket.socket], bool] | None = None, link: _Link | None = None) -> None:
         """Copy ``source`` to ``sink``; with a latency, a second thread sends each chunk when it is due (its
         arrival plus the latency), so chunks that follow each other are not delayed one after the other."""
         chunks: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
@@ -212,6 +228,8 @@ class DelayProxy:
                     break
                 if bandwidth:
                     time.sleep(len(chunk) / bandwidth)
+                if link is not None:
+                    link.carry(len(chunk))
                 sink.sendall(chunk)
         except OSError:
             if sender is not None:

@@ -125,6 +125,29 @@ def test_doctor_measures_the_store_and_the_connections_a_rate_needs(tmp_path, st
     assert reached_at["objects_per_s"] >= 60  # the connections it names did read the rate
 
 
+def test_doctor_tells_a_store_at_its_links_limit_from_a_client_at_its_own(tmp_path, store, monkeypatch):
+    """The store's link shaped to 2 MB/s for all connections together: one process's sweep tops out, and the same
+    best level from 2 and 4 processes, each with its own client, reads no more with the CPUs to spare: the store
+    or the link is named, and a plan that needs more is capped by it."""
+    link = 2e6
+    proxy = DelayProxy(store.endpoint, 0.005, link_bandwidth=link)
+    for key, value in {**store.env(), "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    proc = subprocess.run([sys.executable, "-m", "stallscope", "doctor", "s3://data/images/", "--no-bench",
+                           "--bench-seconds", "4", "--json", "-"], capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path)
+    proxy.close()
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    checks = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    best = max(checks["store-throughput"]["data"]["levels"], key=lambda lv: lv["objects_per_s"])
+    assert best["mb_per_s"] <= 1.1 * link / 1e6  # the link's limit, not more
+    limit = checks["store-limit"]["data"]
+    assert [lv["processes"] for lv in limit["process_levels"]] == [2, 4]
+    assert all(lv["mb_per_s"] <= 1.1 * link / 1e6 for lv in limit["process_levels"])
+    assert limit["limit"] == "store", limit
+    assert "the store or the link is the limit" in checks["store-limit"]["why"]
+
+
 def test_plan_says_whether_its_workers_keep_the_requests_in_flight_the_probe_says_its_rate_needs(tmp_path, store,
                                                                                                  monkeypatch):
     """A run recorded against the bucket, the bucket probed by doctor, the run planned onto 8 cores: the plan's rate

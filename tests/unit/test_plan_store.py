@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stallscope.analysis.plan_store import store_need
 from stallscope.analysis.store_requests import RequestStats
-from stallscope.health.object_store import StoreProbe
+from stallscope.health.object_store import Level, StoreProbe, store_checks
 from stallscope.render.plan import store_words
 
 DOCTOR = {"checks": [
@@ -62,3 +64,48 @@ def test_a_rate_past_one_process_needs_more_processes_and_a_run_without_requests
     assert "spread over at least 5 processes" in store_words(need)
     assert need.per_worker_needed == 5 and "keep 5 request(s) in flight a worker" in store_words(need)
     assert store_need(StoreProbe.from_doctor(DOCTOR), None, 400.0, 4, 2) is None
+
+
+def _with_processes(levels: list[dict], cpus: float = 8.0) -> StoreProbe:
+    """The doctor probe above, its best level (4 connections, 170/s) also run from several processes."""
+    probe = StoreProbe.from_doctor(DOCTOR)
+    return dataclasses.replace(probe, cpus=cpus, process_levels=[
+        Level(4 * lv["processes"], int(lv["objects_per_s"] * 2), 2.0, int(lv["objects_per_s"] * 2 * 24_000), 0,
+              processes=lv["processes"], cpu_s=2.0 * lv["cpus_used"]) for lv in levels])
+
+
+def test_processes_that_read_more_together_make_the_client_the_limit():
+    probe = _with_processes([{"processes": 2, "objects_per_s": 330.0, "cpus_used": 1.0},
+                             {"processes": 4, "objects_per_s": 600.0, "cpus_used": 2.0}])
+    assert probe.limit == "client" and probe.highest is not None and probe.highest.objects_per_s == 600.0
+    checks = {c.id: c for c in store_checks(probe, None)}
+    assert "one process's client is the limit" in checks["store-limit"].why
+    assert "3.5x as much together" in checks["store-limit"].why  # 600 against 170
+
+
+def test_processes_that_read_no_more_with_cores_to_spare_make_the_store_the_limit_and_it_caps_the_plan():
+    probe = _with_processes([{"processes": 2, "objects_per_s": 175.0, "cpus_used": 0.6},
+                             {"processes": 4, "objects_per_s": 180.0, "cpus_used": 0.8}])
+    assert probe.limit == "store"
+    need = store_need(probe, _requests(1.0, 0.9), samples_per_s=400.0, workers=8, recorded_workers=1)
+    assert need is not None and need.store_caps and need.capped_samples_per_s == pytest.approx(180.0)
+    assert "expect at most 180 samples/s from it" in store_words(need)
+    under = store_need(probe, _requests(1.0, 0.9), samples_per_s=150.0, workers=8, recorded_workers=1)
+    assert under is not None and not under.store_caps and "expect at most" not in store_words(under)
+
+
+def test_processes_that_took_the_cores_make_the_cpus_the_limit_not_the_store():
+    probe = _with_processes([{"processes": 2, "objects_per_s": 175.0, "cpus_used": 1.9},
+                             {"processes": 4, "objects_per_s": 172.0, "cpus_used": 1.95}], cpus=2.0)
+    assert probe.limit == "cpus"
+    need = store_need(probe, _requests(1.0, 0.9), samples_per_s=400.0, workers=8, recorded_workers=1)
+    assert need is not None and not need.store_caps
+
+
+def test_the_limit_is_read_back_from_a_saved_probe():
+    probe = _with_processes([{"processes": 2, "objects_per_s": 175.0, "cpus_used": 0.6}])
+    document = {"checks": [{"id": c.id, "data": c.data} for c in store_checks(probe, None)]}
+    again = StoreProbe.from_doctor(document)
+    assert again.limit == "store" and again.cpus == 8.0
+    assert [(lv.processes, lv.connections, lv.objects_per_s) for lv in again.process_levels] == [(2, 8, 175.0)]
+    assert StoreProbe.from_doctor(DOCTOR).limit is None  # a probe saved before processes were swept

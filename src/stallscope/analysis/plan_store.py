@@ -34,6 +34,12 @@ class StoreProbeLike(Protocol):
     @property
     def request_median_s(self) -> float: ...
 
+    @property
+    def highest(self) -> ProbedLevel | None: ...
+
+    @property
+    def limit(self) -> str | None: ...
+
     def connections_for(self, objects_per_s: float) -> tuple[int, bool]: ...
 
 
@@ -51,6 +57,19 @@ class StoreNeed:
     workers: int  # the plan's loading processes (its workers, or its training processes without), all together
     in_flight_per_worker: float  # as recorded: requests on the network at once, per worker
     request_ms: float
+    limit: str | None = None  # whose limit the probe's processes met: client, cpus, store (``StoreProbe.limit``)
+    highest_objects_per_s: float = 0.0  # the most the probe read, one process or several together
+
+    @property
+    def store_caps(self) -> bool:
+        """The plan's rate needs more than the store gave several processes at once, with cores to spare: the
+        store or its link caps it, however many workers."""
+        return self.limit == "store" and 0 < self.highest_objects_per_s < self.objects_per_s
+
+    @property
+    def capped_samples_per_s(self) -> float | None:
+        """The samples/s the store allows (its highest measured rate over the requests a sample), where it caps."""
+        return self.highest_objects_per_s / self.per_sample if self.store_caps else None
 
     @property
     def in_flight_planned(self) -> float:
@@ -72,7 +91,9 @@ class StoreNeed:
                 "processes": self.processes, "workers": self.workers,
                 "in_flight_per_worker": round(self.in_flight_per_worker, 2),
                 "in_flight_planned": round(self.in_flight_planned, 1), "enough": self.enough,
-                "request_ms": round(self.request_ms, 2)}
+                "request_ms": round(self.request_ms, 2), "limit": self.limit,
+                "highest_objects_per_s": round(self.highest_objects_per_s, 1),
+                "capped_samples_per_s": round(capped, 1) if (capped := self.capped_samples_per_s) else None}
 
 
 def store_need(probe: StoreProbeLike, requests: RequestStats | None, samples_per_s: float, workers: int,
@@ -86,5 +107,6 @@ def store_need(probe: StoreProbeLike, requests: RequestStats | None, samples_per
     best = probe.best.objects_per_s if probe.best is not None else 0.0
     processes = max(1, math.ceil(objects_per_s / best)) if best > 0 else 1
     per_worker = requests.in_flight / max(1, recorded_workers)  # a run without workers loads in one process
+    highest = probe.highest.objects_per_s if probe.highest is not None else 0.0
     return StoreNeed(probe.url, samples_per_s, requests.per_sample, objects_per_s, connections, reached, best,
-                     processes, workers, per_worker, 1e3 * probe.request_median_s)
+                     processes, workers, per_worker, 1e3 * probe.request_median_s, probe.limit, highest)

@@ -8,6 +8,11 @@ sweep: past it the store, the link or this process's own CPU (boto3 signing and 
 decides. The connections a rate needs follow from Little's law on the measured time per request; where one process's
 sweep tops out below it, more processes (DataLoader workers) are needed, each with its own client.
 
+Which of those holds the rate is then told apart by the same best level run from 2 and 4 processes at once, each
+with its own client: where they read more together, one process's client was the limit (more workers raise it);
+where they read no more while this machine's CPUs had room, the store or the link was (more workers or connections
+do not); where they took the CPUs, this machine's cores were.
+
 The endpoint and credentials come from boto3's usual sources (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, the config
 files). boto3 is the ``s3`` extra.
 """
@@ -15,6 +20,9 @@ files). boto3 is the ``s3`` extra.
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+import queue
 import statistics
 import threading
 import time
@@ -33,6 +41,12 @@ LEVEL_GAIN = 1.15
 LATENCY_SAMPLES = 20
 #: Objects listed at most (the GETs cycle through them).
 MAX_LISTED = 1000
+#: The processes the best level is run from at once, to tell a client's limit from the store's.
+PROCESS_LEVELS = (2, 4)
+#: Seconds a process of that sweep may take to start (its imports, its client) before the level is given up.
+PROCESS_START_S = 60.0
+#: Processes that used at least this share of the machine's usable CPUs had the cores as their limit.
+CPU_BOUND_SHARE = 0.85
 #: A first byte slower than this is a store far from the machine (another region, a gateway): worth the warning,
 #: since each worker then needs many requests in flight.
 SLOW_FIRST_BYTE_S = 0.05
@@ -54,6 +68,8 @@ class Level:
     nbytes: int
     failed: int
     rate: float | None = None  # objects/s as a saved probe said it (``StoreProbe.from_doctor``)
+    processes: int = 1  # processes reading at once, ``connections`` each
+    cpu_s: float = 0.0  # the processes' CPU seconds, together
 
     @property
     def objects_per_s(self) -> float:
@@ -75,6 +91,9 @@ class StoreProbe:
     whole_s: list[float]
     sizes: list[int]
     levels: list[Level] = field(default_factory=list)
+    process_levels: list[Level] = field(default_factory=list)  # the best level from several processes at once
+    cpus: float = 0.0  # this machine's usable CPUs when it was probed
+    said_limit: str | None = None  # the limit as a saved probe said it (``from_doctor``)
 
     @property
     def first_byte_median_s(self) -> float:
@@ -87,6 +106,25 @@ class StoreProbe:
     @property
     def best(self) -> Level | None:
         return max(self.levels, key=lambda lv: lv.objects_per_s) if self.levels else None
+
+    @property
+    def highest(self) -> Level | None:
+        """The most any measurement read: one process's best level, or several processes together."""
+        every = [*self.levels, *self.process_levels]
+        return max(every, key=lambda lv: lv.objects_per_s) if every else None
+
+    @property
+    def limit(self) -> str | None:
+        """What holds the store's rate for this machine: ``client`` (one process's client: more processes read
+        more), ``cpus`` (this machine's cores, taken by the processes), ``store`` (the store or the link: more
+        processes read no more with cores to spare); None where no process level was measured."""
+        if self.said_limit is not None or not self.process_levels or self.best is None:
+            return self.said_limit
+        top = max(self.process_levels, key=lambda lv: lv.objects_per_s)
+        if top.objects_per_s >= LEVEL_GAIN * self.best.objects_per_s:
+            return "client"
+        busy = top.cpu_s / top.seconds / self.cpus if top.seconds > 0 and self.cpus > 0 else 0.0
+        return "cpus" if busy >= CPU_BOUND_SHARE else "store"
 
     def connections_for(self, objects_per_s: float) -> tuple[int, bool]:
         """Connections (requests in flight) to read ``objects_per_s``, and whether one process reached that rate in
@@ -111,10 +149,14 @@ class StoreProbe:
             levels = [Level(int(lv["connections"]), 0, 1.0, int(1e6 * float(lv.get("mb_per_s") or 0.0)),
                             int(lv.get("failed") or 0), float(lv["objects_per_s"]))
                       for lv in found.get("levels", [])]
+            limit = checks.get("store-limit") or {}
+            processes = [Level(int(lv["connections"]), 0, 1.0, int(1e6 * float(lv.get("mb_per_s") or 0.0)),
+                               int(lv.get("failed") or 0), float(lv["objects_per_s"]), int(lv["processes"]))
+                         for lv in limit.get("process_levels", [])]
             return cls(str(found.get("url") or "?"), str(found.get("endpoint") or "?"),
                        int(found.get("objects_listed") or 0), [float(found["first_byte_ms_median"]) / 1e3],
                        [float(found["request_ms_median"]) / 1e3], [int(found.get("object_bytes_median") or 0)],
-                       levels)
+                       levels, processes, float(limit.get("cpus") or 0.0), limit.get("limit"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"its store probe is malformed ({type(exc).__name__}: {exc})") from None
 
@@ -128,10 +170,11 @@ class StoreProbe:
 
 
 def probe_store(url: str, seconds: float = 6.0, client_factory: Callable[[int], Any] | None = None,
-                clock: Callable[[], float] = time.perf_counter) -> StoreProbe:
+                clock: Callable[[], float] = time.perf_counter, cpus: float | None = None) -> StoreProbe:
     """Measure the store at ``url``; ``client_factory(connections)`` makes a boto3 S3 client (tests pass their own
-    endpoint through it). Raises ValueError for a bad address or an empty prefix, ImportError without boto3 and
-    botocore's errors for a store that cannot be reached."""
+    endpoint through it; the processes sweep is left out with one, since its processes make their own). ``cpus``:
+    this machine's usable CPUs. Raises ValueError for a bad address or an empty prefix, ImportError without boto3
+    and botocore's errors for a store that cannot be reached."""
     bucket, prefix = parse_s3_url(url)
     make = client_factory or _boto3_client
     client = make(1)
@@ -150,14 +193,60 @@ def probe_store(url: str, seconds: float = 6.0, client_factory: Callable[[int], 
         sizes.append(len(body.read()))
         first_byte.append(t1 - t0)
         whole.append(clock() - t0)
-    probe = StoreProbe(url, str(client.meta.endpoint_url), len(keys), first_byte, whole, sizes)
+    probe = StoreProbe(url, str(client.meta.endpoint_url), len(keys), first_byte, whole, sizes,
+                       cpus=cpus if cpus is not None else float(len(os.sched_getaffinity(0))))
     per_level = max(0.5, seconds / 4)
     for connections in LEVELS:
         level = _sweep_level(make(connections), bucket, keys, connections, per_level, clock)
         probe.levels.append(level)
         if len(probe.levels) > 1 and level.objects_per_s < LEVEL_GAIN * probe.levels[-2].objects_per_s:
             break
+    best = probe.best
+    if client_factory is None and best is not None:
+        for processes in PROCESS_LEVELS:
+            together = _sweep_processes(bucket, keys, best.connections, processes, per_level)
+            if together is not None:
+                probe.process_levels.append(together)
     return probe
+
+
+def _sweep_processes(bucket: str, keys: list[str], connections: int, processes: int,
+                     seconds: float) -> Level | None:
+    """``connections`` threads in each of ``processes`` spawned processes, each with its own client, reading for
+    ``seconds`` from the same moment (a barrier after their imports); their CPU summed. Spawned: nothing of this
+    process (its clients, their sockets) is shared. None where a process failed."""
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(processes), context.Queue()
+    children = [context.Process(target=_one_process, args=(bucket, keys, connections, seconds, barrier, results),
+                                daemon=True) for _ in range(processes)]
+    for child in children:
+        child.start()
+    try:
+        parts = [results.get(timeout=seconds + PROCESS_START_S) for _ in children]
+    except queue.Empty:
+        parts = [None]
+    finally:
+        for child in children:
+            child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
+    if not all(isinstance(p, tuple) for p in parts):
+        return None
+    return Level(connections * processes, sum(p[0] for p in parts), max(p[1] for p in parts),
+                 sum(p[2] for p in parts), sum(p[3] for p in parts), processes=processes,
+                 cpu_s=sum(p[4] for p in parts))
+
+
+def _one_process(bucket: str, keys: list[str], connections: int, seconds: float, barrier: Any, results: Any) -> None:
+    """One process of a processes level: puts (objects, seconds, bytes, failed, CPU seconds), or why it failed."""
+    try:
+        client = _boto3_client(connections)
+        barrier.wait(timeout=PROCESS_START_S)
+        cpu = time.process_time()
+        level = _sweep_level(client, bucket, keys, connections, seconds, time.perf_counter)
+        results.put((level.objects, level.seconds, level.nbytes, level.failed, time.process_time() - cpu))
+    except Exception as exc:  # noqa: BLE001 - said to the parent, which leaves the level out
+        results.put(f"{type(exc).__name__}: {exc}")
 
 
 def _boto3_client(connections: int) -> Any:
@@ -219,6 +308,9 @@ def store_checks(probe: StoreProbe, objects_per_s: float | None) -> list[Check]:
             "", "one process's client: past its best level the store, the link or this process's CPU (boto3 "
             "signs and parses on one thread at a time) holds it; each DataLoader worker is such a process", "",
             {"levels": probe.to_dict()["levels"]}))
+    limit = _limit_check(probe)
+    if limit is not None:
+        checks.append(limit)
     if objects_per_s:
         needed, reached = probe.connections_for(objects_per_s)
         processes = math.ceil(objects_per_s / best.objects_per_s) if best and best.objects_per_s > 0 else None
@@ -237,6 +329,41 @@ def store_checks(probe: StoreProbe, objects_per_s: float | None) -> list[Check]:
                             {"objects_per_s": objects_per_s, "connections": needed, "reached": reached,
                              "processes": processes}))
     return checks
+
+
+def _limit_check(probe: StoreProbe) -> Check | None:
+    """Whose limit the best level met: one process's client, this machine's CPUs, or the store and the link."""
+    best, limit = probe.best, probe.limit
+    if best is None or limit is None or not probe.process_levels:
+        return None
+    top = max(probe.process_levels, key=lambda lv: lv.objects_per_s)
+    together = ", ".join(f"{lv.processes} x {lv.connections // lv.processes}: {lv.objects_per_s:.0f}/s "
+                         f"({lv.bytes_per_s / 1e6:.1f} MB/s, {lv.cpu_s / lv.seconds:.1f} CPUs)"
+                         for lv in probe.process_levels if lv.seconds > 0)
+    value = (f"one process: {best.objects_per_s:.0f} objects/s ({best.bytes_per_s / 1e6:.1f} MB/s) at "
+             f"{best.connections} connections; processes x connections each: {together}")
+    means, fix = {
+        "client": ("one process's client is the limit: processes with clients of their own read "
+                   f"{top.objects_per_s / max(best.objects_per_s, 1e-9):.1f}x as much together (its CPU signs, "
+                   "parses and copies on one interpreter)",
+                   "spread the requests over DataLoader workers, each with its own client, rather than more "
+                   "threads in one process"),
+        "cpus": ("this machine's CPUs are the limit: the processes took "
+                 f"{top.cpu_s / top.seconds:.1f} of its {probe.cpus:.0f} usable CPUs and read no more together",
+                 "more cores for the loading processes, or a client that costs less CPU a request (larger objects)"),
+        "store": ("the store or the link is the limit: processes with clients of their own read no more together "
+                  f"({top.objects_per_s:.0f}/s against {best.objects_per_s:.0f}/s) while this machine's CPUs had "
+                  "room; more workers or connections will not raise it",
+                  "read fewer bytes (smaller images: `stallscope pack SRC OUT --max-side auto`), a store closer to "
+                  "the machine, or the data on local disk"),
+    }[limit]
+    return Check("store-limit", "object store: whose limit", PASS if limit == "client" else WARN, value, "",
+                 means, fix, {"limit": limit, "cpus": probe.cpus,
+                              "process_levels": [{"processes": lv.processes, "connections": lv.connections,
+                                                  "objects_per_s": round(lv.objects_per_s, 1),
+                                                  "mb_per_s": round(lv.bytes_per_s / 1e6, 2), "failed": lv.failed,
+                                                  "cpus_used": round(lv.cpu_s / lv.seconds, 2) if lv.seconds else 0}
+                                                 for lv in probe.process_levels]})
 
 
 def store_unreachable(url: str, exc: BaseException) -> Check:

@@ -130,6 +130,13 @@ def store_words(need: StoreNeed) -> str:
     said += (f"; the recorded run kept {need.in_flight_per_worker:.1f} in flight a worker, so {need.workers} "
              f"worker(s) keep about {need.in_flight_planned:.0f}")
     if need.enough:
-        return said + ": enough"
-    return (said + f": short of {need.connections}; keep {need.per_worker_needed} request(s) in flight a worker "
-            "(threads fetching each batch's objects in the dataset's __getitems__), or use more workers")
+        said += ": enough"
+    else:
+        said += (f": short of {need.connections}; keep {need.per_worker_needed} request(s) in flight a worker "
+                 "(threads fetching each batch's objects in the dataset's __getitems__), or use more workers")
+    capped = need.capped_samples_per_s
+    if capped is not None:
+        said += (f". But the store gave at most {need.highest_objects_per_s:,.0f} objects/s to several processes "
+                 "at once with this machine's CPUs to spare (its limit or its link's, measured by doctor): expect "
+                 f"at most {capped:,.0f} samples/s from it, however many workers")
+    return said
