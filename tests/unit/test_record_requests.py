@@ -16,6 +16,7 @@ import pytest
 from stallscope.analysis.store_requests import RequestStats, request_stats
 from stallscope.constants import DOWNLOAD_LIBRARIES
 from stallscope.recorder import calls, http_requests
+from stallscope.render.words.evidence import requests_line
 from stallscope.recorder.http_requests import BACKGROUND, BODIES, BODY_BYTES, CONNECTS, FAILED, LIBRARY, REQUESTS
 from stallscope.session import FetchRecord
 
@@ -161,6 +162,10 @@ def test_bodies_that_take_longer_than_the_answers_are_bandwidth_bound():
                          body_bytes=50e6, failed=0, connections=1, client_cpu_s=0.02, storage_s=0.55, loading_s=1.0)
     assert stats.bound == "bandwidth"
     assert stats.network_share == pytest.approx(0.53 / 0.55)
+    line = requests_line(stats, None)
+    assert "(bandwidth-bound)" in line and "`stallscope doctor s3://BUCKET/PREFIX` tells them apart" in line
+    latency = dataclasses.replace(stats, first_byte_s=0.6)
+    assert latency.bound == "latency" and "doctor" not in requests_line(latency, None)
 
 
 @pytest.fixture

@@ -100,6 +100,8 @@ def requests_line(requests: Any, compute_samples_per_s: float | None) -> str:
             + (f", {needed:.1f} needed for the compute's rate" if needed and needed < 10
                else f", {needed:.0f} needed for the compute's rate" if needed else "")
             + f"; {100 * parts[requests.bound] / total:.0f}% of their time is {bound} ({requests.bound}-bound)"
+            + (" (the store's limit or the client's: `stallscope doctor s3://BUCKET/PREFIX` tells them apart)"
+               if requests.bound == "bandwidth" else "")
             + failed + background)
 
 
