@@ -4,6 +4,7 @@ adds 0, 20 or 50 ms to each request), with 1 and 4 workers.
 
     python benchmarks/object_store.py [--latencies 0 20 50] [--workers 1 4] [--rounds 2] [--steps 60]
     python benchmarks/object_store.py --webdataset [--latencies 0 20 50] [--workers 1 4]
+    python benchmarks/object_store.py --s3fs [--latencies 0 20 50] [--workers 1 4]
     python benchmarks/object_store.py --fastpath [--latencies 20] [--rounds 3]
     python benchmarks/object_store.py --streaming [--latencies 20] [--workers 1 2] [--shard-bytes 160000]
     python benchmarks/object_store.py --litdata [--latencies 20] [--workers 1 2] [--shard-bytes 160000]
@@ -413,6 +414,8 @@ def main() -> int:
                                                              "(curl, through the filer's HTTP) instead of boto3 GETs")
     p.add_argument("--streaming", action="store_true", help="the MosaicML Streaming job (StreamingDataset over MDS "
                                                             "shards of --shard-bytes in the bucket) instead")
+    p.add_argument("--s3fs", action="store_true", help="the job reading each JPEG through fsspec's s3fs (fs.cat) "
+                                                       "instead of boto3 GETs")
     p.add_argument("--litdata", action="store_true", help="the LitData job (StreamingDataset over LitData chunks "
                    "downloaded through obstore): as --streaming")
     p.add_argument("--shard-bytes", type=int, default=160_000, help="with --streaming: MDSWriter's size_limit; with "
@@ -445,7 +448,8 @@ def main() -> int:
                        if args.webdataset else None)
                 for workers in args.workers:
                     out = root / "summary.json"
-                    base = run(env, store, workers, args.steps, [], out, url)
+                    script = [str(SCRIPTS / "s3fs_images.py")] if args.s3fs else None
+                    base = run(env, store, workers, args.steps, [], out, url, script)
                     requests = base["nodes"]["storage"].get("requests") or {}
                     top = next((r for r in base["recommendations"] if r["change"].startswith("--set")), None)
                     if top is None:
@@ -454,8 +458,9 @@ def main() -> int:
                     change = [f"{key}={format_value(value)}" for key, value in top["overrides"].items()]
                     ratios = []
                     for round_index in range(args.rounds):
-                        before = base if round_index == 0 else run(env, store, workers, args.steps, [], out, url)
-                        after = run(env, store, workers, args.steps, change, out, url)
+                        before = (base if round_index == 0
+                                  else run(env, store, workers, args.steps, [], out, url, script))
+                        after = run(env, store, workers, args.steps, change, out, url, script)
                         ratios.append(after["throughput"]["samples_per_s"] / before["throughput"]["samples_per_s"])
                     rows.append((latency, workers, base, requests, " ".join(change), top["predicted_speedup"],
                                  statistics.median(ratios)))

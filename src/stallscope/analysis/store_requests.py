@@ -183,4 +183,6 @@ def client_of(call_names: set[str]) -> str:
         return "requests"
     if "urllib.request.urlopen" in call_names:
         return "urllib"
+    if "fsspec sync" in call_names:
+        return "fsspec"
     return "http"

@@ -27,6 +27,7 @@ from stallscope.recorder import (
     trackers,
     transfer,
 )
+from stallscope.recorder.aiohttp_requests import AIOHTTP_PATCHES
 from stallscope.recorder.http_requests import REQUEST_PATCHES, watch_thread_starts
 from stallscope.recorder.libraries import LIBRARY_PATCHES, patch_torch
 from stallscope.recorder.obstore_requests import OBSTORE_PATCHES
@@ -60,6 +61,7 @@ PATCHES: dict[str, Any] = {
     **LIBRARY_PATCHES,
     **REQUEST_PATCHES,
     **OBSTORE_PATCHES,
+    **AIOHTTP_PATCHES,
     "threading": watch_thread_starts,
 }
 _installed = False

@@ -23,6 +23,7 @@ process says once per connection's opener and address that it did (``shared_conn
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import os
 import sys
@@ -122,10 +123,18 @@ os.register_at_fork(after_in_child=_new_lock_after_fork)
 _in_loader_worker = [False]
 
 
+#: The batch's tally in the fetching thread's context: asyncio hands a coroutine submitted from there (fsspec's
+#: ``sync``, ``asyncio.run``) a copy of that context, so requests it makes on an event loop's thread count as the
+#: batch's own (``recorder/aiohttp_requests.py``). Threads start with an empty context: a download thread's requests
+#: stay its own.
+batch_context: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("stallscope_batch", default=None)
+
+
 def begin_batch() -> None:
     """A fetch starts: its requests are counted from here (``recorder/workers.py``)."""
-    _local.tally = [0] * FIELDS
+    _local.tally = tally = [0] * FIELDS
     _local.base = _background_totals() if _background else None
+    batch_context.set(tally)
 
 
 def end_batch() -> list[int] | None:
@@ -133,6 +142,7 @@ def end_batch() -> list[int] | None:
     batch, a WebDataset shard, is read over many). The loader's own threads' requests meanwhile are added in, their
     count and library after the tally's own fields."""
     tally, _local.tally = _local.tally, None
+    batch_context.set(None)
     if tally is not None and _background:
         base, now = _local.base or [0] * (FIELDS + 2), _background_totals()
         made = [now[i] - base[i] for i in range(FIELDS)]
@@ -167,9 +177,13 @@ def _this_thread_tally() -> list[int] | None:
 
 
 def tally_here() -> list[int] | None:
-    """The tally a request made on this thread now counts in: the batch's inside a fetch, else this thread's
-    where it is one of the loader's own, else None (a request nobody waits on in a batch)."""
+    """The tally a request made on this thread now counts in: the batch's inside a fetch (or in a coroutine a fetch
+    submitted to an event loop), else this thread's where it is one of the loader's own, else None (a request
+    nobody waits on in a batch)."""
     tally = _local.tally
+    if tally is not None:
+        return tally
+    tally = batch_context.get()
     return tally if tally is not None else _this_thread_tally()
 
 

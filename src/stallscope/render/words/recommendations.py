@@ -252,13 +252,22 @@ def _requests_in_flight(rec: Recommendation, f: dict[str, Any], o: dict[str, Any
     client, connections = f.get("client", ""), f.get("connections", threads)
     pool = _CONNECTIONS.get(client, "") if connections > POOL_DEFAULT else ""
     now = f.get("concurrent", 1.0)
-    return (f"Fetch each batch's objects on {threads} threads"
-            + (f" (about {now:.1f} at once now)" if now >= 1.5 else ""),
-            f"define `__getitems__(self, indices)` on the dataset to fetch a batch's objects with a "
-            f"`concurrent.futures.ThreadPoolExecutor({threads})` (the DataLoader hands it the whole batch)"
-            + (f", and let the client keep as many connections ({pool.format(n=connections)})" if pool
-               else f" ({client}'s default pool of {POOL_DEFAULT} connections holds them)" if client in _CONNECTIONS
-               else "")
+    if client == "fsspec":  # s3fs, gcsfs: the filesystem fetches a list at once on its own event loop
+        how = ("define `__getitems__(self, indices)` on the dataset to read a batch's objects with one "
+               "`fs.cat([paths])` (the DataLoader hands it the whole batch; fsspec fetches them at once on its event "
+               "loop)" + (f", and let the client keep as many connections (s3fs: `S3FileSystem(config_kwargs="
+                          f"{{'max_pool_connections': {connections}}})`, whose default is 10)"
+                          if connections > POOL_DEFAULT else ""))
+        title = f"Fetch each batch's {threads} objects at once"
+    else:
+        how = (f"define `__getitems__(self, indices)` on the dataset to fetch a batch's objects with a "
+               f"`concurrent.futures.ThreadPoolExecutor({threads})` (the DataLoader hands it the whole batch)"
+               + (f", and let the client keep as many connections ({pool.format(n=connections)})" if pool
+                  else f" ({client}'s default pool of {POOL_DEFAULT} connections holds them)"
+                  if client in _CONNECTIONS else ""))
+        title = f"Fetch each batch's objects on {threads} threads"
+    return (title + (f" (about {now:.1f} at once now)" if now >= 1.5 else ""),
+            how
             + "; packing does not apply to data that stays in a bucket",
             f"storage is {100 * f['share']:.0f}% of step time and its requests' time is mostly {bound}: "
             f"{f['requests_per_sample']:.1f} requests a sample, {f['latency_ms']:.1f} ms to the first byte "
