@@ -467,6 +467,19 @@ def main() -> int:
                     print(f"{latency:g} ms, {workers} workers: {base['verdict']}, {base['bottleneck']['node']}, "
                           f"{requests.get('bound')}-bound; {change} predicted {top['predicted_speedup']} measured "
                           f"{[round(r, 2) for r in ratios]}", flush=True)
+                    batched = next((r for r in base["recommendations"] if r["id"] == "requests-in-flight"), None)
+                    if args.s3fs and batched is not None:  # its change is code: the script's --batched applies it
+                        ratios = []
+                        for round_index in range(args.rounds):
+                            before = (base if round_index == 0
+                                      else run(env, store, workers, args.steps, [], out, url, script))
+                            after = run(env, store, workers, args.steps, [], out, url, [*script, "--batched"])
+                            ratios.append(after["throughput"]["samples_per_s"]
+                                          / before["throughput"]["samples_per_s"])
+                        rows.append((latency, workers, base, requests, "fs.cat(batch)",
+                                     batched["predicted_speedup"], statistics.median(ratios)))
+                        print(f"{latency:g} ms, {workers} workers: fs.cat(batch) predicted "
+                              f"{batched['predicted_speedup']} measured {[round(r, 2) for r in ratios]}", flush=True)
                 proxy.close()
     print()
     print("| latency | workers | verdict | stage | storage bound | ms/request | in flight | change | predicted "
