@@ -113,3 +113,31 @@ def test_a_body_read_in_pieces_counts_each_byte_once(server, patched):
     assert asyncio.run(pieces()) == PAYLOAD
     tally = http_requests.end_batch()
     assert tally[REQUESTS] == 1 and tally[BODY_BYTES] == len(PAYLOAD)
+
+
+def test_a_loader_threads_loop_working_for_a_batch_has_its_cpu_read_and_its_requests_stay_the_batchs(server,
+                                                                                                     patched):
+    """fsspec's event-loop thread, started in a worker, is one of the loader's threads: its CPU (signing, parsing)
+    is read around the batches like a download thread's, while the requests it makes for a waiting batch are that
+    batch's own."""
+    from stallscope.constants import DOWNLOAD_LIBRARIES
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread._stallscope_loader_thread = DOWNLOAD_LIBRARIES.index("fsspec")  # as watch_thread_starts marks it
+    thread.start()
+    try:
+        assert http_requests.loader_threads_cpu_ns() == -1  # no loader thread has worked yet
+        http_requests.begin_batch()
+        assert asyncio.run_coroutine_threadsafe(_get(server, ["/a"]), loop).result(10) == [PAYLOAD]
+        tally = http_requests.end_batch()
+        assert len(tally) == http_requests.FIELDS and tally[REQUESTS] == 1  # the batch's, no background count
+        assert http_requests.loader_threads_cpu_ns() > 0  # the loop's thread is registered, its CPU read
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+        http_requests._background.clear()
+        http_requests._thread_clocks.clear()
+        http_requests._ended_cpu[0] = 0
+        http_requests._retired[:] = [0] * len(http_requests._retired)

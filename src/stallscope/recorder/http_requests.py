@@ -184,7 +184,11 @@ def tally_here() -> list[int] | None:
     if tally is not None:
         return tally
     tally = batch_context.get()
-    return tally if tally is not None else _this_thread_tally()
+    if tally is None:
+        return _this_thread_tally()
+    if not _local.resolved:  # a loader's own thread (fsspec's event loop) working for the batch: its CPU is read
+        _this_thread_tally()  # around the batches, as a download thread's is
+    return tally
 
 
 def _register(tally: list[int]) -> None:
