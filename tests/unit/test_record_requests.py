@@ -301,6 +301,24 @@ def test_a_latency_bound_librarys_downloads_are_advised_larger_shards_and_a_band
     assert network_fix(own_pool, None, 1, share=0.6).id == "requests-in-flight"
 
 
+def test_an_fsspec_batch_is_read_at_once_as_its_pool_allows_and_a_threads_client_on_at_most_eight_threads():
+    from stallscope.analysis.recommend import FSSPEC_CONNECTIONS, MAX_REQUEST_THREADS, network_fix
+    from stallscope.render.words.recommendations import recommendation
+
+    # batches of 16 objects, a HEAD and a GET each (s3fs): 32 requests a batch, 16 of them with a body
+    fsspec = RequestStats(requests=320, samples=160, batches=10, first_byte_s=7.0, body_s=0.01, connect_s=0.0,
+                          body_bytes=160 * 30_000, failed=0, connections=1, client_cpu_s=0.5, storage_s=7.5,
+                          loading_s=8.0, client="fsspec", bodies=160)
+    batched = network_fix(fsspec, None, 1, share=0.8)
+    assert batched is not None and batched.id == "requests-in-flight"
+    assert batched.facts["threads"] == FSSPEC_CONNECTIONS  # 16 objects at once, 10 connections
+    said = recommendation(batched)
+    assert "fs.cat([paths])" in said.change and "ThreadPoolExecutor" not in said.change and "fs.cat" in said.title
+    threads = network_fix(dataclasses.replace(fsspec, client="boto3"), None, 1, share=0.8)
+    assert threads is not None and threads.facts["threads"] == MAX_REQUEST_THREADS
+    assert "ThreadPoolExecutor(8)" in recommendation(threads).change
+
+
 def test_ended_download_threads_are_folded_and_their_requests_still_count_once(server, loader_threads):
     streaming = _library_code("streaming")
     http_requests.begin_batch()

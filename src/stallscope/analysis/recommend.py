@@ -40,6 +40,9 @@ SPECULATIVE_DISCOUNT = 0.8
 #: The most threads advised for fetching one batch's objects at once: past a few, the worker's interpreter (the
 #: client's CPU runs one thread at a time) and the store's per-client limits decide, not the latency.
 MAX_REQUEST_THREADS = 8
+#: The connections fsspec's S3 client keeps by default (aiobotocore's ``max_pool_connections``): how many of a
+#: batch's objects one ``fs.cat(paths)`` reads at once.
+FSSPEC_CONNECTIONS = 10
 #: More threads are advised for a batch's requests only where they would be this many times those a fetch already
 #: overlaps (a pool the dataset runs itself).
 NEW_THREADS_MARGIN = 1.5
@@ -486,9 +489,14 @@ def _requests_in_flight(requests: RequestStats, model: ThroughputModel | None, w
                         share: float) -> Recommendation | None:
     """Data on the network (an object store): more requests in flight from each worker, a batch's objects fetched
     on threads, priced by cutting the requests' latency and body time (not the client's CPU, which the threads
-    share) by the thread count; packing files into shards is not the advice for data that lives in a bucket."""
+    share) by the thread count; packing files into shards is not the advice for data that lives in a bucket.
+    Through fsspec (s3fs, gcsfs) the batch is one ``fs.cat(paths)``: all its objects at once, as many as the client's
+    connection pool holds (each object's requests, a HEAD and its GET, one after the other)."""
     batch = requests.per_sample * (requests.samples / max(1, requests.batches))
     threads = max(2, min(MAX_REQUEST_THREADS, math.floor(batch)))
+    if requests.client == "fsspec":
+        objects = (requests.bodies or requests.requests) / max(1, requests.batches)
+        threads = max(2, min(FSSPEC_CONNECTIONS, math.floor(objects)))
     if batch < 2:
         return None
     network_s = requests.first_byte_s + requests.connect_s + requests.body_s

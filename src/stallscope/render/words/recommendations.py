@@ -255,10 +255,8 @@ def _requests_in_flight(rec: Recommendation, f: dict[str, Any], o: dict[str, Any
     if client == "fsspec":  # s3fs, gcsfs: the filesystem fetches a list at once on its own event loop
         how = ("define `__getitems__(self, indices)` on the dataset to read a batch's objects with one "
                "`fs.cat([paths])` (the DataLoader hands it the whole batch; fsspec fetches them at once on its event "
-               "loop)" + (f", and let the client keep as many connections (s3fs: `S3FileSystem(config_kwargs="
-                          f"{{'max_pool_connections': {connections}}})`, whose default is 10)"
-                          if connections > POOL_DEFAULT else ""))
-        title = f"Fetch each batch's {threads} objects at once"
+               "loop, as many at a time as the client's pool of connections holds: 10 by default in s3fs)")
+        title = "Read each batch's objects with one fs.cat"
     else:
         how = (f"define `__getitems__(self, indices)` on the dataset to fetch a batch's objects with a "
                f"`concurrent.futures.ThreadPoolExecutor({threads})` (the DataLoader hands it the whole batch)"
