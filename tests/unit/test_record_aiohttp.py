@@ -5,40 +5,21 @@ bytes, connections, failures; and a coroutine a batch submits to an event loop o
 from __future__ import annotations
 
 import asyncio
-import http.server
 import threading
 
 import pytest
 
 from stallscope.recorder import aiohttp_requests, http_requests
 from stallscope.recorder.http_requests import BODIES, BODY_BYTES, CONNECTS, FAILED, FIRST_BYTE_NS, REQUESTS
+from tests.local_http import PAYLOAD, serving
 
 aiohttp = pytest.importorskip("aiohttp", reason="aiohttp is not installed (s3fs brings it)")
-PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        status = 404 if self.path == "/missing" else 200
-        body = PAYLOAD if status == 200 else b"no"
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture(scope="module")
 def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serving() as address:
+        yield f"http://{address}"
 
 
 @pytest.fixture

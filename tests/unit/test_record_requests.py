@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
-import http.server
 import socket
 import threading
 import urllib.error
@@ -16,40 +15,16 @@ import pytest
 from stallscope.analysis.store_requests import RequestStats, request_stats
 from stallscope.constants import DOWNLOAD_LIBRARIES
 from stallscope.recorder import calls, http_requests
-from stallscope.render.words.evidence import requests_line
 from stallscope.recorder.http_requests import BACKGROUND, BODIES, BODY_BYTES, CONNECTS, FAILED, LIBRARY, REQUESTS
+from stallscope.render.words.evidence import requests_line
 from stallscope.session import FetchRecord
-
-PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, so one connection can carry several requests
-
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        status = {"/missing": 404, "/busy": 503}.get(self.path, 200)
-        body = PAYLOAD if status == 200 else b"no"
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_HEAD(self):  # noqa: N802
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(PAYLOAD)))
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
+from tests.local_http import PAYLOAD, serving
 
 
 @pytest.fixture(scope="module")
 def server():
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serving() as address:
+        yield address
 
 
 @pytest.fixture
