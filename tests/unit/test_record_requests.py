@@ -397,6 +397,24 @@ def test_a_workers_batch_counts_its_download_threads_cpu_as_storages_cpu_not_as_
     assert not cpu.get("storage") and (runqueue, blocked) == (10 * ms + 30 * ms, 40 * ms)
 
 
+def test_a_loaders_blocked_time_leaves_out_the_download_threads_cpu_it_counts_as_storages():
+    from stallscope.analysis import analyze
+    from tests.unit.test_analysis_pitfalls import base
+
+    ms = 1_000_000
+    session = base(workers=1)
+    # each 100 ms batch: 20 ms of its own CPU, 10 ms waiting for a core, 70 ms off it, 30 of them its download thread's
+    fetches = [FetchRecord(0, 0, 0, k, 100 * ms * k, 100 * ms * (k + 1), 20 * ms, 10 * ms, 4,
+                           {"decode": [20 * ms, 20 * ms, 4]}, {}, None, 501, threads_cpu_ns=30 * ms,
+                           requests=[1, 0, 0, 0, 0, 0, 0, 1, 1, 1]) for k in range(6)]
+    pipeline = analyze(dataclasses.replace(session, fetches=fetches)).loaders[0].pipeline
+    assert pipeline.blocked_s == pytest.approx(6 * 0.04)  # not 0.07: the thread's 30 ms are storage's CPU
+    assert pipeline.node_cpu_s["storage"] == pytest.approx(6 * 0.03)
+    # the batch's parts make its wall time once: its CPU, storage's CPU, the run queue and the time blocked
+    assert (pipeline.cpu_s + pipeline.node_cpu_s["storage"] + pipeline.runqueue_s + pipeline.blocked_s
+            == pytest.approx(pipeline.busy_s))
+
+
 def test_larger_shards_take_the_download_threads_cpu_off_the_batches_wait_as_they_take_the_latency():
     from stallscope.analysis.capacity import ThroughputModel
     from stallscope.analysis.recommend import _larger_shards

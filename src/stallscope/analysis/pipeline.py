@@ -198,7 +198,8 @@ def worker_pipeline(session: Session, loader_ids: int | tuple[int, ...], owner: 
             runqueue_known = False
         rq = min(max(0, f.runqueue_ns), max(0, wall - f.cpu_ns))
         runqueue += rq
-        blocked += max(0, wall - f.cpu_ns) - rq
+        # off the CPU, less the run queue and the download threads' CPU meanwhile (storage's CPU in ``parts``)
+        blocked += parts[2] + parts[1] - rq
     busy = sum(f.end_ns - f.start_ns for f in fetches)
     timed = [f for f in fetches if f.timed]
     timed_busy = sum(f.end_ns - f.start_ns for f in timed)
