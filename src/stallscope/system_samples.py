@@ -67,6 +67,19 @@ class ProcessSeries:
         return max(values) if values else None
 
 
+def _series_of(raw: Any) -> dict[int, ProcessSeries]:
+    """pid -> its series, from a block's ``processes`` or ``servers`` (malformed entries left out)."""
+    series: dict[int, ProcessSeries] = {}
+    for key, entry in (raw.items() if isinstance(raw, Mapping) else ()):
+        try:
+            pid = int(key)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(entry, Mapping):
+            series[pid] = ProcessSeries.read(pid, entry)
+    return series
+
+
 @dataclass(frozen=True)
 class SystemSamples:
     """A run's samples: ``t_ns`` per tick, and every series aligned with it."""
@@ -78,6 +91,9 @@ class SystemSamples:
     gpu: dict[str, list[list[Any]]]  # util_percent, mem_used_bytes, ...: per tick, one value per device
     absent: dict[str, str]
     cost: dict[str, Any]
+    # the servers on this machine that the job's connections reached (a local store, a proxy), not the job's own
+    servers: dict[int, ProcessSeries] = field(default_factory=dict)
+    server_ports: dict[int, int] = field(default_factory=dict)  # pid -> the port it served the job on
 
     @classmethod
     def read(cls, block: Any) -> SystemSamples:
@@ -85,15 +101,11 @@ class SystemSamples:
         t_ns = block.get("t_ns")
         t_ns = [int(t) for t in t_ns if _number(t)] if isinstance(t_ns, list) else []
         system = block.get("system") if isinstance(block.get("system"), Mapping) else {}
-        processes: dict[int, ProcessSeries] = {}
-        raw = block.get("processes") if isinstance(block.get("processes"), Mapping) else {}
-        for key, entry in raw.items():
-            try:
-                pid = int(key)
-            except (TypeError, ValueError):
-                continue
-            if isinstance(entry, Mapping):
-                processes[pid] = ProcessSeries.read(pid, entry)
+        processes = _series_of(block.get("processes"))
+        servers = _series_of(block.get("servers"))
+        raw_servers = block.get("servers") if isinstance(block.get("servers"), Mapping) else {}
+        ports = {int(key): entry["port"] for key, entry in raw_servers.items()
+                 if str(key).isdigit() and isinstance(entry, Mapping) and isinstance(entry.get("port"), int)}
         gpu_block = block.get("gpu") if isinstance(block.get("gpu"), Mapping) else {}
         raw_names = gpu_block.get("names")
         names = raw_names if isinstance(raw_names, list) else []
@@ -104,7 +116,7 @@ class SystemSamples:
         return cls(t_ns, float(interval) if _number(interval) else 0.1,
                    {k: v for k, v in system.items() if isinstance(v, list)}, processes, [str(n) for n in names],
                    gpu, dict(block.get("absent") or {}) if isinstance(block.get("absent"), Mapping) else {},
-                   dict(block.get("cost") or {}) if isinstance(block.get("cost"), Mapping) else {})
+                   dict(block.get("cost") or {}) if isinstance(block.get("cost"), Mapping) else {}, servers, ports)
 
     @property
     def present(self) -> bool:
@@ -142,8 +154,9 @@ class SystemSamples:
         return max(values) if values else None
 
     def cpu_between(self, pid: int | None, start_ns: int, end_ns: int) -> float | None:
-        """CPU seconds ``pid`` used between two instants, from its cumulative CPU time at the ticks inside."""
-        proc = self.processes.get(pid) if pid is not None else None
+        """CPU seconds ``pid`` (a process of the job, or a local server of it) used between two instants, from its
+        cumulative CPU time at the ticks inside."""
+        proc = (self.processes.get(pid) or self.servers.get(pid)) if pid is not None else None
         if proc is None or not self.t_ns:
             return None
         points = [(self.t_ns[t], c) for t, c in zip(proc.ticks, proc.cpu_s)

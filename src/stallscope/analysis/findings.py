@@ -228,6 +228,9 @@ class Analysis:
     #: Cores other programs kept busy over the steady steps (on the job's CPUs): not this job's to use, so its
     #: figures and advice are for a machine that busy.
     other_cpus: float = 0.0
+    #: store_requests.LocalServers: the servers on this machine that the job's requests reached (a local store, a
+    #: proxy), whose CPU is priced per sample rather than counted in ``other_cpus``; None where none was found
+    local_servers: Any = None
     #: training_process.TrainingProcess: which process the findings are of (the script, or a process it started)
     #: and the others that trained; None in distributed jobs (the ranks are said) and where nothing took a batch
     training_process: Any = None

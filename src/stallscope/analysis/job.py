@@ -30,8 +30,14 @@ from stallscope.analysis.pitfalls import agreeing_with, find_pitfalls
 from stallscope.analysis.ranks import DistributedFindings, RankSummary
 from stallscope.analysis.recommend import not_recommended, recommend
 from stallscope.analysis.steps import FEW_STEADY_STEPS, epochs_of, step_stats
+from stallscope.analysis.store_requests import LocalServers
 from stallscope.analysis.sync import merge_intervals, overlap_ns
-from stallscope.analysis.system_metrics import helper_cpu_between, other_cores_between, summarize_samples
+from stallscope.analysis.system_metrics import (
+    helper_cpu_between,
+    local_server_cpu_between,
+    other_cores_between,
+    summarize_samples,
+)
 from stallscope.analysis.training_process import training_process
 from stallscope.constants import EVENTS_LOST_NOTE, SIGNAL_NOTE_WORDS, STARTING_S
 from stallscope.environment import recorded_physical_cores, recorded_usable_cpus
@@ -209,6 +215,13 @@ def _analyze_process(session: Session, cpus: int | None = None, verdict: str | N
     other = 0.0
     if host_cpus == cpus:  # over the steady steps; over the whole run where no tick of them could be read
         other = (other_cores_between(session, *window) if stats.steady else None) or system.other_cores_mean or 0.0
+    servers = None
+    if stats.steady and helper_cpu is not None:  # a store on this machine works for every request: priced per sample
+        served = local_server_cpu_between(session, *window)
+        if served:
+            helper_cpu += served
+            servers = _local_servers(session, train, served, (window[1] - window[0]) / 1e9)
+            other = max(0.0, other - servers.cpus)
     on_gpu = bool(session.transfers or session.gpu_spans) or any(p.cuda_device for p in session.processes)
     usable = max(1.0, cpus - other)
     epochs = epoch_shape(session, stats, train, usable)
@@ -270,9 +283,19 @@ def _analyze_process(session: Session, cpus: int | None = None, verdict: str | N
         operators=operators(session),
         hotspots=spots,
         other_cpus=other,
+        local_servers=servers,
         not_recommended=left_out,
         over_time=over_time(session),
     )
+
+
+def _local_servers(session: Session, train: LoaderSummary | None, cpu_s: float, window_s: float) -> LocalServers:
+    """The local servers' CPU over the steady steps, and per request of the training loader where it made some."""
+    requests = train.pipeline.requests if train is not None and train.pipeline is not None else None
+    cpus = cpu_s / window_s if window_s > 0 else 0.0
+    rate = requests.requests / requests.loading_s if requests is not None and requests.loading_s > 0 else 0.0
+    names = tuple(sorted({proc.name or str(pid) for pid, proc in session.system.servers.items()}))
+    return LocalServers(cpus, names, cpus / rate if rate > 0 else None)
 
 
 def _physical_cores(session: Session, usable: float) -> float | None:

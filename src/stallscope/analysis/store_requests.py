@@ -118,6 +118,21 @@ class RequestStats:
         }
 
 
+@dataclass(frozen=True)
+class LocalServers:
+    """The servers on this machine that the job's requests reached (a local object store, a proxy in front of one),
+    over the steady steps: their CPU grows with the request rate and shares the job's cores."""
+    cpus: float  # the CPUs they kept busy, on average
+    names: tuple[str, ...]  # their process names
+    cpu_per_request_s: float | None = None  # their CPU for each of the training loader's requests
+
+    def to_dict(self) -> dict[str, object]:
+        """The summary's ``nodes.storage.requests.local_servers``."""
+        return {"cpus": round(self.cpus, 3), "names": list(self.names),
+                "cpu_ms_per_request": round(1e3 * self.cpu_per_request_s, 3)
+                if self.cpu_per_request_s is not None else None}
+
+
 def request_stats(fetches: list[FetchRecord], samples: int, storage_s: float) -> RequestStats | None:
     """The loader's requests from its batches (``fetches``, StopIterations left out by the caller), None where none
     made any. ``samples``: the batches' samples; ``storage_s``: the pipeline's storage seconds. Every batch counts

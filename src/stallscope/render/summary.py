@@ -149,7 +149,10 @@ def _storage_requests_dict(analysis: Any) -> dict[str, Any] | None:
     if train is None or train.pipeline is None or train.pipeline.requests is None:
         return None
     model = analysis.capacity.model if analysis.capacity is not None else None
-    return train.pipeline.requests.to_dict(model.compute_rate() if model is not None else None)
+    said = train.pipeline.requests.to_dict(model.compute_rate() if model is not None else None)
+    servers = getattr(analysis, "local_servers", None)
+    said["local_servers"] = servers.to_dict() if servers is not None else None
+    return said
 
 
 def _parts_dict(stats: Any) -> dict[str, Any] | None:

@@ -3,7 +3,8 @@
 Read per tick: CPU time and RSS of every process of the job (the script, its DataLoader workers,
 their children), bytes they read, system-wide per-core busy %, iowait %, disk read bytes/s,
 /dev/shm use, and NVML readings when a GPU is present. The process list is refreshed once a
-second, not every tick, which keeps the sampler itself well under 1% of a core.
+second, not every tick, which keeps the sampler itself well under 1% of a core. The CPU and RSS of
+the servers on this machine that the job's connections reach (``local_servers``) are read too, apart.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import os
 import threading
 import time
 from array import array
+from collections.abc import Iterable
 from typing import Any
 
 import psutil
 
 from stallscope.background import start_thread
 from stallscope.sample.gpu import GpuProbe
+from stallscope.sample.local_servers import LocalServerFinder
 from stallscope.system_samples import TREE_REFRESH_S
 
 SAMPLES_SCHEMA = "stallscope.samples/1"
@@ -90,6 +93,10 @@ class SystemSampler:
             "cpu_percent", "iowait_percent", "disk_read_bytes_per_s", "shm_used_bytes", "cpu_mhz")}
         self.system["per_core_percent"] = []  # an array of the cores' readings a tick
         self.processes: dict[str, dict[str, Any]] = {}
+        # the local servers of the job's connections (``local_servers``), read as its processes are, with their port
+        self.servers: dict[str, dict[str, Any]] = {}
+        self._server_finder = LocalServerFinder()
+        self._server_ports: dict[int, int] = {}
         self.gpu_series: dict[str, list[Any]] = {}
         self.absent: dict[str, str] = {}
         self._cost_cpu_s = 0.0
@@ -125,6 +132,8 @@ class SystemSampler:
             "system": {name: _listed(values) for name, values in self.system.items()},
             "processes": {pid: {name: _listed(v) if isinstance(v, array) else v for name, v in entry.items()}
                           for pid, entry in self.processes.items()},
+            "servers": {pid: {name: _listed(v) if isinstance(v, array) else v for name, v in entry.items()}
+                        for pid, entry in self.servers.items()},
             "gpu": gpu,
             "absent": self.absent,
             "cost": {"cpu_s": round(self._cost_cpu_s, 6), "wall_s": round(self._wall_s, 6),
@@ -143,6 +152,7 @@ class SystemSampler:
         cpu0 = time.thread_time()
         wall0 = time.perf_counter()
         tree: list[psutil.Process] = []
+        servers: dict[int, psutil.Process] = {}
         uss_due: dict[int, float] = {}
         refreshed = 0.0
         last_cpu = _per_cpu_times(self._files)
@@ -163,17 +173,19 @@ class SystemSampler:
                 next_tick = max(next_tick + self.interval_s, now + 0.2 * self.interval_s)
                 if now - refreshed > TREE_REFRESH_S:
                     tree = self._process_tree()
+                    servers = self._local_servers(tree, servers)
                     refreshed = now
                 with self._tick_lock:
-                    last_cpu, last_disk, last_t = self._tick(tree, uss_due, now, last_cpu, last_disk, last_t)
+                    last_cpu, last_disk, last_t = self._tick(tree, uss_due, now, last_cpu, last_disk, last_t,
+                                                             servers.values())
         finally:
             self._files.close()
             self._cost_cpu_s = time.thread_time() - cpu0
             self._wall_s = time.perf_counter() - wall0
 
     def _tick(self, tree: list[psutil.Process], uss_due: dict[int, float], now: float,
-              last_cpu: list[tuple[int, ...]], last_disk: int | None, last_t: float
-              ) -> tuple[list[tuple[int, ...]], int | None, float]:
+              last_cpu: list[tuple[int, ...]], last_disk: int | None, last_t: float,
+              servers: Iterable[psutil.Process] = ()) -> tuple[list[tuple[int, ...]], int | None, float]:
         """One tick's readings appended; the previous readings the next tick's rates start from."""
         self.t_ns.append(time.perf_counter_ns())
         tick = len(self.t_ns) - 1
@@ -205,6 +217,8 @@ class SystemSampler:
                 uss_due[proc.pid] = now + max(USS_MIN_PERIOD_S,
                                               self._last_uss_cost * len(tree) / USS_CORE_BUDGET)
                 self._last_uss_cost = None
+        for proc in servers:
+            self._process_tick(proc, tick, with_uss=False, with_io=False, into=self.servers)
         if self._gpu is not None and self._gpu.handles:
             for key, values in self._gpu.read(with_pcie=tick % PCIE_EVERY_TICKS == 0).items():
                 self.gpu_series.setdefault(key, []).append(values)
@@ -221,7 +235,7 @@ class SystemSampler:
             self.system[name] = values[::2]
         for name, values in self.gpu_series.items():
             self.gpu_series[name] = values[::2]
-        for entry in self.processes.values():
+        for entry in [*self.processes.values(), *self.servers.values()]:
             kept = [i for i, tick in enumerate(entry["ticks"]) if tick % 2 == 0]
             for name in ("cpu_s", "rss_bytes", "read_bytes"):
                 entry[name] = array(entry[name].typecode, (entry[name][i] for i in kept))
@@ -229,6 +243,19 @@ class SystemSampler:
             entry["uss_ticks"] = array("q", (tick // 2 for tick in entry["uss_ticks"]))
             entry["first"] = entry["first"] // 2
         self.interval_s *= 2
+
+    def _local_servers(self, tree: list[psutil.Process], known: dict[int, psutil.Process]
+                       ) -> dict[int, psutil.Process]:
+        """The local servers of the job's connections found so far, each a process handle the ticks read."""
+        for pid, port in self._server_finder.update(p.pid for p in tree).items():
+            if pid in known:
+                continue
+            try:
+                known[pid] = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            self._server_ports[pid] = port
+        return known
 
     def _may_read_uss(self, proc: psutil.Process) -> bool:
         """Not for training processes: the root, and torchrun's ranks (each walk of their mappings holds
@@ -283,8 +310,11 @@ class SystemSampler:
             self.absent["iowait"] = "this platform does not report iowait"
             _put(self.system["iowait_percent"], None)
 
-    def _process_tick(self, proc: psutil.Process, tick: int, with_uss: bool, with_io: bool) -> None:
-        """CPU and RSS every tick from one read of /proc/PID/stat; bytes read and USS less often."""
+    def _process_tick(self, proc: psutil.Process, tick: int, with_uss: bool, with_io: bool,
+                      into: dict[str, dict[str, Any]] | None = None) -> None:
+        """CPU and RSS every tick from one read of /proc/PID/stat; bytes read and USS less often. Into ``into``
+        (the job's processes where not given)."""
+        into = self.processes if into is None else into
         key = str(proc.pid)
         uss = read_chars = None
         try:
@@ -307,11 +337,13 @@ class SystemSampler:
                 self._last_uss_cost = time.thread_time() - started
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return
-        entry = self.processes.get(key)
+        entry = into.get(key)
         if entry is None:
             series = ("ticks", "cpu_s", "rss_bytes", "read_bytes", "uss_ticks", "uss_bytes")
-            entry = self.processes[key] = {"first": tick, "ppid": _ppid(proc), "name": _name(proc),
-                                           **{name: _series(name) for name in series}}
+            entry = into[key] = {"first": tick, "ppid": _ppid(proc), "name": _name(proc),
+                                 **{name: _series(name) for name in series}}
+            if proc.pid in self._server_ports:
+                entry["port"] = self._server_ports[proc.pid]
         entry["ticks"].append(tick)
         entry["cpu_s"].append(round(cpu_rss[0], 4))
         entry["rss_bytes"].append(cpu_rss[1])

@@ -73,6 +73,8 @@ def evidence(analysis: Analysis) -> list[str]:
         if pipeline.requests is not None:
             model = analysis.capacity.model if analysis.capacity is not None else None
             lines.append(requests_line(pipeline.requests, model.compute_rate() if model is not None else None))
+            if analysis.local_servers is not None:
+                lines.append(local_servers_line(analysis.local_servers))
     return lines
 
 
@@ -103,6 +105,13 @@ def requests_line(requests: Any, compute_samples_per_s: float | None) -> str:
             + (" (the store's limit or the client's: `stallscope doctor s3://BUCKET/PREFIX` tells them apart)"
                if requests.bound == "bandwidth" else "")
             + failed + background)
+
+
+def local_servers_line(servers: Any) -> str:
+    """The servers on this machine that answered the requests, and what their CPU means for the advice."""
+    each = (f" ({1e3 * servers.cpu_per_request_s:.1f} ms a request)" if servers.cpu_per_request_s is not None else "")
+    return (f"answered on this machine: {', '.join(servers.names)} kept {servers.cpus:.2f} CPUs busy{each}; that CPU "
+            "grows with the request rate and shares the job's cores, so every prediction prices it")
 
 
 def straggler_short(findings: Any) -> str:
