@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -47,14 +48,16 @@ from stallscope.demo.scenarios import REFERENCE_SCRIPT
 from stallscope.session import Session
 
 
-def measure(cmd: list[str]) -> float:
+def measure(cmd: list[str]) -> tuple[float, float | None]:
+    """Images/s, and CPU ms an image cost the script, its workers and its parent, as the script measured them."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     match = re.search(r"throughput ([\d.]+) images/s", proc.stdout)
     if not match:
         raise SystemExit(f"no throughput line in output of {' '.join(cmd)}")
-    return float(match.group(1))
+    cpu = re.search(r"cpu per image ([\d.]+) ms", proc.stdout)
+    return float(match.group(1)), float(cpu.group(1)) if cpu else None
 
 
 def sampler_core_fraction(summary_path: str) -> float | None:
@@ -90,6 +93,13 @@ def hot_path_cost(calls: int = 200_000) -> tuple[float, float]:
     inside = time.perf_counter_ns() - t0
     calls_mod.end_fetch()
     return (inside - bare) / calls, (outside - bare) / calls
+
+
+def bootstrap_median_interval(values: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95% interval of the median, by resampling the pairs: how far the median itself can be trusted."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
 STEP_JOB = Path(__file__).with_name("step_job.py")
@@ -132,25 +142,41 @@ def main() -> int:
                         "--sample-interval", args.sample_interval, "--json", summary_path, "--",
                         sys.executable, *script]
         ratios, plain_rates, recorded_rates, sampler_cost = [], [], [], []
-        print(f"{'pair':>4} {'plain img/s':>12} {'recorded img/s':>15} {'ratio':>7}")
+        cpu_ratios: list[float] = []
+        print(f"{'pair':>4} {'plain img/s':>12} {'recorded img/s':>15} {'ratio':>7}"
+              f" {'plain cpu ms/img':>17} {'recorded cpu ms/img':>20} {'cpu ratio':>9}")
         for pair in range(args.pairs):
             order = [("plain", plain_cmd), ("recorded", recorded_cmd)]
             if pair % 2:
                 order.reverse()
-            rates = {name: measure(cmd) for name, cmd in order}
+            measured = {name: measure(cmd) for name, cmd in order}
+            rates = {name: rate for name, (rate, _cpu) in measured.items()}
+            cpus = {name: cpu for name, (_rate, cpu) in measured.items()}
             ratio = rates["recorded"] / rates["plain"]
             ratios.append(ratio)
+            cpu_plain, cpu_recorded = cpus["plain"], cpus["recorded"]
+            cpu_ratio = cpu_recorded / cpu_plain if cpu_plain and cpu_recorded else None
+            if cpu_ratio is not None:
+                cpu_ratios.append(cpu_ratio)
             cost = sampler_core_fraction(summary_path)
             if cost is not None:
                 sampler_cost.append(cost)
             plain_rates.append(rates["plain"])
             recorded_rates.append(rates["recorded"])
-            print(f"{pair:>4} {rates['plain']:>12.1f} {rates['recorded']:>15.1f} {ratio:>7.3f}", flush=True)
+            cpu_cells = (f" {cpu_plain:>17.3f} {cpu_recorded:>20.3f} {cpu_ratio:>9.3f}"
+                         if cpu_ratio is not None and cpu_plain and cpu_recorded else "")
+            print(f"{pair:>4} {rates['plain']:>12.1f} {rates['recorded']:>15.1f} {ratio:>7.3f}{cpu_cells}", flush=True)
     inside, outside = hot_path_cost()
     median = statistics.median(ratios)
     print(f"median throughput ratio recorded/plain over {len(ratios)} pairs: {median:.4f} "
           f"({100 * (1 - median):+.2f}% loss; min {min(ratios):.3f}, max {max(ratios):.3f})")
     print(f"median plain {statistics.median(plain_rates):.1f} img/s, recorded {statistics.median(recorded_rates):.1f} img/s")
+    if cpu_ratios:
+        cpu_median = statistics.median(cpu_ratios)
+        low, high = bootstrap_median_interval(cpu_ratios)
+        print(f"median CPU per image recorded/plain over {len(cpu_ratios)} pairs: {cpu_median:.4f} "
+              f"({100 * (cpu_median - 1):+.2f}% CPU; min {min(cpu_ratios):.3f}, max {max(cpu_ratios):.3f}; "
+              f"bootstrap 95% interval of the median {low:.4f}-{high:.4f})")
     if args.step_ms is not None:
         print(f"plain step: {1000 * 32 / statistics.median(plain_rates):.2f} ms (32 samples a step)")
     if sampler_cost:

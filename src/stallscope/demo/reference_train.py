@@ -39,6 +39,39 @@ from torchvision.transforms import v2
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
+class TreeCpu:
+    """CPU seconds of this process, its workers and its parent (a launcher's sampler, when there is one).
+
+    Read at every timed step, because workers exit before the loop's end can be read.
+    """
+
+    def __init__(self) -> None:
+        import psutil  # stallscope's own dependency; only --report-throughput needs it
+
+        me = psutil.Process()
+        self._processes = [me, *me.children(recursive=True)]
+        parent = me.parent()
+        if parent is not None:
+            self._processes.append(parent)
+        self._last = {p.pid: self._cpu(p) for p in self._processes}
+        self.start = sum(v for v in self._last.values() if v is not None)
+
+    @staticmethod
+    def _cpu(process: Any) -> float | None:
+        try:
+            times = process.cpu_times()
+        except Exception:  # noqa: BLE001 - a process that exited keeps its last reading
+            return None
+        return times.user + times.system
+
+    def read(self) -> float:
+        for process in self._processes:
+            value = self._cpu(process)
+            if value is not None:
+                self._last[process.pid] = value
+        return sum(v for v in self._last.values() if v is not None) - self.start
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="ImageFolder root (class folders of JPEGs)")
@@ -70,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where the model trains (auto: cuda when a GPU is present); batches are copied there "
                    "non-blocking, from pinned memory with --pin-memory")
     p.add_argument("--report-throughput", action="store_true",
-                   help="print images/s measured by the script itself, after the first 3 steps")
+                   help="print images/s measured by the script itself, after the first 3 steps, and the CPU "
+                   "seconds an image cost this process, its workers and its parent over the same steps")
     p.add_argument("--cheaper-transforms", action="store_true",
                    help="the same augmentations by cheaper means: crop and flip on uint8 tensors "
                    "(torchvision.transforms.v2), Pillow's own Gaussian blur")
@@ -280,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = nn.CrossEntropyLoss()
     step = 0
     timed_from, timed_images = None, 0
+    tree_cpu: TreeCpu | None = None
+    timed_cpu_s = 0.0
     for _epoch in range(args.epochs):
         model.train()
         for batch_index, (images, labels) in enumerate(train_loader):
@@ -298,8 +334,10 @@ def main(argv: list[str] | None = None) -> int:
             step += 1
             if step == 3:
                 timed_from = time.perf_counter()
+                tree_cpu = TreeCpu() if args.report_throughput else None
             elif timed_from is not None:
                 timed_images += images.shape[0]
+                timed_cpu_s = tree_cpu.read() if tree_cpu is not None else 0.0
             if args.max_batches and batch_index + 1 >= args.max_batches:
                 break
         if val_loader is not None:
@@ -311,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                         break
     if args.report_throughput and timed_from is not None:
         print(f"throughput {timed_images / (time.perf_counter() - timed_from):.3f} images/s", flush=True)
+        if timed_images:
+            print(f"cpu per image {1000 * timed_cpu_s / timed_images:.4f} ms", flush=True)
     print(f"trained {step} steps", flush=True)
     return 0
 
