@@ -94,6 +94,8 @@ class SystemSamples:
     # the servers on this machine that the job's connections reached (a local store, a proxy), not the job's own
     servers: dict[int, ProcessSeries] = field(default_factory=dict)
     server_ports: dict[int, int] = field(default_factory=dict)  # pid -> the port it served the job on
+    # pid -> the cores it kept busy once the job had ended (no requests): a fixed load, not a cost per request
+    server_idle_cores: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, block: Any) -> SystemSamples:
@@ -106,6 +108,8 @@ class SystemSamples:
         raw_servers = block.get("servers") if isinstance(block.get("servers"), Mapping) else {}
         ports = {int(key): entry["port"] for key, entry in raw_servers.items()
                  if str(key).isdigit() and isinstance(entry, Mapping) and isinstance(entry.get("port"), int)}
+        idle = {int(key): float(entry["idle_cores"]) for key, entry in raw_servers.items()
+                if str(key).isdigit() and isinstance(entry, Mapping) and _number(entry.get("idle_cores"))}
         gpu_block = block.get("gpu") if isinstance(block.get("gpu"), Mapping) else {}
         raw_names = gpu_block.get("names")
         names = raw_names if isinstance(raw_names, list) else []
@@ -116,7 +120,8 @@ class SystemSamples:
         return cls(t_ns, float(interval) if _number(interval) else 0.1,
                    {k: v for k, v in system.items() if isinstance(v, list)}, processes, [str(n) for n in names],
                    gpu, dict(block.get("absent") or {}) if isinstance(block.get("absent"), Mapping) else {},
-                   dict(block.get("cost") or {}) if isinstance(block.get("cost"), Mapping) else {}, servers, ports)
+                   dict(block.get("cost") or {}) if isinstance(block.get("cost"), Mapping) else {}, servers, ports,
+                   idle)
 
     @property
     def present(self) -> bool:

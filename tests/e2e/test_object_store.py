@@ -54,6 +54,10 @@ def test_a_latency_bound_bucket_is_named_with_its_requests_and_advised_requests_
     assert "pack-dataset" not in ids
     names = summary["loaders"][0]["pipeline"]["call_nodes"]
     assert names.get("S3 GetObject") == "storage"  # boto3's own CPU is the store's, not the dataset's
+    # the proxy (this test's process) and SeaweedFS behind it answer on this machine: found, their CPU read apart
+    local = requests["local_servers"]
+    assert local is not None and "weed" in local["names"]
+    assert local["cpus"] > 0 and local["cpu_ms_per_request"] > 0
 
 
 def test_a_pool_the_dataset_runs_itself_is_seen_and_only_more_threads_than_it_has_are_advised(tmp_path, store,

@@ -10,6 +10,7 @@ import textwrap
 import time
 from dataclasses import replace
 
+import psutil
 import pytest
 
 from stallscope.sample import local_servers, system
@@ -157,8 +158,12 @@ def test_the_sampler_reads_the_servers_apart_from_the_job(store_behind_proxy):
     while time.monotonic() < deadline and len(sampler.servers) < 2:
         time.sleep(0.05)
     time.sleep(0.3)
-    result = sampler.stop()
+    for server in (proxy, store):  # their work for the job's connection done: idle now
+        while psutil.Process(server.pid).num_threads() > 1:
+            time.sleep(0.05)
+    result = sampler.stop(idle_s=0.5)
     assert set(result["processes"]) == {str(job.pid)}  # the job's tree holds the job only
+    assert all(0 <= entry["idle_cores"] < 0.1 for entry in result["servers"].values())
     servers = result["servers"]
     assert {pid: entry["port"] for pid, entry in servers.items()} == {str(proxy.pid): proxy_port,
                                                                       str(store.pid): store_port}
@@ -170,9 +175,10 @@ def test_the_sampler_reads_the_servers_apart_from_the_job(store_behind_proxy):
     assert set(samples.processes) == {job.pid}
 
 
-def _samples(main: int, server_cores: float, other_cores: float) -> dict:
-    """11 ticks of 0.1 s on 2 CPUs: the training process at one core, a local server at ``server_cores`` and other
-    programs at ``other_cores`` (in the machine's busy total only)."""
+def _samples(main: int, server_cores: float, other_cores: float, idle_cores: float = 0.1) -> dict:
+    """11 ticks of 0.1 s on 2 CPUs: the training process at one core, a local server at ``server_cores`` (of which
+    ``idle_cores`` it burns with no requests) and other programs at ``other_cores`` (in the machine's busy total
+    only)."""
     def proc(ppid, cores):
         return {"ppid": ppid, "ticks": list(range(11)), "cpu_s": [cores * 0.1 * k for k in range(11)]}
 
@@ -180,7 +186,7 @@ def _samples(main: int, server_cores: float, other_cores: float) -> dict:
     return {"t_ns": [k * 100_000_000 for k in range(11)], "interval_s": 0.1,
             "system": {"per_core_percent": [[busy, busy]] * 11},
             "processes": {str(main): proc(1, 1.0)},
-            "servers": {"900": {**proc(1, server_cores), "port": 8333}}}
+            "servers": {"900": {**proc(1, server_cores), "port": 8333, "idle_cores": idle_cores}}}
 
 
 def test_a_local_servers_cpu_counts_per_sample_only_where_the_job_timed_requests():
@@ -197,7 +203,9 @@ def test_a_local_servers_cpu_counts_per_sample_only_where_the_job_timed_requests
     fetch = FetchRecord(0, 0, 0, 0, 0, 50_000_000, 40_000_000, 0, 8, {}, {}, "ok", 200,
                         requests=[8, 30_000_000, 5_000_000, 80_000, 0, 1, 1_000_000, 8])
     with_requests = replace(session, fetches=[fetch])
-    assert local_server_cpu_between(with_requests, 0, 1_000_000_000) == pytest.approx(0.4)
+    # what it burns idle (read once the job ended) stays a fixed load: the rest is the requests'
+    assert session.system.server_idle_cores == {900: 0.1}
+    assert local_server_cpu_between(with_requests, 0, 1_000_000_000) == pytest.approx(0.3)
 
 
 def test_the_model_prices_a_local_store_per_sample_and_no_longer_as_other_programs_load():
@@ -215,8 +223,21 @@ def test_the_model_prices_a_local_store_per_sample_and_no_longer_as_other_progra
     unseen = replace(session, system_samples={k: v for k, v in samples.items() if k != "servers"})
     without, with_store = analyze(unseen), analyze(session)
     assert without.other_cpus == pytest.approx(0.6)  # the store's 0.4 cores a fixed load, like other programs'
-    assert with_store.other_cpus == pytest.approx(0.2)
+    assert with_store.other_cpus == pytest.approx(0.3)  # its 0.1 idle still is
     assert without.capacity.model is not None and with_store.capacity.model is not None
     added = with_store.capacity.model.helper_cpu_per_sample_s - without.capacity.model.helper_cpu_per_sample_s
     window_s = (steps[-1].end_ns - steps[0].start_ns) / 1e9
-    assert added == pytest.approx(0.4 * window_s / (4 * len(steps)), rel=0.05)
+    assert added == pytest.approx(0.3 * window_s / (4 * len(steps)), rel=0.05)
+    assert with_store.capacity.model.server_cpu_per_sample_s == pytest.approx(added)
+    assert with_store.local_servers.cpus == pytest.approx(0.3)
+
+
+def test_the_servers_are_said_under_the_requests():
+    from stallscope.analysis.store_requests import LocalServers
+    from stallscope.render.words.evidence import local_servers_line
+
+    servers = LocalServers(0.42, ("python", "weed"), 0.0016)
+    assert servers.to_dict() == {"cpus": 0.42, "names": ["python", "weed"], "cpu_ms_per_request": 1.6}
+    line = local_servers_line(servers)
+    assert line.startswith("answered on this machine: python, weed kept 0.42 CPUs busy (1.6 ms a request)")
+    assert "(" not in local_servers_line(LocalServers(0.42, ("weed",)))

@@ -429,3 +429,37 @@ def test_larger_shards_take_the_download_threads_cpu_off_the_batches_wait_as_the
     assert ahead is not None and in_the_fetch is not None
     # the fetch's own client CPU stays; the download thread's, waited on like the latency, goes with it
     assert ahead.predicted_speedup > in_the_fetch.predicted_speedup
+
+
+def test_larger_shards_divide_the_per_request_cpu_of_the_client_and_the_local_store_not_the_per_byte_cpu():
+    from stallscope.analysis.capacity import ThroughputModel
+    from stallscope.analysis.recommend import CPU_S_PER_BODY_BYTE, _larger_shards, _larger_shards_cpu
+
+    # per sample: 2 ms decoding, 2.5 ms waiting on the store, 3 ms of the download thread's CPU; the store on this
+    # machine 1 ms; a shard of 160 KB holds 8 samples (20 KB of body each): 2 cores, 1 worker
+    model = ThroughputModel({"decode": 0.002, "storage": 0.0025, "storage_cpu": 0.003}, 0.0005, 0.0005, 1, 2.0,
+                            helper_cpu_per_sample_s=0.001, server_cpu_per_sample_s=0.001)
+    downloads = RequestStats(requests=100, samples=800, batches=50, first_byte_s=3.0, body_s=0.01, connect_s=0.0,
+                             body_bytes=100 * 160_000, failed=0, connections=1, client_cpu_s=2.4, storage_s=2.0,
+                             loading_s=6.0, background=100, library="streaming", bodies=100, download_cpu_s=2.4)
+    per_byte = CPU_S_PER_BODY_BYTE * 20_000
+    priced, scale = _larger_shards_cpu(model, downloads, 16, 0.0, {"storage": 0.0, "storage_cpu": 1.0})
+    # the client's CPU: its per-byte part stays, the rest a sixteenth; all of it the download thread's, which the
+    # worker no longer waits on: out of the worker's time, into the budget beside the servers'
+    client_after = per_byte + (0.003 - per_byte) / 16
+    assert scale["storage_cpu"] == pytest.approx(0.0)
+    assert priced.server_cpu_per_sample_s == pytest.approx(per_byte + (0.001 - per_byte) / 16)
+    assert priced.helper_cpu_per_sample_s == pytest.approx(priced.server_cpu_per_sample_s + client_after)
+    # the same CPU as a helper of the training process's (not a server of its requests) stays whole
+    helper_only = dataclasses.replace(model, server_cpu_per_sample_s=0.0)
+    assert _larger_shards_cpu(helper_only, downloads, 16, 0.0, {})[0].helper_cpu_per_sample_s == pytest.approx(
+        0.001 + client_after)
+    # so the advice gains more where the store's CPU follows the requests
+    with_server = _larger_shards(downloads, model, 4, share=0.5)  # 4 workers: the cores are the limit
+    without = _larger_shards(downloads, helper_only, 4, share=0.5)
+    assert with_server is not None and without is not None
+    assert with_server.predicted_speedup > without.predicted_speedup
+    # bodies of 32 MB a sample: their CPU is per byte, and larger shards leave it
+    heavy = dataclasses.replace(downloads, body_bytes=100 * 256_000_000)
+    _, heavy_scale = _larger_shards_cpu(model, heavy, 16, 1.0, {"storage": 1.0, "storage_cpu": 1.0})
+    assert heavy_scale["storage_cpu"] == pytest.approx(1.0)

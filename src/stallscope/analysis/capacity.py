@@ -31,6 +31,9 @@ class ThroughputModel:
     measured_samples_per_s: float | None = None
     receive_per_sample_s: float = 0.0  # taking batches from workers (rebuild + descriptor waits), training process
     helper_cpu_per_sample_s: float = 0.0  # the training process's other child processes (not workers)
+    # the part of helper_cpu_per_sample_s that servers on this machine answering the job's requests used (a local
+    # store, a proxy): it follows the requests a change leaves, where the other helpers' follows the samples
+    server_cpu_per_sample_s: float = 0.0
     main_occupancy: float = 1.0  # cores the training process keeps busy while it computes
     compute_on_cpu: bool = True  # the training computes on the CPU (no GPU): it slows when cores are shared
     # Costs only workers bring, estimated for a run recorded without them (0 when measured in the run):

@@ -140,6 +140,7 @@ def cpu_slowed(model: ThroughputModel, factor: float, compute_factor: float | No
         model, cost_s=cost, compute_per_sample_s=compute,
         main_cpu_per_sample_s=main_cpu,
         helper_cpu_per_sample_s=model.helper_cpu_per_sample_s * factor,
+        server_cpu_per_sample_s=model.server_cpu_per_sample_s * factor,
         shm_write_per_sample_s=model.shm_write_per_sample_s * factor,
         shm_read_per_sample_s=model.shm_read_per_sample_s * factor,
         receive_per_sample_s=model.receive_per_sample_s + receive_cpu * (factor - 1.0),

@@ -215,7 +215,7 @@ def _analyze_process(session: Session, cpus: int | None = None, verdict: str | N
     other = 0.0
     if host_cpus == cpus:  # over the steady steps; over the whole run where no tick of them could be read
         other = (other_cores_between(session, *window) if stats.steady else None) or system.other_cores_mean or 0.0
-    servers = None
+    servers, served = None, 0.0
     if stats.steady and helper_cpu is not None:  # a store on this machine works for every request: priced per sample
         served = local_server_cpu_between(session, *window)
         if served:
@@ -231,7 +231,8 @@ def _analyze_process(session: Session, cpus: int | None = None, verdict: str | N
                         shm_calibration=next((c for c in session.calibrations if c.get("kind") == "shared_memory"
                                               and c.get("pid") == session.main_pid), None),
                         physical_cores=_physical_cores(session, usable), warmup_share=warmup_share,
-                        batch_time_shape=batch_time_shape(session, stats, train))
+                        batch_time_shape=batch_time_shape(session, stats, train),
+                        server_cpu_s=served)
     spots = session_hotspots(session, stats.loader_ids, seconds)
     shared = bool(session.shared_connections) and train is not None and start_method(session, train.config) == "fork"
     recommendations = _with_hotspots(_in_code(recommend(verdict, stats, train, seconds, cpus, startup, model,

@@ -24,7 +24,7 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                 bytes_per_sample: float | None = None,
                 shm_calibration: dict | None = None,
                 physical_cores: float | None = None, warmup_share: float = 0.0,
-                batch_time_shape: tuple[float, ...] = ()) -> ThroughputModel | None:
+                batch_time_shape: tuple[float, ...] = (), server_cpu_s: float = 0.0) -> ThroughputModel | None:
     """``main_cpu_s``: CPU seconds the training process used over the steady steps (from the sampler);
     ``helper_cpu_s``: those of its child processes that are not DataLoader workers; ``compute_on_cpu``:
     False when the training computes on a GPU; ``bytes_per_sample`` of the batches the loader returns and
@@ -32,7 +32,8 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
     ``physical_cores``: the cores ``usable_cpus`` are hardware threads of, where fewer (SMT);
     ``warmup_share``: the share of the workers' CPU that restarted workers spent warming up
     (``EpochShape.warmup_share``), taken out of their steady costs: the epochs' own cost prices it;
-    ``batch_time_shape``: the training loader's batch times over their mean (``in_order.batch_time_shape``)."""
+    ``batch_time_shape``: the training loader's batch times over their mean (``in_order.batch_time_shape``);
+    ``server_cpu_s``: the part of ``helper_cpu_s`` that local servers of the job's requests used."""
     pipeline = train.pipeline if train else None
     steady = stats.steady
     if pipeline is None or not steady or pipeline.samples <= 0 or not stats.samples:
@@ -78,6 +79,7 @@ def build_model(stats: StepStats, train: LoaderSummary | None, usable_cpus: floa
                             blocked_holds_core_waits=pipeline.runqueue_s is None,
                             fresh_pages_per_cpu_s=_fresh_pages_per_cpu_s(pipeline, write, bytes_per_sample),
                             batch_time_shape=batch_time_shape,
+                            server_cpu_per_sample_s=server_cpu_s / stats.samples,
                             prefetch_factor=int(train.config.get("prefetch_factor") or 2) if train else 2)
     model = _at_full_core_speed(model)
     # The costs were measured under the run's own load: priced at the model's rate for it, so that the recorded
@@ -102,7 +104,8 @@ def _at_full_core_speed(model: ThroughputModel) -> ThroughputModel:
         return model
     cost = {node: seconds * speed if node in CPU_STAGES else seconds for node, seconds in model.cost_s.items()}
     return dataclasses.replace(model, cost_s=cost, main_cpu_per_sample_s=model.main_cpu_per_sample_s * speed,
-                               helper_cpu_per_sample_s=model.helper_cpu_per_sample_s * speed)
+                               helper_cpu_per_sample_s=model.helper_cpu_per_sample_s * speed,
+                               server_cpu_per_sample_s=model.server_cpu_per_sample_s * speed)
 
 
 def _fresh_pages_per_cpu_s(pipeline: WorkerPipeline, shm_write_per_sample_s: float,

@@ -51,6 +51,10 @@ NEW_THREADS_MARGIN = 1.5
 MAX_SHARD_FACTOR, MAX_SHARD_BYTES = 16, 1 << 27
 #: A shard large enough that reading its body takes this many times its latency.
 LATENCY_FACTOR = 4
+#: CPU seconds a client or a server spends per byte of a body (reading it from a socket, writing it to a file or
+#: another socket): the rest of their CPU is paid per request, and larger shards divide that part (calibration:
+#: req-cpu-per-byte).
+CPU_S_PER_BODY_BYTE = 0.2e-9
 NORMALIZE_CALLS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "F.to_tensor", "F.normalize")
 
 
@@ -514,6 +518,31 @@ def _requests_in_flight(requests: RequestStats, model: ThroughputModel | None, w
     return advise("requests-in-flight", _gain(model, workers, scale, fallback), facts=facts)
 
 
+def _after_fewer_requests(cpu_s: float, body_bytes: float, factor: float) -> float:
+    """``cpu_s`` (per sample) with its per-request part divided by ``factor``; its per-body-byte part stays."""
+    per_byte = min(cpu_s, CPU_S_PER_BODY_BYTE * body_bytes)
+    return per_byte + (cpu_s - per_byte) / factor
+
+
+def _larger_shards_cpu(model: ThroughputModel, requests: RequestStats, factor: float, kept: float,
+                       scale: dict[str, float]) -> tuple[ThroughputModel, dict[str, float]]:
+    """The CPU larger shards leave: the client's and the local servers' per-request work divided by the size factor
+    (their per-byte work stays), and the download threads' CPU the batches waited on waited on as much less as the
+    latency (their thread then works ahead of the batches, on a core beside them: out of the worker's own time, still
+    in the CPU budget)."""
+    body_per_sample = requests.body_bytes / requests.samples
+    client = model.cost_s.get("storage_cpu", 0.0)
+    after = _after_fewer_requests(client, body_per_sample, factor)
+    downloads = min(client, requests.download_cpu_s / requests.samples) * (after / client if client > 0 else 0.0)
+    waited = downloads * (1.0 - kept)
+    if client > 0:
+        scale = {**scale, "storage_cpu": max(0.0, after - waited) / client}
+    servers = model.server_cpu_per_sample_s
+    servers_after = _after_fewer_requests(servers, body_per_sample, factor)
+    helper = model.helper_cpu_per_sample_s - servers + servers_after + waited
+    return dataclasses.replace(model, helper_cpu_per_sample_s=helper, server_cpu_per_sample_s=servers_after), scale
+
+
 def _larger_shards(requests: RequestStats, model: ThroughputModel | None, workers: int,
                    share: float) -> Recommendation | None:
     """Downloads on a streaming library's own threads (one shard at a time per worker, as MosaicML Streaming's
@@ -535,14 +564,7 @@ def _larger_shards(requests: RequestStats, model: ThroughputModel | None, worker
     scale = {"storage": kept, "storage_cpu": 1.0}
     priced = model
     if model is not None and requests.samples:
-        # The download threads' CPU the batches waited on is waited on as much less as the latency: their thread
-        # works ahead of the batches once it no longer waits for the store most of the time, on a core beside them,
-        # so it leaves the worker's own time but not the CPU budget.
-        waited = requests.download_cpu_s / requests.samples * (1.0 - kept)
-        client = model.cost_s.get("storage_cpu", 0.0)
-        if 0 < waited <= client:
-            scale["storage_cpu"] = 1.0 - waited / client
-            priced = dataclasses.replace(model, helper_cpu_per_sample_s=model.helper_cpu_per_sample_s + waited)
+        priced, scale = _larger_shards_cpu(model, requests, factor, kept, scale)
     fallback = round(1.0 / (1.0 - share * (1 - 1 / factor)), 2)
     facts = {"factor": factor, "shard_bytes": size, "target_bytes": size * factor, "library": requests.library,
              "latency_ms": 1e3 * requests.latency_s, "request_ms": 1e3 * requests.request_s,

@@ -82,14 +82,18 @@ def helper_cpu_between(session: Session, main_pid: int | None, start_ns: int, en
 
 def local_server_cpu_between(session: Session, start_ns: int, end_ns: int) -> float:
     """CPU seconds the servers on this machine that the job's requests reached (a local object store, a proxy in
-    front of one) used in a window; 0 where the job timed no requests.
+    front of one) used in a window for those requests: their CPU less what they burn idle (read once the job ended);
+    0 where the job timed no requests.
 
-    Their work grows with the requests the job sends and shares its cores, so it counts per sample like a helper
-    process's; other programs' CPU stays a fixed load. A job that timed no requests reached them for something else
-    (a notebook's kernel, a tracker's service) and their CPU is left where it was."""
-    if not session.system.servers or not any(f.requests for f in session.fetches):
+    That work grows with the requests the job sends and shares its cores, so it counts per sample like a helper
+    process's; their idle CPU, like other programs', stays a fixed load. A job that timed no requests reached them for
+    something else (a notebook's kernel, a tracker's service) and their CPU is left where it was."""
+    samples = session.system
+    if not samples.servers or not any(f.requests for f in session.fetches):
         return 0.0
-    return sum(session.system.cpu_between(pid, start_ns, end_ns) or 0.0 for pid in session.system.servers)
+    seconds = (end_ns - start_ns) / 1e9
+    return sum(max(0.0, (samples.cpu_between(pid, start_ns, end_ns) or 0.0)
+                   - samples.server_idle_cores.get(pid, 0.0) * seconds) for pid in samples.servers)
 
 
 def summarize_samples(session: Session) -> SystemSummary:

@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterable
 import psutil
 
 #: The socket table is read at most this often, and only when a process of the job holds a socket not seen before:
-#: reading it costs milliseconds on some kernels (5 ms for 50 sockets under gVisor), where listing a process's
-#: descriptors, done at every look, costs tens of microseconds.
+#: reading it costs milliseconds on some kernels, where listing a process's descriptors, done at every look, costs
+#: tens of microseconds (calibration: sampler-local-servers).
 TABLE_EVERY_S = 5.0
-#: Servers followed from a server that is itself a client of another local server (proxy -> store -> ...).
+#: Servers followed from a server that is itself a client of another local server (proxy -> store -> ...)
+#: (calibration: sampler-local-servers).
 MAX_HOPS = 3
 _ESTABLISHED = "01"  # the state column of /proc/net/tcp (include/net/tcp_states.h)
 

@@ -48,6 +48,9 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _PF_EXITING = 0x4  # task flag in /proc/PID/stat: the process has begun exiting (linux/sched.h)
 
 
+#: Seconds the local servers of the job's connections are read once the job has ended: their CPU with no requests,
+#: which stays a fixed load rather than a cost of each request (calibration: sampler-local-servers).
+SERVER_IDLE_S = 1.0
 #: Ticks kept at most (20 minutes at the default 10 Hz): beyond, every other one is dropped and the interval doubles
 #: (``SystemSampler.thin``), so the launcher's memory and the session stay bounded however long the run.
 MAX_TICKS = 12_000
@@ -109,13 +112,36 @@ class SystemSampler:
     def start(self) -> None:
         self._thread = start_thread(self._loop, "stallscope-sampler")
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self, idle_s: float = SERVER_IDLE_S) -> dict[str, Any]:
+        """The samples, once the sampling has stopped: with the local servers' own CPU over ``idle_s`` more seconds
+        (the job has ended, so this is what they burn with no requests: a store's heartbeats, timers, compactions)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._gpu is not None:
             self._gpu.close()
+        if self.servers and idle_s > 0:
+            self._read_idle_servers(idle_s)
         return self.result()
+
+    def _read_idle_servers(self, idle_s: float) -> None:
+        def cpu_now() -> dict[str, float]:
+            readings = {}
+            for key in self.servers:
+                try:
+                    process = psutil.Process(int(key))
+                    times = process.cpu_times()
+                except (psutil.Error, OSError, ValueError):
+                    continue
+                readings[key] = times.user + times.system
+            return readings
+
+        began, before = time.perf_counter(), cpu_now()
+        time.sleep(idle_s)
+        after, elapsed = cpu_now(), time.perf_counter() - began
+        for key, cpu in after.items():
+            if key in before and elapsed > 0:
+                self.servers[key]["idle_cores"] = round(max(0.0, cpu - before[key]) / elapsed, 4)
 
     def result(self) -> dict[str, Any]:
         gpu = None
