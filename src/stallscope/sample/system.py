@@ -99,7 +99,6 @@ class SystemSampler:
         # the local servers of the job's connections (``local_servers``), read as its processes are, with their port
         self.servers: dict[str, dict[str, Any]] = {}
         self._server_finder = LocalServerFinder()
-        self._server_ports: dict[int, int] = {}
         self.gpu_series: dict[str, list[Any]] = {}
         self.absent: dict[str, str] = {}
         self._cost_cpu_s = 0.0
@@ -273,14 +272,12 @@ class SystemSampler:
     def _local_servers(self, tree: list[psutil.Process], known: dict[int, psutil.Process]
                        ) -> dict[int, psutil.Process]:
         """The local servers of the job's connections found so far, each a process handle the ticks read."""
-        for pid, port in self._server_finder.update(p.pid for p in tree).items():
-            if pid in known:
-                continue
-            try:
-                known[pid] = psutil.Process(pid)
-            except psutil.Error:
-                continue
-            self._server_ports[pid] = port
+        for pid in self._server_finder.update(p.pid for p in tree):
+            if pid not in known:
+                try:
+                    known[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    continue
         return known
 
     def _may_read_uss(self, proc: psutil.Process) -> bool:
@@ -368,8 +365,8 @@ class SystemSampler:
             series = ("ticks", "cpu_s", "rss_bytes", "read_bytes", "uss_ticks", "uss_bytes")
             entry = into[key] = {"first": tick, "ppid": _ppid(proc), "name": _name(proc),
                                  **{name: _series(name) for name in series}}
-            if proc.pid in self._server_ports:
-                entry["port"] = self._server_ports[proc.pid]
+            if into is self.servers:
+                entry["port"] = self._server_finder.servers.get(proc.pid)
         entry["ticks"].append(tick)
         entry["cpu_s"].append(round(cpu_rss[0], 4))
         entry["rss_bytes"].append(cpu_rss[1])
