@@ -504,7 +504,9 @@ def _requests_in_flight(requests: RequestStats, model: ThroughputModel | None, w
     if batch < 2:
         return None
     network_s = requests.first_byte_s + requests.connect_s + requests.body_s
-    blocked_s = model.cost_s.get("storage", 0.0) * requests.samples if model is not None else 0.0
+    # the fetches' whole wait for their requests: blocked, and the CPU of the pool's threads meanwhile
+    blocked_s = (model.cost_s.get("storage", 0.0) * requests.samples + requests.download_cpu_s
+                 if model is not None else 0.0)
     # requests a fetch already overlaps (a pool of the dataset's own): the threads advised add only the rest
     concurrent = max(1.0, network_s / blocked_s) if blocked_s > 0 else max(1.0, requests.in_flight)
     if threads < NEW_THREADS_MARGIN * concurrent:
