@@ -10,6 +10,12 @@ worker more, with the speedup the baseline's own model predicts for it (near 1.0
 Run:  python benchmarks/predictions.py [--rounds 2] [--steps 40] [--store DIR]
 Score saved runs again (nothing run): python benchmarks/predictions.py --rescore DIR [DIR ...]
 
+Measured 2026-12-08 (session 46), after a worker's blocked time stopped holding its download threads' CPU a second
+time and the store on this machine (the proxy, SeaweedFS) was priced per request: ``--only Streaming --rounds 2`` on a
+quiet machine, Streaming MDS 1->6 spawned workers 4.34x predicted, 4.31x measured (+1%); at the commit before the
+idle-CPU split, 1->7 workers 4.94x vs 4.88x and 4.51x (+5%). With the store's CPU priced but the download threads'
+CPU still counted twice, the same day: 5.13x vs 3.65x and 3.98x (+34%); with neither (session 44), +22%.
+
 Measured 2026-12-07 (session 44), three changes: forked workers that used the S3 connection Streaming's client
 opened in the training process are named (``connection-before-fork``) and more workers are advised spawned; a
 worker's download threads' CPU counts as storage's CPU, not time blocked; batches handed over in order are priced
