@@ -64,6 +64,11 @@ to 1.2 ms a request), CPU a request that falls as requests overlap, which the mo
 first baseline of this session, before the download threads' CPU stopped being counted twice: 3 workers 2.00x vs
 2.11x (one round), right only because the double count offset this.
 
+``--s3fs --rounds 2`` the same day at b457017 (stopped before the 50 ms 4-worker rows): first recommendation -20% (0 ms, 1
+worker: 3 workers 1.68x vs 1.98x and 2.25x), -25% (0 ms, 4 -> 7 workers: 1.43x vs 2.06x and 1.73x), -1% (20 ms, 1 ->
+8), -11% (20 ms, 4 -> 8), +7% (50 ms, 1 -> 8); ``fs.cat`` a batch 1.19x vs 1.41x/2.21x, 3.20x vs 6.36x/6.12x, 2.32x vs
+2.60x/2.84x, 4.43x vs 7.17x/6.90x.
+
 Measured 2026-12-06 (session 36) on the 2-core development VM, ``--rounds 2 --steps 60``, 400 real-photo JPEGs of
 about 400x300 (24 KB each), batch 16, the server on the same cores:
 
