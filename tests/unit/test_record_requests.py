@@ -463,3 +463,19 @@ def test_larger_shards_divide_the_per_request_cpu_of_the_client_and_the_local_st
     heavy = dataclasses.replace(downloads, body_bytes=100 * 256_000_000)
     _, heavy_scale = _larger_shards_cpu(model, heavy, 16, 1.0, {"storage": 1.0, "storage_cpu": 1.0})
     assert heavy_scale["storage_cpu"] == pytest.approx(1.0)
+
+
+def test_the_overlap_a_pool_already_has_is_read_over_the_whole_wait_its_threads_cpu_included():
+    from stallscope.analysis.capacity import ThroughputModel
+    from stallscope.analysis.recommend import network_fix
+
+    # a pool of the dataset's own: 800 samples, 100 ms of requests each (80 s), 8 a batch of 8; the fetches waited 40 s
+    # for them, 30 s blocked and 10 s while the pool's threads ran (their CPU, storage's): 2 requests at once
+    model = ThroughputModel({"decode": 0.002, "storage": 30 / 800, "storage_cpu": 10 / 800}, 0.0005, 0.0005, 1, 2.0)
+    pool = RequestStats(requests=800, samples=800, batches=100, first_byte_s=78.0, body_s=2.0, connect_s=0.0,
+                        body_bytes=800 * 30_000, failed=0, connections=4, client_cpu_s=10.0, storage_s=40.0,
+                        loading_s=45.0, background=800, library="", bodies=800, download_cpu_s=10.0)
+    advice = network_fix(pool, model, 1, share=0.8)
+    assert advice is not None and advice.id == "requests-in-flight"
+    assert advice.facts["concurrent"] == pytest.approx(2.0)  # 80 s over 40 s, not over the 30 s blocked alone
+    assert advice.facts["threads"] == 8
