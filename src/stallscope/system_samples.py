@@ -105,11 +105,17 @@ class SystemSamples:
         system = block.get("system") if isinstance(block.get("system"), Mapping) else {}
         processes = _series_of(block.get("processes"))
         servers = _series_of(block.get("servers"))
-        raw_servers = block.get("servers") if isinstance(block.get("servers"), Mapping) else {}
-        ports = {int(key): entry["port"] for key, entry in raw_servers.items()
-                 if str(key).isdigit() and isinstance(entry, Mapping) and isinstance(entry.get("port"), int)}
-        idle = {int(key): float(entry["idle_cores"]) for key, entry in raw_servers.items()
-                if str(key).isdigit() and isinstance(entry, Mapping) and _number(entry.get("idle_cores"))}
+        raw_servers = block["servers"] if isinstance(block.get("servers"), Mapping) else {}
+        ports: dict[int, int] = {}
+        idle: dict[int, float] = {}
+        for key, entry in raw_servers.items():  # each server's port, and its CPU once the job had ended
+            pid = int(key) if str(key).isdigit() else None
+            if pid not in servers or not isinstance(entry, Mapping):
+                continue
+            if isinstance(entry.get("port"), int):
+                ports[pid] = entry["port"]
+            if _number(entry.get("idle_cores")):
+                idle[pid] = float(entry["idle_cores"])
         gpu_block = block.get("gpu") if isinstance(block.get("gpu"), Mapping) else {}
         raw_names = gpu_block.get("names")
         names = raw_names if isinstance(raw_names, list) else []
